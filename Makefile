@@ -1,0 +1,30 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python setup.cfg pyproject.toml $(wildcard plugins/*/setup.cfg)
+	$(BIN)/python -m pip install -q -e '.[test,lint]' $(foreach p,$(wildcard plugins/*/setup.cfg),-e $(dir $(p)))
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/compass launch examples/quickstart.yaml --output-root runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check agentcompass plugins tests
+	$(BIN)/mypy agentcompass/runtime
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

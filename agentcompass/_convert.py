@@ -1,0 +1,140 @@
+"""The one cattrs converter: config in, JSON out.
+
+Values never know how they are serialized; this module does. Unknown keys
+are errors (``forbid_extra_keys``), and structuring errors are turned into
+one line naming the key path, e.g. ``unknown key 'max_retriez' @
+$.requests[0].execution``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import cattrs
+from cattrs.gen import make_dict_structure_fn
+
+from .runtime._errors import ComponentError, ConfigError
+from .runtime._values import ComponentRef, RunRequest, Secret
+
+__all__ = ["converter", "structure", "structure_config", "unstructure", "error_line"]
+
+T = TypeVar("T")
+
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _structure_secret(value: Any, _: type) -> Secret:
+    if isinstance(value, Secret):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("a secret must be a string")
+    match = _ENV_REF.match(value)
+    if match:
+        return Secret.from_env(match.group(1))
+    return Secret(value)
+
+
+converter.register_structure_hook(Secret, _structure_secret)
+converter.register_unstructure_hook(Secret, str)
+converter.register_structure_hook(Path, lambda v, _: Path(v))
+converter.register_unstructure_hook(Path, str)
+
+
+def _structure_any(value: Any, _: type) -> Any:
+    return value
+
+
+converter.register_structure_hook(Any, _structure_any)
+converter.register_structure_hook(float | bool | None, _structure_any)  # type: ignore[arg-type]
+
+
+def _check_scalar(value: Any, kinds: tuple[type, ...], what: str) -> Any:
+    if isinstance(value, bool) and bool not in kinds:
+        raise ValueError(f"expected {what}, got {value!r}")
+    if not isinstance(value, kinds):
+        raise ValueError(f"expected {what}, got {value!r}")
+    return value
+
+
+# Strict scalars: YAML's ``k: "3"`` or ``k: true`` for a number is an error, not a cast.
+converter.register_structure_hook(int, lambda v, _: _check_scalar(v, (int,), "an integer"))
+converter.register_structure_hook(
+    float, lambda v, _: float(_check_scalar(v, (int, float), "a number"))
+)
+converter.register_structure_hook(bool, lambda v, _: _check_scalar(v, (bool,), "true or false"))
+converter.register_structure_hook(str, lambda v, _: _check_scalar(v, (str,), "a string"))
+
+_component_ref_fn = make_dict_structure_fn(ComponentRef, converter, _cattrs_forbid_extra_keys=True)
+
+
+def _structure_component_ref(value: Any, _: type) -> ComponentRef:
+    # ``harness: none`` and ``environment: local`` are shorthands for ``{id: ...}``.
+    if isinstance(value, str):
+        return ComponentRef(value)
+    if isinstance(value, ComponentRef):
+        return value
+    return _component_ref_fn(value, ComponentRef)
+
+
+converter.register_structure_hook(ComponentRef, _structure_component_ref)
+
+
+def _structure_reuse(value: Any, _: type) -> bool | Path:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (str, Path)):
+        return Path(value)
+    raise ValueError(f"expected true, false or a run directory, got {value!r}")
+
+
+def _unstructure_reuse(value: bool | Path) -> bool | str:
+    return value if isinstance(value, bool) else str(value)
+
+
+converter.register_structure_hook(bool | Path, _structure_reuse)  # type: ignore[arg-type]
+converter.register_unstructure_hook(bool | Path, _unstructure_reuse)  # type: ignore[arg-type]
+_ = RunRequest  # RunRequest.reuse is the field these hooks serve
+
+
+def error_line(exc: BaseException, root: str = "$") -> str:
+    """One line for a structuring error: the first problem, with its key path."""
+    if isinstance(exc, (cattrs.ClassValidationError, cattrs.IterableValidationError)):
+        messages = cattrs.transform_error(exc, path=root, format_exception=_format_exception)
+        return messages[0] if messages else str(exc)
+    return str(exc)
+
+
+def _format_exception(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        keys = ", ".join(repr(k) for k in sorted(exc.extra_fields))
+        return f"unknown key {keys}"
+    if isinstance(exc, KeyError):
+        return "required key missing"
+    if isinstance(exc, ValueError) and str(exc):
+        return str(exc).splitlines()[0]
+    return cattrs.v.format_exception(exc, type_)
+
+
+def structure(data: Any, cls: type[T], *, root: str = "$") -> T:
+    """Structure ``data`` as ``cls``; raise :class:`ConfigError` with one line on failure."""
+    try:
+        return converter.structure(data, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(error_line(exc, root)) from None
+
+
+def structure_config(config: dict[str, Any], cls: type[T], *, where: str) -> T:
+    """Structure a component's config; errors name the component."""
+    try:
+        return converter.structure(config, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
+        raise ComponentError(f"{where}: {error_line(exc, '$.config')}") from None
+
+
+def unstructure(value: Any) -> Any:
+    """JSON-ready data for ``value``; secrets appear masked or as ``${VAR}``."""
+    return converter.unstructure(value)

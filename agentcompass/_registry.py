@@ -1,0 +1,162 @@
+"""The component registry.
+
+Components are registered with the :func:`register` class decorator, which
+runs when their module is imported. Modules come from three places, in this
+order: the built-ins, the ``agentcompass.plugins`` entry-point group (each
+entry point's value is a module path to import), and ``plugins:`` in a
+config (module names or ``.py`` file paths). ``compass list`` shows each
+component with its kind and the module it came from.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+
+from .runtime._components import (
+    BaseAnalyzer,
+    BaseBenchmark,
+    BaseEnvironment,
+    BaseHarness,
+    BaseRecipe,
+    Component,
+)
+from .runtime._errors import ComponentError
+
+__all__ = ["register", "resolve", "build", "registered", "load_plugins", "load_builtins"]
+
+C = TypeVar("C", bound=type[Component])
+
+KINDS: dict[str, type[Component]] = {
+    "benchmark": BaseBenchmark,
+    "harness": BaseHarness,
+    "environment": BaseEnvironment,
+    "recipe": BaseRecipe,
+    "analyzer": BaseAnalyzer,
+}
+
+ENTRY_POINT_GROUP = "agentcompass.plugins"
+
+
+@attrs.frozen
+class Registration:
+    kind: str
+    id: str
+    cls: type[Component]
+    origin: str
+
+
+_registry: dict[tuple[str, str], Registration] = {}
+_loaded_sources: set[str] = set()
+
+
+def _kind_of(cls: type) -> str:
+    for kind, base in KINDS.items():
+        if issubclass(cls, base):
+            return kind
+    raise TypeError(f"{cls.__qualname__} is not a component: subclass one of the agentcompass base classes")
+
+
+def register(cls: C) -> C:
+    """Class decorator: make a component available under its ``id``.
+
+    Registering a different class under an id already taken by its kind is an
+    error; registering the same class again (a module imported twice) is not.
+    """
+    kind = _kind_of(cls)
+    component_id = getattr(cls, "id", None)
+    if not isinstance(component_id, str) or not component_id:
+        raise TypeError(f"{cls.__qualname__} needs a non-empty string class attribute 'id'")
+    if component_id == "none":
+        raise TypeError(f"{cls.__qualname__}: the id 'none' is reserved")
+    key = (kind, component_id)
+    existing = _registry.get(key)
+    if existing is not None and existing.cls is not cls and existing.cls.__qualname__ != cls.__qualname__:
+        raise ComponentError(
+            f"{kind} id {component_id!r} is already registered by {existing.origin}; "
+            f"{cls.__module__}.{cls.__qualname__} cannot take it"
+        )
+    _registry[key] = Registration(kind, component_id, cls, f"{cls.__module__}")
+    return cls
+
+
+def load_builtins() -> None:
+    """Import the built-in components and the entry-point plugins (once)."""
+    if "builtins" in _loaded_sources:
+        return
+    _loaded_sources.add("builtins")
+    for module in (
+        "agentcompass.environments.local",
+        "agentcompass.benchmarks.terminal",
+        "agentcompass.harnesses.oracle",
+    ):
+        importlib.import_module(module)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            importlib.import_module(ep.value.split(":")[0])
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal to others
+            raise ComponentError(f"plugin entry point {ep.name!r} ({ep.value}) failed to import: {exc}") from None
+
+
+def load_plugins(plugins: list[str], base_dir: Path | None = None) -> None:
+    """Import ``plugins:`` entries of a config: module names or ``.py`` paths
+    (relative paths resolve against ``base_dir``, the config's directory)."""
+    load_builtins()
+    for entry in plugins:
+        if entry in _loaded_sources:
+            continue
+        if entry.endswith(".py") or "/" in entry:
+            path = Path(entry)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            if not path.is_file():
+                raise ComponentError(f"plugin file not found: {entry}")
+            name = f"agentcompass_plugin_{abs(hash(str(path.resolve())))}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:  # noqa: BLE001
+                del sys.modules[name]
+                raise ComponentError(f"plugin {entry} failed to import: {exc}") from None
+        else:
+            try:
+                importlib.import_module(entry)
+            except Exception as exc:  # noqa: BLE001
+                raise ComponentError(f"plugin module {entry!r} failed to import: {exc}") from None
+        _loaded_sources.add(entry)
+
+
+def resolve(kind: str, component_id: str) -> type[Component]:
+    """The class registered as ``component_id`` of ``kind``, or a clear error."""
+    load_builtins()
+    reg = _registry.get((kind, component_id))
+    if reg is None:
+        known = ", ".join(sorted(i for k, i in _registry if k == kind)) or "none"
+        raise ComponentError(f"unknown {kind} id {component_id!r} (registered: {known})")
+    return reg.cls
+
+
+def build(kind: str, component_id: str, config: dict[str, Any]) -> Any:
+    """Resolve and instantiate a component; config errors name the component."""
+    cls = resolve(kind, component_id)
+    try:
+        return cls(config)
+    except ComponentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a constructor failure is a config error
+        raise ComponentError(f"{kind} {component_id!r} could not be built: {exc}") from None
+
+
+def registered() -> list[Registration]:
+    """Every registration, sorted by kind then id."""
+    load_builtins()
+    return sorted(_registry.values(), key=lambda r: (r.kind, r.id))

@@ -1,0 +1,36 @@
+"""Public contracts of AgentCompass (SPEC section 3 and 4)."""
+
+from ._components import BaseAnalyzer as BaseAnalyzer
+from ._components import BaseBenchmark as BaseBenchmark
+from ._components import BaseEnvironment as BaseEnvironment
+from ._components import BaseHarness as BaseHarness
+from ._components import BaseRecipe as BaseRecipe
+from ._components import EnvironmentSession as EnvironmentSession
+from ._components import HarnessFreeBenchmark as HarnessFreeBenchmark
+from ._errors import CompassError as CompassError
+from ._errors import ComponentError as ComponentError
+from ._errors import ConfigError as ConfigError
+from ._errors import IssueError as IssueError
+from ._errors import RunFailedError as RunFailedError
+from ._results import AttemptRecord as AttemptRecord
+from ._results import Evaluation as Evaluation
+from ._results import ExecResult as ExecResult
+from ._results import Issue as Issue
+from ._results import OrchestrationResult as OrchestrationResult
+from ._results import RequestResult as RequestResult
+from ._results import RunBudget as RunBudget
+from ._results import RunResult as RunResult
+from ._results import TaskRecord as TaskRecord
+from ._values import NO_HARNESS as NO_HARNESS
+from ._values import AttemptsSpec as AttemptsSpec
+from ._values import ComponentRef as ComponentRef
+from ._values import ExecutionPlan as ExecutionPlan
+from ._values import ExecutionSpec as ExecutionSpec
+from ._values import ModelSpec as ModelSpec
+from ._values import NetworkPolicy as NetworkPolicy
+from ._values import Orchestration as Orchestration
+from ._values import PreparedTask as PreparedTask
+from ._values import ProviderLimits as ProviderLimits
+from ._values import RunRequest as RunRequest
+from ._values import Secret as Secret
+from ._values import TaskSpec as TaskSpec

@@ -1,0 +1,51 @@
+"""Exceptions of the runtime.
+
+Tree::
+
+    CompassError(Exception)
+    ├── ConfigError(CompassError, ValueError)      invalid config or usage: exit 2, nothing runs
+    │   └── ComponentError(ConfigError)            unknown id, bad component config, contract violation
+    ├── IssueError(CompassError)                   a component's classified failure -> an Issue
+    └── RunFailedError(CompassError, RuntimeError) ``run_evaluation`` of a request that did not succeed
+
+``Cancelled``, ``KeyboardInterrupt`` and ``SystemExit`` are never wrapped.
+"""
+
+from __future__ import annotations
+
+from ._results import Issue, Phase, Severity
+
+__all__ = ["CompassError", "ComponentError", "ConfigError", "IssueError", "RunFailedError"]
+
+
+class CompassError(Exception):
+    """Base of every exception this package raises on purpose."""
+
+
+class ConfigError(CompassError, ValueError):
+    """Invalid configuration or usage; the message is one line naming the key or value."""
+
+
+class ComponentError(ConfigError):
+    """A component could not be resolved or built, or broke its contract."""
+
+
+class IssueError(CompassError):
+    """Raised by a component to report a classified failure.
+
+    ``phase`` defaults to the phase the runtime was in when it caught the error.
+    """
+
+    def __init__(self, severity: Severity, code: str, message: str = "", phase: Phase | None = None):
+        super().__init__(message or code)
+        self.severity = severity
+        self.code = code
+        self.message = message or code
+        self.phase = phase
+
+    def to_issue(self, phase: Phase) -> Issue:
+        return Issue(self.severity, self.phase or phase, self.code, self.message)
+
+
+class RunFailedError(CompassError, RuntimeError):
+    """``run_evaluation`` finished without success; the message names the result paths."""

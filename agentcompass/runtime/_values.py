@@ -1,0 +1,219 @@
+"""Request-side values: what a user asks the runtime to do.
+
+Every class here is an immutable ``attrs`` value. Change one with
+``attrs.evolve``; turn one into JSON (or back) with the converter in
+``agentcompass._convert``, never with methods on the class.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+__all__ = [
+    "AttemptsSpec",
+    "ComponentRef",
+    "EvaluationMode",
+    "ExecutionPlan",
+    "ExecutionSpec",
+    "ModelSpec",
+    "NetworkPolicy",
+    "NO_HARNESS",
+    "Orchestration",
+    "PreparedTask",
+    "ProviderLimits",
+    "RunRequest",
+    "Secret",
+    "TaskSpec",
+]
+
+EvaluationMode = Literal["reuse", "none", "fresh"]
+
+
+@attrs.frozen(repr=False)
+class Secret:
+    """A credential that never prints, logs or serializes in clear.
+
+    ``str()``, ``repr()`` and the JSON converter all show ``**********``, or
+    the ``${ENV_VAR}`` reference the value was read from, which round-trips
+    without ever writing the value itself. Call :meth:`reveal` at the one
+    place the clear value is needed (an HTTP header, a subprocess env).
+    """
+
+    _value: str = attrs.field(eq=False)
+    env_var: str | None = None
+
+    MASK: ClassVar[str] = "**********"
+
+    @classmethod
+    def from_env(cls, name: str) -> Secret:
+        """Read ``name`` from the process environment (empty when unset)."""
+        return cls(os.environ.get(name, ""), env_var=name)
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __str__(self) -> str:
+        return f"${{{self.env_var}}}" if self.env_var else self.MASK
+
+    def __repr__(self) -> str:
+        return f"Secret({str(self)!r})"
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+@attrs.frozen
+class ComponentRef:
+    """Names a registered component (``id``) and the settings it is built with."""
+
+    id: str
+    config: dict[str, Any] = attrs.Factory(dict)
+
+
+#: The harness of a request whose benchmark runs itself (``harness: {id: none}``).
+NO_HARNESS = ComponentRef("none")
+
+
+@attrs.frozen
+class ModelSpec:
+    """A model endpoint. A request value, not a registered component.
+
+    ``api`` is ``"openai-chat"`` (any OpenAI-compatible ``/chat/completions``
+    server: vLLM, SGLang, Ollama, LiteLLM) or ``"none"``.
+    """
+
+    name: str
+    api: Literal["openai-chat", "none"] = "openai-chat"
+    base_url: str | None = None
+    api_key: Secret | None = None
+    params: dict[str, Any] = attrs.Factory(dict)
+    timeout_seconds: float | None = None
+    max_connections: int | None = None
+
+
+@attrs.frozen
+class AttemptsSpec:
+    """``k`` semantic attempts per task; ``avg`` runs all of them, ``pass`` stops
+    after the first valid success of the primary metric."""
+
+    k: int = 1
+    strategy: Literal["avg", "pass"] = "avg"
+
+
+@attrs.frozen
+class ExecutionSpec:
+    """How each task of a request is executed (attempts, retries, timeouts)."""
+
+    attempts: AttemptsSpec = AttemptsSpec()
+    max_retries: int = 0
+    retry_pattern_list: list[str] | None = None
+    retry_min_delay_seconds: float = 5
+    retry_max_delay_seconds: float = 60
+    setup_timeout_seconds: float | None = None
+    run_timeout_seconds: float | None = None
+    run_timer_compensation_seconds: float = 30
+    evaluation_timeout_seconds: float | None = None
+    keep_environment: bool = False
+
+
+@attrs.frozen
+class RunRequest:
+    """One model x benchmark x harness x environment x execution combination.
+
+    ``harness`` is :data:`NO_HARNESS` (id ``none``) for a harness-free
+    benchmark. ``reuse`` is ``False``, ``True`` (the latest run of this
+    request under ``output_root``) or the path of a run directory.
+    """
+
+    name: str
+    benchmark: ComponentRef
+    environment: ComponentRef
+    harness: ComponentRef = NO_HARNESS
+    model: ModelSpec | None = None
+    recipes: list[ComponentRef] = attrs.Factory(list)
+    analyzers: list[ComponentRef] = attrs.Factory(list)
+    execution: ExecutionSpec = ExecutionSpec()
+    task_ids: list[str] | None = None
+    limit: int | None = None
+    output_root: Path = Path("runs")
+    reuse: bool | Path = False
+
+
+@attrs.frozen
+class ProviderLimits:
+    """Limits for one Environment provider id; ``0`` disables a limit."""
+
+    capacity: int = 0
+    open_qps: float = 0
+
+
+@attrs.frozen
+class Orchestration:
+    """Everything one ``launch`` runs: requests plus global scheduling settings."""
+
+    requests: list[RunRequest]
+    task_concurrency: int = 4
+    timeout_seconds: float | None = None
+    cleanup_grace_seconds: float = 30
+    providers: dict[str, ProviderLimits] = attrs.Factory(dict)
+    plugins: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen
+class TaskSpec:
+    """One task as a benchmark loaded it. ``task_id`` is unique in its benchmark."""
+
+    task_id: str
+    data: dict[str, Any] = attrs.Factory(dict)
+    category: str | None = None
+    metadata: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class NetworkPolicy:
+    """Network access of a phase: ``none``, an ``allowlist`` of hosts, or ``full``."""
+
+    mode: Literal["none", "allowlist", "full"] = "full"
+    allow: tuple[str, ...] = ()
+
+    def is_within(self, other: NetworkPolicy) -> bool:
+        """True when this policy grants no access that ``other`` does not."""
+        if other.mode == "full" or self.mode == "none":
+            return True
+        if self.mode == "allowlist" and other.mode == "allowlist":
+            return set(self.allow) <= set(other.allow)
+        return False
+
+
+FULL_NETWORK = NetworkPolicy("full")
+
+
+@attrs.frozen
+class ExecutionPlan:
+    """Everything decided for one attempt before it runs; made once per attempt
+    by the :class:`~agentcompass.Planner` and reused by every retry of it."""
+
+    task_id: str
+    attempt: int
+    environment: ComponentRef
+    harness: ComponentRef = NO_HARNESS
+    benchmark_plan: dict[str, Any] = attrs.Factory(dict)
+    evaluation_environment_mode: EvaluationMode = "reuse"
+    baseline_network_policy: NetworkPolicy = FULL_NETWORK
+    run_network_policy: NetworkPolicy = FULL_NETWORK
+    evaluation_network_policy: NetworkPolicy = FULL_NETWORK
+    run_timeout_seconds: float | None = None
+    evaluation_timeout_seconds: float | None = None
+
+
+@attrs.frozen
+class PreparedTask:
+    """A task made ready to run in one Environment session (``input`` for the agent)."""
+
+    task: TaskSpec
+    input: dict[str, Any] = attrs.Factory(dict)
+    metadata: dict[str, Any] = attrs.Factory(dict)
