@@ -4,25 +4,55 @@ Values never know how they are serialized; this module does. Unknown keys
 are errors (``forbid_extra_keys``), and structuring errors are turned into
 one line naming the key path, e.g. ``unknown key 'max_retriez' @
 $.requests[0].execution``.
+
+Structuring is strict where YAML would otherwise be silently misread: a
+string is not a list of characters, ``"3"`` is not a number, a literal
+setting must be one of its values, and a class wants a mapping.
+
+Secrets: a ``Secret`` field structures ``"${VAR}"`` as a reference to the
+environment variable (serialized back as ``"${VAR}"``) and any other string
+as a clear value (serialized as ``**********``). Inside a component's
+``config`` (at any depth) the string values of the keys in
+:data:`SECRET_CONFIG_KEYS` become ``Secret`` values the same way, so a
+component receives ``Secret`` there when its config came through the
+converter and must call ``reveal()`` where it needs the clear value.
 """
 
 from __future__ import annotations
 
 import re
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+import attrs
 import cattrs
+from cattrs.cols import (
+    homogenous_tuple_structure_factory,
+    list_structure_factory,
+    mapping_structure_factory,
+)
 from cattrs.gen import make_dict_structure_fn
 
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._values import ComponentRef, RunRequest, Secret
 
-__all__ = ["converter", "structure", "structure_config", "unstructure", "error_line"]
+__all__ = [
+    "SECRET_CONFIG_KEYS",
+    "converter",
+    "error_line",
+    "structure",
+    "structure_config",
+    "unstructure",
+]
 
 T = TypeVar("T")
 
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+#: Keys of a component config (at any depth) whose string values are secrets.
+SECRET_CONFIG_KEYS = frozenset({"token", "api_key", "password", "secret"})
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 
@@ -31,7 +61,7 @@ def _structure_secret(value: Any, _: type) -> Secret:
     if isinstance(value, Secret):
         return value
     if not isinstance(value, str):
-        raise ValueError("a secret must be a string")
+        raise TypeError("a secret must be a string")
     match = _ENV_REF.match(value)
     if match:
         return Secret.from_env(match.group(1))
@@ -56,7 +86,7 @@ def _check_scalar(value: Any, kinds: tuple[type, ...], what: str) -> Any:
     if isinstance(value, bool) and bool not in kinds:
         raise ValueError(f"expected {what}, got {value!r}")
     if not isinstance(value, kinds):
-        raise ValueError(f"expected {what}, got {value!r}")
+        raise TypeError(f"expected {what}, got {value!r}")
     return value
 
 
@@ -68,7 +98,74 @@ converter.register_structure_hook(
 converter.register_structure_hook(bool, lambda v, _: _check_scalar(v, (bool,), "true or false"))
 converter.register_structure_hook(str, lambda v, _: _check_scalar(v, (str,), "a string"))
 
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _literal_factory(type_: Any) -> Any:
+    allowed = typing.get_args(type_)
+
+    def structure_literal(value: Any, _: Any) -> Any:
+        # ``True == 1``: compare types too, so ``k: true`` never passes for a number.
+        if not any(value == a and type(value) is type(a) for a in allowed):
+            choices = ", ".join(repr(a) for a in allowed)
+            raise ValueError(f"expected one of {choices}, got {_short(value)}")
+        return value
+
+    return structure_literal
+
+
+def _strict(kinds: tuple[type, ...], what: str, factory: Any) -> Any:
+    def make(type_: Any, conv: cattrs.Converter) -> Any:
+        inner = factory(type_, conv)
+
+        def structure_checked(value: Any, t: Any) -> Any:
+            if not isinstance(value, kinds):
+                raise TypeError(f"expected {what}, got {_short(value)}")
+            return inner(value, t)
+
+        return structure_checked
+
+    return make
+
+
+def _origin_is(*origins: Any) -> Any:
+    return lambda t: typing.get_origin(t) in origins
+
+
+converter.register_structure_hook_factory(lambda t: typing.get_origin(t) is Literal, _literal_factory)
+converter.register_structure_hook_factory(
+    _origin_is(list), _strict((list, tuple), "a list", list_structure_factory)
+)
+converter.register_structure_hook_factory(
+    lambda t: typing.get_origin(t) is tuple and typing.get_args(t)[-1:] == (...,),
+    _strict((list, tuple), "a list", homogenous_tuple_structure_factory),
+
+)
+converter.register_structure_hook_factory(
+    _origin_is(dict), _strict((Mapping,), "a mapping", mapping_structure_factory)
+)
+converter.register_structure_hook_factory(
+    attrs.has,
+    _strict((Mapping,), "a mapping", lambda t, c: make_dict_structure_fn(t, c, _cattrs_forbid_extra_keys=True)),
+
+)
+
 _component_ref_fn = make_dict_structure_fn(ComponentRef, converter, _cattrs_forbid_extra_keys=True)
+
+
+def _secretize(value: Any) -> Any:
+    """Turn the string values of :data:`SECRET_CONFIG_KEYS` (at any depth) into secrets."""
+    if isinstance(value, Mapping):
+        return {
+            k: _structure_secret(v, Secret) if k in SECRET_CONFIG_KEYS and isinstance(v, str) else _secretize(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_secretize(v) for v in value]
+    return value
 
 
 def _structure_component_ref(value: Any, _: type) -> ComponentRef:
@@ -77,7 +174,10 @@ def _structure_component_ref(value: Any, _: type) -> ComponentRef:
         return ComponentRef(value)
     if isinstance(value, ComponentRef):
         return value
-    return _component_ref_fn(value, ComponentRef)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a component id or a mapping, got {_short(value)}")
+    ref = _component_ref_fn(value, ComponentRef)
+    return attrs.evolve(ref, config=_secretize(ref.config))
 
 
 converter.register_structure_hook(ComponentRef, _structure_component_ref)
@@ -114,7 +214,7 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         return f"unknown key {keys}"
     if isinstance(exc, KeyError):
         return "required key missing"
-    if isinstance(exc, ValueError) and str(exc):
+    if isinstance(exc, (ValueError, TypeError)) and str(exc):
         return str(exc).splitlines()[0]
     return cattrs.v.format_exception(exc, type_)
 

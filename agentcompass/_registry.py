@@ -5,7 +5,9 @@ runs when their module is imported. Modules come from three places, in this
 order: the built-ins, the ``agentcompass.plugins`` entry-point group (each
 entry point's value is a module path to import), and ``plugins:`` in a
 config (module names or ``.py`` file paths). ``compass list`` shows each
-component with its kind and the module it came from.
+component with its kind and the module (or ``.py`` file) it came from.
+
+An id is unique within its kind; ``none`` is reserved (``harness: none``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .runtime._components import (
 )
 from .runtime._errors import ComponentError
 
-__all__ = ["register", "resolve", "build", "registered", "load_plugins", "load_builtins"]
+__all__ = ["build", "load_builtins", "load_plugins", "register", "registered", "resolve"]
 
 C = TypeVar("C", bound=type[Component])
 
@@ -42,6 +44,7 @@ KINDS: dict[str, type[Component]] = {
 }
 
 ENTRY_POINT_GROUP = "agentcompass.plugins"
+_FILE_PLUGIN_PREFIX = "agentcompass_plugin_"
 
 
 @attrs.frozen
@@ -77,20 +80,36 @@ def register(cls: C) -> C:
         raise TypeError(f"{cls.__qualname__}: the id 'none' is reserved")
     key = (kind, component_id)
     existing = _registry.get(key)
-    if existing is not None and existing.cls is not cls and existing.cls.__qualname__ != cls.__qualname__:
+    # The same class defined again (its module imported twice) replaces itself.
+    if existing is not None and _qualified(existing.cls) != _qualified(cls):
         raise ComponentError(
             f"{kind} id {component_id!r} is already registered by {existing.origin}; "
             f"{cls.__module__}.{cls.__qualname__} cannot take it"
         )
-    _registry[key] = Registration(kind, component_id, cls, f"{cls.__module__}")
+    _registry[key] = Registration(kind, component_id, cls, _origin(cls))
     return cls
+
+
+def _qualified(cls: type) -> tuple[str, str]:
+    return (cls.__module__, cls.__qualname__)
+
+
+def _origin(cls: type) -> str:
+    # A ``.py`` plugin's module name is made up; its file is what users know.
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__.startswith(_FILE_PLUGIN_PREFIX) and getattr(module, "__file__", None):
+        return str(module.__file__)
+    return cls.__module__
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def load_builtins() -> None:
     """Import the built-in components and the entry-point plugins (once)."""
     if "builtins" in _loaded_sources:
         return
-    _loaded_sources.add("builtins")
     for module in (
         "agentcompass.environments.local",
         "agentcompass.benchmarks.terminal",
@@ -100,8 +119,12 @@ def load_builtins() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             importlib.import_module(ep.value.split(":")[0])
-        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal to others
-            raise ComponentError(f"plugin entry point {ep.name!r} ({ep.value}) failed to import: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - reported as a config error naming the plugin
+            raise ComponentError(
+                f"plugin entry point {ep.name!r} ({ep.value}) failed to import: {_one_line(exc)}"
+            ) from None
+    # Marked only once everything imported, so a failure is reported again next time.
+    _loaded_sources.add("builtins")
 
 
 def load_plugins(plugins: list[str], base_dir: Path | None = None) -> None:
@@ -109,15 +132,17 @@ def load_plugins(plugins: list[str], base_dir: Path | None = None) -> None:
     (relative paths resolve against ``base_dir``, the config's directory)."""
     load_builtins()
     for entry in plugins:
-        if entry in _loaded_sources:
-            continue
         if entry.endswith(".py") or "/" in entry:
             path = Path(entry)
             if not path.is_absolute() and base_dir is not None:
                 path = base_dir / path
             if not path.is_file():
                 raise ComponentError(f"plugin file not found: {entry}")
-            name = f"agentcompass_plugin_{abs(hash(str(path.resolve())))}"
+            # Keyed by the file, so one file named two ways is imported once.
+            source = str(path.resolve())
+            if source in _loaded_sources:
+                continue
+            name = f"{_FILE_PLUGIN_PREFIX}{abs(hash(source))}"
             spec = importlib.util.spec_from_file_location(name, path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
@@ -126,13 +151,14 @@ def load_plugins(plugins: list[str], base_dir: Path | None = None) -> None:
                 spec.loader.exec_module(module)
             except Exception as exc:  # noqa: BLE001
                 del sys.modules[name]
-                raise ComponentError(f"plugin {entry} failed to import: {exc}") from None
+                raise ComponentError(f"plugin {entry} failed to import: {_one_line(exc)}") from None
         else:
+            source = entry
             try:
                 importlib.import_module(entry)
             except Exception as exc:  # noqa: BLE001
-                raise ComponentError(f"plugin module {entry!r} failed to import: {exc}") from None
-        _loaded_sources.add(entry)
+                raise ComponentError(f"plugin module {entry!r} failed to import: {_one_line(exc)}") from None
+        _loaded_sources.add(source)
 
 
 def resolve(kind: str, component_id: str) -> type[Component]:
@@ -141,6 +167,9 @@ def resolve(kind: str, component_id: str) -> type[Component]:
     reg = _registry.get((kind, component_id))
     if reg is None:
         known = ", ".join(sorted(i for k, i in _registry if k == kind)) or "none"
+        other = sorted(k for k, i in _registry if i == component_id)
+        if other:
+            raise ComponentError(f"{component_id!r} is a {other[0]}, not a {kind} (registered {kind}s: {known})")
         raise ComponentError(f"unknown {kind} id {component_id!r} (registered: {known})")
     return reg.cls
 
@@ -153,7 +182,7 @@ def build(kind: str, component_id: str, config: dict[str, Any]) -> Any:
     except ComponentError:
         raise
     except Exception as exc:  # noqa: BLE001 - a constructor failure is a config error
-        raise ComponentError(f"{kind} {component_id!r} could not be built: {exc}") from None
+        raise ComponentError(f"{kind} {component_id!r} could not be built: {_one_line(exc)}") from None
 
 
 def registered() -> list[Registration]:

@@ -34,3 +34,6 @@ from ._values import ProviderLimits as ProviderLimits
 from ._values import RunRequest as RunRequest
 from ._values import Secret as Secret
 from ._values import TaskSpec as TaskSpec
+from ._executor import Executor as Executor
+from ._executor import Grants as Grants
+from ._executor import TaskReporter as TaskReporter

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ._values import ExecutionPlan
+from ._values import ExecutionPlan, PreparedTask
 
 __all__ = [
     "AttemptRecord",
@@ -87,7 +87,12 @@ class Evaluation:
 
 @attrs.frozen
 class AttemptRecord:
-    """One evaluated attempt. ``status`` is derived from ``issues`` (SPEC 6)."""
+    """One evaluated attempt. ``status`` is derived from ``issues`` (SPEC 6).
+
+    ``prepared`` keeps the prepared task so that an attempt whose evaluation
+    failed in ``none`` or ``fresh`` mode can be evaluated again on reuse
+    without running the agent again.
+    """
 
     attempt: int
     status: AttemptStatus
@@ -98,6 +103,7 @@ class AttemptRecord:
     analysis: dict[str, Any] = attrs.Factory(dict)
     retries: int = 0
     timings: dict[str, float] = attrs.Factory(dict)
+    prepared: PreparedTask | None = None
 
     @property
     def severity(self) -> TaskSeverity:

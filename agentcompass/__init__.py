@@ -1,0 +1,48 @@
+"""AgentCompass: a Trio runtime that evaluates LLM agents and models on benchmarks.
+
+The public surface is exactly what this module re-exports; everything else
+lives in private modules.
+"""
+
+__version__ = "0.1.0"
+
+from ._config import load_config as load_config
+from ._orchestration._launch import launch as launch
+from ._orchestration._launch import run_evaluation as run_evaluation
+from ._planner import Planner as Planner
+from ._registry import register as register
+from .runtime import NO_HARNESS as NO_HARNESS
+from .runtime import AttemptRecord as AttemptRecord
+from .runtime import AttemptsSpec as AttemptsSpec
+from .runtime import BaseAnalyzer as BaseAnalyzer
+from .runtime import BaseBenchmark as BaseBenchmark
+from .runtime import BaseEnvironment as BaseEnvironment
+from .runtime import BaseHarness as BaseHarness
+from .runtime import BaseRecipe as BaseRecipe
+from .runtime import CompassError as CompassError
+from .runtime import ComponentError as ComponentError
+from .runtime import ComponentRef as ComponentRef
+from .runtime import ConfigError as ConfigError
+from .runtime import EnvironmentSession as EnvironmentSession
+from .runtime import Evaluation as Evaluation
+from .runtime import ExecResult as ExecResult
+from .runtime import ExecutionPlan as ExecutionPlan
+from .runtime import ExecutionSpec as ExecutionSpec
+from .runtime import Executor as Executor
+from .runtime import HarnessFreeBenchmark as HarnessFreeBenchmark
+from .runtime import Issue as Issue
+from .runtime import IssueError as IssueError
+from .runtime import ModelSpec as ModelSpec
+from .runtime import NetworkPolicy as NetworkPolicy
+from .runtime import Orchestration as Orchestration
+from .runtime import OrchestrationResult as OrchestrationResult
+from .runtime import PreparedTask as PreparedTask
+from .runtime import ProviderLimits as ProviderLimits
+from .runtime import RequestResult as RequestResult
+from .runtime import RunBudget as RunBudget
+from .runtime import RunFailedError as RunFailedError
+from .runtime import RunRequest as RunRequest
+from .runtime import RunResult as RunResult
+from .runtime import Secret as Secret
+from .runtime import TaskRecord as TaskRecord
+from .runtime import TaskSpec as TaskSpec

@@ -1,0 +1,467 @@
+"""The ``compass`` command line.
+
+Every command reports an invalid config or usage (:class:`ConfigError`,
+including :class:`ComponentError`) as one line ``error: <message>`` on
+stderr and exits 2, with nothing run and no run directory created: configs
+are loaded and preflighted before the engine is started. Exit codes of
+``launch`` / ``run``: 0 succeeded, 1 a request failed / partial failure /
+timed out, 2 invalid config or usage, 130 interrupted.
+
+Only the CLI installs signal handling: the first Ctrl-C cancels the run,
+whose cleanup then gets the orchestration's grace window; a second Ctrl-C
+exits at once with 130.
+
+``--reuse`` takes an optional value, so put it after the config path:
+``compass launch config.yaml --reuse`` (latest run) or ``--reuse RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+import trio
+
+from . import _registry
+from ._config import build_orchestration, load_config, preflight
+from ._convert import structure
+from ._logging import configure_logging
+from ._redact import redact
+from .runtime._errors import ConfigError
+from .runtime._values import ComponentRef, Orchestration
+
+__all__ = ["cli", "main"]
+
+_LATEST = "\0latest"  # --reuse given without a value
+INTERRUPTED_EXIT = 130
+
+
+def _config_messages(exc: BaseException) -> list[str] | None:
+    """One line per config error in ``exc``, or None if it holds anything else."""
+    if isinstance(exc, ConfigError):
+        return [" ".join(str(exc).split())]
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(ConfigError)
+        if rest is None and matched is not None:
+            return [m for e in matched.exceptions for m in _config_messages(e) or []]
+    return None
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ConfigError, BaseExceptionGroup) as exc:
+            messages = _config_messages(exc)
+            if messages is None:
+                raise
+            for message in messages:
+                click.echo(f"error: {redact(message)}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Group)
+@click.option(
+    "--log-level",
+    default=lambda: os.environ.get("COMPASS_LOG_LEVEL", "warning"),
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    help="Console log level (run-directory JSON logs always get info and above).",
+)
+def cli(log_level: str) -> None:
+    """Evaluate LLM agents on benchmarks."""
+    configure_logging(console=True, level=log_level)
+
+
+# ---------------------------------------------------------------- list / validate
+
+
+@cli.command("list")
+@click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
+def list_command(plugins: Sequence[str]) -> None:
+    """Show every registered component: kind, id and origin."""
+    _registry.load_plugins(list(plugins), Path.cwd())
+    rows = [("KIND", "ID", "ORIGIN")] + [(r.kind, r.id, r.origin) for r in _registry.registered()]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for kind, component_id, origin in rows:
+        click.echo(f"{kind:<{widths[0]}}  {component_id:<{widths[1]}}  {origin}")
+
+
+@cli.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value.")
+def validate(config: Path, overrides: Sequence[str]) -> None:
+    """Load CONFIG and run every startup check, without running anything."""
+    orchestration = load_config(config, overrides)
+    preflight(orchestration, config.parent)
+    click.echo(f"ok: {len(orchestration.requests)} request(s)")
+
+
+# ---------------------------------------------------------------- launch / run
+
+
+def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--reuse",
+            is_flag=False,
+            flag_value=_LATEST,
+            default=None,
+            metavar="[RUN_DIR]",
+            help="Reuse finished results: of the latest run of each request, or of RUN_DIR.",
+        ),
+        click.option("--timeout-seconds", type=float, help="Overall deadline of the orchestration."),
+        click.option("--task-concurrency", type=int, help="Number of tasks run at once."),
+        click.option("--output-root", type=click.Path(path_type=Path), help="Where run directories go."),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _apply_cli(
+    orchestration: Orchestration,
+    reuse: str | None,
+    timeout_seconds: float | None,
+    task_concurrency: int | None,
+    output_root: Path | None,
+) -> Orchestration:
+    """Command-line flags win over the config."""
+    changes: dict[str, Any] = {}
+    if reuse is not None:
+        changes["reuse"] = True if reuse == _LATEST else Path(reuse)
+    if output_root is not None:
+        changes["output_root"] = output_root
+    if changes:
+        requests = [attrs.evolve(r, **changes) for r in orchestration.requests]
+        orchestration = attrs.evolve(orchestration, requests=requests)
+    if timeout_seconds is not None:
+        orchestration = attrs.evolve(orchestration, timeout_seconds=timeout_seconds)
+    if task_concurrency is not None:
+        orchestration = attrs.evolve(orchestration, task_concurrency=task_concurrency)
+    return orchestration
+
+
+@cli.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@_run_options
+@click.pass_context
+def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: Any) -> None:
+    """Run every request of CONFIG."""
+    orchestration = _apply_cli(load_config(config, overrides), **flags)
+    preflight(orchestration, config.parent)
+    ctx.exit(_execute(orchestration, config.parent))
+
+
+@cli.command()
+@click.option("--benchmark", required=True, help="Benchmark id.")
+@click.option("--benchmark-config", default="{}", metavar="JSON", help="Benchmark config as a JSON object.")
+@click.option("--environment", required=True, help="Environment id.")
+@click.option("--environment-config", default="{}", metavar="JSON", help="Environment config as a JSON object.")
+@click.option("--harness", default="none", show_default=True, help="Harness id ('none' for a harness-free benchmark).")
+@click.option("--harness-config", default="{}", metavar="JSON", help="Harness config as a JSON object.")
+@click.option("--model", help="Model name.")
+@click.option("--base-url", help="Model endpoint (OpenAI-compatible).")
+@click.option("--api-key-env", metavar="VAR", help="Environment variable holding the model API key.")
+@click.option("--name", help="Request name (default: <benchmark>-<harness>).")
+@click.option("--k", type=int, help="Attempts per task.")
+@click.option("--max-retries", type=int, help="Extra tries per attempt.")
+@click.option("--task-id", "task_ids", multiple=True, help="Run only this task (repeatable).")
+@click.option("--limit", type=int, help="Run at most this many tasks.")
+@click.option("--plugin", "plugins", multiple=True, help="Import this module or .py file.")
+@_run_options
+@click.pass_context
+def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
+    """Run one request described by flags."""
+    flags = {k: options.pop(k) for k in ("reuse", "timeout_seconds", "task_concurrency", "output_root")}
+    data = {"plugins": list(options.pop("plugins")), "requests": [_request_from_flags(**options)]}
+    orchestration = _apply_cli(build_orchestration(data, overrides, base_dir=Path.cwd()), **flags)
+    preflight(orchestration, Path.cwd())
+    ctx.exit(_execute(orchestration, Path.cwd()))
+
+
+def _request_from_flags(
+    benchmark: str,
+    benchmark_config: str,
+    environment: str,
+    environment_config: str,
+    harness: str,
+    harness_config: str,
+    model: str | None,
+    base_url: str | None,
+    api_key_env: str | None,
+    name: str | None,
+    k: int | None,
+    max_retries: int | None,
+    task_ids: Sequence[str],
+    limit: int | None,
+) -> dict[str, Any]:
+    """The raw config mapping of the request ``compass run`` describes."""
+    request: dict[str, Any] = {
+        "name": name or (benchmark if harness == "none" else f"{benchmark}-{harness}"),
+        "benchmark": {"id": benchmark, "config": _json_object(benchmark_config, "--benchmark-config")},
+        "environment": {"id": environment, "config": _json_object(environment_config, "--environment-config")},
+        "harness": {"id": harness, "config": _json_object(harness_config, "--harness-config")},
+    }
+    if harness == "none":
+        request["harness"] = "none"
+    if model is not None:
+        request["model"] = {"name": model, "base_url": base_url}
+        if api_key_env:
+            request["model"]["api_key"] = f"${{{api_key_env}}}"
+    elif base_url or api_key_env:
+        raise ConfigError("--base-url and --api-key-env need --model")
+    execution: dict[str, Any] = {}
+    if k is not None:
+        execution["attempts"] = {"k": k}
+    if max_retries is not None:
+        execution["max_retries"] = max_retries
+    if execution:
+        request["execution"] = execution
+    if task_ids:
+        request["task_ids"] = list(task_ids)
+    if limit is not None:
+        request["limit"] = limit
+    return request
+
+
+def _json_object(text: str, option: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{option} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{option} must be a JSON object, got {text!r}")
+    return value
+
+
+def _execute(orchestration: Orchestration, config_dir: Path) -> int:
+    """Run the engine under our SIGINT handling; print where results went."""
+    from ._orchestration._launch import launch as engine_launch
+
+    kwargs: dict[str, Any] = {"config_dir": config_dir}
+    if "show_progress" in inspect.signature(engine_launch).parameters:
+        kwargs["show_progress"] = sys.stdout.isatty()
+    result, interrupted = trio.run(_launch_main, engine_launch, orchestration, kwargs)
+    if result is not None:
+        _print_result(result)
+    if interrupted:
+        return INTERRUPTED_EXIT
+    return int(result.exit_code) if result is not None else 1
+
+
+async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    """``launch`` inside a cancel scope that the first SIGINT cancels.
+
+    The engine then runs its own bounded cleanup; the watcher keeps running
+    through it so a second SIGINT can still end the process at once.
+    """
+    interrupted = False
+    result = None
+    run_scope = trio.CancelScope()
+
+    async def watch(signals: Any) -> None:
+        nonlocal interrupted
+        async for _ in signals:
+            if interrupted:
+                os._exit(INTERRUPTED_EXIT)
+            interrupted = True
+            print("interrupted: cleaning up (Ctrl-C again to exit now)", file=sys.stderr, flush=True)
+            run_scope.cancel()
+
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, signals)
+            try:
+                with run_scope:
+                    result = await engine_launch(orchestration, **kwargs)
+            finally:
+                nursery.cancel_scope.cancel()
+    return result, interrupted
+
+
+def _print_result(result: Any) -> None:
+    for request in result.requests:
+        click.echo(f"{request.name}: {request.status}  {request.run_dir}")
+        summary = Path(request.run_dir) / "summary.md"
+        if summary.is_file():
+            click.echo(summary.read_text(encoding="utf-8").rstrip())
+        elif request.metrics:
+            click.echo(f"  metrics: {json.dumps(request.metrics, default=str)[:500]}")
+    click.echo(f"{result.status} (exit {result.exit_code})")
+
+
+# ---------------------------------------------------------------- show / reap
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def show(run_dir: Path) -> None:
+    """Show a run's status, metrics and per-task results."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory not found: {run_dir}")
+    info = _read_json(run_dir / "run_info.json") or {}
+    metrics = _read_json(run_dir / "metrics.json") or {}
+    click.echo(f"run: {run_dir}")
+    click.echo(f"status: {info.get('status', 'unknown')}")
+    for line in _metrics_lines(metrics):
+        click.echo(line)
+    try:
+        from ._store import load_run, render_run_table  # type: ignore[attr-defined]
+    except ImportError:
+        click.echo(_task_table(run_dir))
+        return
+    table = render_run_table(load_run(run_dir), metrics)
+    if isinstance(table, str):
+        click.echo(table)
+    else:
+        from rich.console import Console
+
+        Console().print(table)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _metrics_lines(metrics: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, value in metrics.items():
+        if isinstance(value, dict) and "value" in value:
+            counts = ", ".join(f"{k} {value[k]}" for k in ("evaluated", "invalidated", "total") if k in value)
+            lines.append(f"{key}: {value['value']} (reference {value.get('reference_value')}; {counts})")
+        elif not isinstance(value, dict):
+            lines.append(f"{key}: {value}")
+    return lines
+
+
+def _task_table(run_dir: Path) -> str:
+    """Fallback per-task table read straight from ``details/*/*.json``."""
+    rows = [("TASK", "SEVERITY", "ATTEMPTS", "VALUES")]
+    for path in sorted(run_dir.glob("details/*/*.json")):
+        record = _read_json(path)
+        if not isinstance(record, dict):
+            continue
+        attempts = record.get("attempts") or []
+        statuses = " ".join(str(a.get("status")) for a in attempts)
+        values = " ".join(json.dumps(a.get("values", {}), sort_keys=True) for a in attempts)
+        rows.append((str(record.get("task_id")), str(record.get("severity")), statuses, values))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(
+        f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}".rstrip() for a, b, c, d in rows
+    )
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--plugin", "plugins", multiple=True, help="Import this module or .py file first.")
+@click.pass_context
+def reap(ctx: click.Context, run_dir: Path, plugins: Sequence[str]) -> None:
+    """Destroy sandboxes a killed run left open (per RUN_DIR/sessions.jsonl)."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory not found: {run_dir}")
+    _registry.load_plugins(list(plugins), Path.cwd())
+    reaped, failed = trio.run(_reap_run, run_dir)
+    click.echo(f"reaped {reaped} session(s)" + (f", {failed} failed" if failed else ""))
+    ctx.exit(1 if failed else 0)
+
+
+def open_sessions(journal: Path) -> list[dict[str, Any]]:
+    """Journal entries of sessions opened and never closed, in opening order.
+
+    A line is ``{"event": "opened" | "closed", "session": id, "provider": ...,
+    "handle": {...}}``; sessions without an id are matched by handle.
+    Unparseable lines (a truncated last line after a kill) are skipped.
+    """
+    pending: dict[str, dict[str, Any]] = {}
+    try:
+        lines = journal.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        key = str(entry.get("session") or entry.get("session_id") or json.dumps(entry.get("handle"), sort_keys=True))
+        event = str(entry.get("event") or entry.get("kind") or entry.get("type") or "")
+        if "close" in event:
+            pending.pop(key, None)
+        elif "open" in event:
+            pending[key] = entry
+    return list(pending.values())
+
+
+def _closed_line(entry: dict[str, Any]) -> str:
+    # Mirror the opening line's own keys, so the store reads both alike.
+    closed = dict(entry, reaped=True)
+    for key in ("event", "kind", "type"):
+        if isinstance(closed.get(key), str) and "open" in closed[key]:
+            closed[key] = closed[key].replace("opened", "closed").replace("open", "close")
+            break
+    return json.dumps(closed, sort_keys=True) + "\n"
+
+
+def _append_durably(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _environment_configs(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The request's environment config from ``run_info.json``, keyed by provider."""
+    info = _read_json(run_dir / "run_info.json") or {}
+    raw = (info.get("request") or {}).get("environment") if isinstance(info, dict) else None
+    if raw is None:
+        return {}
+    try:
+        ref = structure(raw, ComponentRef)
+    except ConfigError:
+        return {}
+    return {ref.id: ref.config}
+
+
+async def _reap_run(run_dir: Path) -> tuple[int, int]:
+    journal = run_dir / "sessions.jsonl"
+    configs = _environment_configs(run_dir)
+    reaped = failed = 0
+    for entry in open_sessions(journal):
+        provider = str(entry.get("provider"))
+        try:
+            env = _registry.build("environment", provider, configs.get(provider, {}))
+            await env.reap(entry.get("handle") or {})
+        except Exception as exc:  # noqa: BLE001 - one failed reap must not stop the others
+            failed += 1
+            click.echo(f"warning: could not reap {provider} session {entry.get('handle')}: {redact(str(exc))}", err=True)
+            continue
+        await trio.to_thread.run_sync(_append_durably, journal, _closed_line(entry), abandon_on_cancel=False)
+        reaped += 1
+    return reaped, failed
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point (``compass``)."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="compass")
+    except KeyboardInterrupt:
+        # Ctrl-C before the run's own handler is installed (while loading).
+        print("interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,505 @@
+"""Config files in, a checked :class:`Orchestration` out.
+
+A config is a YAML mapping with three keys, all optional but ``requests``::
+
+    plugins: [my_plugins.py, some.module]     # .py paths are relative to the config file
+    orchestration: {task_concurrency: 4, timeout_seconds: 3600,
+                    cleanup_grace_seconds: 30, providers: {local: {capacity: 8, open_qps: 2}}}
+    requests: [{name: smoke, benchmark: {id: terminal, config: {path: tasks}}, ...}]
+
+:func:`load_config` reads and structures it in this order:
+
+1. ``--set`` overrides edit the raw YAML data (see :func:`apply_override`).
+2. ``${VAR}`` is replaced by the environment variable in every string
+   (``$${VAR}`` keeps a literal ``${VAR}``); an unset variable is an error.
+   Secret positions are the exception: ``model.api_key`` and, inside a
+   component's ``config`` at any depth, the keys ``token``, ``api_key``,
+   ``password`` and ``secret``. There a whole-value ``${VAR}`` is kept as a
+   reference (the variable must be set) and becomes a ``Secret`` that reads
+   the variable and serializes as ``${VAR}``; any other string becomes a
+   ``Secret`` holding its (expanded) value.
+3. The converter structures the data; unknown keys and wrong types are
+   errors naming the key path, e.g. ``unknown key 'max_retriez' @ requests[0].execution``.
+
+``output_root`` and component paths stay relative to the working directory;
+only ``plugins:`` paths are resolved against the config file's directory.
+
+:func:`preflight` is everything that can be checked before any task runs:
+plugins, component ids and configs, harness compatibility and value ranges.
+It opens no environment and loads no task.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from . import _registry
+from ._convert import _ENV_REF, SECRET_CONFIG_KEYS, structure
+from ._redact import register_secret
+from .runtime._components import HarnessFreeBenchmark
+from .runtime._errors import ComponentError, ConfigError
+from .runtime._values import (
+    ComponentRef,
+    ExecutionSpec,
+    ModelSpec,
+    Orchestration,
+    RunRequest,
+    Secret,
+)
+
+__all__ = [
+    "apply_override",
+    "build_orchestration",
+    "load_config",
+    "preflight",
+    "validate_request",
+]
+
+TOP_LEVEL_KEYS = ("plugins", "orchestration", "requests")
+REQUEST_FIELDS = frozenset(f.name for f in attrs.fields(RunRequest))
+_COMPONENT_FIELDS = ("benchmark", "harness", "environment")
+_COMPONENT_LISTS = ("recipes", "analyzers")
+_SETTINGS_KEYS = frozenset(f.name for f in attrs.fields(Orchestration)) - {"requests", "plugins"}
+
+# ---------------------------------------------------------------- reading
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Orchestration:
+    """Read a YAML config file, apply ``--set`` overrides and structure it.
+
+    Raises :class:`ConfigError` with one line naming the file, key or value.
+    Component ids are not checked here; :func:`preflight` does that.
+    """
+    path = Path(path)
+    data = _read_yaml(path)
+    return build_orchestration(data, overrides, base_dir=path.parent)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {_one_line(exc)}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML in {path}{_yaml_where(exc)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping with a 'requests' list, got {type(data).__name__}")
+    return data
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or _one_line(exc)
+    if mark is None:
+        return f": {problem}"
+    return f" line {mark.line + 1}: {problem}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def build_orchestration(
+    data: dict[str, Any], overrides: Sequence[str] = (), base_dir: Path | None = None
+) -> Orchestration:
+    """Structure config ``data`` (the parsed YAML) after overrides and ``${VAR}`` expansion."""
+    data = copy.deepcopy(data)
+    for override in overrides:
+        apply_override(data, override)
+    unknown = [k for k in data if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r} @ top level (expected {', '.join(TOP_LEVEL_KEYS)})")
+    data = _expand_config(data)
+    settings = data.get("orchestration") or {}
+    if not isinstance(settings, dict):
+        raise ConfigError(f"expected a mapping, got {settings!r} @ orchestration")
+    for key in settings:
+        if key not in _SETTINGS_KEYS:
+            raise ConfigError(f"unknown key {key!r} @ orchestration")
+    orchestration = structure({**settings, "requests": []}, Orchestration, root="orchestration")
+    if not data.get("requests"):
+        raise ConfigError("no requests: the config needs a non-empty 'requests' list")
+    requests = structure(data["requests"], list[RunRequest], root="requests")
+    plugins = structure(data.get("plugins") or [], list[str], root="plugins")
+    return attrs.evolve(orchestration, requests=requests, plugins=[_plugin_path(p, base_dir) for p in plugins])
+
+
+def _plugin_path(entry: str, base_dir: Path | None) -> str:
+    # Same rule as the registry: a ``.py`` or a path with a slash is a file.
+    if base_dir is None or not (entry.endswith(".py") or "/" in entry) or Path(entry).is_absolute():
+        return entry
+    return str((base_dir / entry).resolve())
+
+
+# ---------------------------------------------------------------- --set overrides
+
+_KEY_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one ``dotted.key=value`` override to raw config ``data`` in place.
+
+    ``value`` is parsed as YAML (``=3`` is an int, ``=true`` a bool, ``=[a, b]``
+    a list). Keys start with a top-level key (``orchestration.task_concurrency=8``,
+    ``requests[0].execution.max_retries=2`` or ``requests.0.execution...``) or
+    with a request field, which sets it in every request
+    (``execution.max_retries=2``). Missing mappings on the way are created.
+    """
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"invalid override {override!r}: expected key=value")
+    path = _parse_key(key.strip(), override)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid override {override!r}: bad YAML value{_yaml_where(exc)}") from None
+    head = path[0]
+    if head in TOP_LEVEL_KEYS:
+        _set_path(data, path, value, override)
+    elif head in REQUEST_FIELDS:
+        requests = data.get("requests")
+        if not isinstance(requests, list) or not requests:
+            raise ConfigError(f"invalid override {override!r}: there are no requests to set it in")
+        for request in requests:
+            _set_path(request, path, value, override)
+    else:
+        raise ConfigError(
+            f"invalid override {override!r}: unknown key {head!r} "
+            f"(expected {', '.join(TOP_LEVEL_KEYS)} or a request field)"
+        )
+
+
+def _parse_key(key: str, override: str) -> list[str | int]:
+    path: list[str | int] = []
+    for part in key.split("."):
+        tokens = list(_KEY_TOKEN.finditer(part))
+        if not part or "".join(t.group(0) for t in tokens) != part:
+            raise ConfigError(f"invalid override {override!r}: bad key {key!r}")
+        for token in tokens:
+            name, index = token.groups()
+            if index is not None:
+                path.append(int(index))
+            elif name.isdigit() and path:
+                path.append(int(name))
+            else:
+                path.append(name)
+    if isinstance(path[0], int):
+        raise ConfigError(f"invalid override {override!r}: bad key {key!r}")
+    return path
+
+
+def _set_path(node: Any, path: list[str | int], value: Any, override: str) -> None:
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, dict) and isinstance(part, str):
+            if last:
+                node[part] = value
+            elif node.get(part) is None:
+                if isinstance(path[i + 1], int):
+                    raise ConfigError(f"invalid override {override!r}: {_dotted(path[: i + 1])} is not a list")
+                node[part] = {}
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int):
+            if part >= len(node):
+                raise ConfigError(
+                    f"invalid override {override!r}: index {part} out of range "
+                    f"({_dotted(path[:i])} has {len(node)} item(s))"
+                )
+            if last:
+                node[part] = value
+            node = node[part]
+        else:
+            kind = "a list" if isinstance(part, int) else "a mapping"
+            raise ConfigError(f"invalid override {override!r}: {_dotted(path[:i]) or 'the config'} is not {kind}")
+
+
+def _dotted(path: list[str | int]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+# ---------------------------------------------------------------- ${VAR} expansion
+
+_VAR = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand_config(data: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if key == "requests" and isinstance(value, list):
+            out[key] = [_expand_request(r, f"requests[{i}]") for i, r in enumerate(value)]
+        else:
+            out[key] = _expand(value, key)
+    return out
+
+
+def _expand_request(request: Any, where: str) -> Any:
+    if not isinstance(request, dict):
+        return request
+    out = {}
+    for key, value in request.items():
+        path = f"{where}.{key}"
+        if key == "model":
+            out[key] = _expand(value, path, frozenset({"api_key"}), deep=False)
+        elif key in _COMPONENT_FIELDS:
+            out[key] = _expand_component(value, path)
+        elif key in _COMPONENT_LISTS and isinstance(value, list):
+            out[key] = [_expand_component(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        else:
+            out[key] = _expand(value, path)
+    return out
+
+
+def _expand_component(ref: Any, where: str) -> Any:
+    if not isinstance(ref, dict):
+        return _expand(ref, where)
+    return {
+        key: _expand(value, f"{where}.{key}", SECRET_CONFIG_KEYS if key == "config" else frozenset())
+        for key, value in ref.items()
+    }
+
+
+def _expand(value: Any, where: str, secret_keys: frozenset[str] = frozenset(), deep: bool = True) -> Any:
+    """Expand strings under ``value``; keys in ``secret_keys`` are secret positions
+    (at every depth when ``deep``, else only directly under ``value``)."""
+    if isinstance(value, str):
+        return _expand_string(value, where)
+    if isinstance(value, list):
+        return [_expand(v, f"{where}[{i}]", secret_keys, deep) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        inner = secret_keys if deep else frozenset()
+        return {
+            k: _expand_secret(v, f"{where}.{k}")
+            if k in secret_keys and isinstance(v, str)
+            else _expand(v, f"{where}.{k}", inner, deep)
+            for k, v in value.items()
+        }
+    return value
+
+
+def _expand_secret(value: str, where: str) -> str:
+    match = _ENV_REF.match(value)
+    if match is None:
+        return _expand_string(value, where)
+    _getenv(match.group(1), where)
+    return value  # the converter turns the reference into Secret.from_env
+
+
+def _expand_string(value: str, where: str) -> str:
+    if "$" not in value:
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        escaped, name = match.groups()
+        return f"${{{name}}}" if escaped else _getenv(name, where)
+
+    return _VAR.sub(substitute, value)
+
+
+def _getenv(name: str, where: str) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        raise ConfigError(f"environment variable {name} is not set @ {where}")
+    return value
+
+
+# ---------------------------------------------------------------- preflight
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def preflight(orchestration: Orchestration, config_dir: Path | None = None) -> None:
+    """Check everything that can be checked before any task runs.
+
+    Loads ``plugins``, then checks the orchestration settings and every
+    request (names, component ids and configs, harness compatibility, value
+    ranges). Raises :class:`ConfigError` / :class:`ComponentError` with one
+    line naming the request and key. Registers every secret of the requests
+    for redaction. Opens no environment and loads no task.
+    """
+    _registry.load_plugins(list(orchestration.plugins), config_dir)
+    check_orchestration(orchestration)
+    seen: set[str] = set()
+    for i, request in enumerate(orchestration.requests):
+        where = f"requests[{i}] {request.name!r}"
+        validate_request(request, where)
+        if request.name in seen:
+            raise ConfigError(f"{where}: duplicate request name (names must be unique)")
+        seen.add(request.name)
+        _register_secrets(request)
+
+
+def check_orchestration(orchestration: Orchestration) -> None:
+    """Range checks of the orchestration-wide settings."""
+    _check_int(orchestration.task_concurrency, "orchestration.task_concurrency", minimum=1)
+    _check_timeout(orchestration.timeout_seconds, "orchestration.timeout_seconds")
+    _check_number(orchestration.cleanup_grace_seconds, "orchestration.cleanup_grace_seconds", positive=False)
+    for provider, limits in orchestration.providers.items():
+        key = f"orchestration.providers[{provider!r}]"
+        try:
+            _registry.resolve("environment", provider)
+        except ComponentError as exc:
+            raise ComponentError(f"{key}: {exc}") from None
+        _check_int(limits.capacity, f"{key}.capacity", minimum=0)
+        _check_number(limits.open_qps, f"{key}.open_qps", positive=False)
+
+
+def validate_request(request: RunRequest, where: str) -> None:
+    """Check one request; errors start with ``where`` (e.g. ``requests[1] 'smoke'``)."""
+    try:
+        _check_name(request.name)
+        _check_execution(request.execution)
+        _check_selection(request)
+        if request.model is not None:
+            _check_model(request.model)
+        if isinstance(request.reuse, Path) and not request.reuse.is_dir():
+            raise ConfigError(f"reuse: run directory not found: {request.reuse}")
+        _check_components(request)
+    except ConfigError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(
+            f"name {name!r} must be 1-128 characters of letters, digits, '.', '_' or '-' "
+            "starting with a letter or digit (it names the run directory)"
+        )
+
+
+def _check_execution(execution: ExecutionSpec) -> None:
+    _check_int(execution.attempts.k, "execution.attempts.k", minimum=1)
+    if execution.attempts.strategy not in ("avg", "pass"):
+        raise ConfigError(f"execution.attempts.strategy must be 'avg' or 'pass', got {execution.attempts.strategy!r}")
+    _check_int(execution.max_retries, "execution.max_retries", minimum=0)
+    for j, pattern in enumerate(execution.retry_pattern_list or ()):
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise ConfigError(
+                f"execution.retry_pattern_list[{j}]: invalid regex {pattern!r}: {exc}"
+            ) from None
+    low, high = execution.retry_min_delay_seconds, execution.retry_max_delay_seconds
+    _check_number(low, "execution.retry_min_delay_seconds")
+    _check_number(high, "execution.retry_max_delay_seconds")
+    if high < low:
+        raise ConfigError(
+            f"execution.retry_max_delay_seconds ({high}) must be >= retry_min_delay_seconds ({low})"
+        )
+    for key in ("setup_timeout_seconds", "run_timeout_seconds", "evaluation_timeout_seconds"):
+        _check_timeout(getattr(execution, key), f"execution.{key}")
+    _check_number(execution.run_timer_compensation_seconds, "execution.run_timer_compensation_seconds", positive=False)
+
+
+def _check_selection(request: RunRequest) -> None:
+    if request.task_ids is not None:
+        seen: set[str] = set()
+        for task_id in request.task_ids:
+            if not isinstance(task_id, str) or not task_id:
+                raise ConfigError(f"task_ids: every task id must be a non-empty string, got {task_id!r}")
+            if task_id in seen:
+                raise ConfigError(f"task_ids: duplicate task id {task_id!r}")
+            seen.add(task_id)
+    if request.limit is not None:
+        _check_int(request.limit, "limit", minimum=0)
+
+
+def _check_model(model: ModelSpec) -> None:
+    if model.api not in ("openai-chat", "none"):
+        raise ConfigError(f"model.api must be 'openai-chat' or 'none', got {model.api!r}")
+    if not isinstance(model.name, str) or not model.name:
+        raise ConfigError("model.name must be a non-empty string")
+    if model.base_url is not None and not re.match(r"https?://", model.base_url):
+        raise ConfigError(f"model.base_url must start with http:// or https://, got {model.base_url!r}")
+    _check_timeout(model.timeout_seconds, "model.timeout_seconds")
+    if model.max_connections is not None:
+        _check_int(model.max_connections, "model.max_connections", minimum=1)
+
+
+def _check_components(request: RunRequest) -> None:
+    benchmark = _build("benchmark", request.benchmark, "")
+    harness_free = isinstance(benchmark, HarnessFreeBenchmark)
+    if request.harness.id == "none":
+        if request.harness.config:
+            raise ComponentError("harness 'none' takes no config")
+        if not harness_free:
+            raise ComponentError(
+                f"harness 'none' needs a harness-free benchmark; benchmark {request.benchmark.id!r} "
+                "needs a harness (see `compass list`)"
+            )
+    else:
+        if harness_free:
+            raise ComponentError(
+                f"benchmark {request.benchmark.id!r} runs its own inference loop: set harness: none "
+                f"(not {request.harness.id!r})"
+            )
+        _build("harness", request.harness, "")
+    _build("environment", request.environment, "")
+    for kind, refs in (("recipe", request.recipes), ("analyzer", request.analyzers)):
+        for j, ref in enumerate(refs):
+            _build(kind, ref, f"{kind}s[{j}]: ")
+
+
+def _build(kind: str, ref: ComponentRef, prefix: str) -> Any:
+    try:
+        return _registry.build(kind, ref.id, ref.config)
+    except ComponentError as exc:
+        raise ComponentError(f"{prefix}{exc}") from None
+
+
+def _register_secrets(request: RunRequest) -> None:
+    if request.model is not None and request.model.api_key is not None:
+        register_secret(request.model.api_key)
+    refs = [request.benchmark, request.harness, request.environment, *request.recipes, *request.analyzers]
+    for ref in refs:
+        for secret in _secrets_in(ref.config):
+            register_secret(secret)
+
+
+def _secrets_in(value: Any) -> list[Secret]:
+    if isinstance(value, Secret):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _secrets_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _secrets_in(v)]
+    if isinstance(value, ModelSpec) and value.api_key is not None:
+        return [value.api_key]
+    return []
+
+
+# ---------------------------------------------------------------- number checks
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(value: Any, key: str, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_number(value: Any, key: str, positive: bool = True) -> None:
+    """A finite number, > 0 when ``positive`` else >= 0."""
+    ok = _is_number(value) and math.isfinite(value) and (value > 0 if positive else value >= 0)
+    if not ok:
+        raise ConfigError(f"{key} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+
+
+def _check_timeout(value: Any, key: str) -> None:
+    if value is not None:
+        _check_number(value, key)

@@ -1,0 +1,140 @@
+"""structlog configuration: redacted console output plus JSON-lines files.
+
+The processor chain is: merge context variables, add level and UTC
+timestamp, format exceptions, **redact** (every string value goes through
+:func:`agentcompass._redact.redact`), write one JSON line to every attached
+file, then render for the console (``ConsoleRenderer`` on a TTY, plain
+``key=value`` otherwise) to stderr, or drop the event when the console is
+off. Redaction runs before both renderers, so no secret reaches a file or a
+terminal.
+
+JSON files are attached and detached at run time with :func:`add_json_log`
+and :func:`remove_json_log` (the engine attaches one per request run
+directory). A file attached with ``request=NAME`` only receives events bound
+to that request (``log.bind(request=NAME)`` or
+``structlog.contextvars.bind_contextvars(request=NAME)``) and events bound to
+no request; a file attached without it receives everything.
+
+Only structlog's sync methods are used (its async ones run on asyncio).
+Writes are small and line-buffered; they block the Trio thread briefly, as
+console logging does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+from ._redact import redact
+
+__all__ = ["add_json_log", "configure_logging", "get_logger", "remove_json_log"]
+
+_lock = threading.Lock()
+# path -> (open file, request name filter or None)
+_json_logs: dict[Path, tuple[IO[str], str | None]] = {}
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_value(v) for v in value]
+    if isinstance(value, (int, float, bool)) or value is None:
+        return value
+    # Anything else is rendered with str() by both renderers: redact that text.
+    return redact(str(value))
+
+
+def redact_processor(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor: redact every value of the event."""
+    return {key: _redact_value(value) for key, value in event_dict.items()}
+
+
+def _write_json_logs(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    if not _json_logs:
+        return event_dict
+    line = json.dumps(event_dict, default=str, ensure_ascii=False) + "\n"
+    request = event_dict.get("request")
+    with _lock:
+        for handle, only in _json_logs.values():
+            if only is None or request is None or request == only:
+                handle.write(line)
+    return event_dict
+
+
+def _drop(_: Any, __: str, ___: dict[str, Any]) -> Any:
+    raise structlog.DropEvent
+
+
+def configure_logging(console: bool = True, json_path: Path | None = None, level: str = "info") -> None:
+    """Configure structlog for the process (the CLI calls this once).
+
+    ``console`` renders to stderr; ``json_path`` attaches a JSON-lines file
+    for every event (see :func:`add_json_log`). ``level`` is a standard
+    logging level name.
+    """
+    if console:
+        renderer: Any = (
+            structlog.dev.ConsoleRenderer(colors=True)
+            if sys.stderr.isatty()
+            else structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"])
+        )
+    else:
+        renderer = _drop
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            redact_processor,
+            _write_json_logs,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    if json_path is not None:
+        add_json_log(json_path)
+
+
+def add_json_log(path: Path, request: str | None = None) -> None:
+    """Append every later event (or only ``request``'s) to ``path`` as JSON lines.
+
+    Attaching a path that is already attached does nothing.
+    """
+    path = Path(path)
+    with _lock:
+        if path in _json_logs:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _json_logs[path] = (path.open("a", encoding="utf-8", buffering=1), request)
+
+
+def remove_json_log(path: Path) -> None:
+    """Detach and close ``path`` (no-op when it is not attached)."""
+    with _lock:
+        entry = _json_logs.pop(Path(path), None)
+    if entry is not None:
+        entry[0].close()
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger whose events carry ``logger=name``.
+
+    When structlog has not been configured yet (an SDK user who never called
+    :func:`configure_logging`), it is configured with the defaults here so
+    redaction is never skipped; an application's own configuration is left alone.
+    """
+    if not structlog.is_configured():
+        configure_logging()
+    return structlog.get_logger(logger=name)

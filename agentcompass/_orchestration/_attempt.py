@@ -1,0 +1,174 @@
+"""One attempt: its plan, its tries and runtime retries (SPEC sections 5, 6).
+
+The plan is made once per attempt and reused by every retry. Retries share
+one budget of ``max_retries`` extra tries across every stage of the
+attempt. What a retry repeats depends on where the retried failure
+happened and on the evaluation mode:
+
+* setup, run or collect (any mode), or evaluation in ``reuse`` mode: the
+  whole attempt, in a new task Environment (scope ``attempt``);
+* evaluation in ``none`` mode: ``evaluate`` only, with the saved prepared
+  task and run result (scope ``evaluation``);
+* evaluation in ``fresh`` mode: only the evaluation Environment is reopened
+  (scope ``evaluation_environment``).
+
+Backoff before the n-th retry: ``base = min(max_delay, min_delay * 2**(n-1))``,
+the delay uniform in ``[base/2, base]``. It starts after the try's cleanup,
+holds no capacity permit, and is an ordinary cancellable ``trio.sleep``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import attrs
+import trio
+
+from .._convert import unstructure
+from .._redact import redact
+from ..runtime._results import AttemptRecord, Issue, RunResult, derive_status
+from ..runtime._values import ExecutionPlan, TaskSpec
+from ._context import RequestContext
+from ._try import TryOutcome, retryable_issues, run_evaluation_try, run_full_try
+
+__all__ = ["backoff_delay", "retry_scope", "run_attempt"]
+
+_rng = random.Random()
+
+
+def backoff_delay(n: int, min_delay: float, max_delay: float, rng: random.Random = _rng) -> float:
+    """The delay before the ``n``-th retry (1-based) of an attempt."""
+    base = min(max_delay, min_delay * 2 ** (n - 1))
+    return rng.uniform(0.5 * base, base)
+
+
+def retry_scope(retried: list[Issue], mode: str) -> str:
+    """What a retry of these issues repeats (see the module docstring)."""
+    if mode == "reuse" or any(issue.phase != "evaluate" for issue in retried):
+        return "attempt"
+    return "evaluation" if mode == "none" else "evaluation_environment"
+
+
+def _outcome_from_record(record: AttemptRecord) -> TryOutcome:
+    """The outcome of a saved attempt, for an evaluation-only resume."""
+    outcome = TryOutcome(prepared=record.prepared, run_result=record.run_result, timings=dict(record.timings))
+    for issue in record.issues:
+        (outcome.eval_issues if issue.phase == "evaluate" else outcome.task_issues).append(issue)
+    return outcome
+
+
+async def run_attempt(
+    ctx: RequestContext, task: TaskSpec, index: int, *, resume: AttemptRecord | None = None
+) -> AttemptRecord:
+    """Run attempt ``index`` of ``task`` to an evaluated :class:`AttemptRecord`.
+
+    ``resume`` is a failed attempt from a reused run: it continues with one
+    retry of the current budget, evaluation-only when only its evaluation
+    failed in ``none`` or ``fresh`` mode (the agent does not run again).
+    """
+    request = ctx.request
+    execution = request.execution
+    reporter = ctx.reporter
+    plan = ctx.planner.plan(task, request, index)
+    mode = plan.evaluation_environment_mode
+    retries = 0
+    scope = "attempt"
+    previous: TryOutcome | None = None
+    if resume is not None:
+        retries = 1
+        previous = _outcome_from_record(resume)
+        scope = retry_scope([i for i, _ in retryable_issues(resume.issues, ctx.patterns)], mode)
+        if scope != "attempt" and (previous.prepared is None or previous.run_result is None):
+            scope = "attempt"
+    try_number = 0
+    while True:
+        try_number += 1
+        reporter.event("attempt_started", task=task.task_id, attempt=index, attempt_try=try_number, scope=scope)
+        retries_left = retries < execution.max_retries
+        if scope == "attempt" or previous is None:
+            outcome = await run_full_try(ctx, task, plan, retries_left=retries_left)
+        else:
+            outcome = await run_evaluation_try(ctx, task, plan, previous, retries_left=retries_left)
+        retried = retryable_issues(outcome.issues, ctx.patterns)
+        if not retried or not retries_left:
+            break
+        retries += 1
+        scope = retry_scope([issue for issue, _ in retried], mode)
+        delay = backoff_delay(retries, execution.retry_min_delay_seconds, execution.retry_max_delay_seconds)
+        await reporter.discarded_try(
+            task.task_id, index, try_number, _discarded(outcome, plan, retries, scope, retried, delay)
+        )
+        reporter.event("attempt_retry", task=task.task_id, attempt=index, retry=retries, scope=scope)
+        reporter.event("retry_wait", task=task.task_id, attempt=index, retry=retries, delay_seconds=round(delay, 3))
+        await trio.sleep(delay)
+        previous = outcome
+
+    record = _record(index, outcome, plan, retries)
+    record = await _analyze(ctx, task, record)
+    await reporter.checkpoint(task.task_id, record)
+    reporter.event("attempt_finished", task=task.task_id, attempt=index, status=record.status, retries=retries)
+    return record
+
+
+def _run_result_with_diagnostics(outcome: TryOutcome) -> RunResult | None:
+    result = outcome.run_result
+    if not outcome.diagnostics:
+        return result
+    result = result or RunResult()
+    artifacts = dict(result.artifacts)
+    artifacts["execution_diagnostics"] = list(artifacts.get("execution_diagnostics", [])) + outcome.diagnostics
+    return RunResult(result.output, result.trajectory, result.usage, artifacts, result.issues, result.timings)
+
+
+def _record(index: int, outcome: TryOutcome, plan: ExecutionPlan, retries: int) -> AttemptRecord:
+    issues = outcome.issues
+    return AttemptRecord(
+        attempt=index,
+        status=derive_status(issues),
+        values=outcome.values,
+        issues=issues,
+        run_result=_run_result_with_diagnostics(outcome),
+        plan=plan,
+        retries=retries,
+        timings=outcome.timings,
+        prepared=outcome.prepared,
+    )
+
+
+def _discarded(
+    outcome: TryOutcome,
+    plan: ExecutionPlan,
+    retry_number: int,
+    scope: str,
+    retried: list[tuple[Issue, str | None]],
+    delay: float,
+) -> dict[str, Any]:
+    """The saved form of a discarded try (kept outside the countable results)."""
+    first, pattern = retried[0]
+    return {
+        "retry_number": retry_number,
+        "stage": first.phase,
+        "scope": scope,
+        "matched_pattern": pattern,
+        "delay_seconds": delay,
+        "issues": unstructure(outcome.issues),
+        "diagnostics": outcome.diagnostics,
+        "plan": unstructure(plan),
+        "timings": outcome.timings,
+    }
+
+
+async def _analyze(ctx: RequestContext, task: TaskSpec, record: AttemptRecord) -> AttemptRecord:
+    """Run enabled analyzers; a failure is recorded in ``analysis`` only."""
+    if not ctx.analyzers:
+        return record
+    analysis: dict[str, Any] = {}
+    for analyzer in ctx.analyzers:
+        try:
+            if not analyzer.applies_to(ctx.request, task):
+                continue
+            analysis[analyzer.id] = await analyzer.analyze(task, record)
+        except Exception as exc:
+            analysis[analyzer.id] = {"analyzer_failed": redact(f"{type(exc).__name__}: {exc}".splitlines()[0])}
+    return attrs.evolve(record, analysis=analysis)

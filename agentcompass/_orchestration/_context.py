@@ -1,0 +1,109 @@
+"""What the task code needs for one request: built components and settings."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import attrs
+import trio
+
+from .. import _registry
+from .._planner import Planner
+from .._redact import register_secret
+from ..runtime._components import (
+    BaseAnalyzer,
+    BaseBenchmark,
+    BaseEnvironment,
+    BaseHarness,
+    BaseRecipe,
+)
+from ..runtime._executor import Grants, TaskReporter
+from ..runtime._values import RunRequest, Secret
+
+__all__ = ["GraceClock", "RequestContext"]
+
+
+class GraceClock:
+    """Cleanup deadlines.
+
+    A cleanup may run for ``grace`` seconds from when it starts. Once the
+    orchestration is unwinding because of a cancellation (its deadline, the
+    caller's cancel scope, SIGINT), every cleanup shares one deadline: the
+    first one computed under cancellation. Nested cleanups therefore cannot
+    add up to more than one grace window. The runtime runs cleanups only
+    outside its own phase-timeout scopes, so "cancelled" here always means
+    the orchestration is shutting down. ``hard_deadline`` starts as the
+    orchestration deadline plus the grace.
+    """
+
+    def __init__(self, grace: float, hard_deadline: float = math.inf):
+        self.grace = grace
+        self.hard_deadline = hard_deadline
+
+    def deadline(self) -> float:
+        now = trio.current_time()
+        if trio.current_effective_deadline() <= now:
+            # Cancelled: fix the shared deadline for the rest of this unwinding.
+            self.hard_deadline = min(self.hard_deadline, now + self.grace)
+        return min(now + self.grace, self.hard_deadline)
+
+
+def _register_secrets(value: Any) -> None:
+    """Teach the redactor every secret the request carries."""
+    if isinstance(value, Secret):
+        if value.reveal():
+            register_secret(value.reveal())
+    elif isinstance(value, dict):
+        for item in value.values():
+            _register_secrets(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _register_secrets(item)
+    elif attrs.has(type(value)):
+        for field in attrs.fields(type(value)):
+            _register_secrets(getattr(value, field.name))
+
+
+@attrs.define(eq=False)
+class RequestContext:
+    """Components of one request, built where its tasks run (one instance per request)."""
+
+    request: RunRequest
+    benchmark: BaseBenchmark
+    harness: BaseHarness | None
+    environment: BaseEnvironment
+    recipes: list[BaseRecipe]
+    analyzers: list[BaseAnalyzer]
+    planner: Planner
+    patterns: list[re.Pattern[str]]
+    grants: Grants
+    reporter: TaskReporter
+    grace: GraceClock
+
+    @classmethod
+    def build(cls, request: RunRequest, grants: Grants, reporter: TaskReporter, grace: GraceClock) -> RequestContext:
+        _register_secrets(request)
+        benchmark = _registry.build("benchmark", request.benchmark.id, request.benchmark.config)
+        harness = None
+        if request.harness.id != "none":
+            harness = _registry.build("harness", request.harness.id, request.harness.config)
+        recipes = [_registry.build("recipe", r.id, r.config) for r in request.recipes]
+        return cls(
+            request=request,
+            benchmark=benchmark,
+            harness=harness,
+            environment=_registry.build("environment", request.environment.id, request.environment.config),
+            recipes=recipes,
+            analyzers=[_registry.build("analyzer", a.id, a.config) for a in request.analyzers],
+            planner=Planner(benchmark, recipes),
+            patterns=[re.compile(p) for p in (request.execution.retry_pattern_list or [])],
+            grants=grants,
+            reporter=reporter,
+            grace=grace,
+        )
+
+    @property
+    def provider(self) -> str:
+        return self.environment.id

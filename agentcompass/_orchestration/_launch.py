@@ -1,0 +1,113 @@
+"""``launch`` and ``run_evaluation``: the SDK entry points (SPEC sections 7, 9).
+
+Both are ordinary Trio functions. They never install signal handlers (only
+the CLI does) and are cancellable by the caller's own cancel scope: on
+cancellation every session still open is closed within the cleanup grace,
+every unfinished request persists its terminal state (``cancelled``), and
+``trio.Cancelled`` propagates to the caller as usual. The orchestration's
+own deadline (``timeout_seconds``) starts after preflight; when it passes
+the same cleanup runs and ``launch`` returns status ``timed_out``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .._config import preflight
+from .._limits import provider_limits
+from .._logging import get_logger
+from ..runtime._errors import RunFailedError
+from ..runtime._results import OrchestrationResult, RequestResult
+from ..runtime._values import Orchestration, RunRequest
+from ._context import GraceClock
+from ._request import RequestRun
+from ._scheduler import Scheduler
+from ._task import InProcessExecutor
+
+__all__ = ["launch", "run_evaluation"]
+
+log = get_logger("agentcompass.launch")
+
+
+class _LocalGrants:
+    """Driver-owned limits granted in-process (see ``runtime._executor.Grants``)."""
+
+    def __init__(self) -> None:
+        self.registry = provider_limits()
+
+    async def acquire_capacity(self, provider: str, holder: object) -> None:
+        await self.registry.capacity(provider).acquire_on_behalf_of(holder)
+
+    def release_capacity(self, provider: str, holder: object) -> None:
+        self.registry.capacity(provider).release_on_behalf_of(holder)
+
+    async def open_token(self, provider: str) -> None:
+        await self.registry.acquire_open_token(provider)
+
+
+def _overall(results: list[RequestResult], timed_out: bool) -> tuple[str, int]:
+    if timed_out:
+        return "timed_out", 1
+    statuses = {r.status for r in results}
+    if statuses <= {"succeeded"}:
+        return "succeeded", 0
+    if "succeeded" in statuses:
+        return "partial_failure", 1
+    return "failed", 1
+
+
+async def launch(
+    orchestration: Orchestration,
+    *,
+    config_dir: Path | None = None,
+    show_progress: bool = False,
+) -> OrchestrationResult:
+    """Run every request of ``orchestration`` and return how it ended.
+
+    Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
+    rejects the configuration.
+    """
+    preflight(orchestration, config_dir)
+    grants = _LocalGrants()
+    for provider, limits in orchestration.providers.items():
+        for note in grants.registry.configure(provider, limits.capacity, limits.open_qps):
+            log.warning("provider_limits", note=note)
+
+    timeout = orchestration.timeout_seconds
+    deadline = trio.current_time() + timeout if timeout is not None else math.inf
+    grace = GraceClock(orchestration.cleanup_grace_seconds, deadline + orchestration.cleanup_grace_seconds)
+    runs = [RequestRun(i, request, grace) for i, request in enumerate(orchestration.requests)]
+
+    def terminal_status() -> str:
+        return "timed_out" if trio.current_time() >= deadline else "cancelled"
+
+    scheduler = Scheduler(
+        runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
+    )
+    with trio.move_on_at(deadline) as deadline_scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(scheduler.prepare_all, nursery)
+            for _ in range(orchestration.task_concurrency):
+                nursery.start_soon(scheduler.worker)
+    results = [run.result() for run in runs]
+    status, exit_code = _overall(results, deadline_scope.cancelled_caught)
+    return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
+
+
+async def run_evaluation(request: RunRequest, *, task_concurrency: int = 4, **kwargs: Any) -> RequestResult:
+    """Run one request; raise :class:`RunFailedError` (a ``RuntimeError``)
+    naming the result paths unless it succeeded."""
+    result = await launch(Orchestration([request], task_concurrency=task_concurrency), **kwargs)
+    request_result = result.requests[0]
+    if request_result.status != "succeeded":
+        where = request_result.run_dir or str(request.output_root)
+        raise RunFailedError(
+            f"request {request.name!r} {request_result.status}; results in {where} "
+            f"(see {Path(where) / 'summary.md'} and {Path(where) / 'details'})"
+        )
+    return request_result
+

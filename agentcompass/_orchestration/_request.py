@@ -1,0 +1,177 @@
+"""The request scope: run directory, task loading and selection, reuse,
+results as tasks finish, and finalize (metrics, summary, terminal status).
+
+The driver side of a request. Its tasks run through an ``Executor``; the
+request only sees serializable results come back and owns every write to
+its run directory, through its :class:`RunStore`.
+"""
+
+from __future__ import annotations
+
+import collections
+import platform
+import time
+from typing import Any
+
+import attrs
+import trio
+
+from .. import _registry
+from .._convert import unstructure
+from .._store import compute_metrics, render_summary
+from ..runtime._components import BaseBenchmark
+from ..runtime._errors import ComponentError
+from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
+from ..runtime._values import RunRequest, TaskSpec
+from ._context import GraceClock
+from ._reuse import PendingTask, ReusePlan, plan_reuse
+
+__all__ = ["PendingTask", "RequestRun"]
+
+
+@attrs.define(eq=False)
+class RequestRun:
+    """Driver-side state of one request of an orchestration."""
+
+    index: int
+    request: RunRequest
+    grace: GraceClock
+    store: Any = None
+    benchmark: BaseBenchmark | None = None
+    pending: collections.deque[PendingTask] = attrs.Factory(collections.deque)
+    active: int = 0
+    total: int = 0
+    prepared: bool = False
+    finalized: bool = False
+    status: str | None = None
+    error: str | None = None
+    records: list[TaskRecord] = attrs.Factory(list)
+    counts: dict[str, int] = attrs.Factory(lambda: {"fatal": 0, "error": 0, "warning": 0})
+    started_at: float = 0.0
+    started_clock: float = 0.0
+    drained: trio.Event = attrs.Factory(trio.Event)
+    metrics: dict[str, Any] = attrs.Factory(dict)
+    reuse: ReusePlan | None = None
+    notes: list[str] = attrs.Factory(list)
+
+    # -- preparation ---------------------------------------------------------
+
+    async def prepare(self, store: Any) -> None:
+        """Create the run, load and select tasks, decide reuse, queue the rest.
+        A failure here fails the request (status ``failed``), not the run."""
+        request = self.request
+        self.store = store
+        self.started_at = time.time()
+        self.started_clock = trio.current_time()
+        await store.write_run_info(self.run_info("running"))
+        store.event("run_started", request=request.name, run_dir=str(store.run_dir))
+        try:
+            self.benchmark = _registry.build("benchmark", request.benchmark.id, request.benchmark.config)
+            tasks = await self.benchmark.load_tasks(request)
+            tasks = self.benchmark.select_tasks(list(tasks), request)
+            seen: set[str] = set()
+            for task in tasks:
+                if not isinstance(task, TaskSpec):
+                    raise ComponentError(f"benchmark {request.benchmark.id!r}: load_tasks() must return TaskSpec values")
+                if task.task_id in seen:
+                    raise ComponentError(f"benchmark {request.benchmark.id!r}: duplicate task id {task.task_id!r}")
+                seen.add(task.task_id)
+            self.reuse = await plan_reuse(self, tasks)
+        except Exception as exc:  # noqa: BLE001 - the request fails, the orchestration goes on
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self.status = "failed"
+            self.prepared = True
+            return
+        self.notes.extend(self.reuse.notes)
+        self.total = len(tasks)
+        for record in self.reuse.reused:
+            self._count(record)
+        self.pending.extend(self.reuse.pending)
+        self.reuse.pending = []
+        self.prepared = True
+        self.publish_progress()
+
+    # -- results -------------------------------------------------------------
+
+    def _count(self, record: TaskRecord) -> None:
+        self.records.append(record)
+        if record.severity == "fatal":
+            self.counts["fatal"] += 1
+        elif record.severity == "error":
+            self.counts["error"] += 1
+        elif any(issue.severity == "warning" for a in record.attempts for issue in a.issues):
+            self.counts["warning"] += 1
+
+    async def complete(self, record: TaskRecord) -> None:
+        """A task finished: make its record durable, then count it."""
+        await self.store.save_task(record)
+        self._count(record)
+        self.publish_progress()
+
+    def publish_progress(self) -> None:
+        if self.store is None:
+            return
+        self.store.set_progress(
+            {
+                "total": self.total,
+                "pending": len(self.pending),
+                "active": self.active,
+                "completed": len(self.records),
+                "failed_tasks": self.counts["fatal"],
+                "error_tasks": self.counts["error"],
+                "warning_tasks": self.counts["warning"],
+                "elapsed": round(trio.current_time() - self.started_clock, 3),
+            }
+        )
+
+    # -- finalize ------------------------------------------------------------
+
+    def run_info(self, status: str) -> dict[str, Any]:
+        from .. import __version__
+
+        info: dict[str, Any] = {
+            "request": unstructure(self.request),
+            "status": status,
+            "started_at": self.started_at,
+            "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
+        }
+        if status != "running":
+            info["ended_at"] = time.time()
+        if self.error:
+            info["error"] = self.error
+        if self.notes:
+            info["notes"] = self.notes
+        return info
+
+    async def finalize(self, status: str | None = None) -> None:
+        """Write metrics, summary and the terminal status. ``status`` overrides
+        the derived one (``timed_out`` or ``cancelled``)."""
+        if self.finalized or self.store is None:
+            return
+        self.finalized = True
+        if status is None:
+            status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
+        self.status = status
+        benchmark = self.benchmark
+        metric_names = benchmark.metrics if benchmark is not None else ()
+        strategy = self.request.execution.attempts.strategy
+        metrics = None
+        if benchmark is not None:
+            try:
+                metrics = benchmark.aggregate_metrics(self.records)
+            except Exception as exc:  # noqa: BLE001 - keep the standard metrics
+                self.notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
+        if metrics is None:
+            metrics = compute_metrics(tuple(metric_names), self.records, strategy)
+        self.metrics = metrics
+        self.publish_progress()
+        await self.store.write_json("metrics.json", metrics)
+        await self.store.write_text(
+            "summary.md", render_summary(self.request.name, self.store.run_dir, metrics, self.records, status)
+        )
+        await self.store.write_run_info(self.run_info(status))
+        self.store.event("run_finished", status=status)
+
+    def result(self) -> RequestResult:
+        run_dir = str(self.store.run_dir) if self.store is not None else ""
+        return RequestResult(self.request.name, run_dir, self.status or "cancelled", self.metrics)  # type: ignore[arg-type]

@@ -1,0 +1,153 @@
+"""The orchestration's worker pool and ordered dispatch (SPEC section 7).
+
+* Requests are prepared in declaration order, pipelined: request i+1 starts
+  preparing once 0..i are prepared and their pending tasks number fewer
+  than the workers.
+* ``task_concurrency`` workers pull from one global pool, always from the
+  earliest request that still has pending tasks. That is a priority, not a
+  barrier: active tasks of an earlier request overlap a later one's.
+* A request finalizes once its own pending and active work drained and every
+  earlier request's pending queue is empty; finalize overlaps other work.
+
+Pending tasks are plain values in per-request deques: no coroutine or
+component exists for a task until a worker takes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from .._store import open_run_store
+from ..runtime._executor import Executor, Grants
+from ..runtime._results import AttemptRecord
+from ._context import GraceClock
+from ._request import RequestRun
+
+__all__ = ["Scheduler"]
+
+
+class _RequestReporter:
+    """The in-process short-circuit of the task -> driver channel."""
+
+    def __init__(self, run: RequestRun):
+        self.run = run
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.run.store.event(kind, **fields)
+
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+        await self.run.store.journal_session("opened", session_id, provider, handle)
+
+    async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+        await self.run.store.journal_session("closed", session_id, provider, handle)
+
+    async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
+        await self.run.store.save_checkpoint(task_id, record)
+
+    async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
+        await self.run.store.save_retry(task_id, attempt, try_number, data)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runs: list[RequestRun],
+        concurrency: int,
+        executor: Executor,
+        grants: Grants,
+        grace: GraceClock,
+        terminal_status: Any,
+    ):
+        self.runs = runs
+        self.concurrency = concurrency
+        self.executor = executor
+        self.grants = grants
+        self.grace = grace
+        self.terminal_status = terminal_status
+        self.all_prepared = False
+        self._work = trio.lowlevel.ParkingLot()
+        self._progress = trio.lowlevel.ParkingLot()
+        self._reporters = {run.index: _RequestReporter(run) for run in runs}
+
+    # -- dispatch --------------------------------------------------------------
+
+    def _next(self) -> tuple[RequestRun, Any] | None:
+        for run in self.runs:
+            if run.pending:
+                return run, run.pending.popleft()
+            if not run.prepared:
+                return None
+        return None
+
+    async def worker(self) -> None:
+        while True:
+            item = self._next()
+            if item is None:
+                if self.all_prepared:
+                    return
+                await self._work.park()
+                continue
+            run, pending = item
+            run.active += 1
+            self._progress.unpark_all()
+            try:
+                k = run.request.execution.attempts.k
+                attempts = list(range(k)) if pending.attempts is None else list(pending.attempts)
+                record = await self.executor.run_task(
+                    run.request,
+                    pending.task,
+                    attempts,
+                    pending.done or {},
+                    pending.resume or {},
+                    self.grants,
+                    self._reporters[run.index],
+                )
+                await run.complete(record)
+            finally:
+                run.active -= 1
+            self._check_drained()
+
+    def _check_drained(self) -> None:
+        earlier_pending = False
+        for run in self.runs:
+            if not run.prepared:
+                return
+            if not run.drained.is_set() and not run.pending and run.active == 0 and not earlier_pending:
+                run.drained.set()
+            earlier_pending = earlier_pending or bool(run.pending)
+
+    # -- preparation -----------------------------------------------------------
+
+    async def prepare_all(self, nursery: trio.Nursery) -> None:
+        try:
+            for run in self.runs:
+                while sum(len(r.pending) for r in self.runs[: run.index]) >= self.concurrency:
+                    await self._progress.park()
+                await nursery.start(self._request_scope, run)
+                self._work.unpark_all()
+                self._check_drained()
+        finally:
+            self.all_prepared = True
+            self._work.unpark_all()
+
+    async def _request_scope(self, run: RequestRun, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The request scope: owns the run directory from creation to finalize."""
+        request = run.request
+        async with open_run_store(request.output_root, request.name) as store:
+            try:
+                await run.prepare(store)
+                task_status.started()
+                await run.drained.wait()
+                await run.finalize()
+            except BaseException:
+                # Deadline or cancellation: persist the terminal state of what
+                # finished, within the grace window, then keep unwinding.
+                with trio.move_on_at(self.grace.deadline(), shield=True):
+                    await run.finalize(self.terminal_status())
+                raise
+            finally:
+                forget = getattr(self.executor, "forget", None)
+                if forget is not None:
+                    forget(request)

@@ -1,0 +1,141 @@
+"""One Environment session's whole life: permit, open, journal, close.
+
+:func:`environment_session` is the only way the try code opens a sandbox.
+It acquires the provider's capacity permit and an open-rate token (both
+granted by the driver), opens the session under the baseline policy,
+journals its handle, and on the way out (success, failure or cancellation)
+closes it in a shielded scope bounded by the grace deadline, journals the
+close and releases the permit. Each cleanup is installed before the next
+checkpoint after its resource is acquired.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ..runtime._components import EnvironmentSession
+from ..runtime._errors import IssueError
+from ..runtime._results import ExecResult, Issue, Phase
+from ..runtime._values import NetworkPolicy
+from ._context import GraceClock, RequestContext
+from ._issues import EnvironmentFailure, classify
+
+__all__ = ["GuardedSession", "environment_session", "provider_permit", "run_cleanup"]
+
+_session_ids = itertools.count(1)
+
+
+class GuardedSession(EnvironmentSession):
+    """What components see: the provider's session, with unclassified
+    failures tagged as Environment failures and ``close`` owned by the runtime."""
+
+    def __init__(self, inner: EnvironmentSession, policy: NetworkPolicy):
+        self._inner = inner
+        self.policy = policy
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return self._inner.handle
+
+    async def _call(self, operation: str, fn: Any, *args: Any) -> Any:
+        try:
+            return await fn(*args)
+        except (IssueError, EnvironmentFailure):
+            raise
+        except Exception as exc:
+            raise EnvironmentFailure(operation, exc) from exc
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        return await self._call("exec", self._inner.exec, cmd, timeout, cwd, env)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._call("read_file", self._inner.read_file, path)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self._call("write_file", self._inner.write_file, path, data)
+
+    async def set_network_policy(self, policy: NetworkPolicy) -> None:
+        await self._call("set_network_policy", self._inner.set_network_policy, policy)
+        self.policy = policy
+
+    async def close(self) -> None:
+        # Components never close the runtime's sessions; the runtime does.
+        return None
+
+
+async def run_cleanup(
+    grace: GraceClock, issues: list[Issue], diagnostics: list[dict[str, Any]], what: str, fn: Any, *args: Any
+) -> None:
+    """Run one cleanup step shielded until the grace deadline. A failure or
+    an overrun becomes a WARNING ``cleanup_failed``; it never raises."""
+    with trio.move_on_at(grace.deadline(), shield=True) as scope:
+        try:
+            await fn(*args)
+        except Exception as exc:
+            issues.append(classify(exc, "cleanup", "cleanup", diagnostics))
+            return
+    if scope.cancelled_caught:
+        issues.append(Issue("warning", "cleanup", "cleanup_failed", f"{what} did not finish within the cleanup grace"))
+
+
+@asynccontextmanager
+async def environment_session(
+    ctx: RequestContext,
+    config: Any,
+    policy: NetworkPolicy,
+    *,
+    phase: Phase,
+    grace: GraceClock,
+    issues: list[Issue],
+    diagnostics: list[dict[str, Any]],
+) -> AsyncIterator[GuardedSession]:
+    """Open a session under ``policy`` and close it on the way out (see the
+    module docstring). The caller holds the capacity permit (see
+    :func:`provider_permit`). Failures to open raise :class:`IssueError`
+    FATAL ``environment_failed`` in ``phase``."""
+    provider = ctx.provider
+    try:
+        raw = await ctx.environment.open(config, policy)
+    except IssueError as exc:
+        exc.phase = exc.phase or phase
+        raise
+    except Exception as exc:
+        issue = classify(exc, "environment", phase, diagnostics)
+        raise IssueError(issue.severity, issue.code, issue.message, phase=phase) from exc
+    session_id = f"s{next(_session_ids)}"
+    handle: dict[str, Any] = {}
+    try:
+        handle = raw.handle
+        await ctx.reporter.session_opened(session_id, provider, handle)
+        yield GuardedSession(raw, policy)
+    finally:
+        # keep_environment only skips the close; the journal still records
+        # that the runtime is done with the session, so reap leaves it alone.
+        if not ctx.request.execution.keep_environment:
+            await run_cleanup(grace, issues, diagnostics, f"closing session {session_id}", raw.close)
+        with trio.move_on_at(grace.deadline(), shield=True):
+            await ctx.reporter.session_closed(session_id, provider, handle)
+
+
+@asynccontextmanager
+async def provider_permit(ctx: RequestContext) -> AsyncIterator[None]:
+    """Hold one capacity permit of the request's provider, then take an
+    open-rate token; the permit is released on the way out, whatever happens."""
+    holder = object()
+    await ctx.grants.acquire_capacity(ctx.provider, holder)
+    try:
+        await ctx.grants.open_token(ctx.provider)
+        yield
+    finally:
+        ctx.grants.release_capacity(ctx.provider, holder)

@@ -1,0 +1,96 @@
+"""One task: its ``k`` attempts and the attempt strategy (SPEC section 6).
+
+``avg`` runs every attempt; ``pass`` stops after the first valid success of
+the primary metric (``True``, or a number >= 1). A FATAL left after
+retries invalidates the whole task, so the remaining attempts are not run:
+they could not change the outcome and would only spend sandboxes (a reuse
+run with retry budget picks the task up again).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..runtime._executor import Executor, Grants, TaskReporter
+from ..runtime._results import AttemptRecord, TaskRecord, worst_severity
+from ..runtime._values import RunRequest, TaskSpec
+from ._attempt import run_attempt
+from ._context import GraceClock, RequestContext
+
+__all__ = ["InProcessExecutor", "is_success", "run_task"]
+
+
+def is_valid(value: Any) -> bool:
+    if value is None or isinstance(value, str):
+        return False
+    return not (isinstance(value, float) and math.isnan(value))
+
+
+def is_success(value: Any) -> bool:
+    """A valid successful observation: ``True`` or a number >= 1."""
+    return is_valid(value) and (value is True or (not isinstance(value, bool) and value >= 1))
+
+
+def _settled(records: dict[int, AttemptRecord], strategy: str, primary: str) -> bool:
+    for record in records.values():
+        if record.severity == "fatal":
+            return True
+        if strategy == "pass" and is_success(record.values.get(primary)):
+            return True
+    return False
+
+
+async def run_task(
+    ctx: RequestContext,
+    task: TaskSpec,
+    attempts: list[int],
+    done: dict[int, AttemptRecord] | None = None,
+    resume: dict[int, AttemptRecord] | None = None,
+) -> TaskRecord:
+    """Run the missing ``attempts`` of ``task``; ``done`` are final already."""
+    records = dict(done or {})
+    resume = resume or {}
+    strategy = ctx.request.execution.attempts.strategy
+    primary = ctx.benchmark.metrics[0]
+    ctx.reporter.event("task_started", task=task.task_id, attempts=list(attempts))
+    for index in sorted(attempts):
+        if _settled(records, strategy, primary):
+            break
+        records[index] = await run_attempt(ctx, task, index, resume=resume.get(index))
+    ordered = [records[i] for i in sorted(records)]
+    issues = [issue for record in ordered for issue in record.issues]
+    record = TaskRecord(task.task_id, task.category, ordered, worst_severity(issues))
+    ctx.reporter.event("task_finished", task=task.task_id, severity=record.severity)
+    return record
+
+
+class InProcessExecutor(Executor):
+    """Runs tasks in the driver's own Trio run (the only executor for now).
+
+    Components are built once per request, from the request's refs, the
+    first time one of its tasks runs here."""
+
+    def __init__(self, grace: GraceClock):
+        self.grace = grace
+        self._contexts: dict[int, RequestContext] = {}
+
+    async def run_task(
+        self,
+        request: RunRequest,
+        task: TaskSpec,
+        attempts: list[int],
+        done: dict[int, AttemptRecord],
+        resume: dict[int, AttemptRecord],
+        grants: Grants,
+        reporter: TaskReporter,
+    ) -> TaskRecord:
+        ctx = self._contexts.get(id(request))
+        if ctx is None:
+            ctx = RequestContext.build(request, grants, reporter, self.grace)
+            self._contexts[id(request)] = ctx
+        return await run_task(ctx, task, attempts, done, resume)
+
+    def forget(self, request: RunRequest) -> None:
+        """Drop a finished request's components."""
+        self._contexts.pop(id(request), None)

@@ -1,0 +1,376 @@
+"""One try of an attempt (SPEC section 5): the first run or one runtime retry.
+
+A *full* try opens the task Environment, prepares the task, runs it
+(through a harness session or the harness-free benchmark), collects
+artifacts and evaluates according to ``evaluation_environment_mode``. An
+*evaluation* try repeats only the evaluation stage with the prepared task
+and run result of an earlier try: ``none`` re-runs ``evaluate`` without an
+Environment, ``fresh`` reopens only the evaluation Environment.
+
+Every exception a component raises becomes an Issue (see ``_issues``); only
+``Cancelled``, ``KeyboardInterrupt`` and ``SystemExit`` propagate. Cleanup
+runs innermost first (harness session, evaluation Environment, task
+Environment) in ``finally`` paths, shielded until the grace deadline.
+
+After a failure the try stops as early as is useful: after a FATAL (the
+attempt cannot measure the agent) or a failure that will be retried, it
+skips the remaining stages; an ERROR that will not be retried lets the try
+go on to collect and evaluate, because the agent's output may still score.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AsyncExitStack
+from typing import Any
+
+import attrs
+import trio
+
+from ..runtime._components import HarnessFreeBenchmark
+from ..runtime._errors import ComponentError, IssueError
+from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
+from ..runtime._values import ExecutionPlan, PreparedTask, TaskSpec
+from ._context import RequestContext
+from ._issues import classify, redact_issue
+from ._session import GuardedSession, environment_session, provider_permit, run_cleanup
+
+__all__ = ["TryOutcome", "run_evaluation_try", "run_full_try", "retryable_issues"]
+
+
+@attrs.define(eq=False)
+class TryOutcome:
+    """What one try produced. ``task_issues`` belong to the task Environment
+    stage (setup, run, collect and its cleanup); ``eval_issues`` to the
+    evaluation stage, which an evaluation-only retry replaces."""
+
+    task_issues: list[Issue] = attrs.Factory(list)
+    eval_issues: list[Issue] = attrs.Factory(list)
+    diagnostics: list[dict[str, Any]] = attrs.Factory(list)
+    prepared: PreparedTask | None = None
+    run_result: RunResult | None = None
+    values: dict[str, Any] = attrs.Factory(dict)
+    evaluated: bool = False
+    timings: dict[str, float] = attrs.Factory(dict)
+
+    @property
+    def issues(self) -> list[Issue]:
+        return self.task_issues + self.eval_issues
+
+
+def retryable_issues(issues: list[Issue], patterns: list[Any]) -> list[tuple[Issue, str | None]]:
+    """FATAL always; ERROR when a pattern matches its message or code; never a
+    WARNING. Returns each retryable issue with the pattern that matched."""
+    found: list[tuple[Issue, str | None]] = []
+    for issue in issues:
+        if issue.severity == "fatal":
+            found.append((issue, None))
+        elif issue.severity == "error":
+            for pattern in patterns:
+                if pattern.search(issue.message) or pattern.search(issue.code):
+                    found.append((issue, pattern.pattern))
+                    break
+    return found
+
+
+class _Stop(Exception):
+    """Internal: the try cannot usefully continue (the issue is recorded)."""
+
+
+class _Try:
+    def __init__(self, ctx: RequestContext, task: TaskSpec, plan: ExecutionPlan, retries_left: bool):
+        self.ctx = ctx
+        self.task = task
+        self.plan = plan
+        self.retries_left = retries_left
+        self.out = TryOutcome()
+        self.grace = ctx.grace
+        self.setup_deadline = math.inf
+        self.harness_session: Any = None
+
+    # -- helpers -----------------------------------------------------------
+
+    def _add(self, issues: list[Issue], new: list[Issue]) -> None:
+        issues.extend(redact_issue(i) for i in new)
+
+    def _should_stop(self, issues: list[Issue]) -> bool:
+        if any(i.severity == "fatal" for i in issues):
+            return True
+        return self.retries_left and bool(retryable_issues(issues, self.ctx.patterns))
+
+    async def _step(self, issues: list[Issue], where: str, phase: Phase, fn: Any, *args: Any) -> Any:
+        """Await one component call; an exception becomes an Issue and stops the stage."""
+        try:
+            return await fn(*args)
+        except Exception as exc:
+            issues.append(classify(exc, where, phase, self.out.diagnostics))
+            raise _Stop from None
+
+    def _check(self, value: Any, kind: type, what: str, issues: list[Issue], where: str, phase: Phase) -> Any:
+        if not isinstance(value, kind):
+            exc = ComponentError(f"{what} returned {type(value).__name__}, expected {kind.__name__}")
+            issues.append(classify(exc, where, phase, self.out.diagnostics))
+            raise _Stop
+        return value
+
+    def _mark(self, name: str, start: float) -> None:
+        self.out.timings[name] = round(self.out.timings.get(name, 0.0) + trio.current_time() - start, 6)
+
+    # -- the task Environment stage ------------------------------------------
+
+    async def full(self) -> TryOutcome:
+        ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
+        try:
+            config = ctx.environment.build_config(plan)
+        except Exception as exc:
+            issues.append(classify(exc, "environment", "setup", self.out.diagnostics))
+            return self.out
+        try:
+            async with AsyncExitStack() as stack:
+                await stack.enter_async_context(provider_permit(ctx))
+                # The setup clock starts once the permit is held: waiting for
+                # capacity is queueing, not a hung sandbox.
+                timeout = ctx.request.execution.setup_timeout_seconds
+                self.setup_deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+                env = await self._open_and_prepare(stack, config)
+                async with AsyncExitStack() as harness_stack:
+                    await self._start_run(harness_stack, env)
+                    await self._run(env)
+                await self._collect(env)
+                if plan.evaluation_environment_mode == "reuse" and not self._should_stop(issues):
+                    await self._evaluate_in(env, self.out.eval_issues)
+        except _Stop:
+            pass
+        if self.out.evaluated or self._should_stop(issues) or self.out.prepared is None:
+            return self.out
+        if plan.evaluation_environment_mode == "none":
+            await self._evaluate_without_env()
+        elif plan.evaluation_environment_mode == "fresh":
+            await self._evaluate_fresh(config)
+        return self.out
+
+    def _setup_timed_out(self) -> None:
+        timeout = self.ctx.request.execution.setup_timeout_seconds
+        self.out.task_issues.append(Issue("fatal", "setup", "setup_timeout", f"setup did not finish within {timeout}s"))
+        raise _Stop
+
+    async def _open_and_prepare(self, stack: AsyncExitStack, config: Any) -> GuardedSession:
+        """Steps 2-3: open the task Environment under the baseline policy, prepare."""
+        ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
+        start = trio.current_time()
+        with trio.move_on_at(self.setup_deadline) as scope:
+            try:
+                env = await stack.enter_async_context(
+                    environment_session(
+                        ctx,
+                        config,
+                        plan.baseline_network_policy,
+                        phase="setup",
+                        grace=self.grace,
+                        issues=issues,
+                        diagnostics=self.out.diagnostics,
+                    )
+                )
+            except IssueError as exc:
+                issues.append(classify(exc, "environment", "setup", self.out.diagnostics))
+                raise _Stop from None
+            prepared = await self._step(
+                issues, "prepare_task", "setup", ctx.benchmark.prepare_task, self.task, env, ctx.request, plan.benchmark_plan
+            )
+            self.out.prepared = self._check(prepared, PreparedTask, "prepare_task()", issues, "prepare_task", "setup")
+        self._mark("setup", start)
+        if scope.cancelled_caught:
+            self._setup_timed_out()
+        return env
+
+    async def _start_run(self, harness_stack: AsyncExitStack, env: GuardedSession) -> None:
+        """Step 4 up to the run: start the harness session (closed when
+        ``harness_stack`` unwinds, right after the run) and switch to the run
+        policy if it differs. Still bounded by the setup deadline."""
+        ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
+        start = trio.current_time()
+        with trio.move_on_at(self.setup_deadline) as scope:
+            if ctx.harness is not None:
+                self.harness_session = await self._step(
+                    issues, "start_session", "setup", ctx.harness.start_session, self.out.prepared, env, ctx.request.model, plan
+                )
+                harness_stack.push_async_callback(self._close_harness, self.harness_session)
+            if plan.run_network_policy != env.policy:
+                await self._step(issues, "environment", "setup", env.set_network_policy, plan.run_network_policy)
+        self._mark("setup", start)
+        if scope.cancelled_caught:
+            self._setup_timed_out()
+
+    async def _close_harness(self, harness_session: Any) -> None:
+        assert self.ctx.harness is not None
+        await run_cleanup(
+            self.grace,
+            self.out.task_issues,
+            self.out.diagnostics,
+            "closing the harness session",
+            self.ctx.harness.close_session,
+            harness_session,
+        )
+
+    async def _run(self, env: GuardedSession) -> None:
+        ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
+        assert self.out.prepared is not None
+        budget = RunBudget(plan.run_timeout_seconds)
+        compensation = ctx.request.execution.run_timer_compensation_seconds
+        hard_stop = math.inf if plan.run_timeout_seconds is None else plan.run_timeout_seconds + compensation
+        start = trio.current_time()
+        result: Any = None
+        with trio.move_on_after(hard_stop) as scope:
+            try:
+                if ctx.harness is not None:
+                    where = "harness_run"
+                    result = await ctx.harness.run_task(self.harness_session, self.out.prepared, budget)
+                else:
+                    where = "benchmark_run"
+                    benchmark = ctx.benchmark
+                    assert isinstance(benchmark, HarnessFreeBenchmark)
+                    result = await benchmark.run_task(self.out.prepared, env, ctx.request.model, budget)
+            except _Stop:
+                raise
+            except Exception as exc:
+                issues.append(classify(exc, where, "run", self.out.diagnostics))
+        self._mark("run", start)
+        if scope.cancelled_caught:
+            issues.append(
+                Issue("error", "run", "run_failed", f"run stopped at its budget plus {compensation}s compensation")
+            )
+        if result is not None:
+            result = self._check(result, RunResult, "run_task()", issues, where, "run")
+            self._add(issues, result.issues)
+            result = attrs.evolve(result, issues=[])
+        self.out.run_result = result if result is not None else RunResult()
+        if self._should_stop(issues):
+            raise _Stop
+
+    async def _collect(self, env: GuardedSession) -> None:
+        ctx, issues = self.ctx, self.out.task_issues
+        assert self.out.prepared is not None and self.out.run_result is not None
+        start = trio.current_time()
+        result = await self._step(
+            issues, "collect_artifacts", "collect", ctx.benchmark.collect_artifacts, self.out.prepared, self.out.run_result, env
+        )
+        self._mark("collect", start)
+        result = self._check(result, RunResult, "collect_artifacts()", issues, "collect_artifacts", "collect")
+        self._add(issues, result.issues)
+        self.out.run_result = attrs.evolve(result, issues=[])
+        if self._should_stop(issues):
+            raise _Stop
+
+    # -- the evaluation stage ------------------------------------------------
+
+    async def _evaluate(self, env: GuardedSession | None, issues: list[Issue]) -> None:
+        """``Benchmark.evaluate`` bounded by the evaluation timeout."""
+        ctx, plan = self.ctx, self.plan
+        assert self.out.prepared is not None and self.out.run_result is not None
+        timeout = plan.evaluation_timeout_seconds
+        start = trio.current_time()
+        evaluation: Any = None
+        with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+            try:
+                evaluation = await ctx.benchmark.evaluate(self.out.prepared, self.out.run_result, env, ctx.request)
+            except Exception as exc:
+                issues.append(classify(exc, "evaluate", "evaluate", self.out.diagnostics))
+        self._mark("evaluate", start)
+        self.out.evaluated = True
+        if scope.cancelled_caught:
+            issues.append(Issue("error", "evaluate", "evaluation_timeout", f"evaluation did not finish within {timeout}s"))
+            self.out.values = dict(ctx.benchmark.evaluation_timeout_values)
+            return
+        if evaluation is None:
+            return
+        if not isinstance(evaluation, Evaluation):
+            exc = ComponentError(f"evaluate() returned {type(evaluation).__name__}, expected Evaluation")
+            issues.append(classify(exc, "evaluate", "evaluate", self.out.diagnostics))
+            return
+        self.out.values = dict(evaluation.values)
+        self._add(issues, evaluation.issues)
+
+    async def _evaluate_in(self, env: GuardedSession, issues: list[Issue]) -> None:
+        """Evaluate in an open Environment under the evaluation policy, then
+        restore the baseline (shielded). Never evaluates under a broader
+        policy than asked: a failed switch stops the stage."""
+        plan = self.plan
+        if plan.evaluation_network_policy != env.policy:
+            try:
+                await env.set_network_policy(plan.evaluation_network_policy)
+            except Exception as exc:
+                issues.append(classify(exc, "environment", "evaluate", self.out.diagnostics))
+                raise _Stop from None
+        try:
+            await self._evaluate(env, issues)
+        finally:
+            if env.policy != plan.baseline_network_policy:
+                await run_cleanup(
+                    self.grace,
+                    issues,
+                    self.out.diagnostics,
+                    "restoring the baseline network policy",
+                    env.set_network_policy,
+                    plan.baseline_network_policy,
+                )
+
+    async def _evaluate_without_env(self) -> None:
+        self.out.eval_issues = []
+        await self._evaluate(None, self.out.eval_issues)
+
+    async def _evaluate_fresh(self, config: Any) -> None:
+        ctx, plan = self.ctx, self.plan
+        issues: list[Issue] = []
+        self.out.eval_issues = issues
+        timeout = ctx.request.execution.setup_timeout_seconds
+        try:
+            async with AsyncExitStack() as stack:
+                await stack.enter_async_context(provider_permit(ctx))
+                with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+                    try:
+                        env = await stack.enter_async_context(
+                            environment_session(
+                                ctx,
+                                config,
+                                plan.baseline_network_policy,
+                                phase="evaluate",
+                                grace=self.grace,
+                                issues=issues,
+                                diagnostics=self.out.diagnostics,
+                            )
+                        )
+                    except IssueError as exc:
+                        issues.append(classify(exc, "environment", "evaluate", self.out.diagnostics))
+                        raise _Stop from None
+                if scope.cancelled_caught:
+                    issues.append(
+                        Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s")
+                    )
+                    raise _Stop
+                await self._evaluate_in(env, issues)
+        except _Stop:
+            pass
+
+
+async def run_full_try(ctx: RequestContext, task: TaskSpec, plan: ExecutionPlan, *, retries_left: bool) -> TryOutcome:
+    """A try that opens a new task Environment and runs every stage."""
+    return await _Try(ctx, task, plan, retries_left).full()
+
+
+async def run_evaluation_try(
+    ctx: RequestContext, task: TaskSpec, plan: ExecutionPlan, previous: TryOutcome, *, retries_left: bool
+) -> TryOutcome:
+    """Repeat only the evaluation stage of ``previous`` (modes ``none`` and ``fresh``)."""
+    attempt = _Try(ctx, task, plan, retries_left)
+    attempt.out = TryOutcome(
+        task_issues=list(previous.task_issues),
+        prepared=previous.prepared,
+        run_result=previous.run_result,
+        timings=dict(previous.timings),
+    )
+    if plan.evaluation_environment_mode == "none":
+        await attempt._evaluate_without_env()
+    else:
+        config = ctx.environment.build_config(plan)
+        await attempt._evaluate_fresh(config)
+    return attempt.out

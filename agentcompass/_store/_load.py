@@ -1,0 +1,193 @@
+"""Reading a run directory back, for reuse, reaping and ``compass show``.
+
+Written for directories a SIGKILL may have interrupted at any instant: hidden
+temporary files are skipped, a cut-short line in a ``.jsonl`` journal is
+skipped, an unreadable record is skipped with a note. The loader never
+decodes task keys; every file carries its task id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .._convert import converter, error_line
+from ..runtime._results import AttemptRecord, TaskRecord
+from ._atomic import is_temp_name
+from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
+
+__all__ = ["LoadedRun", "latest_run", "load_run"]
+
+_ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
+
+
+@attrs.frozen
+class LoadedRun:
+    """What a run directory holds.
+
+    ``details`` are the countable records (task id -> record). When a crash
+    left one task under two severities (between writing the new record and
+    removing the old), the most recently written wins. ``checkpoints`` are the
+    evaluated attempts of tasks that have no record yet (task id -> attempt
+    -> record); checkpoints of tasks with a record are stale and left out.
+    ``open_sessions`` are ``(session_id, provider, handle)`` journalled as
+    opened and never as closed, in opening order. ``notes`` say what was
+    skipped and why.
+    """
+
+    run_dir: Path
+    run_info: dict[str, Any]
+    details: dict[str, TaskRecord]
+    checkpoints: dict[str, dict[int, AttemptRecord]]
+    open_sessions: list[tuple[str, str, dict[str, Any]]]
+    notes: list[str] = attrs.Factory(list)
+
+
+def load_run(run_dir: Path) -> LoadedRun:
+    """Read ``run_dir`` (blocking: call it from a worker thread in async code)."""
+    run_dir = Path(run_dir)
+    notes: list[str] = []
+    run_info = _load_run_info(run_dir, notes)
+    details = _load_details(run_dir, notes)
+    checkpoints = _load_checkpoints(run_dir, details, notes)
+    open_sessions = _load_sessions(run_dir, notes)
+    return LoadedRun(run_dir, run_info, details, checkpoints, open_sessions, notes)
+
+
+def latest_run(output_root: Path, request_name: str) -> Path | None:
+    """The latest run directory of a request, or ``None`` if it has none.
+
+    Runs are ordered by their ids (UTC time first, see ``new_run_id``); a
+    directory whose name is not such an id (a hand-picked run id) is never
+    the latest.
+    """
+    try:
+        entries = list(os.scandir(Path(output_root) / request_name))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    names = [e.name for e in entries if e.is_dir() and RUN_ID_PATTERN.fullmatch(e.name)]
+    return Path(output_root) / request_name / max(names) if names else None
+
+
+def _read_json(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def _json_files(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as entries:
+            return [
+                e for e in entries if e.name.endswith(".json") and not is_temp_name(e.name)
+            ]
+    except FileNotFoundError:
+        return []
+
+
+def _load_run_info(run_dir: Path, notes: list[str]) -> dict[str, Any]:
+    path = run_dir / "run_info.json"
+    try:
+        info = _read_json(path)
+    except FileNotFoundError:
+        notes.append("run_info.json is missing")
+        return {}
+    except (OSError, ValueError) as exc:
+        notes.append(f"run_info.json is unreadable: {exc}")
+        return {}
+    if not isinstance(info, dict):
+        notes.append("run_info.json is not a JSON object")
+        return {}
+    return info
+
+
+def _load_details(run_dir: Path, notes: list[str]) -> dict[str, TaskRecord]:
+    found: dict[str, tuple[int, TaskRecord]] = {}  # task id -> (mtime_ns, record)
+    for severity in SEVERITIES:
+        for entry in _json_files(run_dir / "details" / severity):
+            where = f"details/{severity}/{entry.name}"
+            try:
+                record = converter.structure(_read_json(Path(entry.path)), TaskRecord)
+                mtime = entry.stat().st_mtime_ns
+            except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
+                notes.append(f"skipped unreadable record {where}: {_short(exc)}")
+                continue
+            if record.severity != severity:
+                notes.append(f"{where} says severity {record.severity!r}; kept as written")
+            previous = found.get(record.task_id)
+            if previous is not None:
+                notes.append(f"task {record.task_id!r} has records under two severities; kept the newest")
+                if previous[0] > mtime:
+                    continue
+            found[record.task_id] = (mtime, record)
+    return {task_id: record for task_id, (_, record) in found.items()}
+
+
+def _load_checkpoints(
+    run_dir: Path, details: dict[str, TaskRecord], notes: list[str]
+) -> dict[str, dict[int, AttemptRecord]]:
+    checkpoints: dict[str, dict[int, AttemptRecord]] = {}
+    try:
+        task_dirs = [e.path for e in os.scandir(run_dir / "tasks") if e.is_dir()]
+    except FileNotFoundError:
+        return checkpoints
+    for task_dir in sorted(task_dirs):
+        with os.scandir(task_dir) as entries:
+            attempt_dirs = sorted(e.name for e in entries if _ATTEMPT_DIR.fullmatch(e.name))
+        for attempt_name in attempt_dirs:
+            path = Path(task_dir) / attempt_name / CHECKPOINT
+            where = f"tasks/{Path(task_dir).name}/{attempt_name}/{CHECKPOINT}"
+            try:
+                data = _read_json(path)
+            except FileNotFoundError:
+                continue  # an attempt with only discarded tries
+            except (OSError, ValueError) as exc:
+                notes.append(f"skipped unreadable checkpoint {where}: {_short(exc)}")
+                continue
+            try:
+                task_id = data["task_id"]
+                if not isinstance(task_id, str):
+                    raise TypeError("task_id is not a string")
+                record = converter.structure(data["record"], AttemptRecord)
+            except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
+                notes.append(f"skipped unreadable checkpoint {where}: {_short(exc)}")
+                continue
+            if task_id not in details:
+                checkpoints.setdefault(task_id, {})[record.attempt] = record
+    return checkpoints
+
+
+def _load_sessions(run_dir: Path, notes: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    path = run_dir / "sessions.jsonl"
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return []
+    opened: dict[str, tuple[str, str, dict[str, Any]]] = {}  # insertion-ordered
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            event, session, provider = entry["event"], entry["session"], entry["provider"]
+            handle = entry.get("handle") or {}
+            if not isinstance(session, str) or not isinstance(provider, str):
+                raise TypeError("session and provider must be strings")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            notes.append(f"skipped unreadable line {number} of sessions.jsonl: {_short(exc)}")
+            continue
+        if event == "opened":
+            opened[session] = (session, provider, handle)
+        elif event == "closed":
+            opened.pop(session, None)
+    return list(opened.values())
+
+
+def _short(exc: BaseException) -> str:
+    text = error_line(exc) or type(exc).__name__
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -1,0 +1,470 @@
+"""The writer of one run directory (SPEC 8).
+
+::
+
+    <output_root>/<request name>/<run id>/
+      run_info.json  progress.jsonl  progress.json  sessions.jsonl
+      details/{fatal,error,normal}/<task key>.json
+      tasks/<task key>/attempt-<n>/checkpoint.json
+      tasks/<task key>/attempt-<n>/retries/<try>.json
+      metrics.json  summary.md
+
+A :class:`RunStore` is opened with :func:`open_run_store` and owns a nursery
+with two actor tasks: the progress actor (``progress.jsonl`` lines in batches,
+``progress.json`` at most every :data:`PROGRESS_INTERVAL` seconds) and the
+group committer (:mod:`._group_commit`), through which every durable write
+goes: records, checkpoints, retries, session journal lines, JSON and text
+files. Closing flushes both within :data:`CLOSE_GRACE_SECONDS`, shielded, so
+a cancelled caller loses no event.
+
+Per-record work is kept small because the runtime persists thousands of
+records per second: task keys and paths are cached, an attempt serialized for
+its checkpoint is reused verbatim in the task record, JSON is compact, and the
+blocking work of many records shares one thread hop and one fsync round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from .._convert import unstructure
+from ..runtime._results import AttemptRecord, TaskRecord
+from ._atomic import (
+    _O_CLOEXEC,
+    fsync_dir,
+    open_dir_fd,
+    rmdir_quietly,
+    to_store_thread,
+    unlink_quietly,
+    write_all,
+    write_atomic_sync,
+)
+from ._group_commit import GroupCommitter, StoreClosedError
+from ._keys import task_key
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows has no flock
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "CLOSE_GRACE_SECONDS",
+    "PROGRESS_INTERVAL",
+    "RunStore",
+    "StoreClosedError",
+    "new_run_id",
+    "open_run_store",
+]
+
+#: Minimum seconds between two rewrites of ``progress.json``.
+PROGRESS_INTERVAL = 0.5
+#: How long closing may take to flush queued writes once the caller is cancelled.
+CLOSE_GRACE_SECONDS = 30.0
+
+SEVERITIES = ("fatal", "error", "normal")
+CHECKPOINT = "checkpoint.json"
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+def _json_default(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return unstructure(value)
+    return str(value)
+
+
+# Progress events and free-form data never fail to serialize: an odd field
+# (a Path, an exception) is written as text rather than losing the line.
+_LENIENT = json.JSONEncoder(separators=(",", ":"), default=_json_default)
+_PRETTY = json.JSONEncoder(indent=2, default=_json_default)
+
+# The record JSON is assembled from pre-serialized attempts; that is only right
+# while TaskRecord has exactly these fields (else: the generic path).
+_FAST_TASK_JSON = tuple(f.name for f in attrs.fields(TaskRecord)) == (
+    "task_id",
+    "category",
+    "attempts",
+    "severity",
+)
+
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC
+
+
+def new_run_id() -> str:
+    """A fresh run id, e.g. ``20261129T233501.482Z-a7f3``.
+
+    Fixed-width UTC time to the millisecond, so the lexically greatest id is the
+    latest run, plus a random suffix so that two runs never share a directory.
+    """
+    now = datetime.now(UTC)
+    return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(2)}"
+
+
+#: What :func:`new_run_id` makes (and the older second-resolution form).
+RUN_ID_PATTERN = re.compile(r"\d{8}T\d{6}(\.\d{3})?Z(-[0-9a-f]+)?")
+
+
+def _check_name(name: str, what: str) -> None:
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"{what} {name!r} cannot be used as a directory name")
+
+
+@attrs.define(eq=False)
+class RunStore:
+    """The one writer of a run directory; make it with :func:`open_run_store`.
+
+    All methods are called from the Trio thread. ``event`` and
+    ``set_progress`` never block; every ``async`` method returns once its
+    data is durable (if its caller is cancelled while waiting, the write still
+    completes). Records are values: mutating one after handing it to the store
+    is unsupported, since its serialized form may be cached.
+    """
+
+    run_dir: Path
+    _committer: GroupCommitter
+    _progress_fd: int
+    _sessions_fd: int
+    _dir_fds: dict[Path, int]
+    _details_dirs: dict[str, Path]
+    _tasks_dir: Path
+    _keys: dict[str, str] = attrs.Factory(dict)
+    _attempt_json: dict[str, dict[int, tuple[AttemptRecord, str]]] = attrs.Factory(dict)
+    _lines: list[str] = attrs.Factory(list)
+    _snapshot: dict[str, Any] | None = None
+    _snapshot_due: float = -float("inf")
+    _progress_wake: trio.Event = attrs.Factory(trio.Event)
+    _closed: bool = False
+
+    # -- progress (non-blocking) --------------------------------------------
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Queue one ``progress.jsonl`` line ``{"event": kind, "t": <unix time>, **fields}``.
+
+        Kinds used by the runtime: ``run_started``, ``task_started``,
+        ``attempt_started``, ``attempt_retry``, ``retry_wait``,
+        ``attempt_finished``, ``task_finished``, ``run_finished``. Lines are
+        appended in batches and fsynced at the end of each batch; all queued
+        lines are on disk once the store is closed.
+        """
+        if self._closed:
+            raise StoreClosedError("the run store is closed")
+        line = _LENIENT.encode({"event": kind, "t": time.time(), **fields})
+        self._lines.append(line + "\n")
+        self._progress_wake.set()
+
+    def set_progress(self, snapshot: dict[str, Any]) -> None:
+        """Make ``snapshot`` the next ``progress.json`` (total, pending, active,
+        completed, failed_tasks, error_tasks, warning_tasks, elapsed).
+
+        Only the latest snapshot is kept; it is written at most every
+        :data:`PROGRESS_INTERVAL` seconds and at close.
+        """
+        if self._closed:
+            raise StoreClosedError("the run store is closed")
+        self._snapshot = dict(snapshot)
+        self._progress_wake.set()
+
+    # -- durable writes -------------------------------------------------------
+
+    async def write_run_info(self, info: dict[str, Any]) -> None:
+        """Write ``run_info.json`` (the caller redacts the request)."""
+        await self.write_json("run_info.json", info)
+
+    async def write_json(self, name: str, data: Any) -> None:
+        """Write ``data`` as indented JSON to ``name`` (relative to the run directory)."""
+        payload = _PRETTY.encode(unstructure(data)) + "\n"
+        await self._committer.write(self._path(name), payload.encode())
+
+    async def write_text(self, name: str, text: str) -> None:
+        """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
+        await self._committer.write(self._path(name), text.encode("utf-8", "surrogateescape"))
+
+    async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
+        """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated attempt.
+
+        The file is ``{"task_id": ..., "record": <AttemptRecord>}``; ``n`` is
+        ``record.attempt``. Durable when this returns.
+        """
+        attempt_json = self._attempt_to_json(task_id, record)
+        data = f'{{"task_id":{_COMPACT.encode(task_id)},"record":{attempt_json}}}'
+        path = self._tasks_dir / self._key(task_id) / f"attempt-{record.attempt}" / CHECKPOINT
+        await self._committer.write(path, data.encode())
+
+    async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
+        """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
+
+        ``data`` is free-form (diagnostics, stage, matched pattern, delay,
+        redacted plan); the task id is added to it.
+        """
+        payload = _LENIENT.encode({"task_id": task_id, **unstructure(data)})
+        path = (
+            self._tasks_dir
+            / self._key(task_id)
+            / f"attempt-{attempt}"
+            / "retries"
+            / f"{try_number}.json"
+        )
+        await self._committer.write(path, payload.encode())
+
+    async def save_task(self, record: TaskRecord) -> None:
+        """Write the countable record to ``details/<severity>/<key>.json``.
+
+        Once it is durable, the task's checkpoints are removed (``retries/``
+        stays) and so is a record of the same task under another severity (a
+        reused task may change severity). Concurrent calls share fsync rounds
+        (group commit); each returns once its own record is durable.
+        """
+        if record.severity not in self._details_dirs:
+            raise ValueError(f"unknown task severity {record.severity!r}")
+        key = self._key(record.task_id)
+        data = self._task_to_json(record).encode()
+        path = self._details_dirs[record.severity] / f"{key}.json"
+        await self._committer.write(path, data, partial(self._drop_superseded, key, record.severity))
+
+    async def journal_session(
+        self,
+        event: Literal["opened", "closed"],
+        session_id: str,
+        provider: str,
+        handle: dict[str, Any],
+    ) -> None:
+        """Append ``{"event", "session", "provider", "handle", "t"}`` to ``sessions.jsonl``.
+
+        Durable when this returns, so a session journalled as opened can be
+        reaped after a SIGKILL. ``handle`` must be enough to find the session
+        again and must hold no secret.
+        """
+        if event not in ("opened", "closed"):
+            raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
+        line = _LENIENT.encode(
+            {
+                "event": event,
+                "session": session_id,
+                "provider": provider,
+                "handle": unstructure(handle),
+                "t": time.time(),
+            }
+        )
+        await self._committer.append((line + "\n").encode())
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _key(self, task_id: str) -> str:
+        key = self._keys.get(task_id)
+        if key is None:
+            key = self._keys[task_id] = task_key(task_id)
+        return key
+
+    def _path(self, name: str) -> Path:
+        relative = Path(name)
+        if not name or relative.is_absolute() or ".." in relative.parts:
+            raise ValueError(f"{name!r} is not a path inside the run directory")
+        return self.run_dir / relative
+
+    def _attempt_to_json(self, task_id: str, record: AttemptRecord) -> str:
+        cached = self._attempt_json.get(task_id, {}).get(record.attempt)
+        if cached is not None and cached[0] is record:
+            return cached[1]
+        text = _COMPACT.encode(unstructure(record))
+        self._attempt_json.setdefault(task_id, {})[record.attempt] = (record, text)
+        return text
+
+    def _task_to_json(self, record: TaskRecord) -> str:
+        if not _FAST_TASK_JSON:
+            self._attempt_json.pop(record.task_id, None)
+            return _COMPACT.encode(unstructure(record))
+        attempts = ",".join(self._attempt_to_json(record.task_id, a) for a in record.attempts)
+        self._attempt_json.pop(record.task_id, None)
+        return (
+            f'{{"task_id":{_COMPACT.encode(record.task_id)},'
+            f'"category":{_COMPACT.encode(record.category)},'
+            f'"attempts":[{attempts}],'
+            f'"severity":{_COMPACT.encode(record.severity)}}}'
+        )
+
+    def _drop_superseded(self, key: str, severity: str) -> None:
+        # Runs in the commit thread once details/<severity>/<key>.json is
+        # durable. No fsync: if a crash undoes these removals, readers still
+        # prefer the details record (and the newest of two, see _load).
+        name = f"{key}.json"
+        for other, directory in self._details_dirs.items():
+            if other != severity:
+                unlink_quietly(directory / name)
+        task_dir = self._tasks_dir / key
+        try:
+            with os.scandir(task_dir) as entries:
+                attempt_dirs = [e.name for e in entries if e.name.startswith("attempt-")]
+        except FileNotFoundError:
+            return
+        for attempt_name in attempt_dirs:
+            attempt_dir = task_dir / attempt_name
+            unlink_quietly(attempt_dir / CHECKPOINT)
+            if rmdir_quietly(attempt_dir):  # kept when retries/ is there
+                self._committer.forget_dir(attempt_dir)
+        if rmdir_quietly(task_dir):
+            self._committer.forget_dir(task_dir)
+
+    # -- progress actor and lifetime -------------------------------------------
+
+    async def _progress_actor(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            deadline = self._snapshot_due if self._snapshot is not None else float("inf")
+            with trio.move_on_at(deadline):
+                await self._progress_wake.wait()
+            await self._flush_progress(final=False)
+
+    async def _flush_progress(self, *, final: bool) -> None:
+        self._progress_wake = trio.Event()
+        lines, self._lines = self._lines, []
+        snapshot = None
+        now = trio.current_time()
+        if self._snapshot is not None and (final or now >= self._snapshot_due):
+            snapshot, self._snapshot = self._snapshot, None
+            self._snapshot_due = now + PROGRESS_INTERVAL
+        if not lines and snapshot is None:
+            return
+        try:
+            await to_store_thread(self._write_progress_sync, lines, snapshot)
+        except BaseException:
+            # Cancelled before the thread started: keep it for the final flush.
+            self._lines[:0] = lines
+            if self._snapshot is None:
+                self._snapshot = snapshot
+            raise
+
+    def _write_progress_sync(self, lines: list[str], snapshot: dict[str, Any] | None) -> None:
+        if lines:
+            write_all(self._progress_fd, "".join(lines).encode())
+            os.fsync(self._progress_fd)
+        if snapshot is not None:
+            data = (_PRETTY.encode(snapshot) + "\n").encode()
+            write_atomic_sync(self.run_dir / "progress.json", data)
+
+    async def _close(self) -> None:
+        self._closed = True
+        try:
+            await self._committer.close()
+        finally:
+            await self._flush_progress(final=True)
+
+    def _release(self) -> None:
+        fds = {self._progress_fd, self._sessions_fd, *self._dir_fds.values()}
+        for fd in fds:  # the run directory's fd goes too, releasing the writer lock
+            os.close(fd)
+
+    @classmethod
+    def _open_sync(cls, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
+        _check_name(request_name, "request name")
+        request_dir = Path(output_root) / request_name
+        request_dir.mkdir(parents=True, exist_ok=True)
+        if run_id is None:
+            while True:
+                run_dir = request_dir / new_run_id()
+                try:
+                    run_dir.mkdir()
+                except FileExistsError:
+                    continue
+                break
+        else:
+            _check_name(run_id, "run id")
+            run_dir = request_dir / run_id
+            run_dir.mkdir(exist_ok=True)
+        details = {severity: run_dir / "details" / severity for severity in SEVERITIES}
+        tasks_dir = run_dir / "tasks"
+        for directory in (*details.values(), tasks_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        dir_fds: dict[Path, int] = {}
+        opened: list[int] = []
+        try:
+            for directory in (run_dir, run_dir / "details", *details.values(), tasks_dir):
+                fd = open_dir_fd(directory)
+                if fd is not None:
+                    dir_fds[directory] = fd
+                    opened.append(fd)
+            run_fd = dir_fds.get(run_dir)
+            if fcntl is not None and run_fd is not None:
+                try:
+                    fcntl.flock(run_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise RuntimeError(f"{run_dir} is already open by another writer") from None
+            progress_fd = _open_journal(run_dir / "progress.jsonl")
+            opened.append(progress_fd)
+            sessions_fd = _open_journal(run_dir / "sessions.jsonl")
+            opened.append(sessions_fd)
+            # The new tree itself must survive a crash: fsync each parent once.
+            for fd in dir_fds.values():
+                os.fsync(fd)
+            fsync_dir(request_dir)
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        committer = GroupCommitter(
+            known_dirs={run_dir, *details.values(), tasks_dir},
+            dir_fds=dir_fds,
+            journal_fd=sessions_fd,
+        )
+        return cls(
+            run_dir=run_dir,
+            committer=committer,
+            progress_fd=progress_fd,
+            sessions_fd=sessions_fd,
+            dir_fds=dir_fds,
+            details_dirs=details,
+            tasks_dir=tasks_dir,
+        )
+
+
+def _open_journal(path: Path) -> int:
+    """Open a ``.jsonl`` file for appending; if a crash cut its last line short,
+    end that line so the next one starts clean (readers skip the fragment)."""
+    fd = os.open(path, _APPEND_FLAGS, 0o644)
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        write_all(fd, b"\n")
+    return fd
+
+
+@asynccontextmanager
+async def open_run_store(
+    output_root: Path, request_name: str, run_id: str | None = None
+) -> AsyncIterator[RunStore]:
+    """Create (or reopen) ``<output_root>/<request_name>/<run_id>/`` and write to it.
+
+    ``run_id`` defaults to :func:`new_run_id`. Reopening an existing run id is
+    allowed (e.g. to journal reaped sessions); a second writer of the same
+    directory, in any process, gets ``RuntimeError``. On exit every queued
+    write and event is flushed, shielded for at most
+    :data:`CLOSE_GRACE_SECONDS` even when the caller is cancelled.
+    """
+    store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store._progress_actor)
+            await nursery.start(store._committer.run)
+            try:
+                yield store
+            finally:
+                # Actors stop between batches (a batch in a thread always
+                # finishes); _close() then commits what is left, shielded.
+                nursery.cancel_scope.cancel()
+    finally:
+        try:
+            with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
+                await store._close()
+        finally:
+            store._release()

@@ -1,0 +1,455 @@
+"""The ``local`` Environment: a fresh directory per session, commands run on the host.
+
+Each session is a new directory (``tempfile.mkdtemp`` under ``root``, the
+system temp dir by default) holding ``app``, ``tests``, ``logs`` and
+``solution``. Commands run as the current user with ``bash -c`` in a new
+session and process group, starting in ``app``, with the absolute paths of
+those four directories in ``APP_DIR``, ``TESTS_DIR``, ``LOGS_DIR`` and
+``SOLUTION_DIR``. File paths are relative to the sandbox directory, or
+absolute under one of the virtual roots ``/app``, ``/tests``, ``/logs``,
+``/solution``, so code written for the Harbor layout works unchanged as long
+as its shell scripts say ``${APP_DIR:-/app}`` instead of ``/app``.
+
+Non-goals: this is not a security boundary. It enforces only the ``full``
+network policy (:meth:`LocalEnvironment.build_config` rejects any other), and
+its path checks stop accidents and Harbor-layout paths from touching the host,
+not a hostile agent, which can run any command as your user anyway. Use the
+``sandbox`` plugin for isolation.
+
+Every process a session starts carries ``AGENTCOMPASS_SANDBOX=<sandbox dir>``
+in its environment. On Linux, ``close`` and ``reap`` use it to find and kill
+what the sandbox left running, including daemons that left their process
+group, and to never signal a process-group id that an unrelated process
+reused after the sandbox's group died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import deque
+from collections.abc import Collection
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+from .._registry import register
+from ..runtime._components import BaseEnvironment, EnvironmentSession
+from ..runtime._errors import ComponentError, IssueError
+from ..runtime._results import ExecResult
+from ..runtime._values import ExecutionPlan, NetworkPolicy
+
+__all__ = ["LocalEnvironment", "LocalSession"]
+
+#: The sandbox subdirectories; each is also a virtual root (``/app`` ...) for file paths.
+SUBDIRS = ("app", "tests", "logs", "solution")
+#: Created at open; ``reap`` removes only directories that carry it.
+MARKER_FILE = ".agentcompass-sandbox"
+#: Set in every process a session starts (value: the sandbox directory).
+SANDBOX_ENV = "AGENTCOMPASS_SANDBOX"
+#: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
+TIMEOUT_EXIT_CODE = 124
+
+_CHUNK = 65536
+# After the command exits, how long to keep reading output that a background
+# process holding the pipes might still write; exec never waits for its EOF.
+_DRAIN_SECONDS = 0.5
+# Bounds shielded cleanup of one exec (SIGKILL makes the wait prompt).
+_KILL_GRACE_SECONDS = 5.0
+# close/reap sweeps for marked processes until none is left (a process may fork while we kill).
+_SWEEP_ROUNDS = 50
+_SWEEP_PAUSE_SECONDS = 0.01
+
+
+def _fail(message: str) -> IssueError:
+    return IssueError("fatal", "environment_failed", message)
+
+
+@register
+class LocalEnvironment(BaseEnvironment):
+    """Provider ``local``. Config: ``root`` (where sandbox directories are made;
+    the system temp dir when ``None``), ``max_output_bytes`` (per stream of one
+    ``exec``; default 1 MiB)."""
+
+    id: ClassVar[str] = "local"
+
+    @attrs.frozen
+    class Config:
+        root: str | None = None
+        max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
+
+    def build_config(self, plan: ExecutionPlan) -> Any:
+        """Return the ``open`` config; reject a plan with any non-``full`` phase
+        policy, since ``local`` cannot restrict the network."""
+        for phase, policy in (
+            ("baseline", plan.baseline_network_policy),
+            ("run", plan.run_network_policy),
+            ("evaluation", plan.evaluation_network_policy),
+        ):
+            if policy.mode != "full":
+                raise ComponentError(
+                    f"environment 'local' cannot enforce network policy {policy.mode!r} "
+                    f"for the {phase} phase (task {plan.task_id!r}); it only runs 'full' "
+                    "- use an isolating provider such as 'sandbox'"
+                )
+        return self.options
+
+    async def open(self, config: Any, policy: NetworkPolicy) -> LocalSession:
+        """Make the sandbox directory and return its session. ``config`` is what
+        :meth:`build_config` returned (``None``: this instance's config). A
+        failure removes whatever was made before raising."""
+        if policy.mode != "full":
+            raise _fail(f"environment 'local' cannot enforce network policy {policy.mode!r}")
+        options = config if config is not None else self.options
+        root = await trio.to_thread.run_sync(_make_sandbox, options.root)
+        # No checkpoint between making the directory and handing over the session
+        # that owns it, so a cancellation cannot leak it.
+        return LocalSession(root, options.max_output_bytes)
+
+    async def reap(self, handle: dict[str, Any]) -> None:
+        """Kill what the sandbox named by ``handle`` left running and remove its
+        directory. Idempotent: a missing directory is fine. A directory without
+        the marker file is refused (WARNING ``cleanup_failed``), never removed."""
+        path = handle.get("path") if isinstance(handle, dict) else None
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise IssueError("warning", "cleanup_failed", f"not a local sandbox handle: {handle!r}")
+        await trio.to_thread.run_sync(_reap_sandbox, path)
+
+
+class LocalSession(EnvironmentSession):
+    """One open ``local`` sandbox (see the module docstring for the layout).
+
+    Every operation after :meth:`close` raises FATAL ``environment_failed``,
+    as does a path that resolves outside the sandbox (``..``, an absolute path
+    outside the virtual roots, a symlink pointing out). Other file errors are
+    the usual ``OSError`` subclasses (``FileNotFoundError`` ...).
+    """
+
+    def __init__(self, root: str, max_output_bytes: int):
+        self._root = Path(root)
+        self._max_output = max_output_bytes
+        self._dirs = {name: str(self._root / name) for name in SUBDIRS}
+        # Process groups started here; close kills whatever is still in them.
+        self._pgids: set[int] = set()
+        self._closed = False
+        self._removed = False
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return {"path": str(self._root)}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise _fail(f"local sandbox {self._root} is closed")
+
+    def _resolve(self, path: str | os.PathLike[str]) -> Path:
+        """Map a sandbox path to a host path inside the sandbox (blocking: it reads symlinks)."""
+        raw = PurePosixPath(os.fspath(path))
+        if raw.is_absolute():
+            parts = raw.parts[1:]
+            if not parts or parts[0] not in SUBDIRS:
+                raise _fail(
+                    f"path {str(raw)!r} is outside the sandbox "
+                    "(absolute paths must start with /app, /tests, /logs or /solution)"
+                )
+            candidate = self._root.joinpath(*parts)
+        else:
+            candidate = self._root.joinpath(raw)
+        resolved = candidate.resolve()
+        if not resolved.is_relative_to(self._root):
+            raise _fail(f"path {str(raw)!r} resolves outside the sandbox")
+        return resolved
+
+    def _resolve_dir(self, path: str | None) -> str:
+        directory = self._resolve(path) if path is not None else Path(self._dirs["app"])
+        if not directory.is_dir():
+            raise _fail(f"working directory {path!r} does not exist in the sandbox")
+        return str(directory)
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (``bash -c cmd``, or an argv list) in a new process group.
+
+        ``cwd`` defaults to ``app``; a relative ``cwd`` is relative to the
+        sandbox directory, like file paths. The environment is the host's plus
+        ``APP_DIR``, ``TESTS_DIR``, ``LOGS_DIR``, ``SOLUTION_DIR``, then ``env``
+        (which may override them), then ``AGENTCOMPASS_SANDBOX``.
+
+        Output: each stream keeps its **tail**, at most ``max_output_bytes``
+        bytes (the end of a log is where the verdict and the traceback are); a
+        truncated stream starts with a ``[... N earlier bytes dropped ...]``
+        line within that bound. Bytes are decoded as UTF-8 with
+        ``errors="replace"``. The call returns when the command exits, plus
+        up to half a second to read output still buffered: it does not wait for
+        background processes that inherited its pipes (they keep running until
+        :meth:`close`).
+
+        At ``timeout`` seconds the whole process group is killed and the result
+        has ``timed_out=True``, ``exit_code=124`` and the output so far. If the
+        caller cancels, the group is killed too before ``Cancelled`` propagates.
+        A command killed by a signal has ``exit_code=-signum``. Failing to start
+        the process at all raises FATAL ``environment_failed``.
+        """
+        self._check_open()
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
+        workdir = await trio.to_thread.run_sync(self._resolve_dir, cwd)
+        self._check_open()
+        full_env = {
+            **os.environ,
+            "APP_DIR": self._dirs["app"],
+            "TESTS_DIR": self._dirs["tests"],
+            "LOGS_DIR": self._dirs["logs"],
+            "SOLUTION_DIR": self._dirs["solution"],
+            **(env or {}),
+            SANDBOX_ENV: str(self._root),
+        }
+        try:
+            proc = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env=full_env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise _fail(f"could not start {argv[0]!r}: {exc}") from None
+        # start_new_session makes the child a group leader: its pid is the pgid.
+        self._pgids.add(proc.pid)
+        out, err = _TailBuffer(self._max_output), _TailBuffer(self._max_output)
+        timed_out = False
+        try:
+            async with trio.open_nursery() as nursery:
+                out_done, err_done = trio.Event(), trio.Event()
+                nursery.start_soon(_pump, proc.stdout, out, out_done)
+                nursery.start_soon(_pump, proc.stderr, err, err_done)
+                with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
+                    await proc.wait()
+                if deadline.cancelled_caught:
+                    timed_out = True
+                    _killpg(proc.pid)  # the leader is not reaped yet, so the pgid is still ours
+                    await proc.wait()
+                with trio.move_on_after(_DRAIN_SECONDS):
+                    await out_done.wait()
+                    await err_done.wait()
+                nursery.cancel_scope.cancel()
+        except BaseException:
+            with trio.move_on_after(_KILL_GRACE_SECONDS, shield=True):
+                await self._kill_exec(proc)
+            raise
+        finally:
+            with trio.move_on_after(_KILL_GRACE_SECONDS, shield=True):
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        await stream.aclose()
+        code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
+        return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
+
+    async def _kill_exec(self, proc: trio.Process) -> None:
+        """Kill the group of an exec that failed or was cancelled, and reap it."""
+        if proc.returncode is None:
+            _killpg(proc.pid)
+            await proc.wait()
+        else:
+            # The leader is reaped, so its pgid may be free: only signal it while
+            # a process of this sandbox is still in it.
+            await trio.to_thread.run_sync(_kill_sandbox_processes, str(self._root), {proc.pid}, False)
+
+    async def read_file(self, path: str) -> bytes:
+        """Read a file (path rules in the class docstring)."""
+        self._check_open()
+        return await trio.to_thread.run_sync(lambda: self._resolve(path).read_bytes())
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write a file, creating its parent directories; ``str`` is written as UTF-8."""
+        self._check_open()
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+
+        def write() -> None:
+            target = self._resolve(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(payload)
+
+        await trio.to_thread.run_sync(write)
+
+    async def set_network_policy(self, policy: NetworkPolicy) -> None:
+        """Accept ``full`` (the only policy ``local`` has); anything else is FATAL."""
+        self._check_open()
+        if policy.mode != "full":
+            raise _fail(f"environment 'local' cannot enforce network policy {policy.mode!r}")
+
+    async def close(self) -> None:
+        """Kill every process the session left running and remove the directory.
+
+        Idempotent; if a close is interrupted (cancelled, or removal failed),
+        calling it again finishes the job.
+        """
+        self._closed = True
+        if self._removed:
+            return
+        root = str(self._root)
+        await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True)
+        await trio.to_thread.run_sync(_remove_sandbox, root)
+        self._removed = True
+
+
+class _TailBuffer:
+    """The last ``limit`` bytes written to it, in O(limit + one chunk) memory."""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._dropped = 0
+
+    def append(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._chunks and self._size - len(self._chunks[0]) >= self._limit:
+            first = self._chunks.popleft()
+            self._size -= len(first)
+            self._dropped += len(first)
+
+    def text(self) -> str:
+        data = b"".join(self._chunks)
+        dropped = self._dropped + max(0, len(data) - self._limit)
+        data = data[-self._limit :]
+        if dropped:
+            note = f"[... {dropped} earlier bytes dropped ...]\n".encode()
+            if len(note) < self._limit:
+                data = note + data[len(note) :]
+        return data.decode("utf-8", errors="replace")
+
+
+async def _pump(stream: trio.abc.ReceiveStream | None, buffer: _TailBuffer, done: trio.Event) -> None:
+    assert stream is not None
+    while chunk := await stream.receive_some(_CHUNK):
+        buffer.append(chunk)
+    done.set()
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _make_sandbox(root: str | None) -> str:
+    """Blocking: make a sandbox directory with its subdirectories and marker."""
+    if root is not None:
+        os.makedirs(root, exist_ok=True)
+    path = os.path.realpath(tempfile.mkdtemp(prefix="agentcompass-local-", dir=root))
+    try:
+        marker = {"provider": "local", "pid": os.getpid(), "created": time.time()}
+        Path(path, MARKER_FILE).write_text(json.dumps(marker))
+        for name in SUBDIRS:
+            os.mkdir(os.path.join(path, name))
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path
+
+
+def _remove_sandbox(root: str) -> None:
+    """Blocking: remove a sandbox directory, the marker last, so that a
+    removal cut short can still be recognised (and reaped) later."""
+    if not os.path.isdir(root):
+        return
+    for entry in os.listdir(root):
+        if entry == MARKER_FILE:
+            continue
+        path = os.path.join(root, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, onerror=_make_writable_and_retry)
+        else:
+            os.unlink(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(root, MARKER_FILE))
+    os.rmdir(root)
+
+
+def _make_writable_and_retry(func: Any, path: str, exc_info: Any) -> None:
+    # An agent may have made directories read-only (chmod -R a-w); we own them,
+    # so grant ourselves write access to the parent and try once more.
+    parent = os.path.dirname(path)
+    os.chmod(parent, 0o700)
+    if func is not os.rmdir and os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+    func(path)
+
+
+def _reap_sandbox(root: str) -> None:
+    if not os.path.isdir(root):
+        return
+    if not os.path.isfile(os.path.join(root, MARKER_FILE)):
+        raise IssueError(
+            "warning", "cleanup_failed", f"refusing to remove {root}: it is not a local sandbox (no marker)"
+        )
+    _kill_sandbox_processes(root, set(), True)
+    _remove_sandbox(root)
+
+
+_HAVE_PROC = os.path.isdir("/proc/self")
+
+
+def _kill_sandbox_processes(root: str, pgids: Collection[int], sweep: bool) -> None:
+    """Blocking: SIGKILL what sandbox ``root`` left running.
+
+    With ``/proc`` (Linux) a group in ``pgids`` is signalled only while a
+    process marked with this sandbox is in it (a pgid whose processes all died
+    may have been reused by an unrelated process), and with ``sweep`` every
+    marked process is killed too, until none is left. Without ``/proc`` the
+    groups in ``pgids`` are signalled as they are.
+    """
+    if not _HAVE_PROC:
+        for pgid in pgids:
+            _killpg(pgid)
+        return
+    own = {os.getpid(), os.getpgrp()}
+    for _ in range(_SWEEP_ROUNDS):
+        marked = [(pid, pgid) for pid, pgid in _marked_processes(root) if pid not in own]
+        if not marked:
+            return
+        for pid, pgid in marked:
+            if pgid in pgids and pgid not in own:
+                _killpg(pgid)
+            if sweep:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        if not sweep:
+            return
+        # Give the kernel a moment to tear the killed processes down before re-scanning.
+        time.sleep(_SWEEP_PAUSE_SECONDS)
+
+
+def _marked_processes(root: str) -> list[tuple[int, int]]:
+    """(pid, pgid) of each live process whose environment has ``AGENTCOMPASS_SANDBOX=root``."""
+    tag = f"{SANDBOX_ENV}={root}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+            # A zombie has an empty environ and is already dead: it never matches.
+            if tag in environ.split(b"\0"):
+                found.append((pid, os.getpgid(pid)))
+        except (OSError, ValueError):
+            continue  # gone, or not ours to read
+    return found

@@ -1,0 +1,74 @@
+"""The ``oracle`` harness: runs the task's reference solution instead of an agent.
+
+It runs ``bash "${SOLUTION_DIR:-/solution}/solve.sh"`` in the task
+Environment (from the app directory), bounded by the run budget. It checks a
+benchmark's verifier and data: under ``oracle`` every correct task should
+score full marks. A benchmark puts the solution there (``terminal`` does so
+only for this harness). No config keys.
+
+Outcomes: no ``solve.sh`` is ERROR ``harness_no_solution``; running past the
+budget is ERROR ``harness_timeout`` (the process group is killed). A non-zero
+exit status is not an issue: the verifier decides. The result's ``output`` is
+the tail of stdout; ``artifacts`` hold ``exit_code`` and the tail of stderr.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from .._registry import register
+from ..runtime._components import BaseHarness, EnvironmentSession
+from ..runtime._results import Issue, RunBudget, RunResult
+from ..runtime._values import ExecutionPlan, ModelSpec, PreparedTask
+
+__all__ = ["OracleHarness"]
+
+_SOLVE = 'bash "${SOLUTION_DIR:-/solution}/solve.sh"'
+_HAS_SOLVE = 'test -f "${SOLUTION_DIR:-/solution}/solve.sh"'
+#: How much of stdout / stderr the result keeps (characters, from the end).
+TAIL_CHARS = 4000
+
+
+@attrs.define(eq=False)
+class OracleSession:
+    """What ``start_session`` returns: the task Environment to run in."""
+
+    env: EnvironmentSession
+
+
+@register
+class OracleHarness(BaseHarness):
+    """Harness ``oracle`` (see the module docstring)."""
+
+    id: ClassVar[str] = "oracle"
+
+    @attrs.frozen
+    class Config:
+        """No keys: any config key is an error."""
+
+    async def start_session(
+        self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, plan: ExecutionPlan
+    ) -> Any:
+        return OracleSession(env)
+
+    async def run_task(self, session: Any, prepared: PreparedTask, budget: RunBudget) -> RunResult:
+        env = session.env
+        if (await env.exec(_HAS_SOLVE)).exit_code != 0:
+            return RunResult(
+                issues=[
+                    Issue("error", "run", "harness_no_solution", f"task {prepared.task.task_id!r} has no solution/solve.sh")
+                ]
+            )
+        result = await env.exec(_SOLVE, timeout=budget.timeout_seconds)
+        issues = []
+        if result.timed_out:
+            issues.append(
+                Issue("error", "run", "harness_timeout", f"solve.sh did not finish within {budget.timeout_seconds:g}s")
+            )
+        return RunResult(
+            output=result.stdout[-TAIL_CHARS:],
+            artifacts={"exit_code": result.exit_code, "stderr": result.stderr[-TAIL_CHARS:]},
+            issues=issues,
+        )

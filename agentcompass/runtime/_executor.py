@@ -1,0 +1,76 @@
+"""Where a task runs (SPEC section 11).
+
+The scheduler hands each task to an :class:`Executor`. Running one task
+depends only on serializable inputs (the ``RunRequest``, the ``TaskSpec``,
+the attempt indices still missing, earlier attempt records to resume from)
+plus two narrow channels back to the driver:
+
+* :class:`Grants` -- capacity permits and open-rate tokens. Only the driver
+  grants them, so limits hold across every worker.
+* :class:`TaskReporter` -- progress events, session journal lines,
+  checkpoints and discarded tries. Only the driver writes the run directory.
+
+The in-process Trio executor calls the task code directly and
+short-circuits both channels; a remote executor would carry the same calls
+as request/grant messages to a worker process running its own ``trio.run``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ._results import AttemptRecord, TaskRecord
+    from ._values import RunRequest, TaskSpec
+
+__all__ = ["Executor", "Grants", "TaskReporter"]
+
+
+class Grants(Protocol):
+    """Driver-owned limits, asked for by the task code."""
+
+    async def acquire_capacity(self, provider: str, holder: object) -> None:
+        """Wait for a capacity permit of ``provider`` held by ``holder``."""
+
+    def release_capacity(self, provider: str, holder: object) -> None:
+        """Give back ``holder``'s permit."""
+
+    async def open_token(self, provider: str) -> None:
+        """Wait for an open-rate token of ``provider`` (a cancelled waiter takes none)."""
+
+
+class TaskReporter(Protocol):
+    """What a running task tells the driver. Async methods return once the
+    driver made the information durable."""
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """A ``progress.jsonl`` event (fire and forget)."""
+
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None: ...
+
+    async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None: ...
+
+    async def checkpoint(self, task_id: str, record: AttemptRecord) -> None: ...
+
+    async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None: ...
+
+
+class Executor:
+    """Runs one task (its attempts, tries, retries and cleanup) to a ``TaskRecord``.
+
+    ``attempts`` are the attempt indices still to run; ``done`` are attempt
+    records already final (resumed from checkpoints); ``resume`` are failed
+    attempts a reuse run continues with one retry of the current budget.
+    """
+
+    async def run_task(
+        self,
+        request: RunRequest,
+        task: TaskSpec,
+        attempts: list[int],
+        done: dict[int, AttemptRecord],
+        resume: dict[int, AttemptRecord],
+        grants: Grants,
+        reporter: TaskReporter,
+    ) -> TaskRecord:
+        raise NotImplementedError

@@ -1,0 +1,41 @@
+"""Network policies written as plain config mappings, for the fakes' ``plan`` and ``set`` keys."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..runtime._values import NetworkPolicy
+
+__all__ = ["POLICY_FIELDS", "to_policy", "with_policies"]
+
+POLICY_FIELDS = ("baseline_network_policy", "run_network_policy", "evaluation_network_policy")
+MODES = ("none", "allowlist", "full")
+
+
+def to_policy(value: Any, where: str) -> NetworkPolicy:
+    """``{"mode": ..., "allow": [...]}`` (or a mode string, or a NetworkPolicy) as a NetworkPolicy."""
+    if isinstance(value, NetworkPolicy):
+        return value
+    if isinstance(value, str):
+        value = {"mode": value}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected a mapping with 'mode' (and 'allow'), got {value!r}")
+    extra = set(value) - {"mode", "allow"}
+    if extra:
+        raise ValueError(f"{where}: unknown key {sorted(extra)[0]!r}")
+    mode = value.get("mode", "full")
+    if mode not in MODES:
+        raise ValueError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    allow = value.get("allow", ())
+    if isinstance(allow, str) or not all(isinstance(host, str) for host in allow):
+        raise ValueError(f"{where}: allow must be a list of host names")
+    return NetworkPolicy(mode, tuple(allow))
+
+
+def with_policies(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``fields`` with every ``*_network_policy`` value converted by :func:`to_policy`."""
+    return {
+        key: to_policy(value, f"{where}.{key}") if key in POLICY_FIELDS else value
+        for key, value in fields.items()
+    }

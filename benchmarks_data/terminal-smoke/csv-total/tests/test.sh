@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Verifier: writes 1 (pass) or 0 (fail) to the reward file.
+app="${APP_DIR:-/app}"
+verifier="${LOGS_DIR:-/logs}/verifier"
+mkdir -p "$verifier"
+
+check() {
+  [ "$(tr -d '[:space:]' < "$app/west_total.txt" 2>/dev/null)" = "1375" ]
+}
+
+if check; then echo 1 > "$verifier/reward.txt"; else echo 0 > "$verifier/reward.txt"; fi

@@ -1,0 +1,292 @@
+"""The ``local`` Environment, with real subprocesses and files."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession
+from agentcompass.runtime import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
+
+FULL = NetworkPolicy("full")
+# Generous bound for anything that should take milliseconds: a hang fails, not blocks.
+HANG_GUARD = 20
+
+
+@pytest.fixture
+async def session(tmp_path: Path):
+    sandbox = await LocalEnvironment({"root": str(tmp_path / "sandboxes")}).open(None, FULL)
+    try:
+        yield sandbox
+    finally:
+        with trio.CancelScope(shield=True):
+            await sandbox.close()
+
+
+def root_of(session: LocalSession) -> Path:
+    return Path(session.handle["path"])
+
+
+def assert_environment_failed(exc: IssueError) -> None:
+    assert (exc.severity, exc.code) == ("fatal", "environment_failed")
+
+
+async def wait_dead(pid: int) -> None:
+    """Return once ``pid`` has exited (a zombie counts as dead); fail after HANG_GUARD."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with trio.fail_after(HANG_GUARD):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self") or not hasattr(os, "pidfd_open"), reason="Linux /proc")
+
+
+# -- layout and paths ---------------------------------------------------------
+
+
+async def test_open_makes_layout_and_virtual_roots_map(session: LocalSession):
+    root = root_of(session)
+    assert all((root / name).is_dir() for name in ("app", "tests", "logs", "solution"))
+    assert (root / MARKER_FILE).is_file()
+
+    await session.write_file("/app/a.txt", "hello")
+    await session.write_file("/tests/deep/er/t.sh", b"echo hi\n")
+    assert (root / "app" / "a.txt").read_text() == "hello"
+    assert (root / "tests" / "deep" / "er" / "t.sh").is_file()
+    assert await session.read_file("app/a.txt") == b"hello"
+    assert await session.read_file("/app/a.txt") == b"hello"
+    assert await session.read_file("/app/../app/a.txt") == b"hello"
+
+    result = await session.exec('echo "$APP_DIR $TESTS_DIR $LOGS_DIR $SOLUTION_DIR"; pwd; cat a.txt')
+    dirs, pwd, content = result.stdout.splitlines()
+    assert dirs.split() == [str(root / name) for name in ("app", "tests", "logs", "solution")]
+    assert pwd == str(root / "app")
+    assert content == "hello"
+
+
+@pytest.mark.parametrize(
+    "path", ["../escape", "app/../../escape", "/etc/passwd", "/app/../../escape", "/", "/apple/x", "/tmp/x"]
+)
+async def test_path_outside_sandbox_refused(session: LocalSession, path: str):
+    with pytest.raises(IssueError) as read_error:
+        await session.read_file(path)
+    assert_environment_failed(read_error.value)
+    with pytest.raises(IssueError) as write_error:
+        await session.write_file(path, "x")
+    assert_environment_failed(write_error.value)
+    assert not (root_of(session).parent / "escape").exists()
+
+
+async def test_symlink_escape_refused(session: LocalSession, tmp_path: Path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    app = root_of(session) / "app"
+    (app / "dirlink").symlink_to(outside)
+    (app / "filelink").symlink_to(outside / "secret.txt")
+
+    for path in ("/app/dirlink/secret.txt", "/app/filelink", "app/dirlink/new.txt"):
+        with pytest.raises(IssueError) as read_error:
+            await session.read_file(path)
+        assert_environment_failed(read_error.value)
+        with pytest.raises(IssueError) as write_error:
+            await session.write_file(path, "overwritten")
+        assert_environment_failed(write_error.value)
+    assert (outside / "secret.txt").read_text() == "secret"
+    assert not (outside / "new.txt").exists()
+
+
+async def test_exec_cwd_resolves_inside_sandbox(session: LocalSession):
+    root = root_of(session)
+    assert (await session.exec("pwd", cwd="/tests")).stdout.strip() == str(root / "tests")
+    assert (await session.exec("pwd", cwd="logs")).stdout.strip() == str(root / "logs")
+    for cwd in ("..", "/etc", "/app/missing"):
+        with pytest.raises(IssueError) as exc:
+            await session.exec("pwd", cwd=cwd)
+        assert_environment_failed(exc.value)
+
+
+# -- exec ---------------------------------------------------------------------
+
+
+async def test_exec_captures_output_exit_code_and_env(session: LocalSession):
+    result = await session.exec("echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, "out\n", "err\n", False)
+
+    argv = await session.exec([sys.executable, "-c", "import os; print(os.environ['GREETING'])"], env={"GREETING": "hi"})
+    assert (argv.exit_code, argv.stdout) == (0, "hi\n")
+
+    assert (await session.exec("printf 'a\\377b'")).stdout == "a\ufffdb"
+    assert (await session.exec("kill -TERM $$")).exit_code == -15
+
+
+async def test_exec_output_is_bounded_keeping_the_tail(tmp_path: Path):
+    env = LocalEnvironment({"root": str(tmp_path), "max_output_bytes": 1000})
+    session = await env.open(env.build_config(_plan()), FULL)
+    try:
+        result = await session.exec(
+            "head -c 5000000 /dev/zero | tr '\\0' a; echo END; head -c 300000 /dev/zero | tr '\\0' b >&2"
+        )
+    finally:
+        await session.close()
+    assert result.exit_code == 0
+    assert len(result.stdout.encode()) <= 1000
+    assert result.stdout.startswith("[... ") and "earlier bytes dropped" in result.stdout
+    assert result.stdout.endswith("a" * 100 + "END\n")
+    assert len(result.stderr.encode()) <= 1000 and result.stderr.endswith("b" * 500)
+
+
+async def test_exec_start_failure_is_environment_failed(session: LocalSession):
+    with pytest.raises(IssueError) as exc:
+        await session.exec(["/nonexistent/program"])
+    assert_environment_failed(exc.value)
+
+
+@needs_proc
+async def test_exec_timeout_kills_the_whole_process_group(session: LocalSession):
+    with trio.fail_after(HANG_GUARD):
+        result = await session.exec('echo started; sleep 1000 & echo $! > "$LOGS_DIR/pid"; wait', timeout=1)
+    assert result.timed_out and result.exit_code == 124
+    assert result.stdout == "started\n"
+    grandchild = int((root_of(session) / "logs" / "pid").read_text())
+    await wait_dead(grandchild)
+    assert not is_alive(grandchild)
+
+
+@needs_proc
+async def test_cancelled_exec_kills_the_whole_process_group(session: LocalSession):
+    logs = root_of(session) / "logs"
+    os.mkfifo(logs / "ready")
+    cmd = 'sleep 1000 & echo $! > "$LOGS_DIR/pid"; echo $$ > "$LOGS_DIR/leader"; echo ready > "$LOGS_DIR/ready"; wait'
+
+    async def cancel_when_ready(scope: trio.CancelScope) -> None:
+        # Blocks until the command has started its grandchild and says so through the FIFO.
+        await trio.to_thread.run_sync((logs / "ready").read_text, abandon_on_cancel=True)
+        scope.cancel()
+
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as scope:
+                nursery.start_soon(cancel_when_ready, scope)
+                await session.exec(cmd)
+            assert scope.cancelled_caught
+    for name in ("pid", "leader"):
+        pid = int((logs / name).read_text())
+        await wait_dead(pid)
+        assert not is_alive(pid)
+
+
+async def test_exec_does_not_wait_for_background_processes_holding_its_pipes(session: LocalSession):
+    with trio.fail_after(HANG_GUARD):
+        result = await session.exec("sleep 1000 & echo done")
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, "done\n", False)
+
+
+# -- close and reap -----------------------------------------------------------
+
+
+async def test_close_is_idempotent_and_removes_the_directory(tmp_path: Path):
+    session = await LocalEnvironment({"root": str(tmp_path)}).open(None, FULL)
+    root = root_of(session)
+    # An agent may leave read-only directories behind; close still removes them.
+    await session.exec("mkdir -p locked/inner && touch locked/inner/f && chmod -R a-w locked")
+    await session.close()
+    assert not root.exists()
+    await session.close()
+    assert not root.exists()
+
+
+@needs_proc
+async def test_close_kills_leftover_background_processes(session: LocalSession):
+    background = await session.exec("sleep 1000 >/dev/null 2>&1 & echo $!")
+    escaped = await session.exec("setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!")
+    pids = [int(background.stdout), int(escaped.stdout)]
+    assert all(is_alive(pid) for pid in pids)
+    await session.close()
+    for pid in pids:
+        await wait_dead(pid)
+        assert not is_alive(pid)
+
+
+async def test_operations_after_close_raise(session: LocalSession):
+    await session.close()
+    for operation in (
+        session.exec("true"),
+        session.read_file("/app/x"),
+        session.write_file("/app/x", "x"),
+        session.set_network_policy(FULL),
+    ):
+        with pytest.raises(IssueError) as exc:
+            await operation
+        assert_environment_failed(exc.value)
+
+
+@needs_proc
+async def test_reap_removes_a_leftover_sandbox_and_its_processes(tmp_path: Path):
+    env = LocalEnvironment({"root": str(tmp_path)})
+    session = await env.open(None, FULL)
+    handle = session.handle
+    pid = int((await session.exec("sleep 1000 >/dev/null 2>&1 & echo $!")).stdout)
+    # As after a killed runtime: the session object is gone, only the journaled handle remains.
+    del session
+    await env.reap(handle)
+    assert not Path(handle["path"]).exists()
+    await wait_dead(pid)
+    assert not is_alive(pid)
+    await env.reap(handle)  # idempotent
+
+
+async def test_reap_refuses_a_directory_that_is_not_a_sandbox(tmp_path: Path):
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "data").write_text("keep me")
+    with pytest.raises(IssueError) as exc:
+        await LocalEnvironment({}).reap({"path": str(tmp_path / "precious")})
+    assert (exc.value.severity, exc.value.code) == ("warning", "cleanup_failed")
+    assert (tmp_path / "precious" / "data").read_text() == "keep me"
+
+
+# -- network policy -----------------------------------------------------------
+
+
+def _plan(**policies: NetworkPolicy) -> ExecutionPlan:
+    return ExecutionPlan(task_id="t", attempt=0, environment=ComponentRef("local"), **policies)
+
+
+@pytest.mark.parametrize("phase", ["baseline", "run", "evaluation"])
+@pytest.mark.parametrize("policy", [NetworkPolicy("none"), NetworkPolicy("allowlist", ("example.com",))])
+def test_build_config_rejects_a_policy_it_cannot_enforce(phase: str, policy: NetworkPolicy):
+    with pytest.raises(ComponentError, match=f"'local'.*{policy.mode!r}.*{phase} phase"):
+        LocalEnvironment({}).build_config(_plan(**{f"{phase}_network_policy": policy}))
+
+
+async def test_only_full_policy_opens_and_switches(session: LocalSession, tmp_path: Path):
+    env = LocalEnvironment({"root": str(tmp_path)})
+    config = env.build_config(_plan())
+    with pytest.raises(IssueError) as open_error:
+        await env.open(config, NetworkPolicy("none"))
+    assert_environment_failed(open_error.value)
+    await session.set_network_policy(FULL)
+    with pytest.raises(IssueError) as switch_error:
+        await session.set_network_policy(NetworkPolicy("none"))
+    assert_environment_failed(switch_error.value)
