@@ -232,7 +232,7 @@ def structure_config(config: dict[str, Any], cls: type[T], *, where: str) -> T:
     try:
         return converter.structure(config, cls)
     except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
-        raise ComponentError(f"{where}: {error_line(exc, '$.config')}") from None
+        raise ComponentError(f"{where}: {error_line(exc, 'config')}") from None
 
 
 def unstructure(value: Any) -> Any:

@@ -4,9 +4,9 @@ The processor chain is: merge context variables, add level and UTC
 timestamp, format exceptions, **redact** (every string value goes through
 :func:`agentcompass._redact.redact`), write one JSON line to every attached
 file, then render for the console (``ConsoleRenderer`` on a TTY, plain
-``key=value`` otherwise) to stderr, or drop the event when the console is
-off. Redaction runs before both renderers, so no secret reaches a file or a
-terminal.
+``key=value`` otherwise) to stderr. The console has its own level (or is
+off); files get ``info`` and above. Redaction runs before both renderers,
+so no secret reaches a file or a terminal.
 
 JSON files are attached and detached at run time with :func:`add_json_log`
 and :func:`remove_json_log` (the engine attaches one per request run
@@ -70,25 +70,33 @@ def _write_json_logs(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, A
     return event_dict
 
 
-def _drop(_: Any, __: str, ___: dict[str, Any]) -> Any:
-    raise structlog.DropEvent
+def _console_filter(minimum: int) -> Any:
+    """Drop events below the console level (JSON files saw them already)."""
+    levels = logging.getLevelNamesMapping()
+
+    def console_filter(_: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        if levels.get(method_name.upper(), logging.INFO) < minimum:
+            raise structlog.DropEvent
+        return event_dict
+
+    return console_filter
 
 
 def configure_logging(console: bool = True, json_path: Path | None = None, level: str = "info") -> None:
     """Configure structlog for the process (the CLI calls this once).
 
-    ``console`` renders to stderr; ``json_path`` attaches a JSON-lines file
-    for every event (see :func:`add_json_log`). ``level`` is a standard
-    logging level name.
+    ``console`` renders events of ``level`` (a logging level name) and above
+    to stderr; JSON files get ``info`` and above (or ``level`` if lower).
+    ``json_path`` attaches a JSON-lines file for every event (see :func:`add_json_log`).
     """
-    if console:
-        renderer: Any = (
-            structlog.dev.ConsoleRenderer(colors=True)
-            if sys.stderr.isatty()
-            else structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"])
-        )
-    else:
-        renderer = _drop
+    console_level = logging.getLevelNamesMapping()[level.upper()]
+    if not console:
+        console_level = logging.CRITICAL + 1
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=True)
+        if sys.stderr.isatty()
+        else structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"])
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -97,9 +105,10 @@ def configure_logging(console: bool = True, json_path: Path | None = None, level
             structlog.processors.format_exc_info,
             redact_processor,
             _write_json_logs,
+            _console_filter(console_level),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        wrapper_class=structlog.make_filtering_bound_logger(min(console_level, logging.INFO)),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
@@ -132,9 +141,11 @@ def get_logger(name: str) -> Any:
     """A structlog logger whose events carry ``logger=name``.
 
     When structlog has not been configured yet (an SDK user who never called
-    :func:`configure_logging`), it is configured with the defaults here so
-    redaction is never skipped; an application's own configuration is left alone.
+    :func:`configure_logging`), it is configured here, console at
+    ``warning``, so redaction is never skipped; an application's own
+    configuration is left alone. The logger is a lazy proxy: configuring
+    structlog after this call still applies to it.
     """
     if not structlog.is_configured():
-        configure_logging()
-    return structlog.get_logger(logger=name)
+        configure_logging(level="warning")
+    return structlog.get_logger().bind(logger=name)

@@ -169,7 +169,7 @@ def resolve(kind: str, component_id: str) -> type[Component]:
         known = ", ".join(sorted(i for k, i in _registry if k == kind)) or "none"
         other = sorted(k for k, i in _registry if i == component_id)
         if other:
-            raise ComponentError(f"{component_id!r} is a {other[0]}, not a {kind} (registered {kind}s: {known})")
+            raise ComponentError(f"{component_id!r} is a {other[0]} id, not a {kind} id (registered {kind} ids: {known})")
         raise ComponentError(f"unknown {kind} id {component_id!r} (registered: {known})")
     return reg.cls
 

@@ -10,7 +10,13 @@ import pytest
 import trio
 
 from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession
-from agentcompass.runtime import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
+from agentcompass.runtime import (
+    ComponentError,
+    ComponentRef,
+    ExecutionPlan,
+    IssueError,
+    NetworkPolicy,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
 
@@ -134,7 +140,9 @@ async def test_exec_captures_output_exit_code_and_env(session: LocalSession):
     result = await session.exec("echo out; echo err >&2; exit 3")
     assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, "out\n", "err\n", False)
 
-    argv = await session.exec([sys.executable, "-c", "import os; print(os.environ['GREETING'])"], env={"GREETING": "hi"})
+    argv = await session.exec(
+        [sys.executable, "-c", "import os; print(os.environ['GREETING'])"], env={"GREETING": "hi"}
+    )
     assert (argv.exit_code, argv.stdout) == (0, "hi\n")
 
     assert (await session.exec("printf 'a\\377b'")).stdout == "a\ufffdb"
@@ -251,7 +259,7 @@ async def test_reap_removes_a_leftover_sandbox_and_its_processes(tmp_path: Path)
     # As after a killed runtime: the session object is gone, only the journaled handle remains.
     del session
     await env.reap(handle)
-    assert not Path(handle["path"]).exists()
+    assert not await trio.Path(handle["path"]).exists()
     await wait_dead(pid)
     assert not is_alive(pid)
     await env.reap(handle)  # idempotent

@@ -34,6 +34,7 @@ SMOKE_IDS = sorted(d.name for d in SMOKE.iterdir() if d.is_dir())
 WRONG_SOLUTION = "reverse-lines"  # solve.sh is deliberately wrong
 NO_REWARD = "make-dirs"  # test.sh deliberately writes no reward
 HANG_GUARD = 60
+BUDGET = RunBudget(30)
 
 
 def request_for(path: Path | str, harness: str = "oracle", **config: str) -> RunRequest:
@@ -65,7 +66,7 @@ def _plan(task: TaskSpec, request: RunRequest | None = None) -> ExecutionPlan:
 
 
 async def run_oracle(
-    task: TaskSpec, request: RunRequest, tmp_path: Path, budget: RunBudget = RunBudget(30), fresh: bool = False
+    task: TaskSpec, request: RunRequest, tmp_path: Path, budget: RunBudget = BUDGET, fresh: bool = False
 ) -> tuple[PreparedTask, RunResult, Evaluation]:
     """prepare, run the oracle and evaluate (in the same sandbox, or a fresh one), then close."""
     benchmark, harness = TerminalBenchmark(request.benchmark.config), OracleHarness({})
@@ -222,7 +223,11 @@ async def test_a_planted_reward_and_tampered_tests_are_discarded(tmp_path: Path)
 @pytest.mark.parametrize(
     "writes, values, code",
     [
-        ("echo 0.25 > \"$v/reward.txt\"; echo '{\"reward\": 1}' > \"$v/reward.json\"", {"reward": 0.25, "passed": False}, None),
+        (  # reward.txt wins over reward.json
+            "echo 0.25 > \"$v/reward.txt\"; echo '{\"reward\": 1}' > \"$v/reward.json\"",
+            {"reward": 0.25, "passed": False},
+            None,
+        ),
         ("echo '{\"reward\": 1, \"style\": 0}' > \"$v/reward.json\"", {"reward": 1.0, "passed": True}, None),
         ("echo '{\"a\": 1, \"b\": 0}' > \"$v/reward.json\"", {"reward": 0.5, "passed": False}, None),
         ('echo 2 > "$v/reward.txt"', {"reward": 2.0, "passed": True}, None),
@@ -243,7 +248,10 @@ async def test_reward_files(tmp_path: Path, writes: str, values: dict, code: str
 
 
 async def test_fresh_evaluation_has_environment_and_tests_but_not_the_agents_work(tmp_path: Path):
-    test_sh = 'v="${LOGS_DIR:-/logs}/verifier"; cd "${APP_DIR:-/app}"\n[ -f given.txt ] && [ ! -f made.txt ] && echo 1 > "$v/reward.txt"\n'
+    test_sh = (
+        'v="${LOGS_DIR:-/logs}/verifier"; cd "${APP_DIR:-/app}"\n'
+        'if [ -f given.txt ] && [ ! -f made.txt ]; then echo 1; else echo 0; fi > "$v/reward.txt"\n'
+    )
     make_task(tmp_path / "tasks", "t", test_sh, solve_sh="touch made.txt\n", env_files={"given.txt": "x"})
     request = request_for(tmp_path / "tasks", eval_mode="fresh")
     [task] = await load(tmp_path / "tasks", eval_mode="fresh")
@@ -263,7 +271,8 @@ async def test_eval_mode_none_cannot_score(tmp_path: Path):
 
 
 async def test_oracle_timeout_is_an_error(tmp_path: Path):
-    make_task(tmp_path / "tasks", "slow", 'echo 1 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n', solve_sh="echo working; sleep 1000\n")
+    test_sh = 'echo 1 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n'
+    make_task(tmp_path / "tasks", "slow", test_sh, solve_sh="echo working; sleep 1000\n")
     [task] = await load(tmp_path / "tasks")
     _, run_result, _ = await run_oracle(task, request_for(tmp_path / "tasks"), tmp_path, budget=RunBudget(0.5))
     assert [(i.severity, i.phase, i.code) for i in run_result.issues] == [("error", "run", "harness_timeout")]

@@ -107,7 +107,7 @@ class TerminalBenchmark(BaseBenchmark):
         """Every task directory under ``path``, sorted by id. A directory
         without ``instruction.md`` or ``tests/test.sh``, or with an invalid
         ``task.toml``, is a :class:`ComponentError` naming it."""
-        return await trio.to_thread.run_sync(_load_tasks, Path(self.options.path).absolute())
+        return await trio.to_thread.run_sync(_load_tasks, self.options.path)
 
     def plan(self, task: TaskSpec, request: RunRequest) -> dict[str, Any]:
         """Evaluation mode from the config; run and evaluation timeouts from
@@ -237,7 +237,8 @@ async def _upload(env: EnvironmentSession, files: _FileList, root: tuple[str, st
         await _check(env, f"chmod +x -- {targets}", f"make files under {virtual} executable")
 
 
-def _load_tasks(root: Path) -> list[TaskSpec]:
+def _load_tasks(path: str) -> list[TaskSpec]:
+    root = Path(path).absolute()
     if not root.is_dir():
         raise ComponentError(f"benchmark 'terminal': task directory {str(root)!r} does not exist")
     dirs = sorted((d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: d.name)

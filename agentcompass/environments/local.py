@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
+from .._convert import structure_config
 from .._registry import register
 from ..runtime._components import BaseEnvironment, EnvironmentSession
 from ..runtime._errors import ComponentError, IssueError
@@ -105,11 +106,13 @@ class LocalEnvironment(BaseEnvironment):
 
     async def open(self, config: Any, policy: NetworkPolicy) -> LocalSession:
         """Make the sandbox directory and return its session. ``config`` is what
-        :meth:`build_config` returned (``None``: this instance's config). A
-        failure removes whatever was made before raising."""
+        :meth:`build_config` returned, a config dict, or ``None`` (this
+        instance's config). A failure removes whatever was made before raising."""
         if policy.mode != "full":
             raise _fail(f"environment 'local' cannot enforce network policy {policy.mode!r}")
-        options = config if config is not None else self.options
+        options = self.options if config is None else config
+        if isinstance(options, dict):
+            options = structure_config(options, self.Config, where="environment 'local'")
         root = await trio.to_thread.run_sync(_make_sandbox, options.root)
         # No checkpoint between making the directory and handing over the session
         # that owns it, so a cancellation cannot leak it.
@@ -234,6 +237,7 @@ class LocalSession(EnvironmentSession):
         out, err = _TailBuffer(self._max_output), _TailBuffer(self._max_output)
         timed_out = False
         try:
+            self._check_open()  # close() may have run while the process was starting
             async with trio.open_nursery() as nursery:
                 out_done, err_done = trio.Event(), trio.Event()
                 nursery.start_soon(_pump, proc.stdout, out, out_done)
@@ -258,6 +262,7 @@ class LocalSession(EnvironmentSession):
                     if stream is not None:
                         await stream.aclose()
         code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
+        assert code is not None  # the process was waited for
         return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
 
     async def _kill_exec(self, proc: trio.Process) -> None:
@@ -313,11 +318,11 @@ class _TailBuffer:
 
     def __init__(self, limit: int):
         self._limit = limit
-        self._chunks: deque[bytes] = deque()
+        self._chunks: deque[bytes | bytearray] = deque()
         self._size = 0
         self._dropped = 0
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes | bytearray) -> None:
         self._chunks.append(data)
         self._size += len(data)
         while self._chunks and self._size - len(self._chunks[0]) >= self._limit:
@@ -374,7 +379,7 @@ def _remove_sandbox(root: str) -> None:
             continue
         path = os.path.join(root, entry)
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, onerror=_make_writable_and_retry)
+            _rmtree(path)
         else:
             os.unlink(path)
     with contextlib.suppress(FileNotFoundError):
@@ -382,14 +387,19 @@ def _remove_sandbox(root: str) -> None:
     os.rmdir(root)
 
 
-def _make_writable_and_retry(func: Any, path: str, exc_info: Any) -> None:
-    # An agent may have made directories read-only (chmod -R a-w); we own them,
-    # so grant ourselves write access to the parent and try once more.
-    parent = os.path.dirname(path)
-    os.chmod(parent, 0o700)
-    if func is not os.rmdir and os.path.isdir(path) and not os.path.islink(path):
+def _rmtree(path: str) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError:
+        # An agent may have left read-only or unreadable directories behind
+        # (chmod -R a-rwx); we own them, so grant ourselves access and retry.
         os.chmod(path, 0o700)
-    func(path)
+        for parent, subdirs, _ in os.walk(path):
+            for name in subdirs:
+                # Top-down walk: a directory is opened before os.walk descends into it.
+                if not os.path.islink(os.path.join(parent, name)):
+                    os.chmod(os.path.join(parent, name), 0o700)
+        shutil.rmtree(path)
 
 
 def _reap_sandbox(root: str) -> None:

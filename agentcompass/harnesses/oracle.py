@@ -56,11 +56,8 @@ class OracleHarness(BaseHarness):
     async def run_task(self, session: Any, prepared: PreparedTask, budget: RunBudget) -> RunResult:
         env = session.env
         if (await env.exec(_HAS_SOLVE)).exit_code != 0:
-            return RunResult(
-                issues=[
-                    Issue("error", "run", "harness_no_solution", f"task {prepared.task.task_id!r} has no solution/solve.sh")
-                ]
-            )
+            message = f"task {prepared.task.task_id!r} has no solution/solve.sh"
+            return RunResult(issues=[Issue("error", "run", "harness_no_solution", message)])
         result = await env.exec(_SOLVE, timeout=budget.timeout_seconds)
         issues = []
         if result.timed_out:

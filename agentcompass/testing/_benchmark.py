@@ -8,7 +8,11 @@ from typing import Any, ClassVar
 import attrs
 
 from .._registry import register
-from ..runtime._components import BaseBenchmark, EnvironmentSession, HarnessFreeBenchmark
+from ..runtime._components import (
+    BaseBenchmark,
+    EnvironmentSession,
+    HarnessFreeBenchmark,
+)
 from ..runtime._errors import ComponentError
 from ..runtime._results import Evaluation, Issue, RunBudget, RunResult
 from ..runtime._values import ModelSpec, PreparedTask, RunRequest, TaskSpec
@@ -36,7 +40,7 @@ def fake_run_result(outcome: str, phase: str = "run") -> RunResult:
 
 def _check_tasks(_instance: Any, _attribute: Any, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, list)):
-        raise ValueError(f"tasks: expected a number of tasks or a list of task ids, got {value!r}")
+        raise TypeError(f"tasks: expected a number of tasks or a list of task ids, got {value!r}")
     if isinstance(value, int) and value < 0:
         raise ValueError(f"tasks: must be >= 0, got {value}")
     if isinstance(value, list):
@@ -61,14 +65,18 @@ def _check_values(_instance: Any, _attribute: Any, value: dict[str, dict[str, An
         for name, v in series.items():
             for item in v if isinstance(v, list) else [v]:
                 if item is not None and not isinstance(item, (bool, int, float)):
-                    raise ValueError(f"values[{key!r}][{name!r}]: expected a number, a boolean or null, got {item!r}")
+                    raise ValueError(
+                        f"values[{key!r}][{name!r}]: expected a number, a boolean or null, got {item!r}"
+                    )
 
 
 def _check_plan(_instance: Any, _attribute: Any, value: dict[str, Any]) -> None:
     with_policies(value, "plan")
     mode = value.get("evaluation_environment_mode", "reuse")
     if mode not in EVALUATION_MODES:
-        raise ValueError(f"plan.evaluation_environment_mode: must be one of {', '.join(EVALUATION_MODES)}, got {mode!r}")
+        raise ValueError(
+            f"plan.evaluation_environment_mode: must be one of {', '.join(EVALUATION_MODES)}, got {mode!r}"
+        )
 
 
 @attrs.frozen
@@ -156,13 +164,21 @@ class FakeBenchmark(BaseBenchmark):
             return categories.get(task_id)
         return None
 
-    async def _step(self, phase: str, task_id: str | None, env: EnvironmentSession | None = None, **detail: Any) -> tuple[str, int]:
-        return await step(self.options.log, self.options.script, "benchmark", phase, task_id, session_id(env), detail)
+    async def _step(
+        self, phase: str, task_id: str | None, env: EnvironmentSession | None = None, **detail: Any
+    ) -> tuple[str, int]:
+        return await step(
+            self.options.log, self.options.script, "benchmark", phase, task_id, session_id(env), detail
+        )
 
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         await self._step("load_tasks", None, request=request.name)
         return [
-            TaskSpec(task_id, data={"index": i, "question": f"question {task_id}"}, category=self._category(i, task_id))
+            TaskSpec(
+                task_id,
+                data={"index": i, "question": f"question {task_id}"},
+                category=self._category(i, task_id),
+            )
             for i, task_id in enumerate(self.task_ids)
         ]
 
@@ -233,4 +249,3 @@ class FakeHarnessFreeBenchmark(FakeBenchmark, HarnessFreeBenchmark):
             model=model.name if model is not None else None,
         )
         return fake_run_result(outcome)
-

@@ -33,7 +33,9 @@ class FakeEnvironmentConfig:
     """Config keys of ``fake-env``; see :class:`FakeEnvironment`."""
 
     log: str = "default"
-    script: dict[str, dict[str, list[str]]] = attrs.field(factory=dict, validator=script_validator(ENV_PHASES))
+    script: dict[str, dict[str, list[str]]] = attrs.field(
+        factory=dict, validator=script_validator(ENV_PHASES)
+    )
     policies: list[str] = attrs.field(factory=lambda: list(MODES), validator=_check_modes)
     switchable: bool = True
 
@@ -179,9 +181,13 @@ class FakeEnvironment(BaseEnvironment):
     async def open(self, config: Any, policy: NetworkPolicy) -> FakeSession:
         task_id = config.get("task_id") if isinstance(config, Mapping) else None
         log_name = self.options.log
-        await step(log_name, self.options.script, "environment", "open", task_id, None, {"policy": policy.mode})
+        await step(
+            log_name, self.options.script, "environment", "open", task_id, None, {"policy": policy.mode}
+        )
         if policy.mode not in self.options.policies:
-            raise IssueError("fatal", "environment_failed", f"fake-env cannot enforce network policy {policy.mode!r}")
+            raise IssueError(
+                "fatal", "environment_failed", f"fake-env cannot enforce network policy {policy.mode!r}"
+            )
         sid = call_log(log_name).new_session(task_id)
         call_log(log_name).record("environment", "opened", task_id, sid, {"policy": policy.mode})
         return FakeSession(

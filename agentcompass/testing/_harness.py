@@ -24,7 +24,9 @@ class FakeHarnessConfig:
     """Config keys of ``fake-harness``; see :class:`FakeHarness`."""
 
     log: str = "default"
-    script: dict[str, dict[str, list[str]]] = attrs.field(factory=dict, validator=script_validator(HARNESS_PHASES))
+    script: dict[str, dict[str, list[str]]] = attrs.field(
+        factory=dict, validator=script_validator(HARNESS_PHASES)
+    )
 
 
 @attrs.frozen
@@ -57,7 +59,9 @@ class FakeHarness(BaseHarness):
     options: FakeHarnessConfig
 
     async def _step(self, phase: str, task_id: str, session: int | None, **detail: Any) -> str:
-        outcome, _ = await step(self.options.log, self.options.script, "harness", phase, task_id, session, detail)
+        outcome, _ = await step(
+            self.options.log, self.options.script, "harness", phase, task_id, session, detail
+        )
         return outcome
 
     async def start_session(
@@ -73,7 +77,9 @@ class FakeHarness(BaseHarness):
         )
         return FakeHarnessSession(task_id, session_id(env))
 
-    async def run_task(self, session: FakeHarnessSession, prepared: PreparedTask, budget: RunBudget) -> RunResult:
+    async def run_task(
+        self, session: FakeHarnessSession, prepared: PreparedTask, budget: RunBudget
+    ) -> RunResult:
         outcome = await self._step(
             "run", prepared.task.task_id, session.env_session, timeout_seconds=budget.timeout_seconds
         )

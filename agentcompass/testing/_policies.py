@@ -20,10 +20,10 @@ def to_policy(value: Any, where: str) -> NetworkPolicy:
     if isinstance(value, str):
         value = {"mode": value}
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where}: expected a mapping with 'mode' (and 'allow'), got {value!r}")
+        raise TypeError(f"{where}: expected a mapping with 'mode' (and 'allow'), got {value!r}")
     extra = set(value) - {"mode", "allow"}
     if extra:
-        raise ValueError(f"{where}: unknown key {sorted(extra)[0]!r}")
+        raise ValueError(f"{where}: unknown key {min(extra)!r}")
     mode = value.get("mode", "full")
     if mode not in MODES:
         raise ValueError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")

@@ -20,7 +20,9 @@ _PLAN_FIELDS = {f.name for f in attrs.fields(ExecutionPlan)} - {"task_id", "atte
 def _check_set(_instance: Any, _attribute: Any, value: dict[str, Any]) -> None:
     for key in value:
         if key not in _PLAN_FIELDS:
-            raise ValueError(f"set: {key!r} is not an ExecutionPlan field (fields: {', '.join(sorted(_PLAN_FIELDS))})")
+            raise ValueError(
+                f"set: {key!r} is not an ExecutionPlan field (fields: {', '.join(sorted(_PLAN_FIELDS))})"
+            )
     with_policies(value, "set")
 
 

@@ -48,9 +48,9 @@ _RUN_ONLY = {"harness_timeout"}
 
 
 def check_action(action: Any, phase: str) -> None:
-    """Raise ``ValueError`` naming the problem when ``action`` is not in the vocabulary."""
+    """Raise ``ValueError`` (``TypeError`` for a non-string) naming the problem when ``action`` is not in the vocabulary."""
     if not isinstance(action, str):
-        raise ValueError(f"action {action!r} is not a string")
+        raise TypeError(f"action {action!r} is not a string")
     kind, sep, arg = action.partition(":")
     if not sep:
         if kind not in _PLAIN:
@@ -85,7 +85,7 @@ def check_script(script: Mapping[str, Mapping[str, list[str]]], phases: Collecti
             for i, action in enumerate(actions):
                 try:
                     check_action(action, phase)
-                except ValueError as exc:
+                except (TypeError, ValueError) as exc:
                     raise ValueError(f"script[{task_id!r}][{phase!r}][{i}]: {exc}") from None
 
 

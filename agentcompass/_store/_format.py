@@ -1,0 +1,137 @@
+"""Cell formatting shared by ``summary.md`` and ``compass show``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..runtime._results import SEVERITY_RANK, Issue, TaskRecord
+
+__all__ = [
+    "METRIC_COLUMNS",
+    "attempt_statuses",
+    "attempt_values",
+    "fatal_count",
+    "fmt_metric",
+    "fmt_value",
+    "no_score_sentence",
+    "primary_series",
+    "severity_counts",
+    "sorted_for_report",
+    "text_table",
+    "worst_issue",
+]
+
+#: Per-series count columns, in report order.
+METRIC_COLUMNS = ("evaluated", "unavailable", "invalidated", "error", "total")
+_TASK_ORDER = {"fatal": 0, "error": 1, "normal": 2}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+MISSING = "-"
+
+
+def fmt_metric(value: Any) -> str:
+    """A metric value: four decimals, ``-`` for null."""
+    if value is None:
+        return MISSING
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def fmt_value(value: Any) -> str:
+    """One attempt's raw value: ``true``/``false``, a short number, ``-`` for null."""
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"{value:.4g}"
+    return one_line(str(value))
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` without control characters, cut to ``limit`` with an ellipsis."""
+    text = _CONTROL.sub(" ", text).strip()
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def primary_series(metrics: dict[str, Any] | None, records: Sequence[TaskRecord]) -> str | None:
+    """The first series of ``metrics``, else the first value any attempt reported."""
+    if metrics and metrics.get("series"):
+        return next(iter(metrics["series"]))
+    for record in records:
+        for attempt in record.attempts:
+            for name in attempt.values:
+                return name
+    return None
+
+
+def attempt_statuses(record: TaskRecord) -> str:
+    return ", ".join(a.status for a in record.attempts) or MISSING
+
+
+def attempt_values(record: TaskRecord, series: str | None) -> str:
+    if series is None or not record.attempts:
+        return MISSING
+    return ", ".join(fmt_value(a.values.get(series)) for a in record.attempts)
+
+
+def worst_issue(record: TaskRecord) -> Issue | None:
+    """The first issue of the most severe kind, over all attempts."""
+    worst: Issue | None = None
+    for attempt in record.attempts:
+        for issue in attempt.issues:
+            if worst is None or SEVERITY_RANK[issue.severity] > SEVERITY_RANK[worst.severity]:
+                worst = issue
+    return worst
+
+
+def issue_text(issue: Issue | None, limit: int = 120) -> str:
+    if issue is None:
+        return ""
+    text = f"{issue.severity.upper()} {issue.code}"
+    if issue.message:
+        text += f": {issue.message}"
+    return one_line(text, limit)
+
+
+def sorted_for_report(records: Sequence[TaskRecord]) -> list[TaskRecord]:
+    """Fatal tasks first, then error, then normal; stable within each."""
+    return sorted(records, key=lambda r: _TASK_ORDER.get(r.severity, 3))
+
+
+def severity_counts(records: Sequence[TaskRecord]) -> dict[str, int]:
+    counts = {"fatal": 0, "error": 0, "normal": 0}
+    for record in records:
+        counts[record.severity] = counts.get(record.severity, 0) + 1
+    return counts
+
+
+def fatal_count(metrics: dict[str, Any], records: Sequence[TaskRecord]) -> int:
+    """Tasks that ended fatal: from the records, else from the metrics' counts."""
+    count = sum(1 for r in records if r.severity == "fatal")
+    if count or records:
+        return count
+    return max((s.get("invalidated", 0) for s in metrics.get("series", {}).values()), default=0)
+
+
+def no_score_sentence(count: int) -> str:
+    return (
+        f"No official score: {count} task(s) ended FATAL (infrastructure failure); "
+        "reference values exclude them."
+    )
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], max_width: int = 60) -> str:
+    """A plain-text table with aligned columns; long cells are cut with an ellipsis."""
+    cells = [[one_line(c, max_width) for c in row] for row in [headers, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for index, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)

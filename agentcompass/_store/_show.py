@@ -1,0 +1,100 @@
+"""``compass show RUN_DIR``: a run directory as plain text.
+
+Shows what is on disk even for a run that never finalized: finished tasks
+from ``details/``, unfinished ones from their checkpoints, sessions still
+open, and what the loader had to skip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._format import (
+    METRIC_COLUMNS,
+    MISSING,
+    attempt_statuses,
+    attempt_values,
+    fatal_count,
+    fmt_metric,
+    fmt_value,
+    issue_text,
+    no_score_sentence,
+    primary_series,
+    severity_counts,
+    sorted_for_report,
+    text_table,
+    worst_issue,
+)
+from ._load import LoadedRun
+
+__all__ = ["render_run_table"]
+
+
+def render_run_table(loaded: LoadedRun, metrics: dict[str, Any] | None) -> str:
+    """Metrics (if the run wrote ``metrics.json``), then one row per task."""
+    records = list(loaded.details.values())
+    counts = severity_counts(records)
+    info = loaded.run_info
+    out = [
+        f"Run:    {loaded.run_dir}",
+        f"Status: {info.get('status', 'unknown')}",
+        (
+            f"Tasks:  {len(records)} finished (fatal {counts['fatal']}, error {counts['error']},"
+            f" normal {counts['normal']}), {len(loaded.checkpoints)} unfinished"
+        ),
+    ]
+    if loaded.open_sessions:
+        out.append(
+            f"Open sessions: {len(loaded.open_sessions)} (never closed; `compass reap` cleans them up)"
+        )
+    out.append("")
+
+    if metrics is None:
+        out += ["Metrics: none (the run did not finalize)", ""]
+    else:
+        if metrics.get("evaluation_failed"):
+            out += [no_score_sentence(fatal_count(metrics, records)), ""]
+        header = ("series", "value", "reference", *METRIC_COLUMNS)
+        rows = [
+            [name, fmt_metric(s.get("value")), fmt_metric(s.get("reference_value"))]
+            + [str(s.get(c, "")) for c in METRIC_COLUMNS]
+            for name, s in metrics.get("series", {}).items()
+        ]
+        for category, block in metrics.get("categories", {}).items():
+            rows += [
+                [f"{category} / {name}", fmt_metric(s.get("value")), fmt_metric(s.get("reference_value"))]
+                + [str(s.get(c, "")) for c in METRIC_COLUMNS]
+                for name, s in block.get("series", {}).items()
+            ]
+        out += [text_table(header, rows) if rows else "Metrics: no series", ""]
+
+    primary = primary_series(metrics, records)
+    rows = [
+        [
+            r.task_id,
+            r.category or "",
+            r.severity,
+            attempt_statuses(r),
+            attempt_values(r, primary),
+            issue_text(worst_issue(r), 80),
+        ]
+        for r in sorted_for_report(records)
+    ]
+    for task_id, attempts in sorted(loaded.checkpoints.items()):
+        ordered = [attempts[n] for n in sorted(attempts)]
+        rows.append(
+            [
+                task_id,
+                "",
+                "unfinished",
+                ", ".join(a.status for a in ordered) or MISSING,
+                ", ".join(fmt_value(a.values.get(primary)) for a in ordered) if primary else MISSING,
+                "",
+            ]
+        )
+    header = ("task", "category", "severity", "attempts", primary or "value", "issue")
+    out.append(text_table(header, rows) if rows else "No tasks.")
+
+    if loaded.notes:
+        out += ["", "Notes:"] + [f"- {note}" for note in loaded.notes]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,145 @@
+"""``summary.md``: the human summary of one request run.
+
+Sections: title and status; a plain statement when there is no official
+score; the metrics table (overall, then per category); summed usage; one row
+per task, fatal tasks first, then error, then normal. Built with one join so
+that a few thousand tasks stay cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..runtime._results import TaskRecord
+from ._format import (
+    METRIC_COLUMNS,
+    attempt_statuses,
+    attempt_values,
+    fatal_count,
+    fmt_metric,
+    issue_text,
+    no_score_sentence,
+    one_line,
+    primary_series,
+    severity_counts,
+    sorted_for_report,
+    worst_issue,
+)
+
+__all__ = ["render_summary"]
+
+_METRIC_HEADER = ("series", "value", "reference value", *METRIC_COLUMNS)
+
+
+def render_summary(
+    request_name: str,
+    run_dir: Path,
+    metrics: dict[str, Any],
+    records: Sequence[TaskRecord],
+    status: str,
+) -> str:
+    """The Markdown of ``summary.md`` for ``metrics`` (see ``compute_metrics``)."""
+    counts = severity_counts(records)
+    out = [
+        f"# {md(request_name)}",
+        "",
+        f"- **Status:** {md(status)}",
+        f"- **Run directory:** {code(str(run_dir))}",
+        (
+            f"- **Tasks:** {len(records)} (fatal {counts['fatal']}, error {counts['error']},"
+            f" normal {counts['normal']})"
+        ),
+        "",
+    ]
+    if metrics.get("evaluation_failed"):
+        out += [no_score_sentence(fatal_count(metrics, records)), ""]
+
+    out += ["## Metrics", ""]
+    series = metrics.get("series", {})
+    if series:
+        out += _table(_METRIC_HEADER, [_metric_row(name, s) for name, s in series.items()])
+    else:
+        out.append("No metric series.")
+    out.append("")
+    categories = metrics.get("categories", {})
+    if categories:
+        out += ["### By category", ""]
+        rows = [
+            [md(category), *_metric_row(name, s)]
+            for category, block in categories.items()
+            for name, s in block.get("series", {}).items()
+        ]
+        out += [*_table(("category", *_METRIC_HEADER), rows), ""]
+
+    usage = metrics.get("usage")
+    if usage:
+        out += ["## Usage", ""]
+        out += [*_table(("usage", "total"), list(_usage_rows(usage))), ""]
+
+    primary = primary_series(metrics, records)
+    out += ["## Tasks", ""]
+    if records:
+        header = ("task", "category", "severity", "attempts", primary or "value", "issue")
+        rows = [
+            [
+                code(r.task_id),
+                md(r.category) if r.category is not None else "",
+                r.severity,
+                attempt_statuses(r),
+                attempt_values(r, primary),
+                md(issue_text(worst_issue(r))),
+            ]
+            for r in sorted_for_report(records)
+        ]
+        out += _table(header, rows)
+    else:
+        out.append("No task finished.")
+    out.append("")
+    return "\n".join(out)
+
+
+def _metric_row(name: str, s: dict[str, Any]) -> list[str]:
+    return [
+        md(name),
+        fmt_metric(s.get("value")),
+        fmt_metric(s.get("reference_value")),
+        *(str(s.get(column, "")) for column in METRIC_COLUMNS),
+    ]
+
+
+def _usage_rows(usage: dict[str, Any], prefix: str = "") -> Iterator[list[str]]:
+    for key, value in usage.items():
+        if isinstance(value, dict):
+            yield from _usage_rows(value, f"{prefix}{key}.")
+        else:
+            yield [md(f"{prefix}{key}"), f"{value:,}" if isinstance(value, int) else f"{value:g}"]
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(md(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def md(text: str) -> str:
+    """Plain text safe inside a Markdown table cell."""
+    return (
+        one_line(text)
+        .replace("\\", "\\\\")
+        .replace("|", "\\|")
+        .replace("<", "&lt;")
+        .replace("*", "\\*")
+        .replace("`", "\\`")
+    )
+
+
+def code(text: str) -> str:
+    """``text`` as a code span: shown verbatim, whatever characters it has."""
+    text = one_line(text).replace("|", "\\|")
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"

@@ -1,0 +1,441 @@
+"""The conformance kit for Environment providers (SPEC section 4).
+
+A provider author runs it from an async test against their provider::
+
+    async def test_my_provider_conforms(tmp_path):
+        await check_environment(MyEnvironment({"root": str(tmp_path)}))
+
+or lets it generate one test per check::
+
+    test_my_provider = environment_conformance_tests(lambda: MyEnvironment({}))
+
+Each check raises ``AssertionError`` naming the provider, the check and the
+first violation. What the kit cannot verify generically, it does not claim
+to: it never checks that a policy is *enforced* (that needs a network probe
+only the provider's own tests can make), only that every policy is either
+switched to without error or rejected by ``build_config``. Leaks are
+checked only when the author passes ``count_sandboxes``, a probe returning
+how many sandboxes exist (e.g. directories under the provider's root).
+
+The kit runs real sessions under the real clock; do not use
+``autojump_clock`` with providers that do real I/O.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar, NoReturn
+
+import attrs
+import trio
+import trio.testing
+
+from ..runtime._components import BaseEnvironment, EnvironmentSession
+from ..runtime._errors import ComponentError
+from ..runtime._results import ExecResult
+from ..runtime._values import ComponentRef, ExecutionPlan, NetworkPolicy
+
+__all__ = ["DEFAULT_POLICIES", "EnvironmentConformance", "check_environment", "environment_conformance_tests"]
+
+#: The policies checked when none are given: one of each mode.
+DEFAULT_POLICIES = (
+    NetworkPolicy("none"),
+    NetworkPolicy("allowlist", ("example.com",)),
+    NetworkPolicy("full"),
+)
+
+
+@attrs.define(eq=False)
+class _Opened:
+    session: EnvironmentSession
+    closed: bool = False
+
+
+@attrs.define(eq=False)
+class EnvironmentConformance:
+    """Checks one provider instance against the Environment contract.
+
+    - ``env``: the provider, built as the runtime would (``cls(config)``).
+    - ``plan``: the base plan for ``build_config`` (default: task
+      ``conformance``, every policy ``full``). Its baseline policy opens sessions.
+    - ``policies``: the policies the policy check asks for; empty means
+      :data:`DEFAULT_POLICIES`.
+    - ``exec_output``: check that ``echo hi`` prints ``hi`` (turn off for
+      providers that do not run commands, like ``fake-env``).
+    - ``failing_config``: a config that makes ``open`` fail part-way (say, an
+      image that does not exist); enables the ``close_after_failed_open`` check.
+    - ``count_sandboxes``: optional probe (sync or async) returning the number
+      of live sandboxes; every check then asserts it ends where it started.
+    - ``grace_seconds``: the cleanup grace a close must fit in (default 30).
+    - ``timeout_seconds``: a check taking longer fails as hung (default 120).
+    - ``max_handle_bytes``: the largest JSON handle accepted (default 4096).
+    """
+
+    env: BaseEnvironment
+    plan: ExecutionPlan | None = None
+    policies: Sequence[NetworkPolicy] = ()
+    exec_output: bool = True
+    failing_config: Any = None
+    count_sandboxes: Callable[[], int | Awaitable[int]] | None = None
+    grace_seconds: float = 30
+    timeout_seconds: float = 120
+    max_handle_bytes: int = 4096
+    _check: str = attrs.field(default="", init=False)
+
+    CHECKS: ClassVar[tuple[str, ...]] = (
+        "open_exec_handle",
+        "file_round_trip",
+        "close_idempotent",
+        "ops_after_close_fail",
+        "close_after_cancelled_open",
+        "close_after_failed_open",
+        "close_under_cancellation",
+        "reap_after_cancelled_close",
+        "policies",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.plan is None:
+            self.plan = ExecutionPlan("conformance", 0, ComponentRef(self.env.id, dict(self.env.config)))
+        if not self.policies:
+            self.policies = DEFAULT_POLICIES
+
+    # -- running -----------------------------------------------------------
+
+    def checks(self) -> list[str]:
+        """The checks that apply with these options, in the order ``run_all`` runs them."""
+        return [c for c in self.CHECKS if c != "close_after_failed_open" or self.failing_config is not None]
+
+    async def run_all(self) -> None:
+        """Run every applicable check; the first violation raises ``AssertionError``."""
+        for name in self.checks():
+            await self.run(name)
+
+    async def run(self, name: str) -> None:
+        """Run one check by name, bounded by ``timeout_seconds``, with the leak probe around it."""
+        if name not in self.CHECKS:
+            raise ValueError(f"unknown check {name!r} (checks: {', '.join(self.CHECKS)})")
+        self._check = name
+        before = await self._count()
+        try:
+            with trio.fail_after(self.timeout_seconds):
+                await getattr(self, f"check_{name}")()
+        except trio.TooSlowError:
+            self._fail(f"did not finish within {self.timeout_seconds}s: something hangs")
+        after = await self._count()
+        if before is not None and after != before:
+            self._fail(f"{after - before} sandbox(es) left behind (count_sandboxes went {before} -> {after})")
+
+    # -- checks ------------------------------------------------------------
+
+    async def check_open_exec_handle(self) -> None:
+        """open works; exec of a string and of an argv list works; the handle is
+        a small dict that survives a JSON round trip (``reap`` gets the decoded copy)."""
+        async with self._opened() as box:
+            session = box.session
+            if not isinstance(session, EnvironmentSession):
+                self._fail(f"open() returned {type(session).__name__}, not an EnvironmentSession")
+            for cmd in ("echo hi", ["echo", "hi"]):
+                result = await self._ok(f"exec({cmd!r})", session.exec(cmd))
+                if not isinstance(result, ExecResult):
+                    self._fail(f"exec({cmd!r}) returned {type(result).__name__}, not an ExecResult")
+                if result.exit_code != 0:
+                    self._fail(f"exec({cmd!r}) exited {result.exit_code}: {result.stderr[:200]!r}")
+                if self.exec_output and "hi" not in result.stdout:
+                    self._fail(f"exec({cmd!r}) printed {result.stdout[:200]!r}, expected 'hi'")
+            handle = session.handle
+            if not isinstance(handle, dict):
+                self._fail(f"handle is a {type(handle).__name__}, not a dict")
+            try:
+                encoded = json.dumps(handle)
+            except (TypeError, ValueError) as exc:
+                self._fail(f"handle {handle!r} is not JSON-serializable: {exc}")
+            if json.loads(encoded) != handle:
+                self._fail(
+                    f"handle {handle!r} changes in a JSON round trip; use only str, int, float, bool, lists"
+                )
+            if len(encoded.encode()) > self.max_handle_bytes:
+                self._fail(
+                    f"handle is {len(encoded.encode())} bytes of JSON; keep it under {self.max_handle_bytes}"
+                )
+
+    async def check_file_round_trip(self) -> None:
+        """write_file then read_file returns the same bytes (str is written as UTF-8)."""
+        async with self._opened() as box:
+            session = box.session
+            cases: list[tuple[bytes | str, bytes]] = [
+                (b"bin\x00\xff\n", b"bin\x00\xff\n"),
+                ("text \u00e9\n", "text \u00e9\n".encode()),
+            ]
+            for data, expected in cases:
+                path = "agentcompass-conformance.txt"
+                await self._ok(f"write_file({path!r}, {data!r})", session.write_file(path, data))
+                got = await self._ok(f"read_file({path!r})", session.read_file(path))
+                if got != expected:
+                    self._fail(
+                        f"wrote {data!r} to {path!r} but read back {got!r} (read_file must return bytes)"
+                    )
+
+    async def check_close_idempotent(self) -> None:
+        """A second close() is a no-op, not an error."""
+        async with self._opened() as box:
+            await self._ok("close()", box.session.close())
+            box.closed = True
+            await self._ok("a second close()", box.session.close(), hint="close() must be idempotent")
+
+    async def check_ops_after_close_fail(self) -> None:
+        """exec and write_file on a closed session raise (and recreate nothing)."""
+        async with self._opened() as box:
+            session = box.session
+            await self._ok("close()", session.close())
+            box.closed = True
+            calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+                ("exec('echo hi')", lambda: session.exec("echo hi")),
+                ("write_file('after-close.txt')", lambda: session.write_file("after-close.txt", b"x")),
+            ]
+            for what, call in calls:
+                if await self._raises(call):
+                    self._fail(f"{what} after close() succeeded; operations on a closed session must raise")
+
+    async def check_close_after_cancelled_open(self) -> None:
+        """An open cancelled before it starts, and one cancelled at its first
+        blocking point, lets ``Cancelled`` through (or returns a session that
+        closes cleanly) and leaves the provider usable.
+
+        "Its first blocking point" is found without knowing the provider: the
+        open runs in a child task and is cancelled once every task is blocked
+        (``trio.testing.wait_all_tasks_blocked``): waiting on a process, a
+        socket or a thread, i.e. part-way through a real open.
+        """
+        config = self._build(self.plan)
+        policy = self._plan.baseline_network_policy
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            session = await self._ok(
+                "open() in a cancelled scope", self.env.open(config, policy), hint="let Cancelled propagate"
+            )
+        if not scope.cancelled_caught:
+            # It finished without a checkpoint: legal, but the session is ours to close.
+            await self._close_checked(session)
+
+        opened: list[EnvironmentSession] = []
+
+        async def open_until_cancelled(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            with trio.CancelScope() as child_scope:
+                task_status.started(child_scope)
+                opened.append(await self.env.open(config, policy))
+
+        # Raising from inside except* would wrap our AssertionError in a group.
+        failure: BaseException | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                child_scope = await nursery.start(open_until_cancelled)
+                await trio.testing.wait_all_tasks_blocked()
+                child_scope.cancel()
+        except* Exception as group:  # noqa: BLE001 - any provider error is the finding
+            failure = group.exceptions[0]
+        for session in opened:
+            await self._close_checked(session)
+        if failure is not None:
+            self._fail(
+                f"open() cancelled part-way raised {failure!r} instead of letting Cancelled through", failure
+            )
+        await self._still_works("after a cancelled open")
+
+    async def check_close_after_failed_open(self) -> None:
+        """open(failing_config) raises, cleans up what it made, and the provider still works."""
+        policy = self._plan.baseline_network_policy
+        opened: list[EnvironmentSession] = []
+        if not await self._raises(lambda: self.env.open(self.failing_config, policy), opened):
+            await self._close_checked(opened[0])
+            self._fail(f"open({self.failing_config!r}) succeeded; failing_config must make open fail")
+        await self._still_works("after a failed open")
+
+    async def check_close_under_cancellation(self) -> None:
+        """close() called from cleanup code of a cancelled scope (shielded, bounded by
+        the grace) finishes within the grace; reap(handle) afterwards, twice, is harmless."""
+        async with self._opened() as box:
+            handle = json.loads(json.dumps(box.session.handle))
+            with trio.CancelScope() as cancelled:
+                cancelled.cancel()
+                with trio.move_on_after(self.grace_seconds, shield=True) as grace:
+                    await self._ok("close() in a shielded cleanup scope", box.session.close())
+            box.closed = True
+            if grace.cancelled_caught:
+                self._fail(
+                    f"close() under cancellation did not finish within the {self.grace_seconds}s grace"
+                )
+            for what in ("reap(handle) after close()", "a second reap(handle)"):
+                await self._ok(what, self.env.reap(handle), hint="reap must be idempotent")
+
+    async def check_reap_after_cancelled_close(self) -> None:
+        """A close() cancelled at its first blocking point (the grace ran out)
+        may leave the sandbox, but another close() does not raise and
+        reap(handle) destroys it (verified by ``count_sandboxes`` when given)."""
+        async with self._opened() as box:
+            session = box.session
+            handle = json.loads(json.dumps(session.handle))
+            box.closed = True
+            failure: BaseException | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(session.close)
+                    await trio.testing.wait_all_tasks_blocked()
+                    nursery.cancel_scope.cancel()
+            except* Exception as group:  # noqa: BLE001 - any provider error is the finding
+                failure = group.exceptions[0]
+            if failure is not None:
+                self._fail(
+                    f"close() cancelled part-way raised {failure!r} instead of letting Cancelled through",
+                    failure,
+                )
+            await self._close_checked(session, "close() after a cancelled close()")
+            await self._ok("reap(handle) after a cancelled close()", self.env.reap(handle))
+
+    async def check_policies(self) -> None:
+        """Every policy is either rejected by build_config (with a ComponentError)
+        or works: opened under directly, and switched to live and back."""
+        base = self._plan
+        for policy in self.policies:
+            switch_plan = attrs.evolve(base, run_network_policy=policy)
+            if self._accepts(switch_plan, f"a run policy {policy}"):
+                async with self._opened(switch_plan) as box:
+                    hint = "build_config accepted the plan, so it must reject plans it cannot switch"
+                    await self._ok(
+                        f"set_network_policy({policy})", box.session.set_network_policy(policy), hint=hint
+                    )
+                    await self._ok(
+                        f"set_network_policy({base.baseline_network_policy}) (restoring the baseline)",
+                        box.session.set_network_policy(base.baseline_network_policy),
+                        hint=hint,
+                    )
+            only_plan = attrs.evolve(
+                base,
+                baseline_network_policy=policy,
+                run_network_policy=policy,
+                evaluation_network_policy=policy,
+            )
+            if self._accepts(only_plan, f"every phase under {policy}"):
+                async with self._opened(only_plan):
+                    pass
+
+    # -- helpers -----------------------------------------------------------
+
+    @property
+    def _plan(self) -> ExecutionPlan:
+        assert self.plan is not None
+        return self.plan
+
+    def _fail(self, message: str, cause: BaseException | None = None) -> NoReturn:
+        raise AssertionError(
+            f"environment {self.env.id!r} fails conformance check {self._check!r}: {message}"
+        ) from cause
+
+    async def _count(self) -> int | None:
+        if self.count_sandboxes is None:
+            return None
+        count = self.count_sandboxes()
+        return await count if inspect.isawaitable(count) else count
+
+    @staticmethod
+    async def _raises(call: Callable[[], Awaitable[Any]], results: list[Any] | None = None) -> bool:
+        """Whether ``call()`` raised an Exception (what it returned goes to ``results``)."""
+        try:
+            result = await call()
+        except Exception:  # noqa: BLE001 - any failure is the expected outcome
+            return True
+        if results is not None:
+            results.append(result)
+        return False
+
+    async def _ok(self, what: str, call: Awaitable[Any], hint: str = "") -> Any:
+        try:
+            return await call
+        except Exception as exc:  # noqa: BLE001 - turned into the check's failure
+            self._fail(f"{what} raised {exc!r}" + (f"; {hint}" if hint else ""), exc)
+
+    def _build(self, plan: ExecutionPlan | None) -> Any:
+        try:
+            return self.env.build_config(plan or self._plan)
+        except Exception as exc:  # noqa: BLE001 - turned into the check's failure
+            self._fail(
+                f"build_config rejected the base plan ({exc!r}); pass a plan the provider accepts", exc
+            )
+
+    def _accepts(self, plan: ExecutionPlan, what: str) -> bool:
+        try:
+            self.env.build_config(plan)
+        except ComponentError:
+            return False
+        except Exception as exc:  # noqa: BLE001 - turned into the check's failure
+            self._fail(f"build_config for {what} raised {exc!r}; reject a plan with ComponentError", exc)
+        return True
+
+    @asynccontextmanager
+    async def _opened(self, plan: ExecutionPlan | None = None) -> AsyncIterator[_Opened]:
+        """A session under the plan's baseline policy, closed on the way out
+        unless the check closed it (``box.closed``)."""
+        plan = plan or self._plan
+        config = self._build(plan)
+        policy = plan.baseline_network_policy
+        session = await self._ok(f"open(config, {policy})", self.env.open(config, policy))
+        box = _Opened(session)
+        try:
+            yield box
+        except BaseException:
+            if not box.closed:
+                # The check's own failure is the one to report, not this close's.
+                with trio.move_on_after(self.grace_seconds, shield=True):
+                    await self._raises(session.close)
+            raise
+        if not box.closed:
+            await self._close_checked(session)
+
+    async def _close_checked(self, session: EnvironmentSession, what: str = "close()") -> None:
+        with trio.move_on_after(self.grace_seconds, shield=True) as grace:
+            await self._ok(what, session.close())
+        if grace.cancelled_caught:
+            self._fail(f"{what} did not finish within the {self.grace_seconds}s grace")
+
+    async def _still_works(self, when: str) -> None:
+        async with self._opened() as box:
+            result = await self._ok(f"exec('echo hi') {when}", box.session.exec("echo hi"))
+            if getattr(result, "exit_code", None) != 0:
+                self._fail(f"exec('echo hi') {when} returned {result!r}")
+
+
+async def check_environment(
+    env: BaseEnvironment,
+    plan: ExecutionPlan | None = None,
+    *,
+    policies: Sequence[NetworkPolicy] = (),
+    **options: Any,
+) -> None:
+    """Run every conformance check against ``env``; raise ``AssertionError`` on
+    the first violation. ``options`` are the other :class:`EnvironmentConformance`
+    fields (``exec_output``, ``failing_config``, ``count_sandboxes``, ...)."""
+    await EnvironmentConformance(env, plan, policies, **options).run_all()
+
+
+def environment_conformance_tests(make_env: Callable[[], BaseEnvironment], **options: Any) -> Any:
+    """A pytest-trio test function parametrized over the checks, one test per check.
+
+    Assign it to a ``test_*`` name in a test module::
+
+        test_local_conformance = environment_conformance_tests(lambda: LocalEnvironment({}))
+
+    ``make_env`` is called once per check; ``options`` go to
+    :class:`EnvironmentConformance`. Checks that do not apply are skipped.
+    """
+    import pytest  # only a test dependency, so imported when used
+
+    async def test_environment_conformance(check: str) -> None:
+        kit = EnvironmentConformance(make_env(), **options)
+        if check not in kit.checks():
+            pytest.skip(f"check {check!r} needs an option that was not given")
+        await kit.run(check)
+
+    return pytest.mark.parametrize("check", EnvironmentConformance.CHECKS)(test_environment_conformance)

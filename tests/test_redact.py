@@ -1,0 +1,158 @@
+"""Redaction of credentials, and the logging chain that applies it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from agentcompass import _logging
+from agentcompass._redact import MASK, redact, register_secret
+from agentcompass.runtime._values import Secret
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("key sk-abcdefgh1234 here", f"key {MASK} here"),
+        ("sk-ant-api03-AbC_dEf-123", MASK),
+        ("sk-short", "sk-short"),
+        ("Authorization: Bearer abc.def", f"Authorization: {MASK}"),
+        ('curl -H "Authorization: Basic dXNlcjpw" x', f'curl -H "Authorization: {MASK}" x'),
+        ('{"Authorization": "Bearer xyz"}', f'{{"Authorization": "{MASK}"}}'),
+        ("got 401 for Bearer eyJhbGciOi.abc", f"got 401 for Bearer {MASK}"),
+        ("api_key=abc123&x=1", f"api_key={MASK}&x=1"),
+        ("x-api-key: abcdef", f"x-api-key: {MASK}"),
+        ('"api-key": "hello"', f'"api-key": "{MASK}"'),
+        ("{'token': 'tok123', 'n': 1}", f"{{'token': '{MASK}', 'n': 1}}"),
+        ("OPENAI_API_KEY=foo", f"OPENAI_API_KEY={MASK}"),
+        ("password=hunter2 user=bob", f"password={MASK} user=bob"),
+        ("secret: s3cr3t", f"secret: {MASK}"),
+        ("access_token=xyz", f"access_token={MASK}"),
+        ("https://user:pw@host/x", f"https://user:{MASK}@host/x"),
+    ],
+)
+def test_recognized_credentials_are_masked(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "max_tokens=100 total_tokens: 5",
+        "the password is wrong",
+        "secret_name=foo token_count: 3",
+        "ws://host:8080/x",
+        "harness_timeout: agent ran out of time after 600s",
+        "",
+    ],
+)
+def test_ordinary_text_is_untouched(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_given_secrets_are_masked_as_substrings() -> None:
+    assert redact("stdout: xyzzy-value-42 done", ["xyzzy-value-42"]) == f"stdout: {MASK} done"
+    assert redact("value abcd", [Secret("abcd")]) == f"value {MASK}"
+
+
+def test_short_secrets_are_ignored() -> None:
+    assert redact("a b abc", ["a", "abc"]) == "a b abc"
+
+
+def test_longest_secret_wins() -> None:
+    assert redact("xx-longer-secret", ["longer", "xx-longer-secret"]) == MASK
+
+
+def test_registered_secrets_are_masked_by_default() -> None:
+    register_secret("registered-5f1c9e")
+    register_secret(Secret("registered-secret-obj-77"))
+    register_secret("abc")  # too short: ignored, not an error
+    text = redact("a registered-5f1c9e b registered-secret-obj-77 abc")
+    assert text == f"a {MASK} b {MASK} abc"
+
+
+def test_regex_metacharacters_in_secrets() -> None:
+    assert redact("p=(a+b)*[c] end", ["(a+b)*[c]"]).endswith(f"{MASK} end")
+
+
+def test_redact_is_idempotent() -> None:
+    once = redact("Authorization: Bearer sk-abcdefghijkl token=abc")
+    assert redact(once) == once
+
+
+@pytest.fixture
+def logging_configured() -> Iterator[None]:
+    saved = structlog.get_config()
+    try:
+        _logging.configure_logging(console=False)
+        yield
+    finally:
+        for path in list(_logging._json_logs):
+            _logging.remove_json_log(path)
+        structlog.configure(**saved)
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.usefixtures("logging_configured")
+def test_json_log_is_redacted(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "log.jsonl"
+    _logging.add_json_log(path)
+    register_secret("log-secret-6c2d")
+    log = _logging.get_logger("test")
+    log.info("calling model", headers={"Authorization": "Bearer abcdef"}, note="log-secret-6c2d")
+    _logging.remove_json_log(path)
+    log.info("after detach")
+    text = path.read_text()
+    assert "abcdef" not in text
+    assert "log-secret-6c2d" not in text
+    [event] = _lines(path)
+    assert event["event"] == "calling model"
+    assert event["logger"] == "test"
+    assert event["level"] == "info"
+
+
+@pytest.mark.usefixtures("logging_configured")
+def test_json_logs_route_by_request(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _logging.add_json_log(a, request="a")
+    _logging.add_json_log(b, request="b")
+    log = _logging.get_logger("test")
+    log.info("for a", request="a")
+    log.bind(request="b").info("for b")
+    log.info("for everyone")
+    assert [e["event"] for e in _lines(a)] == ["for a", "for everyone"]
+    assert [e["event"] for e in _lines(b)] == ["for b", "for everyone"]
+
+
+@pytest.mark.usefixtures("logging_configured")
+def test_exceptions_are_redacted(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    _logging.add_json_log(path)
+    log = _logging.get_logger("test")
+    try:
+        raise RuntimeError("connect failed api_key=abc123")
+    except RuntimeError:
+        log.exception("boom")
+    assert "abc123" not in path.read_text()
+    assert "RuntimeError" in path.read_text()
+
+
+def test_console_output_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    saved = structlog.get_config()
+    try:
+        _logging.configure_logging(console=True, level="info")
+        _logging.get_logger("test").warning("oops", auth="Authorization: Bearer zzz123")
+        _logging.get_logger("test").debug("hidden")
+    finally:
+        structlog.configure(**saved)
+    err = capsys.readouterr().err
+    assert "oops" in err
+    assert "zzz123" not in err
+    assert "hidden" not in err

@@ -1,0 +1,221 @@
+"""The component registry: register, resolve, build, plugins and entry points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import agentcompass
+from agentcompass import _registry
+from agentcompass.runtime._components import BaseBenchmark, BaseEnvironment, BaseHarness
+from agentcompass.runtime._errors import ComponentError
+
+REPO = Path(agentcompass.__file__).resolve().parents[1]
+
+
+@_registry.register
+class RegBenchmark(BaseBenchmark):
+    id = "reg-bench"
+
+
+@_registry.register
+class RegHarness(BaseHarness):
+    id = "reg-harness"
+
+
+class Broken(BaseEnvironment):
+    id = "reg-broken"
+
+    def __init__(self, config: dict[str, Any]):
+        raise RuntimeError("needs a url\nsecond line")
+
+
+_registry.register(Broken)
+
+
+def test_resolve_and_build() -> None:
+    assert _registry.resolve("benchmark", "reg-bench") is RegBenchmark
+    built = _registry.build("benchmark", "reg-bench", {"x": 1})
+    assert isinstance(built, RegBenchmark)
+    assert built.config == {"x": 1}
+
+
+def test_registered_lists_kind_id_and_origin() -> None:
+    rows = {(r.kind, r.id): r.origin for r in _registry.registered()}
+    assert rows[("benchmark", "reg-bench")] == __name__
+    assert rows[("harness", "reg-harness")] == __name__
+
+
+def test_duplicate_id_is_an_error() -> None:
+    class Other(BaseBenchmark):
+        id = "reg-bench"
+
+    with pytest.raises(ComponentError, match=r"benchmark id 'reg-bench' is already registered by .*test_registry"):
+        _registry.register(Other)
+
+
+def test_same_id_in_another_kind_is_fine() -> None:
+    @_registry.register
+    class SameIdEnvironment(BaseEnvironment):
+        id = "reg-bench"
+
+    assert _registry.resolve("environment", "reg-bench") is SameIdEnvironment
+
+
+def test_reregistering_the_same_class_is_fine() -> None:
+    assert _registry.register(RegBenchmark) is RegBenchmark
+
+
+def test_reserved_id_none() -> None:
+    class NoneHarness(BaseHarness):
+        id = "none"
+
+    with pytest.raises(TypeError, match="reserved"):
+        _registry.register(NoneHarness)
+
+
+def test_register_needs_a_component_with_an_id() -> None:
+    class NotAComponent:
+        id = "x"
+
+    class NoId(BaseHarness):
+        pass
+
+    with pytest.raises(TypeError, match="not a component"):
+        _registry.register(NotAComponent)  # type: ignore[type-var]
+    with pytest.raises(TypeError, match="'id'"):
+        _registry.register(NoId)
+
+
+def test_unknown_id_lists_registered_ids() -> None:
+    with pytest.raises(ComponentError, match=r"unknown harness id 'reg-harnes' \(registered: .*reg-harness"):
+        _registry.resolve("harness", "reg-harnes")
+
+
+def test_wrong_kind_names_the_kind() -> None:
+    with pytest.raises(ComponentError, match="'reg-harness' is a harness id, not a benchmark id"):
+        _registry.resolve("benchmark", "reg-harness")
+
+
+def test_build_failure_is_one_line_naming_the_component() -> None:
+    with pytest.raises(ComponentError) as info:
+        _registry.build("environment", "reg-broken", {})
+    assert str(info.value) == "environment 'reg-broken' could not be built: needs a url second line"
+
+
+PLUGIN = """
+from agentcompass import register
+from agentcompass.runtime._components import BaseRecipe
+
+IMPORTS = globals().setdefault("IMPORTS", 0) + 1
+
+@register
+class {cls}(BaseRecipe):
+    id = "{id}"
+"""
+
+
+def test_plugin_from_py_path_relative_to_base_dir(tmp_path: Path) -> None:
+    (tmp_path / "plugs").mkdir()
+    plugin = tmp_path / "plugs" / "recipes_a.py"
+    plugin.write_text(PLUGIN.format(cls="FileRecipe", id="reg-file-recipe"))
+    _registry.load_plugins(["plugs/recipes_a.py"], tmp_path)
+    _registry.load_plugins([str(plugin)], None)  # the same file named another way: imported once
+    cls = _registry.resolve("recipe", "reg-file-recipe")
+    assert sys.modules[cls.__module__].IMPORTS == 1
+    origin = {r.id: r.origin for r in _registry.registered()}["reg-file-recipe"]
+    assert origin == str(plugin)
+
+
+def test_plugin_from_module_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "reg_plugin_mod.py").write_text(PLUGIN.format(cls="ModRecipe", id="reg-mod-recipe"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _registry.load_plugins(["reg_plugin_mod"])
+    assert _registry.resolve("recipe", "reg-mod-recipe").__module__ == "reg_plugin_mod"
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("missing_file.py", "plugin file not found: missing_file.py"),
+        ("reg_no_such_module", "plugin module 'reg_no_such_module' failed to import: No module named"),
+        ("broken.py", "plugin broken.py failed to import: boom"),
+    ],
+)
+def test_plugin_errors(tmp_path: Path, entry: str, message: str) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ComponentError, match=message):
+        _registry.load_plugins([entry], tmp_path)
+
+
+def _fake_entry_points(values: list[str]) -> Any:
+    def entry_points(group: str) -> list[EntryPoint]:
+        assert group == "agentcompass.plugins"
+        return [EntryPoint(name=f"ep{i}", value=v, group=group) for i, v in enumerate(values)]
+
+    return entry_points
+
+
+def test_entry_point_group_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "reg_ep_mod.py").write_text(PLUGIN.format(cls="EpRecipe", id="reg-ep-recipe"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_registry, "entry_points", _fake_entry_points(["reg_ep_mod:EpRecipe"]))
+    monkeypatch.setattr(_registry, "_loaded_sources", set())
+    assert _registry.resolve("recipe", "reg-ep-recipe").__module__ == "reg_ep_mod"
+
+
+def test_broken_entry_point_is_a_component_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_registry, "entry_points", _fake_entry_points(["reg_no_such_ep_module"]))
+    monkeypatch.setattr(_registry, "_loaded_sources", set())
+    with pytest.raises(ComponentError, match="plugin entry point 'ep0' .* failed to import"):
+        _registry.load_builtins()
+    # Not marked as loaded: the next call reports it again instead of going quiet.
+    with pytest.raises(ComponentError):
+        _registry.load_builtins()
+
+
+def _cli_env(extra_path: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(REPO)] + ([str(extra_path)] if extra_path else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def test_compass_list_shows_an_installed_entry_point_plugin(tmp_path: Path) -> None:
+    # A real (if minimal) installed distribution: a dist-info with entry_points.txt.
+    site = tmp_path / "site"
+    dist = site / "reg_dist_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: reg-dist-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[agentcompass.plugins]\nmine = reg_dist_plugin_mod\n")
+    (site / "reg_dist_plugin_mod.py").write_text(PLUGIN.format(cls="DistRecipe", id="reg-dist-recipe"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentcompass._cli", "list"],
+        capture_output=True, text=True, env=_cli_env(site), cwd=tmp_path, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert ["recipe", "reg-dist-recipe", "reg_dist_plugin_mod"] in rows
+    assert rows[0] == ["KIND", "ID", "ORIGIN"]
+
+
+def test_compass_list_with_a_plugin_file(tmp_path: Path) -> None:
+    plugin = tmp_path / "extra.py"
+    plugin.write_text(textwrap.dedent(PLUGIN.format(cls="CliRecipe", id="reg-cli-recipe")))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentcompass._cli", "list", "--plugin", "extra.py"],
+        capture_output=True, text=True, env=_cli_env(), cwd=tmp_path, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert ["recipe", "reg-cli-recipe", str(plugin)] in [line.split() for line in proc.stdout.splitlines()]
+
+
+class Configured(BaseBenchmark):
+    id: ClassVar[str] = "reg-configured"
