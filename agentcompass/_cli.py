@@ -306,61 +306,15 @@ def _print_result(result: Any) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def show(run_dir: Path) -> None:
     """Show a run's status, metrics and per-task results."""
+    from ._store import load_run, render_run_table
+
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
-    info = _read_json(run_dir / "run_info.json") or {}
-    metrics = _read_json(run_dir / "metrics.json") or {}
-    click.echo(f"run: {run_dir}")
-    click.echo(f"status: {info.get('status', 'unknown')}")
-    for line in _metrics_lines(metrics):
-        click.echo(line)
     try:
-        from ._store import load_run, render_run_table  # type: ignore[attr-defined]
-    except ImportError:
-        click.echo(_task_table(run_dir))
-        return
-    table = render_run_table(load_run(run_dir), metrics)
-    if isinstance(table, str):
-        click.echo(table)
-    else:
-        from rich.console import Console
-
-        Console().print(table)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-
-
-def _metrics_lines(metrics: dict[str, Any]) -> list[str]:
-    lines = []
-    for key, value in metrics.items():
-        if isinstance(value, dict) and "value" in value:
-            counts = ", ".join(f"{k} {value[k]}" for k in ("evaluated", "invalidated", "total") if k in value)
-            lines.append(f"{key}: {value['value']} (reference {value.get('reference_value')}; {counts})")
-        elif not isinstance(value, dict):
-            lines.append(f"{key}: {value}")
-    return lines
-
-
-def _task_table(run_dir: Path) -> str:
-    """Fallback per-task table read straight from ``details/*/*.json``."""
-    rows = [("TASK", "SEVERITY", "ATTEMPTS", "VALUES")]
-    for path in sorted(run_dir.glob("details/*/*.json")):
-        record = _read_json(path)
-        if not isinstance(record, dict):
-            continue
-        attempts = record.get("attempts") or []
-        statuses = " ".join(str(a.get("status")) for a in attempts)
-        values = " ".join(json.dumps(a.get("values", {}), sort_keys=True) for a in attempts)
-        rows.append((str(record.get("task_id")), str(record.get("severity")), statuses, values))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join(
-        f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}".rstrip() for a, b, c, d in rows
-    )
+        metrics = None  # the run did not finalize
+    click.echo(render_run_table(load_run(run_dir), metrics).rstrip())
 
 
 @cli.command()
@@ -372,60 +326,15 @@ def reap(ctx: click.Context, run_dir: Path, plugins: Sequence[str]) -> None:
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
     _registry.load_plugins(list(plugins), Path.cwd())
-    reaped, failed = trio.run(_reap_run, run_dir)
+    reaped, failed = trio.run(_reap_run, run_dir.resolve())
     click.echo(f"reaped {reaped} session(s)" + (f", {failed} failed" if failed else ""))
     ctx.exit(1 if failed else 0)
 
 
-def open_sessions(journal: Path) -> list[dict[str, Any]]:
-    """Journal entries of sessions opened and never closed, in opening order.
-
-    A line is ``{"event": "opened" | "closed", "session": id, "provider": ...,
-    "handle": {...}}``; sessions without an id are matched by handle.
-    Unparseable lines (a truncated last line after a kill) are skipped.
-    """
-    pending: dict[str, dict[str, Any]] = {}
-    try:
-        lines = journal.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict):
-            continue
-        key = str(entry.get("session") or entry.get("session_id") or json.dumps(entry.get("handle"), sort_keys=True))
-        event = str(entry.get("event") or entry.get("kind") or entry.get("type") or "")
-        if "close" in event:
-            pending.pop(key, None)
-        elif "open" in event:
-            pending[key] = entry
-    return list(pending.values())
-
-
-def _closed_line(entry: dict[str, Any]) -> str:
-    # Mirror the opening line's own keys, so the store reads both alike.
-    closed = dict(entry, reaped=True)
-    for key in ("event", "kind", "type"):
-        if isinstance(closed.get(key), str) and "open" in closed[key]:
-            closed[key] = closed[key].replace("opened", "closed").replace("open", "close")
-            break
-    return json.dumps(closed, sort_keys=True) + "\n"
-
-
-def _append_durably(path: Path, line: str) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _environment_configs(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """The request's environment config from ``run_info.json``, keyed by provider."""
-    info = _read_json(run_dir / "run_info.json") or {}
-    raw = (info.get("request") or {}).get("environment") if isinstance(info, dict) else None
+def _environment_configs(run_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The run's environment config (from ``run_info.json``), keyed by provider,
+    so a provider that needs settings to find its sandboxes gets them."""
+    raw = (run_info.get("request") or {}).get("environment")
     if raw is None:
         return {}
     try:
@@ -436,31 +345,51 @@ def _environment_configs(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 async def _reap_run(run_dir: Path) -> tuple[int, int]:
-    journal = run_dir / "sessions.jsonl"
-    configs = _environment_configs(run_dir)
+    """Reap every session journalled as opened and never closed; journal each
+    reaped one as closed through the run's store (which refuses a run that
+    is still being written)."""
+    from ._store import load_run, open_run_store
+
+    loaded = await trio.to_thread.run_sync(load_run, run_dir)
+    if not loaded.open_sessions:
+        return 0, 0
+    configs = _environment_configs(loaded.run_info)
     reaped = failed = 0
-    for entry in open_sessions(journal):
-        provider = str(entry.get("provider"))
-        try:
-            env = _registry.build("environment", provider, configs.get(provider, {}))
-            await env.reap(entry.get("handle") or {})
-        except Exception as exc:  # noqa: BLE001 - one failed reap must not stop the others
-            failed += 1
-            click.echo(f"warning: could not reap {provider} session {entry.get('handle')}: {redact(str(exc))}", err=True)
-            continue
-        await trio.to_thread.run_sync(_append_durably, journal, _closed_line(entry), abandon_on_cancel=False)
-        reaped += 1
+    entered = False
+    try:
+        async with open_run_store(run_dir.parent.parent, run_dir.parent.name, run_dir.name) as store:
+            entered = True
+            for session_id, provider, handle in loaded.open_sessions:
+                try:
+                    env = _registry.build("environment", provider, configs.get(provider, {}))
+                    await env.reap(handle)
+                except Exception as exc:  # noqa: BLE001 - one failed reap must not stop the others
+                    failed += 1
+                    message = redact(" ".join(str(exc).split()))
+                    click.echo(f"warning: could not reap {provider} session {session_id}: {message}", err=True)
+                    continue
+                await store.journal_session("closed", session_id, provider, handle)
+                reaped += 1
+    except RuntimeError as exc:
+        if entered:
+            raise
+        raise ConfigError(f"cannot reap {run_dir}: {exc}") from None
     return reaped, failed
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point (``compass``)."""
+    args = list(argv) if argv is not None else None
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="compass")
-    except KeyboardInterrupt:
-        # Ctrl-C before the run's own handler is installed (while loading).
+        code = cli.main(args=args, prog_name="compass", standalone_mode=False)
+    except click.ClickException as exc:  # usage errors: exit 2
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        # Ctrl-C outside the run's own handler (while loading): still 130, not click's 1.
         print("interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

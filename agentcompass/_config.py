@@ -147,7 +147,7 @@ def _plugin_path(entry: str, base_dir: Path | None) -> str:
 
 # ---------------------------------------------------------------- --set overrides
 
-_KEY_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_KEY_PART = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:
@@ -184,19 +184,15 @@ def apply_override(data: dict[str, Any], override: str) -> None:
 
 
 def _parse_key(key: str, override: str) -> list[str | int]:
+    # Parts are ``name`` or ``name[0][1]``; an all-digit name after the first is an index.
     path: list[str | int] = []
     for part in key.split("."):
-        tokens = list(_KEY_TOKEN.finditer(part))
-        if not part or "".join(t.group(0) for t in tokens) != part:
+        match = _KEY_PART.fullmatch(part)
+        if match is None:
             raise ConfigError(f"invalid override {override!r}: bad key {key!r}")
-        for token in tokens:
-            name, index = token.groups()
-            if index is not None:
-                path.append(int(index))
-            elif name.isdigit() and path:
-                path.append(int(name))
-            else:
-                path.append(name)
+        name, indexes = match.groups()
+        path.append(int(name) if name.isdigit() and path else name)
+        path.extend(int(i) for i in re.findall(r"\d+", indexes))
     if isinstance(path[0], int):
         raise ConfigError(f"invalid override {override!r}: bad key {key!r}")
     return path
@@ -212,7 +208,6 @@ def _set_path(node: Any, path: list[str | int], value: Any, override: str) -> No
                 if isinstance(path[i + 1], int):
                     raise ConfigError(f"invalid override {override!r}: {_dotted(path[: i + 1])} is not a list")
                 node[part] = {}
-            node = node[part]
         elif isinstance(node, list) and isinstance(part, int):
             if part >= len(node):
                 raise ConfigError(
@@ -221,10 +216,19 @@ def _set_path(node: Any, path: list[str | int], value: Any, override: str) -> No
                 )
             if last:
                 node[part] = value
-            node = node[part]
         else:
             kind = "a list" if isinstance(part, int) else "a mapping"
             raise ConfigError(f"invalid override {override!r}: {_dotted(path[:i]) or 'the config'} is not {kind}")
+        if not last and isinstance(node[part], str) and _is_component_position(path[: i + 1]):
+            node[part] = {"id": node[part]}  # ``harness: oracle`` shorthand, now being edited
+        node = node[part]
+
+
+def _is_component_position(path: list[str | int]) -> bool:
+    tail = path[-2:]
+    return tail[-1] in _COMPONENT_FIELDS or (
+        len(tail) == 2 and tail[0] in _COMPONENT_LISTS and isinstance(tail[1], int)
+    )
 
 
 def _dotted(path: list[str | int]) -> str:

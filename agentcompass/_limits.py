@@ -96,7 +96,7 @@ class _State(enum.Enum):
 
 @attrs.define(eq=False)
 class _Request:
-    """One waiter's request; the actor and the waiter both read its state."""
+    """One waiter's request; the actor and the waiter both read and write its state."""
 
     state: _State = _State.PENDING
     decided: trio.Event = attrs.Factory(trio.Event)
@@ -108,7 +108,11 @@ class _Request:
 
 @attrs.frozen
 class BucketStatistics:
-    """A snapshot of a :class:`TokenBucket` (like trio's ``statistics()``)."""
+    """A snapshot of a :class:`TokenBucket` (like trio's ``statistics()``).
+
+    ``granted`` counts tokens spent (grants given back are not counted);
+    ``given_back`` counts grants that crossed their waiter's cancellation.
+    """
 
     rate: float
     burst: int
@@ -313,7 +317,8 @@ def _check_limits(provider: str, capacity: int, open_qps: float) -> None:
 
 
 def _fmt(value: float) -> str:
-    return f"{value:g}"
+    # 10.0 -> "10", 2.5 -> "2.5", without the 6-digit rounding of ":g".
+    return format(value, ".15g")
 
 
 async def _serve_in_system_task(bucket: TokenBucket) -> None:

@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -53,12 +54,12 @@ def _redact_value(value: Any) -> Any:
     return redact(str(value))
 
 
-def redact_processor(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def redact_processor(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     """structlog processor: redact every value of the event."""
     return {key: _redact_value(value) for key, value in event_dict.items()}
 
 
-def _write_json_logs(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _write_json_logs(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     if not _json_logs:
         return event_dict
     line = json.dumps(event_dict, default=str, ensure_ascii=False) + "\n"
@@ -74,7 +75,7 @@ def _console_filter(minimum: int) -> Any:
     """Drop events below the console level (JSON files saw them already)."""
     levels = logging.getLevelNamesMapping()
 
-    def console_filter(_: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def console_filter(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         if levels.get(method_name.upper(), logging.INFO) < minimum:
             raise structlog.DropEvent
         return event_dict

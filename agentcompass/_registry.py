@@ -96,9 +96,9 @@ def _qualified(cls: type) -> tuple[str, str]:
 
 def _origin(cls: type) -> str:
     # A ``.py`` plugin's module name is made up; its file is what users know.
-    module = sys.modules.get(cls.__module__)
-    if cls.__module__.startswith(_FILE_PLUGIN_PREFIX) and getattr(module, "__file__", None):
-        return str(module.__file__)
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    if cls.__module__.startswith(_FILE_PLUGIN_PREFIX) and path:
+        return str(path)
     return cls.__module__
 
 

@@ -42,6 +42,11 @@ class GuardedSession(EnvironmentSession):
     def handle(self) -> dict[str, Any]:
         return self._inner.handle
 
+    @property
+    def inner(self) -> EnvironmentSession:
+        """The provider's own session object (for providers' and tests' eyes)."""
+        return self._inner
+
     async def _call(self, operation: str, fn: Any, *args: Any) -> Any:
         try:
             return await fn(*args)
@@ -76,17 +81,20 @@ class GuardedSession(EnvironmentSession):
 
 async def run_cleanup(
     grace: GraceClock, issues: list[Issue], diagnostics: list[dict[str, Any]], what: str, fn: Any, *args: Any
-) -> None:
+) -> bool:
     """Run one cleanup step shielded until the grace deadline. A failure or
-    an overrun becomes a WARNING ``cleanup_failed``; it never raises."""
+    an overrun becomes a WARNING ``cleanup_failed``; it never raises.
+    Returns whether the step finished."""
     with trio.move_on_at(grace.deadline(), shield=True) as scope:
         try:
             await fn(*args)
         except Exception as exc:
             issues.append(classify(exc, "cleanup", "cleanup", diagnostics))
-            return
+            return False
     if scope.cancelled_caught:
         issues.append(Issue("warning", "cleanup", "cleanup_failed", f"{what} did not finish within the cleanup grace"))
+        return False
+    return True
 
 
 @asynccontextmanager
@@ -122,10 +130,15 @@ async def environment_session(
     finally:
         # keep_environment only skips the close; the journal still records
         # that the runtime is done with the session, so reap leaves it alone.
+        # A close that failed or overran stays "opened" in the journal: the
+        # sandbox may be left behind, and the next reuse or `compass reap`
+        # destroys it.
+        closed = True
         if not ctx.request.execution.keep_environment:
-            await run_cleanup(grace, issues, diagnostics, f"closing session {session_id}", raw.close)
-        with trio.move_on_at(grace.deadline(), shield=True):
-            await ctx.reporter.session_closed(session_id, provider, handle)
+            closed = await run_cleanup(grace, issues, diagnostics, f"closing session {session_id}", raw.close)
+        if closed:
+            with trio.move_on_at(grace.deadline(), shield=True):
+                await ctx.reporter.session_closed(session_id, provider, handle)
 
 
 @asynccontextmanager

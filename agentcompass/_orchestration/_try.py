@@ -87,6 +87,7 @@ class _Try:
         self.grace = ctx.grace
         self.setup_deadline = math.inf
         self.harness_session: Any = None
+        self.collected = False
 
     # -- helpers -----------------------------------------------------------
 
@@ -141,7 +142,7 @@ class _Try:
                     await self._evaluate_in(env, self.out.eval_issues)
         except _Stop:
             pass
-        if self.out.evaluated or self._should_stop(issues) or self.out.prepared is None:
+        if self.out.evaluated or self._should_stop(issues) or not self.collected:
             return self.out
         if plan.evaluation_environment_mode == "none":
             await self._evaluate_without_env()
@@ -251,26 +252,43 @@ class _Try:
         ctx, issues = self.ctx, self.out.task_issues
         assert self.out.prepared is not None and self.out.run_result is not None
         start = trio.current_time()
-        result = await self._step(
-            issues, "collect_artifacts", "collect", ctx.benchmark.collect_artifacts, self.out.prepared, self.out.run_result, env
-        )
+        # SPEC 5 gives collection no timeout of its own; it is sandbox I/O on
+        # the way to the score, so the evaluation timeout bounds it too, and a
+        # collection that overruns it is a FATAL collect failure.
+        timeout = self.plan.evaluation_timeout_seconds
+        with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+            result = await self._step(
+                issues,
+                "collect_artifacts",
+                "collect",
+                ctx.benchmark.collect_artifacts,
+                self.out.prepared,
+                self.out.run_result,
+                env,
+            )
         self._mark("collect", start)
+        if scope.cancelled_caught:
+            issues.append(Issue("fatal", "collect", "collect_failed", f"collect_artifacts did not finish within {timeout}s"))
+            raise _Stop
         result = self._check(result, RunResult, "collect_artifacts()", issues, "collect_artifacts", "collect")
         self._add(issues, result.issues)
         self.out.run_result = attrs.evolve(result, issues=[])
+        self.collected = True
         if self._should_stop(issues):
             raise _Stop
 
     # -- the evaluation stage ------------------------------------------------
 
-    async def _evaluate(self, env: GuardedSession | None, issues: list[Issue]) -> None:
+    async def _evaluate(self, env: GuardedSession | None, issues: list[Issue], deadline: float | None = None) -> None:
         """``Benchmark.evaluate`` bounded by the evaluation timeout."""
         ctx, plan = self.ctx, self.plan
         assert self.out.prepared is not None and self.out.run_result is not None
         timeout = plan.evaluation_timeout_seconds
+        if deadline is None:
+            deadline = self._evaluation_deadline()
         start = trio.current_time()
         evaluation: Any = None
-        with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+        with trio.move_on_at(deadline) as scope:
             try:
                 evaluation = await ctx.benchmark.evaluate(self.out.prepared, self.out.run_result, env, ctx.request)
             except Exception as exc:
@@ -290,19 +308,31 @@ class _Try:
         self.out.values = dict(evaluation.values)
         self._add(issues, evaluation.issues)
 
+    def _evaluation_deadline(self) -> float:
+        timeout = self.plan.evaluation_timeout_seconds
+        return trio.current_time() + (math.inf if timeout is None else timeout)
+
     async def _evaluate_in(self, env: GuardedSession, issues: list[Issue]) -> None:
         """Evaluate in an open Environment under the evaluation policy, then
         restore the baseline (shielded). Never evaluates under a broader
-        policy than asked: a failed switch stops the stage."""
+        policy than asked: a failed switch stops the stage. The evaluation
+        timeout bounds the switch and ``evaluate`` together; a switch that
+        overruns it is an Environment failure, not a scoring timeout."""
         plan = self.plan
-        if plan.evaluation_network_policy != env.policy:
-            try:
-                await env.set_network_policy(plan.evaluation_network_policy)
-            except Exception as exc:
-                issues.append(classify(exc, "environment", "evaluate", self.out.diagnostics))
-                raise _Stop from None
+        deadline = self._evaluation_deadline()
         try:
-            await self._evaluate(env, issues)
+            if plan.evaluation_network_policy != env.policy:
+                with trio.move_on_at(deadline) as scope:
+                    try:
+                        await env.set_network_policy(plan.evaluation_network_policy)
+                    except Exception as exc:
+                        issues.append(classify(exc, "environment", "evaluate", self.out.diagnostics))
+                        raise _Stop from None
+                if scope.cancelled_caught:
+                    message = "switching to the evaluation network policy did not finish within the evaluation timeout"
+                    issues.append(Issue("fatal", "evaluate", "environment_failed", message))
+                    raise _Stop
+            await self._evaluate(env, issues, deadline)
         finally:
             if env.policy != plan.baseline_network_policy:
                 await run_cleanup(

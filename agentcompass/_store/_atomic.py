@@ -15,8 +15,10 @@ They share one :class:`trio.CapacityLimiter` per Trio run
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +27,7 @@ import trio
 
 __all__ = [
     "STORE_THREADS",
+    "SYNCFS",
     "is_temp_name",
     "store_limiter",
     "to_store_thread",
@@ -33,8 +36,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Worker threads the store may use at once, per Trio run.
-STORE_THREADS = 4
+#: Worker threads the store may use at once, per Trio run: room for the
+#: group committer's concurrent rounds plus the progress writer. The threads
+#: mostly wait on the disk, so more of them than cores is the point.
+STORE_THREADS = 8
 
 _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("store_limiter")
 
@@ -44,6 +49,29 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
 # pid + a per-process counter keeps temp names apart without a random source;
 # ``next()`` on ``itertools.count`` is atomic under the GIL.
 _temp_counter = itertools.count()
+
+
+def _load_syncfs() -> Callable[[int], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+
+    def syncfs(fd: int) -> None:
+        # A CDLL call releases the GIL, like os.fsync.
+        if fn(fd) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
+
+    return syncfs
+
+
+#: ``syncfs(fd)``: flush the whole filesystem holding ``fd`` (Linux), else None.
+SYNCFS = _load_syncfs()
 
 
 def store_limiter() -> trio.CapacityLimiter:
@@ -84,8 +112,13 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+def temp_name(name: str) -> str:
+    """A fresh temporary name for a file to be renamed to ``name``."""
+    return f".{name}.{os.getpid()}-{next(_temp_counter)}.tmp"
+
+
 def temp_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}-{next(_temp_counter)}.tmp")
+    return path.with_name(temp_name(path.name))
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -124,7 +157,7 @@ def write_atomic_sync(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | Path) -> None:
     """Make the directory entries of ``path`` (creations, renames) durable."""
     if not _O_DIRECTORY:  # Windows: directories cannot be opened, nor need it
         return
@@ -135,7 +168,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def open_dir_fd(path: Path) -> int | None:
+def open_dir_fd(path: str | Path) -> int | None:
     """An fd for fsyncing directory ``path`` repeatedly (``None`` where unsupported)."""
     if not _O_DIRECTORY:
         return None
@@ -147,14 +180,5 @@ def unlink_quietly(path: Path | str) -> bool:
     try:
         os.unlink(path)
     except FileNotFoundError:
-        return False
-    return True
-
-
-def rmdir_quietly(path: Path | str) -> bool:
-    """Remove a directory if it is empty; False if it is not there or not empty."""
-    try:
-        os.rmdir(path)
-    except OSError:
         return False
     return True

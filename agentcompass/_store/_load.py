@@ -59,19 +59,24 @@ def load_run(run_dir: Path) -> LoadedRun:
     return LoadedRun(run_dir, run_info, details, checkpoints, open_sessions, notes)
 
 
-def latest_run(output_root: Path, request_name: str) -> Path | None:
+def latest_run(output_root: Path, request_name: str, exclude: Path | None = None) -> Path | None:
     """The latest run directory of a request, or ``None`` if it has none.
 
     Runs are ordered by their ids (UTC time first, see ``new_run_id``); a
     directory whose name is not such an id (a hand-picked run id) is never
-    the latest.
+    the latest. ``exclude`` is skipped: the run being written, which would
+    otherwise be the latest.
     """
+    request_dir = Path(output_root) / request_name
     try:
-        entries = list(os.scandir(Path(output_root) / request_name))
+        with os.scandir(request_dir) as entries:
+            names = [e.name for e in entries if e.is_dir() and RUN_ID_PATTERN.fullmatch(e.name)]
     except (FileNotFoundError, NotADirectoryError):
         return None
-    names = [e.name for e in entries if e.is_dir() and RUN_ID_PATTERN.fullmatch(e.name)]
-    return Path(output_root) / request_name / max(names) if names else None
+    if exclude is not None:
+        skip = Path(exclude).resolve()
+        names = [n for n in names if (request_dir / n).resolve() != skip]
+    return request_dir / max(names) if names else None
 
 
 def _read_json(path: Path) -> Any:

@@ -82,7 +82,7 @@ def compute_metrics(
         raise ValueError(f"unknown attempt strategy {strategy!r}")
     names = tuple(metric_names) or _seen_series(records)
     evaluation_failed = any(r.severity == "fatal" for r in records)
-    rows = [
+    rows: list[tuple[str, dict[str, float | None]]] = [
         (r.severity, {n: reduce_task(r, n, strategy) for n in names})  # type: ignore[arg-type]
         for r in records
     ]
@@ -111,7 +111,7 @@ def _seen_series(records: Sequence[TaskRecord]) -> tuple[str, ...]:
 
 def _series_block(
     names: tuple[str, ...],
-    rows: list[tuple[str, dict[str, float | None]]],
+    rows: Sequence[tuple[str, dict[str, float | None]]],
     evaluation_failed: bool,
 ) -> dict[str, dict[str, Any]]:
     block = {}

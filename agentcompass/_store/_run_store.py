@@ -30,7 +30,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -46,7 +46,6 @@ from ._atomic import (
     _O_CLOEXEC,
     fsync_dir,
     open_dir_fd,
-    rmdir_quietly,
     to_store_thread,
     unlink_quietly,
     write_all,
@@ -100,7 +99,8 @@ _FAST_TASK_JSON = tuple(f.name for f in attrs.fields(TaskRecord)) == (
     "severity",
 )
 
-_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC
+_SEP = os.sep
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | _O_CLOEXEC
 
 
 def new_run_id() -> str:
@@ -137,9 +137,10 @@ class RunStore:
     _committer: GroupCommitter
     _progress_fd: int
     _sessions_fd: int
-    _dir_fds: dict[Path, int]
-    _details_dirs: dict[str, Path]
-    _tasks_dir: Path
+    _dir_fds: dict[str, int]
+    # Plain strings, not Paths: path building is on the per-record hot path.
+    _details_dirs: dict[str, str]
+    _tasks_dir: str
     _keys: dict[str, str] = attrs.Factory(dict)
     _attempt_json: dict[str, dict[int, tuple[AttemptRecord, str]]] = attrs.Factory(dict)
     _lines: list[str] = attrs.Factory(list)
@@ -147,6 +148,18 @@ class RunStore:
     _snapshot_due: float = -float("inf")
     _progress_wake: trio.Event = attrs.Factory(trio.Event)
     _closed: bool = False
+    # What this store wrote, so that a record's clean-up knows its targets
+    # without listing directories. Only complete when the store created the
+    # run directory (``_fresh``); a reopened one may hold older files.
+    _fresh: bool = False
+    _saved_severity: dict[str, str] = attrs.Factory(dict)
+    _checkpointed: dict[str, set[int]] = attrs.Factory(dict)
+
+    @property
+    def notes(self) -> list[str]:
+        """Problems that did not fail a write, for ``run_info.json``: e.g. a
+        checkpoint that could not be removed after its record was saved."""
+        return list(self._committer.cleanup_errors)
 
     # -- progress (non-blocking) --------------------------------------------
 
@@ -157,12 +170,16 @@ class RunStore:
         ``attempt_started``, ``attempt_retry``, ``retry_wait``,
         ``attempt_finished``, ``task_finished``, ``run_finished``. Lines are
         appended in batches and fsynced at the end of each batch; all queued
-        lines are on disk once the store is closed.
+        lines are on disk once the store is closed. A value JSON cannot hold
+        is written as text; fields named ``event`` or ``t`` are overridden.
         """
         if self._closed:
             raise StoreClosedError("the run store is closed")
-        line = _LENIENT.encode({"event": kind, "t": time.time(), **fields})
-        self._lines.append(line + "\n")
+        now = time.time()
+        entry = {"event": kind, "t": now, **fields}
+        if len(entry) != len(fields) + 2:  # a field named "event" or "t": ours win
+            entry["event"], entry["t"] = kind, now
+        self._lines.append(_LENIENT.encode(entry) + "\n")
         self._progress_wake.set()
 
     def set_progress(self, snapshot: dict[str, Any]) -> None:
@@ -190,7 +207,7 @@ class RunStore:
 
     async def write_text(self, name: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
-        await self._committer.write(self._path(name), text.encode("utf-8", "surrogateescape"))
+        await self._committer.write(self._path(name), text.encode("utf-8", "backslashreplace"))
 
     async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated attempt.
@@ -200,7 +217,8 @@ class RunStore:
         """
         attempt_json = self._attempt_to_json(task_id, record)
         data = f'{{"task_id":{_COMPACT.encode(task_id)},"record":{attempt_json}}}'
-        path = self._tasks_dir / self._key(task_id) / f"attempt-{record.attempt}" / CHECKPOINT
+        path = f"{self._tasks_dir}{_SEP}{self._key(task_id)}{_SEP}attempt-{record.attempt}{_SEP}{CHECKPOINT}"
+        self._checkpointed.setdefault(task_id, set()).add(record.attempt)
         await self._committer.write(path, data.encode())
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
@@ -210,13 +228,8 @@ class RunStore:
         redacted plan); the task id is added to it.
         """
         payload = _LENIENT.encode({"task_id": task_id, **unstructure(data)})
-        path = (
-            self._tasks_dir
-            / self._key(task_id)
-            / f"attempt-{attempt}"
-            / "retries"
-            / f"{try_number}.json"
-        )
+        key = self._key(task_id)
+        path = f"{self._tasks_dir}{_SEP}{key}{_SEP}attempt-{attempt}{_SEP}retries{_SEP}{try_number}.json"
         await self._committer.write(path, payload.encode())
 
     async def save_task(self, record: TaskRecord) -> None:
@@ -224,15 +237,28 @@ class RunStore:
 
         Once it is durable, the task's checkpoints are removed (``retries/``
         stays) and so is a record of the same task under another severity (a
-        reused task may change severity). Concurrent calls share fsync rounds
-        (group commit); each returns once its own record is durable.
+        reused task may change severity); a failed removal does not fail the
+        call (see :attr:`notes`). Concurrent calls share fsync rounds (group
+        commit); each returns once its own record is durable.
         """
         if record.severity not in self._details_dirs:
             raise ValueError(f"unknown task severity {record.severity!r}")
-        key = self._key(record.task_id)
+        task_id = record.task_id
+        key = self._key(task_id)
         data = self._task_to_json(record).encode()
-        path = self._details_dirs[record.severity] / f"{key}.json"
-        await self._committer.write(path, data, partial(self._drop_superseded, key, record.severity))
+        path = f"{self._details_dirs[record.severity]}{_SEP}{key}.json"
+        previous = self._saved_severity.get(task_id)
+        attempts = self._checkpointed.pop(task_id, set())
+        cleanup = self._superseded_cleanup(task_id, key, record.severity, previous, attempts)
+        self._saved_severity[task_id] = record.severity
+        try:
+            await self._committer.write(path, data, cleanup)
+        except BaseException:
+            # Maybe not written: a later save_task must still find what to clean.
+            self._checkpointed.setdefault(task_id, set()).update(attempts)
+            if previous is not None and previous != record.severity:
+                self._saved_severity[task_id] = previous
+            raise
 
     async def journal_session(
         self,
@@ -295,27 +321,25 @@ class RunStore:
             f'"severity":{_COMPACT.encode(record.severity)}}}'
         )
 
-    def _drop_superseded(self, key: str, severity: str) -> None:
-        # Runs in the commit thread once details/<severity>/<key>.json is
-        # durable. No fsync: if a crash undoes these removals, readers still
-        # prefer the details record (and the newest of two, see _load).
-        name = f"{key}.json"
-        for other, directory in self._details_dirs.items():
-            if other != severity:
-                unlink_quietly(directory / name)
-        task_dir = self._tasks_dir / key
-        try:
-            with os.scandir(task_dir) as entries:
-                attempt_dirs = [e.name for e in entries if e.name.startswith("attempt-")]
-        except FileNotFoundError:
-            return
-        for attempt_name in attempt_dirs:
-            attempt_dir = task_dir / attempt_name
-            unlink_quietly(attempt_dir / CHECKPOINT)
-            if rmdir_quietly(attempt_dir):  # kept when retries/ is there
-                self._committer.forget_dir(attempt_dir)
-        if rmdir_quietly(task_dir):
-            self._committer.forget_dir(task_dir)
+    def _superseded_cleanup(
+        self, task_id: str, key: str, severity: str, previous: str | None, attempts: set[int]
+    ) -> Callable[[], None]:
+        """What to remove once a record is durable: the task's checkpoints and
+        its record under another severity (runs in a commit thread).
+
+        No fsync: if a crash undoes these removals, readers still prefer the
+        details record (and the newest of two, see _load). The emptied attempt
+        directories stay: removing a directory frees a disk block, which on a
+        virtual disk can block for milliseconds per call.
+        """
+        name = f"{_SEP}{key}.json"
+        task_dir = f"{self._tasks_dir}{_SEP}{key}"
+        if self._fresh:
+            stale = [] if previous in (None, severity) else [self._details_dirs[previous] + name]
+            stale += [f"{task_dir}{_SEP}attempt-{n}{_SEP}{CHECKPOINT}" for n in sorted(attempts)]
+            return partial(_unlink_all, stale)
+        others = [d + name for sev, d in self._details_dirs.items() if sev != severity]
+        return partial(_unlink_all_and_checkpoints, others, task_dir)
 
     # -- progress actor and lifetime -------------------------------------------
 
@@ -371,6 +395,7 @@ class RunStore:
         _check_name(request_name, "request name")
         request_dir = Path(output_root) / request_name
         request_dir.mkdir(parents=True, exist_ok=True)
+        fresh = True
         if run_id is None:
             while True:
                 run_dir = request_dir / new_run_id()
@@ -382,20 +407,23 @@ class RunStore:
         else:
             _check_name(run_id, "run id")
             run_dir = request_dir / run_id
-            run_dir.mkdir(exist_ok=True)
+            try:
+                run_dir.mkdir()
+            except FileExistsError:
+                fresh = False
         details = {severity: run_dir / "details" / severity for severity in SEVERITIES}
         tasks_dir = run_dir / "tasks"
         for directory in (*details.values(), tasks_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        dir_fds: dict[Path, int] = {}
+        dir_fds: dict[str, int] = {}
         opened: list[int] = []
         try:
             for directory in (run_dir, run_dir / "details", *details.values(), tasks_dir):
                 fd = open_dir_fd(directory)
                 if fd is not None:
-                    dir_fds[directory] = fd
+                    dir_fds[str(directory)] = fd
                     opened.append(fd)
-            run_fd = dir_fds.get(run_dir)
+            run_fd = dir_fds.get(str(run_dir))
             if fcntl is not None and run_fd is not None:
                 try:
                     fcntl.flock(run_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -409,12 +437,13 @@ class RunStore:
             for fd in dir_fds.values():
                 os.fsync(fd)
             fsync_dir(request_dir)
+            fsync_dir(request_dir.parent)
         except BaseException:
             for fd in opened:
                 os.close(fd)
             raise
         committer = GroupCommitter(
-            known_dirs={run_dir, *details.values(), tasks_dir},
+            known_dirs={str(d) for d in (run_dir, *details.values(), tasks_dir)},
             dir_fds=dir_fds,
             journal_fd=sessions_fd,
         )
@@ -424,9 +453,25 @@ class RunStore:
             progress_fd=progress_fd,
             sessions_fd=sessions_fd,
             dir_fds=dir_fds,
-            details_dirs=details,
-            tasks_dir=tasks_dir,
+            details_dirs={severity: str(d) for severity, d in details.items()},
+            tasks_dir=str(tasks_dir),
+            fresh=fresh,
         )
+
+
+def _unlink_all(paths: list[str]) -> None:
+    for path in paths:
+        unlink_quietly(path)
+
+
+def _unlink_all_and_checkpoints(paths: list[str], task_dir: str) -> None:
+    _unlink_all(paths)
+    try:
+        with os.scandir(task_dir) as entries:
+            attempt_dirs = [e.name for e in entries if e.name.startswith("attempt-")]
+    except FileNotFoundError:
+        return
+    _unlink_all([os.path.join(task_dir, name, CHECKPOINT) for name in attempt_dirs])
 
 
 def _open_journal(path: Path) -> int:

@@ -92,8 +92,8 @@ def render_run_table(loaded: LoadedRun, metrics: dict[str, Any] | None) -> str:
                 "",
             ]
         )
-    header = ("task", "category", "severity", "attempts", primary or "value", "issue")
-    out.append(text_table(header, rows) if rows else "No tasks.")
+    task_header = ("task", "category", "severity", "attempts", primary or "value", "issue")
+    out.append(text_table(task_header, rows) if rows else "No tasks.")
 
     if loaded.notes:
         out += ["", "Notes:"] + [f"- {note}" for note in loaded.notes]

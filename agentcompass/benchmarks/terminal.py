@@ -159,7 +159,7 @@ class TerminalBenchmark(BaseBenchmark):
         await _upload(env, await _read_tree(task_dir / "tests"), _TESTS)
         result = await env.exec(_RUN_TESTS)
         found = (await env.exec(_FIND_REWARD)).stdout.strip()
-        if not found:
+        if found not in ("reward.txt", "reward.json"):
             return _zero("reward_missing", f"tests/test.sh wrote no reward file (exit code {result.exit_code})")
         raw = await env.read_file(f"/logs/verifier/{found}")
         try:

@@ -1,7 +1,7 @@
 """Test support for AgentCompass: scriptable fakes, a provider conformance kit,
 and small pytest-trio helpers.
 
-Importing this package registers five fake components:
+Importing this package registers six fake components:
 
 =================== ===================== ==========================================
 id                  kind                  scriptable phases
@@ -21,7 +21,8 @@ so the fakes keep everything a test inspects in a module-level
 A ``script`` config key makes the n-th call of a phase for a task do
 something other than succeed::
 
-    from agentcompass.testing import call_log, fake_request, reset_logs
+    from agentcompass import ExecutionSpec
+    from agentcompass.testing import call_log, fake_request
 
     request = fake_request(
         benchmark={"tasks": 2, "values": {"*": {"score": [0.0, 1.0]}}},

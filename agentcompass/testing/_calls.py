@@ -31,8 +31,10 @@ class Call:
     orders calls across components and tasks. ``phase`` is the script phase
     (``open``, ``exec``, ``prepare``, ``run``, ...) or a bookkeeping entry
     (``opened``, ``close_again``, ``plan``, ``build_config``). ``session`` is the
-    Environment session involved, when there is one. ``detail`` always holds
-    ``action``, the scripted action the call performed.
+    Environment session involved, when there is one. ``detail`` holds the
+    call's arguments worth asserting on and, for scripted calls, ``action``:
+    the scripted action the call performed. A call refused because its
+    session was closed has ``detail["refused"] = "closed"`` instead.
     """
 
     seq: int

@@ -126,7 +126,7 @@ class EnvironmentConformance:
         except trio.TooSlowError:
             self._fail(f"did not finish within {self.timeout_seconds}s: something hangs")
         after = await self._count()
-        if before is not None and after != before:
+        if before is not None and after is not None and after != before:
             self._fail(f"{after - before} sandbox(es) left behind (count_sandboxes went {before} -> {after})")
 
     # -- checks ------------------------------------------------------------
@@ -197,7 +197,7 @@ class EnvironmentConformance:
                 ("write_file('after-close.txt')", lambda: session.write_file("after-close.txt", b"x")),
             ]
             for what, call in calls:
-                if await self._raises(call):
+                if not await self._raises(call):
                     self._fail(f"{what} after close() succeeded; operations on a closed session must raise")
 
     async def check_close_after_cancelled_open(self) -> None:

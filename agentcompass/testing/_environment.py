@@ -42,6 +42,8 @@ class FakeEnvironmentConfig:
 
 def session_id(env: EnvironmentSession | None) -> int | None:
     """The fake session id of ``env``, or ``None`` (no env, or another provider's)."""
+    # The runtime hands components a wrapper; look through it.
+    env = getattr(env, "inner", env)
     return env.session_id if isinstance(env, FakeSession) else None
 
 

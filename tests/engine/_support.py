@@ -80,6 +80,7 @@ def make_request(
     env: dict[str, Any] | None = None,
     harness: dict[str, Any] | None = None,
     free: bool = False,
+    harness_id: str = "fake-harness",
     k: int = 1,
     strategy: str = "avg",
     analyzers: list[ComponentRef] | None = None,
@@ -92,7 +93,7 @@ def make_request(
         name="r",
         benchmark=ComponentRef("fake-free-bench" if free else "fake-bench", bench_config),
         environment=ComponentRef("fake-env", {"log": log, **(env or {})}),
-        harness=ComponentRef("none") if free else ComponentRef("fake-harness", {"log": log, **(harness or {})}),
+        harness=ComponentRef("none") if free else ComponentRef(harness_id, {"log": log, **(harness or {})}),
         analyzers=analyzers or [],
         recipes=recipes or [],
         execution=ExecutionSpec(attempts=AttemptsSpec(k, strategy), **execution),  # type: ignore[arg-type]

@@ -64,7 +64,11 @@ async def test_unclassified_exceptions_follow_the_table(
     assert record.severity == {"fatal": "fatal", "error": "error", "warning": "normal"}[severity]
     assert attempt.status == derive_status(attempt.issues)
     assert not grants.held
-    assert sorted(reporter.opened) == sorted(reporter.closed)
+    if (component, phase) == ("env", "close"):
+        # A failed close leaves the session "opened" in the journal, for reap.
+        assert reporter.opened and not reporter.closed
+    else:
+        assert sorted(reporter.opened) == sorted(reporter.closed)
 
 
 @register

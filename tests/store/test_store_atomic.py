@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from agentcompass._store import _atomic, load_run, write_atomic
 from agentcompass._store._atomic import is_temp_name, store_limiter, write_temp_sync
