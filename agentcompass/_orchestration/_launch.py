@@ -93,6 +93,12 @@ async def launch(
             nursery.start_soon(scheduler.prepare_all, nursery)
             for _ in range(orchestration.task_concurrency):
                 nursery.start_soon(scheduler.worker)
+    if deadline_scope.cancelled_caught:
+        # A request the deadline stopped before it started has no run
+        # directory and no status of its own; it timed out like the rest.
+        for run in runs:
+            if run.status is None:
+                run.status = "timed_out"
     results = [run.result() for run in runs]
     status, exit_code = _overall(results, deadline_scope.cancelled_caught)
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]

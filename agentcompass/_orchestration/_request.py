@@ -18,6 +18,7 @@ import trio
 
 from .. import _registry
 from .._convert import unstructure
+from .._logging import add_json_log, get_logger, remove_json_log
 from .._store import compute_metrics, render_summary
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
@@ -27,6 +28,8 @@ from ._context import GraceClock
 from ._reuse import PendingTask, ReusePlan, plan_reuse
 
 __all__ = ["PendingTask", "RequestRun"]
+
+log = get_logger("agentcompass.request")
 
 
 @attrs.define(eq=False)
@@ -53,6 +56,7 @@ class RequestRun:
     metrics: dict[str, Any] = attrs.Factory(dict)
     reuse: ReusePlan | None = None
     notes: list[str] = attrs.Factory(list)
+    order: dict[str, int] = attrs.Factory(dict)
 
     # -- preparation ---------------------------------------------------------
 
@@ -63,6 +67,7 @@ class RequestRun:
         self.store = store
         self.started_at = time.time()
         self.started_clock = trio.current_time()
+        add_json_log(store.run_dir / "log.jsonl", request=request.name)
         await store.write_run_info(self.run_info("running"))
         store.event("run_started", request=request.name, run_dir=str(store.run_dir))
         try:
@@ -81,7 +86,9 @@ class RequestRun:
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             self.status = "failed"
             self.prepared = True
+            log.error("request_failed", request=request.name, error=self.error)
             return
+        self.order = {task.task_id: i for i, task in enumerate(tasks)}
         self.notes.extend(self.reuse.notes)
         self.total = len(tasks)
         for record in self.reuse.reused:
@@ -152,6 +159,8 @@ class RequestRun:
         if status is None:
             status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
         self.status = status
+        # Records arrive in completion order; results read in task order.
+        self.records.sort(key=lambda r: self.order.get(r.task_id, len(self.order)))
         benchmark = self.benchmark
         metric_names = benchmark.metrics if benchmark is not None else ()
         strategy = self.request.execution.attempts.strategy
@@ -166,11 +175,16 @@ class RequestRun:
         self.metrics = metrics
         self.publish_progress()
         await self.store.write_json("metrics.json", metrics)
-        await self.store.write_text(
-            "summary.md", render_summary(self.request.name, self.store.run_dir, metrics, self.records, status)
-        )
+        summary = render_summary(self.request.name, self.store.run_dir, metrics, self.records, status)
+        if self.error:
+            summary += f"\n## Request failed\n\n{self.error}\n"
+        if self.notes:
+            summary += "\n## Notes\n\n" + "".join(f"- {note}\n" for note in self.notes)
+        await self.store.write_text("summary.md", summary)
         await self.store.write_run_info(self.run_info(status))
         self.store.event("run_finished", status=status)
+        log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
+        remove_json_log(self.store.run_dir / "log.jsonl")
 
     def result(self) -> RequestResult:
         run_dir = str(self.store.run_dir) if self.store is not None else ""

@@ -92,6 +92,9 @@ class Scheduler:
             run, pending = item
             run.active += 1
             self._progress.unpark_all()
+            # Taking a request's last pending task may let a later request
+            # that already drained finalize now, not at the next completion.
+            self._check_drained()
             try:
                 k = run.request.execution.attempts.k
                 attempts = list(range(k)) if pending.attempts is None else list(pending.attempts)
@@ -125,17 +128,40 @@ class Scheduler:
             for run in self.runs:
                 while sum(len(r.pending) for r in self.runs[: run.index]) >= self.concurrency:
                     await self._progress.park()
-                await nursery.start(self._request_scope, run)
+                await nursery.start(self._request_scope, run, nursery)
                 self._work.unpark_all()
                 self._check_drained()
         finally:
             self.all_prepared = True
             self._work.unpark_all()
 
-    async def _request_scope(self, run: RequestRun, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _hold_store(
+        self, run: RequestRun, closed: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the request's run store open, shielded, until ``closed`` is set.
+
+        The store commits every write through actor tasks of its own nursery.
+        Opened in the request scope's task, those actors would be cancelled
+        with it by the deadline or the caller's cancel scope, and the shielded
+        finalize and cleanup journal writes would then wait for them until the
+        grace ran out, leaving ``run_info.json`` at ``running``. Held in a task
+        of its own under a shield, the store keeps committing while the
+        request unwinds; the request scope closes it (``closed``) on every way out.
+        """
+        request = run.request
+        with trio.CancelScope(shield=True):
+            async with open_run_store(request.output_root, request.name) as store:
+                task_status.started(store)
+                await closed.wait()
+
+    async def _request_scope(
+        self, run: RequestRun, nursery: trio.Nursery, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """The request scope: owns the run directory from creation to finalize."""
         request = run.request
-        async with open_run_store(request.output_root, request.name) as store:
+        closed = trio.Event()
+        try:
+            store = await nursery.start(self._hold_store, run, closed)
             try:
                 await run.prepare(store)
                 task_status.started()
@@ -151,3 +177,5 @@ class Scheduler:
                 forget = getattr(self.executor, "forget", None)
                 if forget is not None:
                     forget(request)
+        finally:
+            closed.set()

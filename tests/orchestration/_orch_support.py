@@ -1,0 +1,221 @@
+"""Helpers for orchestration tests: store I/O inline, and a mock-time timeline.
+
+Store I/O runs inline and without flushes to the disk. Why inline: the run store does its blocking work in
+worker threads. Under ``MockClock(autojump_threshold=0)`` every task blocked
+on a thread counts as idle, so the clock jumps to the next timer while the
+disk works: a deadline would expire during the first ``fsync``. Running the
+same functions inline (after a checkpoint) keeps the store's behaviour and
+makes mock time exact. Why no flushes: ``fsync``/``syncfs`` are most of the
+wall time of a run of fakes, and durability is the store tests' subject.
+
+The :class:`Timeline` records, in one global order and with
+``trio.current_time()``, every call the fake components log (from every call
+log) and every progress event a run store emits (``task_started``,
+``run_finished``, ...), so tests can assert on order and exact timings
+across requests and across concurrent ``launch`` calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+import agentcompass.testing  # noqa: F401  (registers the fakes)
+from agentcompass import AttemptsSpec, ExecutionSpec, RunRequest
+from agentcompass._store import _group_commit, _run_store
+from agentcompass.testing import CallLog, fake_request, reset_logs
+
+
+async def _inline_store_io(fn: Any, *args: Any) -> Any:
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
+@attrs.frozen
+class Mark:
+    """One thing that happened, at mock time ``t``.
+
+    ``source`` is the call log's name for a fake component call, or
+    ``"store:<request name>"`` for a progress event. ``kind`` is the call's
+    phase (``open``, ``opened``, ``close``, ``load_tasks``, ...) or the
+    event kind (``task_started``, ``run_finished``, ...).
+    """
+
+    t: float
+    source: str
+    kind: str
+    task_id: str | None = None
+    session: int | None = None
+    detail: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.define
+class Timeline:
+    marks: list[Mark] = attrs.Factory(list)
+
+    def select(self, kind: str | None = None, source: str | None = None) -> list[Mark]:
+        return [
+            m for m in self.marks if (kind is None or m.kind == kind) and (source is None or m.source == source)
+        ]
+
+    def events(self, request: str, kind: str | None = None) -> list[Mark]:
+        """Progress events of request ``request``."""
+        return self.select(kind, f"store:{request}")
+
+    def first(self, kind: str, source: str) -> Mark:
+        found = self.select(kind, source)
+        assert found, f"no {kind!r} from {source!r}"
+        return found[0]
+
+    def index(self, mark: Mark) -> int:
+        return next(i for i, m in enumerate(self.marks) if m is mark)
+
+    def open_counts(self, sources: set[str] | None = None) -> list[tuple[float, int, int]]:
+        """``(t, sessions open, opens so far)`` after each ``opened``/``close``
+        of fake-env sessions (from the logs in ``sources``, default all).
+
+        A session counts from its ``opened`` call until its ``close`` call
+        starts; the capacity permit is held a little longer (until the close
+        returns), so the count is never above the permits held.
+        """
+        counts = []
+        live = opened = 0
+        for m in self.marks:
+            if m.source.startswith("store:") or (sources is not None and m.source not in sources):
+                continue
+            if m.kind == "opened":
+                live += 1
+                opened += 1
+            elif m.kind == "close":
+                live -= 1
+            else:
+                continue
+            counts.append((m.t, live, opened))
+        return counts
+
+
+@contextlib.contextmanager
+def instrumented() -> Iterator[Timeline]:
+    """Inline store I/O and record a :class:`Timeline` while the block runs."""
+    timeline = Timeline()
+    record = CallLog.record
+    event = _run_store.RunStore.event
+
+    def timed_record(self: CallLog, component: Any, phase: str, task_id: Any, session: Any = None, detail: Any = None):
+        call = record(self, component, phase, task_id, session, detail)
+        timeline.marks.append(Mark(trio.current_time(), self.name, phase, task_id, session, dict(call.detail)))
+        return call
+
+    def timed_event(self: Any, kind: str, **fields: Any) -> None:
+        event(self, kind, **fields)
+        timeline.marks.append(
+            Mark(trio.current_time(), f"store:{self.run_dir.parent.name}", kind, fields.get("task"), None, fields)
+        )
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_run_store, "to_store_thread", _inline_store_io)
+        mp.setattr(_group_commit, "to_store_thread", _inline_store_io)
+        mp.setattr(_group_commit.GroupCommitter, "_syncfs", lambda self: None)
+        mp.setattr(os, "fsync", lambda fd: None)
+        mp.setattr(CallLog, "record", timed_record)
+        mp.setattr(_run_store.RunStore, "event", timed_event)
+        yield timeline
+
+
+def sleepy_request(
+    name: str,
+    durations: list[float],
+    output_root: Path,
+    *,
+    phase: str = "run",
+    env_script: dict[str, Any] | None = None,
+    **fields: Any,
+) -> RunRequest:
+    """A fake request logging to the log ``name`` whose task ``i`` sleeps
+    ``durations[i]`` mock seconds in the harness ``phase`` (default ``run``)."""
+    ids = [f"{name}{i:02d}" for i in range(len(durations))]
+    script = {task_id: {phase: [f"sleep:{d}"]} for task_id, d in zip(ids, durations, strict=True)}
+    return fake_request(
+        name,
+        log=name,
+        benchmark={"tasks": ids},
+        harness={"script": script},
+        environment={"script": env_script or {}},
+        output_root=output_root,
+        **fields,
+    )
+
+
+def one_attempt(**execution: Any) -> ExecutionSpec:
+    return ExecutionSpec(attempts=AttemptsSpec(1), **execution)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def only_run_dir(output_root: Path, name: str) -> Path:
+    """The single run directory of request ``name`` under ``output_root``."""
+    dirs = [d for d in (output_root / name).iterdir() if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def detail_files(run_dir: Path) -> dict[str, set[str]]:
+    """Severity -> task keys with a countable record."""
+    return {sev.name: {p.stem for p in sev.glob("*.json")} for sev in (run_dir / "details").iterdir()}
+
+
+def unclosed_sessions(run_dir: Path) -> set[str]:
+    """Session ids journaled opened and never closed in ``sessions.jsonl``."""
+    opened: set[str] = set()
+    for line in read_jsonl(run_dir / "sessions.jsonl"):
+        if line["event"] == "opened":
+            opened.add(line["session"])
+        else:
+            opened.discard(line["session"])
+    return opened
+
+
+def journaled_sessions(run_dir: Path) -> dict[str, list[str]]:
+    """Session id -> its journal events, in order."""
+    journal: dict[str, list[str]] = {}
+    for line in read_jsonl(run_dir / "sessions.jsonl"):
+        journal.setdefault(line["session"], []).append(line["event"])
+    return journal
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=0, abs_tol=1e-9)
+
+
+# -- fixtures (import them into a test module to use them) --------------------
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logs() -> Iterator[None]:
+    # The fakes keep their call logs and script counters at module level.
+    reset_logs()
+    try:
+        yield
+    finally:
+        reset_logs()
+
+
+@pytest.fixture
+def timeline() -> Iterator[Timeline]:
+    with instrumented() as recorded:
+        yield recorded

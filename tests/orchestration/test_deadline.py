@@ -1,0 +1,159 @@
+"""The orchestration deadline and the cleanup grace (SPEC sections 5 and 7).
+
+Mock time is exact here (see ``_orch_support``): a fake task's ``sleep:10``
+takes exactly 10 s, cleanup that does not hang takes none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+import agentcompass
+from agentcompass import ComponentRef, Orchestration
+from agentcompass.testing import FakeEnvironment, call_log, fake_request
+
+from _orch_support import (  # noqa: F401  (fixtures)
+    Timeline,
+    _fresh_logs,
+    detail_files,
+    journaled_sessions,
+    only_run_dir,
+    read_json,
+    sleepy_request,
+    timeline,
+    unclosed_sessions,
+)
+
+
+@agentcompass.register
+class SlowPreflightEnvironment(FakeEnvironment):
+    """``fake-env`` whose construction during preflight takes ``preflight_seconds``
+    of Trio time.
+
+    Preflight is synchronous (it builds every component once to check its
+    config), so in a real run a slow one spends wall time that Trio's clock
+    sees too. Under the mock clock nothing passes during sync code, so the
+    constructor jumps the clock by hand, once: later builds (one per request
+    where tasks run) take no time.
+    """
+
+    id: ClassVar[str] = "orch-test-slow-preflight-env"
+    clock: ClassVar[Any] = None
+    preflight_seconds: ClassVar[float] = 0
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        super().__init__(config)
+        cls = type(self)
+        if cls.clock is not None and cls.preflight_seconds:
+            cls.clock.jump(cls.preflight_seconds)
+            cls.preflight_seconds = 0
+
+
+async def test_tasks_cut_by_the_deadline_leave_no_record(autojump_clock, tmp_path: Path, timeline: Timeline):
+    # One worker, tasks of 10 s, a 25 s deadline: a00 and a01 finish at 10 and
+    # 20, a02 is cancelled at 25; a03 and a04 never start.
+    request = sleepy_request("a", [10] * 5, tmp_path)
+    start = trio.current_time()
+    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
+    assert trio.current_time() - start == 25
+    assert (result.status, result.exit_code) == ("timed_out", 1)
+    assert [r.status for r in result.requests] == ["timed_out"]
+
+    run_dir = only_run_dir(tmp_path, "a")
+    assert result.requests[0].run_dir == str(run_dir)
+    assert detail_files(run_dir) == {"normal": {"a00", "a01"}, "error": set(), "fatal": set()}
+    info = read_json(run_dir / "run_info.json")
+    assert info["status"] == "timed_out" and "ended_at" in info
+    assert (run_dir / "summary.md").exists()
+    assert read_json(run_dir / "metrics.json")["series"]["score"]["evaluated"] == 2
+    assert [m.task_id for m in timeline.events("a", "task_started")] == ["a00", "a01", "a02"]
+    assert [m.detail["status"] for m in timeline.events("a", "run_finished")] == ["timed_out"]
+    # The cancelled task's session was closed and journaled closed.
+    assert not call_log("a").live_sessions()
+    assert not unclosed_sessions(run_dir)
+
+
+async def test_the_deadline_starts_after_preflight(autojump_clock, tmp_path: Path):
+    # Preflight takes 1000 s of Trio time; the 25 s budget is still whole
+    # afterwards, so two 10 s tasks finish. Had the deadline started when
+    # launch was called, it would have passed before any task started.
+    SlowPreflightEnvironment.clock = autojump_clock
+    SlowPreflightEnvironment.preflight_seconds = 1000
+    request = attrs.evolve(
+        sleepy_request("a", [10] * 5, tmp_path),
+        environment=ComponentRef(SlowPreflightEnvironment.id, {"log": "a"}),
+    )
+    start = trio.current_time()
+    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
+    assert SlowPreflightEnvironment.preflight_seconds == 0, "preflight did not build the environment"
+    assert trio.current_time() - start == 1000 + 25
+    assert (result.status, result.exit_code) == ("timed_out", 1)
+    assert detail_files(only_run_dir(tmp_path, "a"))["normal"] == {"a00", "a01"}
+
+
+async def test_a_request_not_started_by_the_deadline_reports_timed_out(autojump_clock, tmp_path: Path):
+    # b is prepared only when a's pending queue is empty (one worker): never, here.
+    a = sleepy_request("a", [10] * 4, tmp_path)
+    b = sleepy_request("b", [1], tmp_path)
+    result = await agentcompass.launch(Orchestration([a, b], task_concurrency=1, timeout_seconds=15))
+    assert result.status == "timed_out"
+    assert [(r.name, r.status) for r in result.requests] == [("a", "timed_out"), ("b", "timed_out")]
+    assert result.requests[1].run_dir == ""
+    assert not (tmp_path / "b").exists()
+    assert call_log("b").count("load_tasks") == 0
+
+
+async def test_a_hanging_close_is_bounded_by_the_grace(autojump_clock, tmp_path: Path):
+    # At the deadline (25 s) three sessions are open, every run hangs. a00's
+    # harness close and its environment close both hang, a02's environment
+    # close hangs, a01 closes normally. All cleanups share one grace window:
+    # launch returns at deadline + grace, not later (a00's two hung closes do
+    # not add up), and the sandboxes whose close never finished stay
+    # "opened" in the journal for reap.
+    script = {"*": {"run": ["hang"]}, "a00": {"run": ["hang"], "close_session": ["hang"]}}
+    env_script = {"a00": {"close": ["hang"]}, "a02": {"close": ["hang"]}}
+    request = fake_request(
+        "a",
+        log="a",
+        benchmark={"tasks": ["a00", "a01", "a02"]},
+        harness={"script": script},
+        environment={"script": env_script},
+        output_root=tmp_path,
+    )
+    orchestration = Orchestration([request], task_concurrency=3, timeout_seconds=25, cleanup_grace_seconds=7)
+    start = trio.current_time()
+    result = await agentcompass.launch(orchestration)
+    assert trio.current_time() - start == 25 + 7
+    assert (result.status, result.exit_code) == ("timed_out", 1)
+
+    log = call_log("a")
+    session_of = {log.session_task(s): s for s in log.opened_sessions()}
+    assert log.live_sessions() == {session_of["a00"], session_of["a02"]}
+    assert set(log.closed_sessions()) == set(session_of.values())  # every close was attempted
+
+    run_dir = only_run_dir(tmp_path, "a")
+    journal = journaled_sessions(run_dir)
+    by_task = {}
+    for line in (run_dir / "sessions.jsonl").read_text().splitlines():
+        entry = __import__("json").loads(line)
+        by_task[log.session_task(entry["handle"]["session"])] = journal[entry["session"]]
+    assert by_task == {"a00": ["opened"], "a01": ["opened", "closed"], "a02": ["opened"]}
+    assert read_json(run_dir / "run_info.json")["status"] == "timed_out"
+    assert detail_files(run_dir) == {"normal": set(), "error": set(), "fatal": set()}
+
+
+async def test_cleanup_without_hangs_takes_no_grace(autojump_clock, tmp_path: Path):
+    request = fake_request(
+        "a", log="a", benchmark={"tasks": 2}, harness={"script": {"*": {"run": ["hang"]}}}, output_root=tmp_path
+    )
+    orchestration = Orchestration([request], task_concurrency=2, timeout_seconds=25, cleanup_grace_seconds=7)
+    start = trio.current_time()
+    result = await agentcompass.launch(orchestration)
+    assert trio.current_time() - start == 25
+    assert result.status == "timed_out"
+    assert not call_log("a").live_sessions()
+    assert not unclosed_sessions(only_run_dir(tmp_path, "a"))
