@@ -249,7 +249,7 @@ def _execute(orchestration: Orchestration, config_dir: Path) -> int:
 
     kwargs: dict[str, Any] = {"config_dir": config_dir}
     if "show_progress" in inspect.signature(engine_launch).parameters:
-        kwargs["show_progress"] = sys.stdout.isatty()
+        kwargs["show_progress"] = True  # live table on a TTY, plain lines on stderr otherwise
     result, interrupted = trio.run(_launch_main, engine_launch, orchestration, kwargs)
     if result is not None:
         _print_result(result)

@@ -68,6 +68,9 @@ async def launch(
 ) -> OrchestrationResult:
     """Run every request of ``orchestration`` and return how it ended.
 
+    ``show_progress`` renders progress on stderr: a live table on a TTY,
+    plain periodic lines otherwise (``compass launch`` turns it on).
+
     Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
     rejects the configuration.
     """
@@ -88,11 +91,17 @@ async def launch(
     scheduler = Scheduler(
         runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
     )
-    with trio.move_on_at(deadline) as deadline_scope:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(scheduler.prepare_all, nursery)
-            for _ in range(orchestration.task_concurrency):
-                nursery.start_soon(scheduler.worker)
+    async with trio.open_nursery() as display_nursery:
+        if show_progress:
+            from .._progress import ProgressDisplay
+
+            display_nursery.start_soon(ProgressDisplay(runs).run)
+        with trio.move_on_at(deadline) as deadline_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(scheduler.prepare_all, nursery)
+                for _ in range(orchestration.task_concurrency):
+                    nursery.start_soon(scheduler.worker)
+        display_nursery.cancel_scope.cancel()
     if deadline_scope.cancelled_caught:
         # A request the deadline stopped before it started has no run
         # directory and no status of its own; it timed out like the rest.

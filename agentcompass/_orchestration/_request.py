@@ -43,6 +43,7 @@ class RequestRun:
     benchmark: BaseBenchmark | None = None
     pending: collections.deque[PendingTask] = attrs.Factory(collections.deque)
     active: int = 0
+    retries: int = 0
     total: int = 0
     prepared: bool = False
     finalized: bool = False

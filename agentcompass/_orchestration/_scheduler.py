@@ -47,6 +47,7 @@ class _RequestReporter:
         await self.run.store.save_checkpoint(task_id, record)
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
+        self.run.retries += 1
         await self.run.store.save_retry(task_id, attempt, try_number, data)
 
 

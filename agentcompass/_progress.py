@@ -1,0 +1,122 @@
+"""The progress display of ``compass launch``.
+
+On a TTY a live ``rich`` table (one row per request: tasks done / total,
+active, retries, errors, rate, ETA), redrawn a few times a second. Anywhere
+else, one plain line per request every ``interval`` seconds on stderr, so
+logs and CI output stay readable and stdout keeps only the results.
+
+The display only reads the driver's counters; it never blocks the run, and
+it is cancelled with the orchestration like everything else.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import trio
+
+__all__ = ["ProgressDisplay", "progress_line"]
+
+
+def _eta(done: int, total: int, elapsed: float) -> str:
+    if done == 0 or elapsed <= 0:
+        return "?"
+    remaining = (total - done) * elapsed / done
+    if remaining >= 3600:
+        return f"{remaining / 3600:.1f}h"
+    return f"{remaining / 60:.0f}m" if remaining >= 120 else f"{remaining:.0f}s"
+
+
+def _fields(run: Any, now: float) -> dict[str, Any]:
+    done = len(run.records)
+    elapsed = max(0.0, now - run.started_clock) if run.prepared else 0.0
+    return {
+        "name": run.request.name,
+        "done": done,
+        "total": run.total,
+        "active": run.active,
+        "retries": run.retries,
+        "errors": run.counts["error"],
+        "failed": run.counts["fatal"],
+        "rate": done / elapsed if elapsed > 0 else 0.0,
+        "eta": _eta(done, run.total, elapsed),
+        "status": run.status or ("running" if run.prepared else "waiting"),
+    }
+
+
+def progress_line(run: Any, now: float) -> str:
+    """One plain progress line for a request."""
+    f = _fields(run, now)
+    return (
+        f"[{f['name']}] {f['done']}/{f['total']} done, {f['active']} active, {f['retries']} retries, "
+        f"{f['errors']} errors, {f['failed']} failed, {f['rate']:.1f} tasks/s, ETA {f['eta']} ({f['status']})"
+    )
+
+
+class ProgressDisplay:
+    def __init__(self, runs: Sequence[Any], *, stream: TextIO | None = None, interval: float = 10.0):
+        self.runs = runs
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def lines(self) -> list[str]:
+        now = trio.current_time()
+        return [progress_line(run, now) for run in self.runs]
+
+    async def run(self) -> None:
+        """Render until cancelled (the caller cancels it when the work is done)."""
+        if self.tty:
+            await self._run_live()
+        else:
+            await self._run_plain()
+
+    async def _run_plain(self) -> None:
+        try:
+            while True:
+                await trio.sleep(self.interval)
+                self._write_plain()
+        finally:
+            self._write_plain()
+
+    def _write_plain(self) -> None:
+        for line in self.lines():
+            print(line, file=self.stream, flush=True)
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title="agentcompass", expand=False)
+        for column in ("request", "done", "active", "retries", "errors", "failed", "rate", "ETA", "status"):
+            table.add_column(column, justify="left" if column in ("request", "status") else "right")
+        now = trio.current_time()
+        for run in self.runs:
+            f = _fields(run, now)
+            table.add_row(
+                f["name"],
+                f"{f['done']}/{f['total']}",
+                str(f["active"]),
+                str(f["retries"]),
+                str(f["errors"]),
+                str(f["failed"]),
+                f"{f['rate']:.1f}/s" if math.isfinite(f["rate"]) else "-",
+                f["eta"],
+                f["status"],
+            )
+        return table
+
+    async def _run_live(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(file=self.stream)
+        with Live(self._table(), console=console, auto_refresh=False, transient=False) as live:
+            try:
+                while True:
+                    await trio.sleep(0.25)
+                    live.update(self._table(), refresh=True)
+            finally:
+                live.update(self._table(), refresh=True)

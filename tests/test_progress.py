@@ -1,0 +1,52 @@
+"""The progress display renders with and without a TTY."""
+
+from __future__ import annotations
+
+import io
+
+import trio
+
+import agentcompass.testing  # noqa: F401
+from agentcompass import ComponentRef, Orchestration, RunRequest
+from agentcompass._orchestration._launch import launch
+from agentcompass._progress import ProgressDisplay
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
+    request = RunRequest(
+        name="p",
+        benchmark=ComponentRef("fake-bench", {"tasks": 4, "log": "progress"}),
+        environment=ComponentRef("fake-env", {"log": "progress"}),
+        harness=ComponentRef("fake-harness", {"log": "progress", "script": {"*": {"run": ["sleep:30"]}}}),
+        output_root=tmp_path,
+    )
+    result = await launch(Orchestration([request], task_concurrency=2), show_progress=True)
+    assert result.status == "succeeded"
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    # Every 10 s of (mock) time while tasks run, then a final line.
+    assert any(line.startswith("[p] 0/4 done, 2 active") for line in lines)
+    assert any(line.startswith("[p] 2/4 done, 2 active") for line in lines)
+    assert lines[-1].startswith("[p] 4/4 done, 0 active") and "(succeeded)" in lines[-1]
+    assert captured.out == ""
+
+
+async def test_live_table_on_a_tty(autojump_clock, tmp_path):
+    from agentcompass._orchestration._context import GraceClock
+    from agentcompass._orchestration._request import RequestRun
+
+    request = RunRequest(name="live", benchmark=ComponentRef("fake-bench"), environment=ComponentRef("fake-env"), output_root=tmp_path)
+    run = RequestRun(0, request, GraceClock(1))
+    run.prepared, run.total, run.active, run.retries = True, 10, 3, 2
+    stream = _Tty()
+    display = ProgressDisplay([run], stream=stream)
+    assert display.tty
+    with trio.move_on_after(1):
+        await display.run()
+    text = stream.getvalue()
+    assert "live" in text and "0/10" in text and "retries" in text
