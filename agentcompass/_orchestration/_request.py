@@ -22,7 +22,7 @@ from .._logging import add_json_log, get_logger, remove_json_log
 from .._store import compute_metrics, render_summary
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
-from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
+from ..runtime._results import RequestResult, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 from ._context import GraceClock
 from ._reuse import PendingTask, ReusePlan, plan_reuse

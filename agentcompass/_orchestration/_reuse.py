@@ -88,7 +88,7 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
         source: Path | None = request.reuse
     else:
         source = await trio.to_thread.run_sync(latest_run, request.output_root, request.name, own)
-    if source is None or not source.is_dir():
+    if source is None or not await trio.Path(source).is_dir():
         note = f"reuse: no earlier run of {request.name!r} found; running everything"
         return ReusePlan([PendingTask(task) for task in tasks], notes=[note])
     loaded = await trio.to_thread.run_sync(load_run, source)

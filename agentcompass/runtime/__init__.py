@@ -12,6 +12,9 @@ from ._errors import ComponentError as ComponentError
 from ._errors import ConfigError as ConfigError
 from ._errors import IssueError as IssueError
 from ._errors import RunFailedError as RunFailedError
+from ._executor import Executor as Executor
+from ._executor import Grants as Grants
+from ._executor import TaskReporter as TaskReporter
 from ._results import AttemptRecord as AttemptRecord
 from ._results import Evaluation as Evaluation
 from ._results import ExecResult as ExecResult
@@ -34,6 +37,3 @@ from ._values import ProviderLimits as ProviderLimits
 from ._values import RunRequest as RunRequest
 from ._values import Secret as Secret
 from ._values import TaskSpec as TaskSpec
-from ._executor import Executor as Executor
-from ._executor import Grants as Grants
-from ._executor import TaskReporter as TaskReporter

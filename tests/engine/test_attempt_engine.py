@@ -7,13 +7,12 @@ import random
 import attrs
 import pytest
 import trio
+from _support import make_request, run_one
 
 from agentcompass import ComponentRef, register
 from agentcompass._orchestration._attempt import backoff_delay
 from agentcompass.runtime._results import derive_status
 from agentcompass.testing import FakeBenchmark, call_log, reset_logs
-
-from _support import make_request, run_one
 
 
 @pytest.fixture(autouse=True)
@@ -322,6 +321,7 @@ async def test_backoff_waits_after_cleanup_without_a_permit(autojump_clock):
         max_retries=2, retry_min_delay_seconds=4, retry_max_delay_seconds=100,
     )
     from _support import make_context
+
     from agentcompass._orchestration._task import run_task
 
     ctx, reporter, grants = make_context(request)

@@ -8,14 +8,13 @@ import math
 import pytest
 import trio
 import trio.testing
+from _support import make_context, make_request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentcompass._orchestration._task import run_task
 from agentcompass import register
+from agentcompass._orchestration._task import run_task
 from agentcompass.testing import FakeHarness, call_log, reset_logs
-
-from _support import make_context, make_request
 
 ACTIONS = st.sampled_from(["ok", "ok", "ok", "fatal", "error", "error:flaky", "warning", "raise", "hang"])
 PHASES = {
