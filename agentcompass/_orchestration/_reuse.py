@@ -83,11 +83,10 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
     request = run.request
     if request.reuse is False:
         return ReusePlan([PendingTask(task) for task in tasks])
-    own = Path(run.store.run_dir).resolve()
     if isinstance(request.reuse, Path):
         source: Path | None = request.reuse
     else:
-        source = await trio.to_thread.run_sync(latest_run, request.output_root, request.name, own)
+        source = await trio.to_thread.run_sync(latest_run, request.output_root, request.name, run.store.run_dir)
     if source is None or not await trio.Path(source).is_dir():
         note = f"reuse: no earlier run of {request.name!r} found; running everything"
         return ReusePlan([PendingTask(task) for task in tasks], notes=[note])
