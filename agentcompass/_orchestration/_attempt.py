@@ -30,6 +30,7 @@ from .._redact import redact
 from ..runtime._results import AttemptRecord, Issue, RunResult, derive_status
 from ..runtime._values import ExecutionPlan, TaskSpec
 from ._context import RequestContext
+from ._issues import classify
 from ._try import TryOutcome, retryable_issues, run_evaluation_try, run_full_try
 
 __all__ = ["backoff_delay", "retry_scope", "run_attempt"]
@@ -70,7 +71,17 @@ async def run_attempt(
     request = ctx.request
     execution = request.execution
     reporter = ctx.reporter
-    plan = ctx.planner.plan(task, request, index)
+    try:
+        plan = ctx.planner.plan(task, request, index)
+    except Exception as exc:
+        # A plan that cannot be made is a setup failure of this attempt
+        # (deterministic, so not retried), never a crash of the run.
+        outcome = TryOutcome()
+        outcome.task_issues.append(classify(exc, "prepare_task", "setup", outcome.diagnostics))
+        record = _record(index, outcome, None, 0)
+        await reporter.checkpoint(task.task_id, record)
+        reporter.event("attempt_finished", task=task.task_id, attempt=index, status=record.status, retries=0)
+        return record
     mode = plan.evaluation_environment_mode
     retries = 0
     scope = "attempt"
@@ -121,7 +132,7 @@ def _run_result_with_diagnostics(outcome: TryOutcome) -> RunResult | None:
     return RunResult(result.output, result.trajectory, result.usage, artifacts, result.issues, result.timings)
 
 
-def _record(index: int, outcome: TryOutcome, plan: ExecutionPlan, retries: int) -> AttemptRecord:
+def _record(index: int, outcome: TryOutcome, plan: ExecutionPlan | None, retries: int) -> AttemptRecord:
     issues = outcome.issues
     return AttemptRecord(
         attempt=index,

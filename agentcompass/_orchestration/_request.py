@@ -114,6 +114,15 @@ class RequestRun:
         """A task finished: make its record durable, then count it."""
         await self.store.save_task(record)
         self._count(record)
+        if record.severity == "fatal":
+            issue = next((i for a in record.attempts for i in a.issues if i.severity == "fatal"), None)
+            log.warning(
+                "task_invalidated",
+                request=self.request.name,
+                task=record.task_id,
+                code=issue.code if issue else None,
+                message=issue.message if issue else None,
+            )
         self.publish_progress()
 
     def publish_progress(self) -> None:

@@ -134,9 +134,9 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
             plan.reused.append(attrs.evolve(record, attempts=kept))
             continue
         plan.pending.append(PendingTask(task, tuple(sorted(missing + list(resume))), done, resume))
-    # Reused records are copied into the new run before anything runs.
-    for record in plan.reused:
-        await run.store.save_task(record)
+    # Reused records are copied into the new run before anything runs; they
+    # are queued together so that they share commit rounds.
+    await run.store.save_tasks(plan.reused)
     return plan
 
 

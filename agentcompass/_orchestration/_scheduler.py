@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from .._logging import get_logger
 from .._store import open_run_store
 from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord
@@ -26,6 +27,8 @@ from ._context import GraceClock
 from ._request import RequestRun
 
 __all__ = ["Scheduler"]
+
+log = get_logger("agentcompass.scheduler")
 
 
 class _RequestReporter:
@@ -48,6 +51,16 @@ class _RequestReporter:
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         self.run.retries += 1
+        issues = data.get("issues") or [{}]
+        log.info(
+            "attempt_retry",
+            request=self.run.request.name,
+            task=task_id,
+            attempt=attempt,
+            scope=data.get("scope"),
+            code=issues[0].get("code"),
+            message=issues[0].get("message"),
+        )
         await self.run.store.save_retry(task_id, attempt, try_number, data)
 
 
@@ -162,7 +175,11 @@ class Scheduler:
         request = run.request
         closed = trio.Event()
         try:
-            store = await nursery.start(self._hold_store, run, closed)
+            # Shielded: trio reparents a started task only when the caller
+            # is not cancelled; a deadline passing during the (short) open
+            # would otherwise leave the holder waiting here for ``closed``.
+            with trio.CancelScope(shield=True):
+                store = await nursery.start(self._hold_store, run, closed)
             try:
                 await run.prepare(store)
                 task_status.started()

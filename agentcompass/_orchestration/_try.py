@@ -288,10 +288,12 @@ class _Try:
             deadline = self._evaluation_deadline()
         start = trio.current_time()
         evaluation: Any = None
+        raised = False
         with trio.move_on_at(deadline) as scope:
             try:
                 evaluation = await ctx.benchmark.evaluate(self.out.prepared, self.out.run_result, env, ctx.request)
             except Exception as exc:
+                raised = True
                 issues.append(classify(exc, "evaluate", "evaluate", self.out.diagnostics))
         self._mark("evaluate", start)
         self.out.evaluated = True
@@ -299,11 +301,11 @@ class _Try:
             issues.append(Issue("error", "evaluate", "evaluation_timeout", f"evaluation did not finish within {timeout}s"))
             self.out.values = dict(ctx.benchmark.evaluation_timeout_values)
             return
-        if evaluation is None:
+        if raised:
             return
         if not isinstance(evaluation, Evaluation):
-            exc = ComponentError(f"evaluate() returned {type(evaluation).__name__}, expected Evaluation")
-            issues.append(classify(exc, "evaluate", "evaluate", self.out.diagnostics))
+            violation = ComponentError(f"evaluate() returned {type(evaluation).__name__}, expected Evaluation")
+            issues.append(classify(violation, "evaluate", "evaluate", self.out.diagnostics))
             return
         self.out.values = dict(evaluation.values)
         self._add(issues, evaluation.issues)

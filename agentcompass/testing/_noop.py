@@ -4,18 +4,15 @@ Unlike the ``fake-*`` components these log nothing and script nothing: each
 call does the least a component may do (one checkpoint, or a ``trio.sleep``
 when configured), so what a benchmark measures is the runtime's own cost.
 
-=================== ===================== ==========================================
-id                  kind                  config keys (defaults)
-=================== ===================== ==========================================
-``noop-bench``      Benchmark             ``tasks`` (3), ``sleep`` (0; unused)
-``noop-free-bench`` HarnessFreeBenchmark  ``tasks`` (3), ``sleep`` (0: ``run_task``)
-``noop-env``        Environment           ``sleep`` (0: each ``open``)
-``noop-harness``    Harness               ``sleep`` (0: each ``run_task``)
-=================== ===================== ==========================================
+- ``noop-bench`` (Benchmark): ``tasks`` (3) tasks ``t0000000``, ``t0000001``, ...
+- ``noop-free-bench`` (HarnessFreeBenchmark): the same; ``run_task`` sleeps ``sleep`` (0) seconds.
+- ``noop-env`` (Environment): ``open`` sleeps ``sleep`` (0) seconds; ``record_opens`` (false).
+- ``noop-harness`` (Harness): ``run_task`` sleeps ``sleep`` (0) seconds.
 
 Every task scores ``{"score": 1.0}``. Sessions count themselves in
 :data:`NOOP_SESSIONS` (``opened``, ``closed``), per process, so a benchmark
-can check that every session it opened was closed.
+can check that every session it opened was closed; with ``record_opens``
+the Trio time of every open is appended to :data:`NOOP_OPEN_TIMES`.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from ..runtime._results import Evaluation, ExecResult, RunBudget, RunResult
 from ..runtime._values import ExecutionPlan, ModelSpec, NetworkPolicy, PreparedTask, RunRequest, TaskSpec
 
 __all__ = [
+    "NOOP_OPEN_TIMES",
     "NOOP_SESSIONS",
     "NoopBenchmark",
     "NoopEnvironment",
@@ -47,6 +45,8 @@ __all__ = [
 
 #: Sessions opened and closed by ``noop-env`` in this process.
 NOOP_SESSIONS: dict[str, int] = {"opened": 0, "closed": 0}
+#: ``trio.current_time()`` of each ``noop-env`` open, when ``record_opens`` is set.
+NOOP_OPEN_TIMES: list[float] = []
 
 
 def _non_negative(_instance: Any, attribute: Any, value: float) -> None:
@@ -63,6 +63,12 @@ class NoopBenchmarkConfig:
 @attrs.frozen
 class NoopSleepConfig:
     sleep: float = attrs.field(default=0.0, validator=_non_negative)
+
+
+@attrs.frozen
+class NoopEnvironmentConfig:
+    sleep: float = attrs.field(default=0.0, validator=_non_negative)
+    record_opens: bool = False
 
 
 async def _pause(seconds: float) -> None:
@@ -164,10 +170,12 @@ class NoopEnvironment(BaseEnvironment):
     """``noop-env``: sessions with nothing behind them; ``open`` sleeps ``sleep`` seconds."""
 
     id: ClassVar[str] = "noop-env"
-    Config: ClassVar[type | None] = NoopSleepConfig
-    options: NoopSleepConfig
+    Config: ClassVar[type | None] = NoopEnvironmentConfig
+    options: NoopEnvironmentConfig
 
     async def open(self, config: Any, policy: NetworkPolicy) -> NoopSession:
+        if self.options.record_opens:
+            NOOP_OPEN_TIMES.append(trio.current_time())
         await _pause(self.options.sleep)
         return NoopSession()
 

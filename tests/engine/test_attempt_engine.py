@@ -390,3 +390,20 @@ async def test_keep_environment_skips_only_the_close(autojump_clock):
     log = call_log("t")
     assert log.count("close") == 0 and len(log.live_sessions()) == 1
     assert not grants.held and record.attempts[0].status == "completed"
+
+
+@register
+class BrokenPlan(FakeBenchmark):
+    id = "broken-plan"
+
+    def plan(self, task, request):
+        raise KeyError("no such setting")
+
+
+async def test_a_plan_that_cannot_be_made_fails_the_attempt_not_the_run(autojump_clock):
+    request = attrs.evolve(make_request(max_retries=2), benchmark=ComponentRef("broken-plan", {"log": "t", "tasks": 1}))
+    record, reporter, *_ = await run_one(request)
+    issue = only_failure(record)
+    assert (issue.severity, issue.phase, issue.code) == ("fatal", "setup", "setup_failed")
+    assert record.attempts[0].plan is None and not reporter.discarded
+    assert call_log("t").count("open") == 0

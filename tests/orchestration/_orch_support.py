@@ -206,16 +206,17 @@ def close(a: float, b: float) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_logs() -> Iterator[None]:
-    # The fakes keep their call logs and script counters at module level.
+def _instrumented() -> Iterator[Timeline]:
+    """Fresh call logs (the fakes keep them at module level), inline store
+    I/O and a timeline, for every test of a module that imports this."""
     reset_logs()
     try:
-        yield
+        with instrumented() as recorded:
+            yield recorded
     finally:
         reset_logs()
 
 
 @pytest.fixture
-def timeline() -> Iterator[Timeline]:
-    with instrumented() as recorded:
-        yield recorded
+def timeline(_instrumented: Timeline) -> Timeline:
+    return _instrumented

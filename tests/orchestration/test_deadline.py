@@ -14,11 +14,12 @@ import trio
 
 import agentcompass
 from agentcompass import ComponentRef, Orchestration
+from agentcompass._store import _run_store
 from agentcompass.testing import FakeEnvironment, call_log, fake_request
 
 from _orch_support import (  # noqa: F401  (fixtures)
     Timeline,
-    _fresh_logs,
+    _instrumented,
     detail_files,
     journaled_sessions,
     only_run_dir,
@@ -157,3 +158,40 @@ async def test_cleanup_without_hangs_takes_no_grace(autojump_clock, tmp_path: Pa
     assert result.status == "timed_out"
     assert not call_log("a").live_sessions()
     assert not unclosed_sessions(only_run_dir(tmp_path, "a"))
+
+
+async def test_a_deadline_during_task_loading_persists_the_terminal_state(autojump_clock, tmp_path: Path):
+    request = fake_request(
+        "a", log="a", benchmark={"tasks": 2, "script": {"*": {"load_tasks": ["sleep:100"]}}}, output_root=tmp_path
+    )
+    start = trio.current_time()
+    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=10))
+    assert trio.current_time() - start == 10
+    assert [r.status for r in result.requests] == ["timed_out"]
+    run_dir = only_run_dir(tmp_path, "a")
+    assert read_json(run_dir / "run_info.json")["status"] == "timed_out"
+    assert call_log("a").count("plan") == 0
+
+
+async def test_a_deadline_while_the_run_store_opens(autojump_clock, tmp_path: Path, monkeypatch):
+    # Opening a run store cannot be cancelled (its disk work runs in a thread
+    # that is never abandoned). Here it takes 3 s and the deadline passes at
+    # 1 s: the request still records its terminal state, right after the
+    # open. (A regression here is a hang: the store's holder task waiting
+    # for a request scope that waits for it.)
+    inline = _run_store.to_store_thread
+
+    async def slow_open(fn: Any, *args: Any) -> Any:
+        if fn == _run_store.RunStore._open_sync:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(3)
+        return await inline(fn, *args)
+
+    monkeypatch.setattr(_run_store, "to_store_thread", slow_open)
+    request = sleepy_request("a", [10], tmp_path)
+    start = trio.current_time()
+    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=1))
+    assert trio.current_time() - start == 3
+    assert [r.status for r in result.requests] == ["timed_out"]
+    assert read_json(only_run_dir(tmp_path, "a") / "run_info.json")["status"] == "timed_out"
+    assert call_log("a").count("load_tasks") == 0

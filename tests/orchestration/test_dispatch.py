@@ -17,7 +17,7 @@ from agentcompass import Orchestration
 
 from _orch_support import (  # noqa: F401  (fixtures)
     Timeline,
-    _fresh_logs,
+    _instrumented,
     one_attempt,
     only_run_dir,
     read_json,

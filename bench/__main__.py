@@ -1,0 +1,125 @@
+"""``python -m bench [--only NAME ...] [--repeat N] [--inspect] [--smoke]``.
+
+Runs every scenario of :mod:`bench._scenarios` in a fresh subprocess,
+``--repeat`` times (the table shows medians), writes
+``bench/results/latest.json`` and prints one table row per target as
+*measured / target*. ``--inspect`` adds the Inspect AI side-by-side
+(:mod:`bench._inspect`), installed into its own virtual environment.
+``--smoke`` uses tiny sizes (a check that the suite runs, not a measurement).
+The exit status is 0 even when a target is missed: this reports, it does not gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ._child import ROOT, run_child
+from ._report import render_table, targets
+
+#: Full sizes, as the performance issue states them.
+FULL: dict[str, dict[str, Any]] = {
+    "overhead": {"fn": "overhead_bound", "tasks": 10_000, "concurrency": 500},
+    "latency": {"fn": "latency_bound", "tasks": 2_000, "concurrency": 200, "latency": 0.05},
+    "memory": {"fn": "memory", "tasks": 100_000, "concurrency": 10, "hold": 3.0},
+    "shutdown": {"fn": "shutdown", "active": 500, "hold": 2.0, "grace": 5.0},
+    "reuse": {"fn": "reuse", "tasks": 10_000, "concurrency": 500},
+    "open_rate": {"fn": "open_rate", "opens": 200, "rate": 50.0},
+}
+
+#: Smoke sizes: every code path, a few seconds in all.
+SMOKE: dict[str, dict[str, Any]] = {
+    "overhead": {"fn": "overhead_bound", "tasks": 40, "concurrency": 8},
+    "latency": {"fn": "latency_bound", "tasks": 20, "concurrency": 10, "latency": 0.01},
+    "memory": {"fn": "memory", "tasks": 200, "concurrency": 2, "hold": 0.3},
+    "shutdown": {"fn": "shutdown", "active": 10, "hold": 0.3, "grace": 1.0},
+    "reuse": {"fn": "reuse", "tasks": 30, "concurrency": 8},
+    "open_rate": {"fn": "open_rate", "opens": 6, "rate": 50.0},
+}
+
+
+def run_scenario(name: str, params: dict[str, Any], root: Path) -> dict[str, Any]:
+    kwargs = {k: v for k, v in params.items() if k != "fn"}
+    fn = params["fn"]
+    scratch = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+    if fn == "shutdown":
+        # Spawns its own child: run it here, it times that child's exit.
+        from . import _scenarios
+
+        return _scenarios.shutdown(scratch, **kwargs)
+    result, _ = run_child(fn, root=str(scratch), **kwargs)
+    return result
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per numeric field, the median over the repeats; other fields from the first."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in runs)
+    out["repeats"] = len(runs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--only", action="append", choices=sorted(FULL), help="run only this scenario (repeatable)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per scenario; the table shows medians (3)")
+    parser.add_argument("--inspect", action="store_true", help="also run the Inspect AI side-by-side")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the suite runs")
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "latest.json")
+    args = parser.parse_args(argv)
+
+    sizes = SMOKE if args.smoke else FULL
+    names = args.only or list(sizes)
+    results: dict[str, Any] = {}
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="agentcompass-bench-") as tmp:
+        for name in names:
+            runs = []
+            for i in range(args.repeat):
+                print(f"[bench] {name} run {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
+                try:
+                    runs.append(run_scenario(name, sizes[name], Path(tmp)))
+                except Exception as exc:  # noqa: BLE001 - report it, go on with the others
+                    print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
+            results[name] = (
+                {**_median_run(runs), "runs": runs} if runs else {"error": "every run failed"}
+            )
+    if args.inspect:
+        from ._inspect import side_by_side
+
+        results["inspect"] = side_by_side(results, smoke=args.smoke)
+
+    rows = targets(results)
+    report = {
+        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started": started,
+        "duration_s": time.time() - started,
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "loadavg_1m": os.getloadavg()[0],
+        },
+        "sizes": sizes,
+        "results": results,
+        "targets": rows,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(render_table(rows))
+    print(f"\nresults: {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Run one scenario function in a fresh interpreter and read its result back.
+
+``python -m bench._child NAME JSON_KWARGS`` calls ``bench._scenarios.NAME(**kwargs)``
+and prints its result as the last stdout line (JSON). A fresh process per
+scenario keeps ``ru_maxrss``, caches and Trio state from leaking across them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: Repository root: the child must import ``bench`` and ``agentcompass`` from here.
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str, Any], float]:
+    """Run scenario ``name`` in a subprocess; return its result and the wall
+    clock time (``time.time()``) at which the process was seen to exit."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench._child", name, json.dumps(kwargs)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise RuntimeError(f"scenario {name} did not finish within {timeout}s") from None
+    exited = time.time()
+    if proc.returncode != 0:
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        raise RuntimeError(f"scenario {name} exited with {proc.returncode}:\n{tail}")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"scenario {name} printed no result:\n{out[-2000:]}\n{err[-2000:]}")
+    return json.loads(lines[-1]), exited
+
+
+def main() -> None:
+    from . import _scenarios
+
+    name, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    fn = getattr(_scenarios, name)
+    result = fn(**kwargs)
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Turn scenario results into target rows and a Markdown table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["render_table", "targets"]
+
+
+def _row(scenario: str, metric: str, measured: Any, target: str, ok: bool | None, fmt: str = "{:.2f}") -> dict[str, Any]:
+    shown = "n/a" if measured is None or (isinstance(measured, float) and math.isnan(measured)) else fmt.format(measured)
+    return {
+        "scenario": scenario,
+        "metric": metric,
+        "measured": measured,
+        "shown": shown,
+        "target": target,
+        "ok": ok,
+    }
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target of the performance issue (and a few context rows, ``ok`` None)."""
+    rows: list[dict[str, Any]] = []
+    r = results.get("overhead")
+    if r and "error" not in r:
+        rows.append(_row("overhead-bound", "attempts/s", r["attempts_per_s"], ">= 2000", r["attempts_per_s"] >= 2000, "{:.0f}"))
+        rows.append(_row("overhead-bound", "CPU us/attempt", r["cpu_us_per_attempt"], "(context)", None, "{:.0f}"))
+    i = results.get("inspect")
+    if i and i.get("ratio_overhead") is not None:
+        ratio = i["ratio_overhead"]
+        rows.append(_row("overhead-bound", "x Inspect AI samples/s", ratio, ">= 40", ratio >= 40, "{:.1f}"))
+    elif i:
+        rows.append(_row("overhead-bound", "x Inspect AI samples/s", None, ">= 40", None))
+    r = results.get("latency")
+    if r and "error" not in r:
+        ratio = r["wall_over_ideal"]
+        rows.append(_row("latency-bound", "wall / ideal", ratio, "<= 1.10", ratio <= 1.10, "{:.3f}"))
+    if i and i.get("ratio_latency") is not None:
+        rows.append(_row("latency-bound", "Inspect AI wall / ideal", i["inspect_latency_wall_over_ideal"], "(context)", None, "{:.3f}"))
+    r = results.get("memory")
+    if r and "error" not in r:
+        kb = r["rss_bytes_per_pending_task"] / 1024
+        rows.append(_row("memory", "KB RSS per pending task", kb, "<= 4", kb <= 4, "{:.2f}"))
+    r = results.get("shutdown")
+    if r and "error" not in r:
+        ok = r["shutdown_s"] <= r["target_s"] and bool(r["all_closed"])
+        rows.append(_row("shutdown", "s deadline -> exit, all closed", r["shutdown_s"], f"<= {r['target_s']:.1f} (grace + 0.5)", ok, "{:.2f}"))
+        rows.append(_row("shutdown", "sessions left open", r["open_at_exit"] + r["journal_unclosed"], "0", r["all_closed"], "{:.0f}"))
+    r = results.get("reuse")
+    if r and "error" not in r:
+        rows.append(_row("reuse", "s to first new attempt", r["first_attempt_s"], "<= 3", r["first_attempt_s"] <= 3, "{:.2f}"))
+    r = results.get("open_rate")
+    if r and "error" not in r:
+        dev = r["deviation"]
+        rows.append(_row("open rate", "achieved / configured - 1", dev * 100, "within +-2 %", abs(dev) <= 0.02, "{:+.2f} %"))
+    return rows
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| scenario | metric | measured | target | met |",
+        "|---|---|---:|---|:---:|",
+    ]
+    for row in rows:
+        met = {True: "yes", False: "**no**", None: ""}[row["ok"]]
+        lines.append(f"| {row['scenario']} | {row['metric']} | {row['shown']} | {row['target']} | {met} |")
+    return "\n".join(lines)

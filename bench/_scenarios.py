@@ -1,0 +1,289 @@
+"""The benchmark scenarios, each a plain function returning a dict of measurements.
+
+Every function runs the runtime in the calling process (``trio.run``) with the
+no-op components of :mod:`agentcompass.testing` and persistence on (a real
+run directory under ``root``). ``python -m bench`` calls each one in a fresh
+subprocess (see :mod:`bench._child`) so scenarios never share memory,
+caches or a Trio run; the smoke tests call them in-process with small sizes.
+
+Sizes are arguments so the same code serves the full run and the smoke run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import agentcompass
+import agentcompass.testing  # registers the noop-* components
+from agentcompass import (
+    AttemptsSpec,
+    ComponentRef,
+    ExecutionSpec,
+    Orchestration,
+    ProviderLimits,
+    RunRequest,
+)
+from agentcompass.testing import NOOP_SESSIONS
+from agentcompass.testing._noop import NOOP_OPEN_TIMES
+
+__all__ = [
+    "SCENARIOS",
+    "latency_bound",
+    "memory",
+    "open_rate",
+    "overhead_bound",
+    "reuse",
+    "shutdown",
+]
+
+
+def _request(
+    root: Path,
+    tasks: int,
+    *,
+    name: str = "bench",
+    sleep: float = 0.0,
+    reuse: bool | Path = False,
+    k: int = 1,
+    record_opens: bool = False,
+) -> RunRequest:
+    return RunRequest(
+        name=name,
+        benchmark=ComponentRef("noop-bench", {"tasks": tasks}),
+        harness=ComponentRef("noop-harness", {"sleep": sleep}),
+        environment=ComponentRef("noop-env", {"record_opens": True} if record_opens else {}),
+        execution=ExecutionSpec(attempts=AttemptsSpec(k=k)),
+        output_root=Path(root),
+        reuse=reuse,
+    )
+
+
+def _launch(orchestration: Orchestration) -> Any:
+    return trio.run(agentcompass.launch, orchestration)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process (all threads) and its waited-for children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _maxrss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def _events(run_dir: str, kind: str) -> list[dict[str, Any]]:
+    out = []
+    with open(os.path.join(run_dir, "progress.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            if f'"event":"{kind}"' in line:
+                out.append(json.loads(line))
+    return out
+
+
+def _warm_up(root: Path) -> None:
+    """One tiny run first: imports, registry and caches are not what we measure."""
+    _launch(Orchestration([_request(root / "warmup", 4)], task_concurrency=2))
+
+
+# -- scenarios ------------------------------------------------------------------
+
+
+def overhead_bound(root: Path, tasks: int = 10_000, concurrency: int = 500) -> dict[str, Any]:
+    """No-op components: what one attempt costs the runtime itself."""
+    root = Path(root)
+    _warm_up(root)
+    cpu0, t0 = _cpu(), time.perf_counter()
+    result = _launch(Orchestration([_request(root, tasks)], task_concurrency=concurrency))
+    wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
+    return {
+        "status": result.status,
+        "tasks": tasks,
+        "concurrency": concurrency,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "attempts_per_s": tasks / wall,
+        "cpu_us_per_attempt": cpu / tasks * 1e6,
+    }
+
+
+def latency_bound(
+    root: Path, tasks: int = 2_000, concurrency: int = 200, latency: float = 0.05
+) -> dict[str, Any]:
+    """A harness that sleeps ``latency``: wall time against ceil(N/C) x L."""
+    root = Path(root)
+    _warm_up(root)
+    ideal = math.ceil(tasks / concurrency) * latency
+    cpu0, t0 = _cpu(), time.perf_counter()
+    result = _launch(Orchestration([_request(root, tasks, sleep=latency)], task_concurrency=concurrency))
+    wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
+    return {
+        "status": result.status,
+        "tasks": tasks,
+        "concurrency": concurrency,
+        "latency_s": latency,
+        "wall_s": wall,
+        "ideal_s": ideal,
+        "wall_over_ideal": wall / ideal,
+        "cpu_us_per_attempt": cpu / tasks * 1e6,
+    }
+
+
+def memory(root: Path, tasks: int = 100_000, concurrency: int = 10, hold: float = 3.0) -> dict[str, Any]:
+    """``tasks`` tasks queued behind ``concurrency`` workers whose harness
+    never returns; the deadline (``hold`` seconds) ends the run. Peak RSS
+    growth over a warmed-up baseline, per pending task. Run it in a fresh
+    process: ``ru_maxrss`` is a high-water mark."""
+    root = Path(root)
+    _warm_up(root)
+    before = _maxrss_bytes()
+    t0 = time.perf_counter()
+    result = _launch(
+        Orchestration(
+            [_request(root, tasks, sleep=3600)],
+            task_concurrency=concurrency,
+            timeout_seconds=hold,
+            cleanup_grace_seconds=5,
+        )
+    )
+    peak = _maxrss_bytes()
+    return {
+        "status": result.status,
+        "tasks": tasks,
+        "wall_s": time.perf_counter() - t0,
+        "baseline_rss_bytes": before,
+        "peak_rss_bytes": peak,
+        "rss_bytes_per_pending_task": (peak - before) / tasks,
+        "sessions_open_at_exit": NOOP_SESSIONS["opened"] - NOOP_SESSIONS["closed"],
+    }
+
+
+def shutdown_child(root: Path, active: int = 500, hold: float = 2.0, grace: float = 5.0) -> dict[str, Any]:
+    """The measured process of :func:`shutdown`: ``active`` attempts whose
+    harness never returns until the orchestration deadline ``hold`` passes.
+
+    ``deadline_wall`` is taken *before* ``launch`` (before preflight), so it is
+    no later than the real deadline and the measured shutdown errs long."""
+    root = Path(root)
+    _warm_up(root)
+    opened0 = NOOP_SESSIONS["opened"]
+    t0 = time.time()
+    result = _launch(
+        Orchestration(
+            [_request(root, active, sleep=3600)],
+            task_concurrency=active,
+            timeout_seconds=hold,
+            cleanup_grace_seconds=grace,
+        )
+    )
+    returned = time.time()
+    return {
+        "status": result.status,
+        "active": active,
+        "grace_s": grace,
+        "deadline_wall": t0 + hold,
+        "returned_wall": returned,
+        "opened": NOOP_SESSIONS["opened"] - opened0,
+        "open_at_exit": NOOP_SESSIONS["opened"] - NOOP_SESSIONS["closed"],
+        "journal_unclosed": _unclosed_in_journal(result.requests[0].run_dir),
+    }
+
+
+def _unclosed_in_journal(run_dir: str) -> int:
+    opened: set[str] = set()
+    with open(os.path.join(run_dir, "sessions.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line)
+            if entry["event"] == "opened":
+                opened.add(entry["session"])
+            else:
+                opened.discard(entry["session"])
+    return len(opened)
+
+
+def shutdown(root: Path, active: int = 500, hold: float = 2.0, grace: float = 5.0) -> dict[str, Any]:
+    """Seconds from the deadline until every session is closed and the
+    process exited: :func:`shutdown_child` in a subprocess, timed to its exit."""
+    from ._child import run_child
+
+    child, exited = run_child("shutdown_child", root=str(root), active=active, hold=hold, grace=grace)
+    seconds = exited - child["deadline_wall"]
+    return {
+        **child,
+        "exited_wall": exited,
+        "shutdown_s": seconds,
+        "target_s": grace + 0.5,
+        "all_closed": child["open_at_exit"] == 0 and child["journal_unclosed"] == 0,
+    }
+
+
+def reuse(root: Path, tasks: int = 10_000, concurrency: int = 500, new: int = 1) -> dict[str, Any]:
+    """A finished ``tasks``-task run, then ``--reuse`` of it with ``new`` more
+    tasks: seconds from ``launch`` until the first new attempt starts."""
+    root = Path(root)
+    _warm_up(root)
+    first = _launch(Orchestration([_request(root, tasks)], task_concurrency=concurrency))
+    source = Path(first.requests[0].run_dir)
+    t0 = time.time()
+    result = _launch(
+        Orchestration([_request(root, tasks + new, reuse=source)], task_concurrency=concurrency)
+    )
+    wall = time.time() - t0
+    run_dir = result.requests[0].run_dir
+    starts = _events(run_dir, "attempt_started")
+    first_start = min(e["t"] for e in starts) if starts else math.nan
+    return {
+        "status": result.status,
+        "tasks": tasks,
+        "new_tasks": new,
+        "attempts_run": len(starts),
+        "first_attempt_s": first_start - t0,
+        "wall_s": wall,
+    }
+
+
+def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any]:
+    """``opens`` sessions of a provider limited to ``rate`` opens a second,
+    all wanted at once: the achieved rate, (opens - 1) / (last - first open),
+    since the bucket starts with one token."""
+    root = Path(root)
+    _warm_up(root)
+    times = NOOP_OPEN_TIMES
+    times.clear()
+    result = _launch(
+        Orchestration(
+            [_request(root, opens, record_opens=True)],
+            task_concurrency=opens,
+            providers={"noop-env": ProviderLimits(open_qps=rate)},
+        )
+    )
+    span = max(times) - min(times) if len(times) > 1 else math.nan
+    achieved = (len(times) - 1) / span if span else math.nan
+    return {
+        "status": result.status,
+        "opens": len(times),
+        "configured_rate": rate,
+        "achieved_rate": achieved,
+        "deviation": achieved / rate - 1,
+        "span_s": span,
+    }
+
+SCENARIOS = {
+    "overhead": overhead_bound,
+    "latency": latency_bound,
+    "memory": memory,
+    "shutdown": shutdown,
+    "reuse": reuse,
+    "open_rate": open_rate,
+}
