@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-inspect clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The same, plus the Inspect AI side-by-side (installs inspect-ai into bench/.venv-inspect).
+bench-inspect: $(STAMP)
+	$(BIN)/python -m bench --inspect
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

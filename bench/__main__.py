@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(FULL), help="run only this scenario (repeatable)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per scenario; the table shows medians (3)")
     parser.add_argument("--inspect", action="store_true", help="also run the Inspect AI side-by-side")
+    parser.add_argument(
+        "--inspect-scale",
+        type=float,
+        default=1.0,
+        help="Inspect AI workloads at this fraction of our sizes (1.0; samples/s is size-independent once warm)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the suite runs")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = parser.parse_args(argv)
@@ -97,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.inspect:
         from ._inspect import side_by_side
 
-        results["inspect"] = side_by_side(results, smoke=args.smoke)
+        results["inspect"] = side_by_side(results, smoke=args.smoke, scale=args.inspect_scale)
 
     rows = targets(results)
     report = {

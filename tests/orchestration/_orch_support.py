@@ -1,12 +1,13 @@
 """Helpers for orchestration tests: store I/O inline, and a mock-time timeline.
 
-Store I/O runs inline and without flushes to the disk. Why inline: the run store does its blocking work in
-worker threads. Under ``MockClock(autojump_threshold=0)`` every task blocked
-on a thread counts as idle, so the clock jumps to the next timer while the
-disk works: a deadline would expire during the first ``fsync``. Running the
-same functions inline (after a checkpoint) keeps the store's behaviour and
-makes mock time exact. Why no flushes: ``fsync``/``syncfs`` are most of the
-wall time of a run of fakes, and durability is the store tests' subject.
+Store I/O runs inline and without flushes to the disk. Why inline: the run
+store does its blocking work in worker threads. Under
+``MockClock(autojump_threshold=0)`` every task blocked on a thread counts as
+idle, so the clock jumps to the next timer while the disk works: a deadline
+would expire during the first ``fsync``. Running the same functions inline
+(after a checkpoint) keeps the store's behaviour and makes mock time exact.
+Why no flushes: ``fsync``/``syncfs`` are most of the wall time of a run of
+fakes, and durability is the store tests' subject.
 
 The :class:`Timeline` records, in one global order and with
 ``trio.current_time()``, every call the fake components log (from every call
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +30,7 @@ import pytest
 import trio
 
 import agentcompass.testing  # noqa: F401  (registers the fakes)
-from agentcompass import AttemptsSpec, ExecutionSpec, RunRequest
+from agentcompass import RunRequest
 from agentcompass._store import _group_commit, _run_store
 from agentcompass.testing import CallLog, fake_request, reset_logs
 
@@ -63,9 +63,7 @@ class Timeline:
     marks: list[Mark] = attrs.Factory(list)
 
     def select(self, kind: str | None = None, source: str | None = None) -> list[Mark]:
-        return [
-            m for m in self.marks if (kind is None or m.kind == kind) and (source is None or m.source == source)
-        ]
+        return [m for m in self.marks if (kind is None or m.kind == kind) and (source is None or m.source == source)]
 
     def events(self, request: str, kind: str | None = None) -> list[Mark]:
         """Progress events of request ``request``."""
@@ -79,27 +77,29 @@ class Timeline:
     def index(self, mark: Mark) -> int:
         return next(i for i, m in enumerate(self.marks) if m is mark)
 
-    def open_counts(self, sources: set[str] | None = None) -> list[tuple[float, int, int]]:
-        """``(t, sessions open, opens so far)`` after each ``opened``/``close``
-        of fake-env sessions (from the logs in ``sources``, default all).
+    def open_counts(self, sources: set[str] | None = None, *, start: str = "open") -> list[tuple[float, int, int]]:
+        """``(t, sessions held, sessions started so far)`` after each start or
+        ``close`` of a fake-env session (from the logs in ``sources``, default all).
 
-        A session counts from its ``opened`` call until its ``close`` call
-        starts; the capacity permit is held a little longer (until the close
-        returns), so the count is never above the permits held.
+        A session is held from its ``start`` call (``open``: the provider's
+        ``open`` was called, after the capacity permit was granted; or
+        ``opened``: the open succeeded) until its ``close`` call starts. The
+        permit is held a little longer (until the close returns), so the count
+        never exceeds the permits held.
         """
         counts = []
-        live = opened = 0
+        live = started = 0
         for m in self.marks:
             if m.source.startswith("store:") or (sources is not None and m.source not in sources):
                 continue
-            if m.kind == "opened":
+            if m.kind == start:
                 live += 1
-                opened += 1
+                started += 1
             elif m.kind == "close":
                 live -= 1
             else:
                 continue
-            counts.append((m.t, live, opened))
+            counts.append((m.t, live, started))
         return counts
 
 
@@ -110,9 +110,11 @@ def instrumented() -> Iterator[Timeline]:
     record = CallLog.record
     event = _run_store.RunStore.event
 
-    def timed_record(self: CallLog, component: Any, phase: str, task_id: Any, session: Any = None, detail: Any = None):
-        call = record(self, component, phase, task_id, session, detail)
-        timeline.marks.append(Mark(trio.current_time(), self.name, phase, task_id, session, dict(call.detail)))
+    def timed_record(self: CallLog, *args: Any, **kwargs: Any) -> Any:
+        call = record(self, *args, **kwargs)
+        timeline.marks.append(
+            Mark(trio.current_time(), self.name, call.phase, call.task_id, call.session, dict(call.detail))
+        )
         return call
 
     def timed_event(self: Any, kind: str, **fields: Any) -> None:
@@ -137,26 +139,23 @@ def sleepy_request(
     output_root: Path,
     *,
     phase: str = "run",
-    env_script: dict[str, Any] | None = None,
     **fields: Any,
 ) -> RunRequest:
-    """A fake request logging to the log ``name`` whose task ``i`` sleeps
-    ``durations[i]`` mock seconds in the harness ``phase`` (default ``run``)."""
+    """A fake request logging to the log ``name`` (task ids ``<name>00``, ...)
+    whose task ``i`` sleeps ``durations[i]`` mock seconds in ``phase``: a
+    harness phase (``run``, the default, or ``start_session``) or the
+    environment's ``open`` (holding the capacity permit, before the session exists)."""
     ids = [f"{name}{i:02d}" for i in range(len(durations))]
     script = {task_id: {phase: [f"sleep:{d}"]} for task_id, d in zip(ids, durations, strict=True)}
+    component = "environment" if phase == "open" else "harness"
     return fake_request(
         name,
         log=name,
         benchmark={"tasks": ids},
-        harness={"script": script},
-        environment={"script": env_script or {}},
         output_root=output_root,
+        **{component: {"script": script}},
         **fields,
     )
-
-
-def one_attempt(**execution: Any) -> ExecutionSpec:
-    return ExecutionSpec(attempts=AttemptsSpec(1), **execution)
 
 
 def read_json(path: Path) -> Any:
@@ -196,10 +195,6 @@ def journaled_sessions(run_dir: Path) -> dict[str, list[str]]:
     for line in read_jsonl(run_dir / "sessions.jsonl"):
         journal.setdefault(line["session"], []).append(line["event"])
     return journal
-
-
-def close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=0, abs_tol=1e-9)
 
 
 # -- fixtures (import them into a test module to use them) --------------------

@@ -11,12 +11,6 @@ from typing import Any, ClassVar
 
 import attrs
 import trio
-
-import agentcompass
-from agentcompass import ComponentRef, Orchestration
-from agentcompass._store import _run_store
-from agentcompass.testing import FakeEnvironment, call_log, fake_request
-
 from _orch_support import (  # noqa: F401  (fixtures)
     Timeline,
     _instrumented,
@@ -24,10 +18,16 @@ from _orch_support import (  # noqa: F401  (fixtures)
     journaled_sessions,
     only_run_dir,
     read_json,
+    read_jsonl,
     sleepy_request,
     timeline,
     unclosed_sessions,
 )
+
+import agentcompass
+from agentcompass import ComponentRef, Orchestration
+from agentcompass._store import _run_store
+from agentcompass.testing import FakeEnvironment, call_log, fake_request
 
 
 @agentcompass.register
@@ -137,11 +137,12 @@ async def test_a_hanging_close_is_bounded_by_the_grace(autojump_clock, tmp_path:
     assert set(log.closed_sessions()) == set(session_of.values())  # every close was attempted
 
     run_dir = only_run_dir(tmp_path, "a")
-    journal = journaled_sessions(run_dir)
-    by_task = {}
-    for line in (run_dir / "sessions.jsonl").read_text().splitlines():
-        entry = __import__("json").loads(line)
-        by_task[log.session_task(entry["handle"]["session"])] = journal[entry["session"]]
+    by_task = {
+        log.session_task(line["handle"]["session"]): events
+        for line in read_jsonl(run_dir / "sessions.jsonl")
+        for session, events in journaled_sessions(run_dir).items()
+        if line["session"] == session
+    }
     assert by_task == {"a00": ["opened"], "a01": ["opened", "closed"], "a02": ["opened"]}
     assert read_json(run_dir / "run_info.json")["status"] == "timed_out"
     assert detail_files(run_dir) == {"normal": set(), "error": set(), "fatal": set()}

@@ -11,19 +11,18 @@ from pathlib import Path
 
 import pytest
 import trio
-
-import agentcompass
-from agentcompass import Orchestration
-
 from _orch_support import (  # noqa: F401  (fixtures)
     Timeline,
     _instrumented,
-    one_attempt,
     only_run_dir,
     read_json,
+    read_jsonl,
     sleepy_request,
     timeline,
 )
+
+import agentcompass
+from agentcompass import Orchestration
 
 
 def check_ordered_dispatch(timeline: Timeline, totals: dict[str, int]) -> None:
@@ -96,6 +95,14 @@ async def test_an_earlier_request_active_task_overlaps_a_later_request(
     finished_a = {m.task_id: m.t - start for m in timeline.events("a", "task_finished")}
     assert finished_a["a04"] == 14
     check_ordered_dispatch(timeline, {"a": 5, "b": 4})
+    # progress.jsonl on disk holds the same task_started events, in the same order.
+    for name in ("a", "b"):
+        on_disk = [
+            e["task"]
+            for e in read_jsonl(only_run_dir(tmp_path, name) / "progress.jsonl")
+            if e["event"] == "task_started"
+        ]
+        assert on_disk == [m.task_id for m in timeline.events(name, "task_started")]
 
 
 # -- finalize rule --------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""Smoke-sized runs of every ``make bench`` scenario.
+
+They keep the benchmark suite working; they assert what each scenario
+reports and that the runs were correct (every session closed, every task
+done), never how fast anything was: timings belong to ``make bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import _scenarios as scenarios  # noqa: E402
+from bench.__main__ import SMOKE, main  # noqa: E402
+from bench._report import render_table, targets  # noqa: E402
+
+
+def _kwargs(name: str) -> dict:
+    return {k: v for k, v in SMOKE[name].items() if k != "fn"}
+
+
+def test_overhead_bound(tmp_path: Path) -> None:
+    result = scenarios.overhead_bound(tmp_path, **_kwargs("overhead"))
+    assert result["status"] == "succeeded"
+    assert result["attempts_per_s"] > 0 and result["cpu_us_per_attempt"] > 0
+
+
+def test_latency_bound(tmp_path: Path) -> None:
+    result = scenarios.latency_bound(tmp_path, **_kwargs("latency"))
+    assert result["status"] == "succeeded"
+    assert result["ideal_s"] == pytest.approx(0.02)
+    assert result["wall_over_ideal"] > 0
+
+
+def test_memory(tmp_path: Path) -> None:
+    result = scenarios.memory(tmp_path, **_kwargs("memory"))
+    assert result["status"] == "timed_out"
+    assert result["sessions_open_at_exit"] == 0
+    assert result["rss_bytes_per_pending_task"] >= 0
+
+
+def test_shutdown(tmp_path: Path) -> None:
+    result = scenarios.shutdown(tmp_path, **_kwargs("shutdown"))
+    assert result["status"] == "timed_out"
+    assert result["opened"] == SMOKE["shutdown"]["active"]
+    assert result["all_closed"]
+    assert result["shutdown_s"] > 0
+
+
+def test_reuse(tmp_path: Path) -> None:
+    result = scenarios.reuse(tmp_path, **_kwargs("reuse"))
+    assert result["status"] == "succeeded"
+    # Only the new task runs; the finished ones are reused.
+    assert result["attempts_run"] == result["new_tasks"] == 1
+    assert result["first_attempt_s"] > 0
+
+
+def test_open_rate(tmp_path: Path) -> None:
+    result = scenarios.open_rate(tmp_path, **_kwargs("open_rate"))
+    assert result["status"] == "succeeded"
+    assert result["opens"] == SMOKE["open_rate"]["opens"]
+    assert result["achieved_rate"] > 0
+
+
+def test_report_rows() -> None:
+    rows = targets(
+        {
+            "overhead": {"attempts_per_s": 2500.0, "cpu_us_per_attempt": 300.0},
+            "latency": {"wall_over_ideal": 1.2},
+            "inspect": {"skipped": "no network"},
+        }
+    )
+    met = {(r["scenario"], r["metric"]): r["ok"] for r in rows}
+    assert met[("overhead-bound", "attempts/s")] is True
+    assert met[("latency-bound", "wall / ideal")] is False
+    assert met[("overhead-bound", "x Inspect AI samples/s")] is None
+    assert "| overhead-bound | attempts/s | 2500 | >= 2000 | yes |" in render_table(rows)
+
+
+def test_main_writes_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "latest.json"
+    assert main(["--smoke", "--repeat", "1", "--only", "open_rate", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["results"]["open_rate"]["repeats"] == 1
+    assert report["targets"][0]["scenario"] == "open rate"
+    assert "| open rate |" in capsys.readouterr().out
