@@ -12,6 +12,7 @@ the same cleanup runs and ``launch`` returns status ``timed_out``.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import trio
 from .._config import preflight
 from .._limits import provider_limits
 from .._logging import get_logger
+from .._store import open_run_store
 from ..runtime._errors import RunFailedError
 from ..runtime._results import OrchestrationResult, RequestResult
 from ..runtime._values import Orchestration, RunRequest
@@ -91,32 +93,57 @@ async def launch(
     scheduler = Scheduler(
         runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
     )
-    async with trio.open_nursery() as display_nursery:
-        if show_progress:
-            from .._progress import ProgressDisplay
+    try:
+        async with trio.open_nursery() as display_nursery:
+            if show_progress:
+                from .._progress import ProgressDisplay
 
-            display_nursery.start_soon(ProgressDisplay(runs).run)
-        with trio.move_on_at(deadline) as deadline_scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(scheduler.prepare_all, nursery)
-                for _ in range(orchestration.task_concurrency):
-                    nursery.start_soon(scheduler.worker)
-        display_nursery.cancel_scope.cancel()
-    if deadline_scope.cancelled_caught:
-        # A request the deadline stopped before it started has no run
-        # directory and no status of its own; it timed out like the rest.
-        for run in runs:
-            if run.status is None:
-                run.status = "timed_out"
+                display_nursery.start_soon(ProgressDisplay(runs).run)
+            with trio.move_on_at(deadline) as deadline_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(scheduler.prepare_all, nursery)
+                    for _ in range(orchestration.task_concurrency):
+                        nursery.start_soon(scheduler.worker)
+            display_nursery.cancel_scope.cancel()
+    finally:
+        # A request the deadline or a cancellation stopped before it started
+        # still gets a run directory with its terminal state (SPEC 7).
+        with trio.move_on_at(grace.deadline(), shield=True):
+            for run in runs:
+                if run.store is None:
+                    await _persist_unstarted(run, terminal_status())
     results = [run.result() for run in runs]
     status, exit_code = _overall(results, deadline_scope.cancelled_caught)
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
 
 
-async def run_evaluation(request: RunRequest, *, task_concurrency: int = 4, **kwargs: Any) -> RequestResult:
+async def _persist_unstarted(run: RequestRun, status: str) -> None:
+    request = run.request
+    async with open_run_store(request.output_root, request.name) as store:
+        run.store = store
+        run.started_at = time.time()
+        run.started_clock = trio.current_time()
+        run.notes.append(f"the run was {status} before this request started")
+        await run.finalize(status)
+
+
+async def run_evaluation(
+    request: RunRequest,
+    *,
+    task_concurrency: int = 4,
+    timeout_seconds: float | None = None,
+    cleanup_grace_seconds: float = 30,
+    **kwargs: Any,
+) -> RequestResult:
     """Run one request; raise :class:`RunFailedError` (a ``RuntimeError``)
     naming the result paths unless it succeeded."""
-    result = await launch(Orchestration([request], task_concurrency=task_concurrency), **kwargs)
+    orchestration = Orchestration(
+        [request],
+        task_concurrency=task_concurrency,
+        timeout_seconds=timeout_seconds,
+        cleanup_grace_seconds=cleanup_grace_seconds,
+    )
+    result = await launch(orchestration, **kwargs)
     request_result = result.requests[0]
     if request_result.status != "succeeded":
         where = request_result.run_dir or str(request.output_root)

@@ -58,6 +58,7 @@ class RequestRun:
     reuse: ReusePlan | None = None
     notes: list[str] = attrs.Factory(list)
     order: dict[str, int] = attrs.Factory(dict)
+    active_tasks: dict[int, PendingTask] = attrs.Factory(dict)
 
     # -- preparation ---------------------------------------------------------
 
@@ -125,14 +126,18 @@ class RequestRun:
             )
         self.publish_progress()
 
-    def publish_progress(self) -> None:
+    def publish_progress(self, *, terminal: bool = False) -> None:
+        """Queue the progress snapshot. After a deadline or cancellation
+        (``terminal``) nothing runs any more: every unfinished task counts as
+        pending, none as active, whatever is still unwinding."""
         if self.store is None:
             return
+        unfinished = len(self.pending) + len(self.active_tasks)
         self.store.set_progress(
             {
                 "total": self.total,
-                "pending": len(self.pending),
-                "active": self.active,
+                "pending": unfinished if terminal else len(self.pending),
+                "active": 0 if terminal else self.active,
                 "completed": len(self.records),
                 "failed_tasks": self.counts["fatal"],
                 "error_tasks": self.counts["error"],
@@ -171,21 +176,33 @@ class RequestRun:
         self.status = status
         # Records arrive in completion order; results read in task order.
         self.records.sort(key=lambda r: self.order.get(r.task_id, len(self.order)))
+        records = list(self.records)
+        terminal = status in ("timed_out", "cancelled")
+        if terminal:
+            # Tasks that never finished still count: as unavailable (no
+            # valid value), so a partial run never reads like a full score.
+            unfinished = [p.task for p in self.pending] + [p.task for p in self.active_tasks.values()]
+            if unfinished:
+                self.notes.append(
+                    f"{len(unfinished)} of {self.total} task(s) did not finish before the run was {status}; "
+                    "they count as unavailable (a --reuse run picks them up)"
+                )
+            records += [TaskRecord(t.task_id, t.category, [], "normal") for t in unfinished]
         benchmark = self.benchmark
         metric_names = benchmark.metrics if benchmark is not None else ()
         strategy = self.request.execution.attempts.strategy
         metrics = None
         if benchmark is not None:
             try:
-                metrics = benchmark.aggregate_metrics(self.records)
+                metrics = benchmark.aggregate_metrics(records)
             except Exception as exc:  # noqa: BLE001 - keep the standard metrics
                 self.notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
         if metrics is None:
-            metrics = compute_metrics(tuple(metric_names), self.records, strategy)
+            metrics = compute_metrics(tuple(metric_names), records, strategy)
         self.metrics = metrics
-        self.publish_progress()
+        self.publish_progress(terminal=terminal)
         await self.store.write_json("metrics.json", metrics)
-        summary = render_summary(self.request.name, self.store.run_dir, metrics, self.records, status)
+        summary = render_summary(self.request.name, self.store.run_dir, metrics, records, status)
         if self.error:
             summary += f"\n## Request failed\n\n{self.error}\n"
         if self.notes:

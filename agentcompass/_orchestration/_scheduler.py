@@ -105,6 +105,7 @@ class Scheduler:
                 continue
             run, pending = item
             run.active += 1
+            run.active_tasks[id(pending)] = pending
             self._progress.unpark_all()
             # Taking a request's last pending task may let a later request
             # that already drained finalize now, not at the next completion.
@@ -124,6 +125,7 @@ class Scheduler:
                 await run.complete(record)
             finally:
                 run.active -= 1
+                del run.active_tasks[id(pending)]
             self._check_drained()
 
     def _check_drained(self) -> None:

@@ -6,6 +6,7 @@ takes exactly 10 s, cleanup that does not hang takes none.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -103,8 +104,12 @@ async def test_a_request_not_started_by_the_deadline_reports_timed_out(autojump_
     result = await agentcompass.launch(Orchestration([a, b], task_concurrency=1, timeout_seconds=15))
     assert result.status == "timed_out"
     assert [(r.name, r.status) for r in result.requests] == [("a", "timed_out"), ("b", "timed_out")]
-    assert result.requests[1].run_dir == ""
-    assert not (tmp_path / "b").exists()
+    # SPEC 7: the terminal state of every unfinished request is persisted,
+    # also of one that never started.
+    run_dir = Path(result.requests[1].run_dir)
+    assert run_dir.parent == tmp_path / "b"
+    assert json.loads((run_dir / "run_info.json").read_text())["status"] == "timed_out"
+    assert "before this request started" in (run_dir / "summary.md").read_text()
     assert call_log("b").count("load_tasks") == 0
 
 

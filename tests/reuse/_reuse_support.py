@@ -1,0 +1,124 @@
+"""Helpers for the in-process reuse tests: store I/O inline, run-dir readers.
+
+Store I/O runs inline (after a checkpoint) and without flushes to the disk.
+Under ``autojump_clock`` a task blocked on a worker thread counts as idle,
+so the clock would jump to the next timer while the disk works and a
+``trio.move_on_after`` around ``launch`` would fire at an arbitrary point.
+Inline, mock time is exact: a fake ``sleep:10`` takes exactly 10 s and
+nothing else takes any. Durability is the store tests' subject, not ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+import agentcompass
+import agentcompass.testing  # noqa: F401  (registers the fakes)
+from agentcompass import Orchestration, RunRequest
+from agentcompass._store import _group_commit, _run_store
+from agentcompass.testing import call_log, reset_logs
+
+
+async def _inline_store_io(fn: Any, *args: Any) -> Any:
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
+@pytest.fixture(autouse=True)
+def _inline_store() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_run_store, "to_store_thread", _inline_store_io)
+        mp.setattr(_group_commit, "to_store_thread", _inline_store_io)
+        mp.setattr(_group_commit.GroupCommitter, "_syncfs", lambda self: None)
+        mp.setattr(os, "fsync", lambda fd: None)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logs() -> Iterator[None]:
+    # The fakes keep their call logs and script counters at module level.
+    reset_logs()
+    try:
+        yield
+    finally:
+        reset_logs()
+
+
+async def launch_one(request: RunRequest, *, concurrency: int = 4) -> agentcompass.RequestResult:
+    result = await agentcompass.launch(Orchestration([request], task_concurrency=concurrency))
+    [request_result] = result.requests
+    return request_result
+
+
+def reuse_of(request: RunRequest, reuse: bool | Path = True, **changes: Any) -> RunRequest:
+    return attrs.evolve(request, reuse=reuse, **changes)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def details(run_dir: Path | str) -> dict[str, dict[str, Any]]:
+    """task id -> its countable record (JSON), with the severity directory
+    it was found under as ``"_dir"``."""
+    found: dict[str, dict[str, Any]] = {}
+    for severity_dir in (Path(run_dir) / "details").iterdir():
+        for path in severity_dir.glob("*.json"):
+            record = read_json(path)
+            assert record["task_id"] not in found, f"two records for {record['task_id']}"
+            record["_dir"] = severity_dir.name
+            found[record["task_id"]] = record
+    return found
+
+
+def checkpoints(run_dir: Path | str) -> dict[str, set[int]]:
+    """task id -> attempt indices with a checkpoint."""
+    found: dict[str, set[int]] = {}
+    for path in (Path(run_dir) / "tasks").glob("*/attempt-*/checkpoint.json"):
+        data = read_json(path)
+        found.setdefault(data["task_id"], set()).add(data["record"]["attempt"])
+    return found
+
+
+def run_info(run_dir: Path | str) -> dict[str, Any]:
+    return read_json(Path(run_dir) / "run_info.json")
+
+
+def notes(run_dir: Path | str) -> str:
+    """The run's notes, from ``run_info.json`` and ``summary.md`` (both must
+    carry them; the text of the first is returned)."""
+    info_notes = "\n".join(run_info(run_dir).get("notes", []))
+    summary = (Path(run_dir) / "summary.md").read_text()
+    for line in run_info(run_dir).get("notes", []):
+        assert line in summary, f"note missing from summary.md: {line!r}"
+    return info_notes
+
+
+def calls(log: str, phase: str, task_id: str | None = None) -> int:
+    return call_log(log).count(phase, task_id)
+
+
+def agent_calls(log: str) -> dict[str, int]:
+    """Calls that mean work was done for a task: phase -> count."""
+    return {
+        phase: calls(log, phase)
+        for phase in ("open", "prepare", "start_session", "run", "collect", "evaluate", "plan")
+    }
+
+
+def started_attempts(log: str, task_id: str, since: int = 0) -> list[int]:
+    """Attempt indices of the harness sessions started for ``task_id`` at or
+    after call number ``since`` of the log (one per full try)."""
+    return [
+        c.detail["attempt"]
+        for c in call_log(log).calls[since:]
+        if c.phase == "start_session" and c.task_id == task_id
+    ]
