@@ -1,0 +1,70 @@
+"""The public surface is exactly what SPEC sections 3, 4 and 9 name."""
+
+from __future__ import annotations
+
+import agentcompass
+import agentcompass.runtime
+
+SPEC_NAMES = {
+    # SPEC 3: contracts
+    "ModelSpec",
+    "ComponentRef",
+    "AttemptsSpec",
+    "ExecutionSpec",
+    "RunRequest",
+    "ProviderLimits",
+    "Orchestration",
+    "TaskSpec",
+    "NetworkPolicy",
+    "ExecutionPlan",
+    "PreparedTask",
+    "RunResult",
+    "Issue",
+    "Evaluation",
+    "AttemptRecord",
+    "TaskRecord",
+    "RequestResult",
+    "OrchestrationResult",
+    "Secret",
+    # SPEC 4: component contracts
+    "BaseBenchmark",
+    "HarnessFreeBenchmark",
+    "BaseHarness",
+    "BaseEnvironment",
+    "EnvironmentSession",
+    "BaseRecipe",
+    "BaseAnalyzer",
+    "Planner",
+    "ExecResult",
+    "RunBudget",
+    "IssueError",
+    "register",
+    # SPEC 9: SDK
+    "launch",
+    "run_evaluation",
+    "load_config",
+    # SPEC 11
+    "Executor",
+}
+
+EXTRA_NAMES = {"NO_HARNESS", "CompassError", "ConfigError", "ComponentError", "RunFailedError"}
+
+
+def _public(module: object) -> set[str]:
+    return {name for name in vars(module) if not name.startswith("_")} - {"runtime", "testing"}
+
+
+def test_top_level_exports_exactly_the_public_surface():
+    assert _public(agentcompass) == SPEC_NAMES | EXTRA_NAMES
+
+
+def test_runtime_reexports_the_contracts():
+    contracts = SPEC_NAMES - {"Planner", "register", "launch", "run_evaluation", "load_config"}
+    assert contracts <= _public(agentcompass.runtime)
+    for name in contracts:
+        assert getattr(agentcompass, name) is getattr(agentcompass.runtime, name)
+
+
+def test_run_failed_error_is_a_runtime_error():
+    assert issubclass(agentcompass.RunFailedError, RuntimeError)
+    assert issubclass(agentcompass.ConfigError, ValueError)
