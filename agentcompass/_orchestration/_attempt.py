@@ -62,7 +62,8 @@ def _outcome_from_record(record: AttemptRecord) -> TryOutcome:
 async def run_attempt(
     ctx: RequestContext, task: TaskSpec, index: int, *, resume: AttemptRecord | None = None
 ) -> AttemptRecord:
-    """Run attempt ``index`` of ``task`` to an evaluated :class:`AttemptRecord`.
+    """Run attempt ``index`` of ``task`` to an evaluated :class:`AttemptRecord`
+    (the task scope checkpoints it).
 
     ``resume`` is a failed attempt from a reused run: it continues with one
     retry of the current budget, evaluation-only when only its evaluation
@@ -79,7 +80,6 @@ async def run_attempt(
         outcome = TryOutcome()
         outcome.task_issues.append(classify(exc, "prepare_task", "setup", outcome.diagnostics))
         record = _record(index, outcome, None, 0)
-        await reporter.checkpoint(task.task_id, record)
         reporter.event("attempt_finished", task=task.task_id, attempt=index, status=record.status, retries=0)
         return record
     mode = plan.evaluation_environment_mode
@@ -117,7 +117,6 @@ async def run_attempt(
 
     record = _record(index, outcome, plan, retries)
     record = await _analyze(ctx, task, record)
-    await reporter.checkpoint(task.task_id, record)
     reporter.event("attempt_finished", task=task.task_id, attempt=index, status=record.status, retries=retries)
     return record
 

@@ -59,6 +59,8 @@ class RequestRun:
     notes: list[str] = attrs.Factory(list)
     order: dict[str, int] = attrs.Factory(dict)
     active_tasks: dict[int, PendingTask] = attrs.Factory(dict)
+    #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
+    queued: bool = False
 
     # -- preparation ---------------------------------------------------------
 
@@ -92,6 +94,11 @@ class RequestRun:
             return
         self.order = {task.task_id: i for i, task in enumerate(tasks)}
         self.notes.extend(self.reuse.notes)
+        # Durable before any task can start: a run whose run_info.json does
+        # not say "prepared" ran nothing (and may hold only part of what it
+        # copied from a reuse source), so a later reuse skips it (_reuse).
+        self.queued = True
+        await store.write_run_info(self.run_info("running"))
         self.total = len(tasks)
         for record in self.reuse.reused:
             self._count(record)
@@ -157,6 +164,7 @@ class RequestRun:
             "started_at": self.started_at,
             "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
         }
+        info["prepared"] = self.queued
         if status != "running":
             info["ended_at"] = time.time()
         if self.error:

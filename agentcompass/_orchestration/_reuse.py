@@ -18,10 +18,20 @@ Before anything runs, every Environment session the earlier run opened and
 never closed is reaped. A source run of another benchmark is not reused
 (everything runs, and ``run_info.json`` says why); tasks of the source that
 are no longer selected are ignored and counted in a note.
+
+Also before anything runs, the new run gets a copy of everything it takes
+from the source: the reused records and, as checkpoints, the earlier
+attempts of the tasks that run again. So a reuse run that is killed (or
+cancelled) holds what it reused, and a reuse of it loses nothing. The
+default source is the latest run that got as far as queuing its tasks
+(``"prepared": true`` in ``run_info.json``, written before any task can
+start): a run killed while it prepared ran nothing and may hold only part
+of its copies, so it is skipped (with a note) for the run before it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +41,9 @@ import trio
 
 from .. import _registry
 from .._store import latest_run, load_run
+from .._store._run_store import RUN_ID_PATTERN
 from ..runtime._results import AttemptRecord, TaskRecord
-from ..runtime._values import TaskSpec
+from ..runtime._values import RunRequest, TaskSpec
 
 if TYPE_CHECKING:
     from ._request import RequestRun
@@ -67,12 +78,18 @@ def _retryable(record: AttemptRecord, patterns: list[re.Pattern[str]]) -> bool:
     return False
 
 
-async def reap_sessions(open_sessions: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
-    """Reap sessions left open by a killed run; returns notes on failures."""
+async def reap_sessions(
+    open_sessions: list[tuple[str, str, dict[str, Any]]], configs: dict[str, dict[str, Any]] | None = None
+) -> list[str]:
+    """Reap sessions left open by a killed run; returns notes on failures.
+
+    ``configs`` are Environment configs by provider id: a provider that needs
+    its settings (a server URL, a root directory) to find its sandboxes gets them."""
     notes = []
+    configs = configs or {}
     for session_id, provider, handle in open_sessions:
         try:
-            env = _registry.build("environment", provider, {})
+            env = _registry.build("environment", provider, configs.get(provider, {}))
             await env.reap(handle)
         except Exception as exc:  # noqa: BLE001 - one failed reap must not stop the others
             notes.append(f"reap of session {session_id} ({provider}) failed: {type(exc).__name__}: {exc}")
@@ -83,16 +100,20 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
     request = run.request
     if request.reuse is False:
         return ReusePlan([PendingTask(task) for task in tasks])
+    skipped: list[Path] = []
     if isinstance(request.reuse, Path):
         source: Path | None = request.reuse
     else:
-        source = await trio.to_thread.run_sync(latest_run, request.output_root, request.name, run.store.run_dir)
+        source, skipped = await trio.to_thread.run_sync(
+            _latest_prepared_run, request.output_root, request.name, run.store.run_dir
+        )
+    notes = [f"reuse: skipped {path}: it was stopped before it queued its tasks" for path in skipped]
     if source is None or not await trio.Path(source).is_dir():
-        note = f"reuse: no earlier run of {request.name!r} found; running everything"
-        return ReusePlan([PendingTask(task) for task in tasks], notes=[note])
+        notes.append(f"reuse: no earlier run of {request.name!r} found; running everything")
+        return ReusePlan([PendingTask(task) for task in tasks], notes=notes)
     loaded = await trio.to_thread.run_sync(load_run, source)
-    plan = ReusePlan([], source=source, notes=[f"reuse: from {source}"] + list(loaded.notes))
-    plan.notes.extend(await reap_sessions(loaded.open_sessions))
+    plan = ReusePlan([], source=source, notes=[*notes, f"reuse: from {source}", *loaded.notes])
+    plan.notes.extend(await reap_sessions(loaded.open_sessions, _environment_configs(request, loaded.run_info)))
     if loaded.open_sessions:
         plan.notes.append(f"reuse: reaped {len(loaded.open_sessions)} session(s) left open by the earlier run")
 
@@ -134,10 +155,83 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
             plan.reused.append(attrs.evolve(record, attempts=kept))
             continue
         plan.pending.append(PendingTask(task, tuple(sorted(missing + list(resume))), done, resume))
-    # Reused records are copied into the new run before anything runs; they
-    # are queued together so that they share commit rounds.
-    await run.store.save_tasks(plan.reused)
+    await _copy_into(run.store, plan)
     return plan
+
+
+async def _copy_into(store: Any, plan: ReusePlan) -> None:
+    """Copy what the new run takes from its source into it, before anything
+    runs: the reused records, and the earlier attempts of the tasks that run
+    again as checkpoints (the ones to retry too: should this run be
+    interrupted before it retried them, a reuse of it retries them then).
+    All writes are queued together so that they share commit rounds; if any
+    failed, the first failure is raised once the others finished."""
+    writes: list[tuple[Any, ...]] = [(store.save_task, record) for record in plan.reused]
+    for pending in plan.pending:
+        for attempt in {**(pending.done or {}), **(pending.resume or {})}.values():
+            writes.append((store.save_checkpoint, pending.task.task_id, attempt))
+    failures: list[Exception] = []
+
+    async def write(fn: Any, *args: Any) -> None:
+        try:
+            await fn(*args)
+        except Exception as exc:  # noqa: BLE001 - reported once, below
+            failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for fn, *args in writes:
+            nursery.start_soon(write, fn, *args)
+    if failures:
+        raise failures[0]
+
+
+def _latest_prepared_run(output_root: Path, name: str, own: Path) -> tuple[Path | None, list[Path]]:
+    """The latest run of request ``name`` (not ``own``) that queued its tasks,
+    and the later runs skipped because they did not (blocking: call it in a
+    thread). Runs are ordered, and eligible, as for :func:`latest_run`."""
+    latest = latest_run(output_root, name, own)
+    if latest is None:
+        return None, []
+    own = Path(own).resolve()
+    names = sorted(
+        (e.name for e in latest.parent.iterdir() if e.is_dir() and RUN_ID_PATTERN.fullmatch(e.name)),
+        reverse=True,
+    )
+    skipped: list[Path] = []
+    for run_id in names:
+        candidate = latest.parent / run_id
+        if run_id > latest.name or candidate.resolve() == own:
+            continue
+        if _was_prepared(candidate):
+            return candidate, skipped
+        skipped.append(candidate)
+    return None, skipped
+
+
+def _was_prepared(run_dir: Path) -> bool:
+    """Whether the run got as far as queuing its tasks. A run written before
+    runs recorded this (no ``prepared`` key) counts if it finished."""
+    try:
+        info = json.loads((run_dir / "run_info.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(info, dict):
+        return False
+    if "prepared" in info:
+        return info["prepared"] is True
+    return info.get("status") not in (None, "running")
+
+
+def _environment_configs(request: RunRequest, run_info: Any) -> dict[str, dict[str, Any]]:
+    """Environment configs by provider id for reaping the source's sessions:
+    the source's own (from its ``run_info.json``), and the current request's
+    for its provider (it holds the live secrets, not their redacted form)."""
+    configs: dict[str, dict[str, Any]] = {}
+    raw = (run_info.get("request") or {}).get("environment") if isinstance(run_info, dict) else None
+    if isinstance(raw, dict) and isinstance(raw.get("id"), str) and isinstance(raw.get("config"), dict):
+        configs[raw["id"]] = raw["config"]
+    configs[request.environment.id] = dict(request.environment.config)
+    return configs
 
 
 def _finished(record: TaskRecord, strategy: str, primary: str) -> bool:

@@ -44,7 +44,8 @@ class _RequestReporter:
         await self.run.store.journal_session("opened", session_id, provider, handle)
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
-        await self.run.store.journal_session("closed", session_id, provider, handle)
+        # Not waited for: a lost "closed" line only means one harmless extra reap.
+        await self.run.store.journal_session("closed", session_id, provider, handle, durable=False)
 
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         await self.run.store.save_checkpoint(task_id, record)

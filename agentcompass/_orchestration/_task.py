@@ -54,10 +54,16 @@ async def run_task(
     strategy = ctx.request.execution.attempts.strategy
     primary = ctx.benchmark.metrics[0]
     ctx.reporter.event("task_started", task=task.task_id, attempts=list(attempts))
-    for index in sorted(attempts):
+    todo = sorted(attempts)
+    for position, index in enumerate(todo):
         if _settled(records, strategy, primary):
             break
         records[index] = await run_attempt(ctx, task, index, resume=resume.get(index))
+        # Checkpoint every evaluated attempt the task record does not make
+        # durable right away: the last one to run goes straight into the
+        # record, which the driver writes durably before counting it.
+        if position < len(todo) - 1 and not _settled(records, strategy, primary):
+            await ctx.reporter.checkpoint(task.task_id, records[index])
     ordered = [records[i] for i in sorted(records)]
     issues = [issue for record in ordered for issue in record.issues]
     record = TaskRecord(task.task_id, task.category, ordered, worst_severity(issues))

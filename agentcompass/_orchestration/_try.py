@@ -73,6 +73,31 @@ def retryable_issues(issues: list[Issue], patterns: list[Any]) -> list[tuple[Iss
     return found
 
 
+class _NoDeadline:
+    """Stands in for a cancel scope when a phase has no timeout: a cancel
+    scope per phase is a measurable share of the per-attempt overhead."""
+
+    cancelled_caught = False
+
+    def __enter__(self) -> _NoDeadline:
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool:
+        return False
+
+
+_NO_DEADLINE = _NoDeadline()
+
+
+def _deadline_scope(deadline: float) -> Any:
+    """``trio.move_on_at(deadline)``, or nothing at all for no deadline."""
+    return _NO_DEADLINE if deadline == math.inf else trio.move_on_at(deadline)
+
+
+def _after(timeout: float | None) -> float:
+    return math.inf if timeout is None else trio.current_time() + timeout
+
+
 class _Stop(Exception):
     """Internal: the try cannot usefully continue (the issue is recorded)."""
 
@@ -159,7 +184,7 @@ class _Try:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = trio.current_time()
-        with trio.move_on_at(self.setup_deadline) as scope:
+        with _deadline_scope(self.setup_deadline) as scope:
             try:
                 env = await stack.enter_async_context(
                     environment_session(
@@ -190,7 +215,7 @@ class _Try:
         policy if it differs. Still bounded by the setup deadline."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = trio.current_time()
-        with trio.move_on_at(self.setup_deadline) as scope:
+        with _deadline_scope(self.setup_deadline) as scope:
             if ctx.harness is not None:
                 self.harness_session = await self._step(
                     issues, "start_session", "setup", ctx.harness.start_session, self.out.prepared, env, ctx.request.model, plan
@@ -221,7 +246,7 @@ class _Try:
         hard_stop = math.inf if plan.run_timeout_seconds is None else plan.run_timeout_seconds + compensation
         start = trio.current_time()
         result: Any = None
-        with trio.move_on_after(hard_stop) as scope:
+        with _deadline_scope(trio.current_time() + hard_stop) as scope:
             try:
                 if ctx.harness is not None:
                     where = "harness_run"
@@ -256,7 +281,7 @@ class _Try:
         # the way to the score, so the evaluation timeout bounds it too, and a
         # collection that overruns it is a FATAL collect failure.
         timeout = self.plan.evaluation_timeout_seconds
-        with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+        with _deadline_scope(_after(timeout)) as scope:
             result = await self._step(
                 issues,
                 "collect_artifacts",
@@ -289,7 +314,7 @@ class _Try:
         start = trio.current_time()
         evaluation: Any = None
         raised = False
-        with trio.move_on_at(deadline) as scope:
+        with _deadline_scope(deadline) as scope:
             try:
                 evaluation = await ctx.benchmark.evaluate(self.out.prepared, self.out.run_result, env, ctx.request)
             except Exception as exc:
@@ -324,7 +349,7 @@ class _Try:
         deadline = self._evaluation_deadline()
         try:
             if plan.evaluation_network_policy != env.policy:
-                with trio.move_on_at(deadline) as scope:
+                with _deadline_scope(deadline) as scope:
                     try:
                         await env.set_network_policy(plan.evaluation_network_policy)
                     except Exception as exc:
@@ -358,7 +383,7 @@ class _Try:
         try:
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(provider_permit(ctx))
-                with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+                with _deadline_scope(_after(timeout)) as scope:
                     try:
                         env = await stack.enter_async_context(
                             environment_session(

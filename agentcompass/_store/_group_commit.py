@@ -117,6 +117,15 @@ class GroupCommitter:
         """Append ``data`` to the journal; return once it is durable."""
         await self._submit(_Write(None, data, None))
 
+    def append_nowait(self, data: bytes) -> None:
+        """Queue ``data`` for the journal without waiting for it to be durable
+        (a lost line must be harmless, like a "closed" journal line: reaping a
+        closed sandbox again does nothing)."""
+        if self._closed:
+            raise StoreClosedError("the run store is closed")
+        self._pending.append(_Write(None, data, None))
+        self._wake.set()
+
     async def _submit(self, job: _Write) -> None:
         if self._closed:
             raise StoreClosedError("the run store is closed")

@@ -287,12 +287,15 @@ class RunStore:
         session_id: str,
         provider: str,
         handle: dict[str, Any],
+        *,
+        durable: bool = True,
     ) -> None:
         """Append ``{"event", "session", "provider", "handle", "t"}`` to ``sessions.jsonl``.
 
         Durable when this returns, so a session journalled as opened can be
         reaped after a SIGKILL. ``handle`` must be enough to find the session
-        again and must hold no secret.
+        again and must hold no secret. ``durable=False`` only queues the line
+        (for "closed" lines: losing one costs a harmless second reap).
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
@@ -305,7 +308,10 @@ class RunStore:
                 "t": time.time(),
             }
         )
-        await self._committer.append((line + "\n").encode())
+        if durable:
+            await self._committer.append((line + "\n").encode())
+        else:
+            self._committer.append_nowait((line + "\n").encode())
 
     # -- helpers ----------------------------------------------------------------
 

@@ -1,11 +1,13 @@
-"""Helpers for the in-process reuse tests: store I/O inline, run-dir readers.
+"""Helpers for the in-process reuse tests: thread work inline, run-dir readers.
 
-Store I/O runs inline (after a checkpoint) and without flushes to the disk.
-Under ``autojump_clock`` a task blocked on a worker thread counts as idle,
-so the clock would jump to the next timer while the disk works and a
-``trio.move_on_after`` around ``launch`` would fire at an arbitrary point.
-Inline, mock time is exact: a fake ``sleep:10`` takes exactly 10 s and
-nothing else takes any. Durability is the store tests' subject, not ours.
+Store I/O and the other thread hops of a run of the fakes (reading the
+reuse source, ``trio.Path``) run inline (after a checkpoint), and the store
+does not flush to the disk. Under ``autojump_clock`` a task blocked on a
+worker thread counts as idle, so the clock would jump to the next timer
+while the thread works, and a ``trio.move_on_after`` around ``launch`` would
+fire at an arbitrary point. Inline, mock time is exact: a fake ``sleep:10``
+takes exactly 10 s and nothing else takes any. Durability is the store
+tests' subject, not ours.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from agentcompass._store import _group_commit, _run_store
 from agentcompass.testing import call_log, reset_logs
 
 
-async def _inline_store_io(fn: Any, *args: Any) -> Any:
+async def _inline_store_io(fn: Any, *args: Any, **_thread_options: Any) -> Any:
     await trio.lowlevel.checkpoint()
     return fn(*args)
 
@@ -38,6 +40,8 @@ def _inline_store() -> Iterator[None]:
         mp.setattr(_run_store, "to_store_thread", _inline_store_io)
         mp.setattr(_group_commit, "to_store_thread", _inline_store_io)
         mp.setattr(_group_commit.GroupCommitter, "_syncfs", lambda self: None)
+        mp.setattr(trio.to_thread, "run_sync", _inline_store_io)
+        mp.setattr(trio._path, "run_sync", _inline_store_io)
         mp.setattr(os, "fsync", lambda fd: None)
         yield
 

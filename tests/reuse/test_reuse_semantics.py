@@ -362,9 +362,16 @@ async def test_an_interrupted_reuse_run_keeps_what_it_reused(autojump_clock, tmp
     request = _interruptible("cut2", tmp_path)
     first_dir = await _cancelled_first_run(request, tmp_path)
     saved = {(t, i) for t, indices in checkpoints(first_dir).items() for i in indices}
+    since = len(call_log("cut2").calls)
     with trio.move_on_after(1) as scope:
         await launch_one(reuse_of(request))
     assert scope.cancelled_caught
+    # Run 2 queued its tasks and started them (b on its attempt 2, c on its 1),
+    # and finished none of them.
+    [second_dir] = [d for d in (tmp_path / "cut2").iterdir() if d != first_dir]
+    assert started_attempts("cut2", "b", since) == [2]
+    assert started_attempts("cut2", "c", since) == [1]
+    assert details(second_dir).keys() == {"d"}
     since = len(call_log("cut2").calls)
 
     third = await launch_one(reuse_of(request))
@@ -376,6 +383,32 @@ async def test_an_interrupted_reuse_run_keeps_what_it_reused(autojump_clock, tmp
     new = details(third.run_dir)
     for task in _DURATIONS:
         assert sorted(_attempts(new[task])) == [0, 1, 2], task
+
+
+async def test_a_reuse_run_stopped_while_it_prepared_is_skipped(autojump_clock, tmp_path: Path):
+    # Run 2 is stopped before it queued any task (here: while its benchmark
+    # loads tasks; a SIGKILL may also hit it while it copies what it reuses).
+    # It ran nothing, so the next reuse takes run 1, not the empty run 2.
+    request = fake_request("prep", log="prep", benchmark={"tasks": 3}, output_root=tmp_path)
+    first = await launch_one(request)
+    slow = attrs.evolve(
+        request,
+        benchmark=ComponentRef("fake-bench", {"log": "prep", "tasks": 3, "script": {"*": {"load_tasks": ["ok", "hang"]}}}),
+    )
+    with trio.move_on_after(1) as scope:
+        await launch_one(reuse_of(slow))
+    assert scope.cancelled_caught
+    [second_dir] = [d for d in (tmp_path / "prep").iterdir() if str(d) != first.run_dir]
+    assert run_info(second_dir)["status"] == "cancelled"
+    before = agent_calls("prep")
+
+    third = await launch_one(reuse_of(request))
+
+    assert agent_calls("prep") == before
+    assert details(third.run_dir) == details(first.run_dir)
+    text = notes(third.run_dir)
+    assert f"reuse: from {first.run_dir}" in text
+    assert f"skipped {second_dir}" in text
 
 
 # -- (g) another benchmark, another task set ----------------------------------
