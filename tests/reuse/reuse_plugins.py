@@ -1,0 +1,268 @@
+"""Test-only components and kill points for ``test_sigkill_resume.py``.
+
+Loaded through a config's ``plugins:`` list into ``compass launch``
+subprocesses. Fake state is per process, so everything the test needs to
+know is written to files:
+
+- ``reuse-kill-harness`` appends ``"<task id> <attempt> <pid>"`` to the file
+  named by its ``runs_log`` config key (opened in append mode for each line)
+  when a run starts, then works for ``seconds`` of real time. The test counts
+  the runs of every attempt across all the processes from that file.
+- ``reuse-kill-local`` is the built-in ``local`` Environment (a sandbox
+  directory per session under ``root``, reaped by path) with a kill point
+  at the start of ``close``.
+
+Kill points. ``REUSE_KILL_AT=<point>:<n>`` in the environment picks one:
+
+=====================  ===================================================
+``attempt_finished``   the n-th ``attempt_finished`` progress event (its
+                       checkpoint is durable, the event is queued)
+``task_finished``      the n-th ``task_finished`` event (every attempt
+                       checkpointed, the record not written yet)
+``run_attempt1``       the n-th harness run of an attempt with index 1
+                       (mid-task: attempt 0 checkpointed)
+``details_saved``      the n-th task record is durable and its checkpoints
+                       are not removed yet (in the store's commit thread)
+``close``              the n-th Environment session close starts (the
+                       sandbox exists, journalled opened and not closed)
+``copy``               the n-th write a ``--reuse`` run makes while it
+                       copies what it reuses (before any task started)
+=====================  ===================================================
+
+At the point, the process writes ``stopped <point>:<n>`` to the FIFO named
+by ``REUSE_KILL_FIFO`` and stops itself with ``SIGSTOP``, frozen at that
+instant for the test to ``SIGKILL``.
+
+One deliberate exception to "any instant": the stop is delayed while an
+Environment session is being opened and its handle is not yet journalled
+(between ``open`` starting and ``sessions.jsonl`` holding the line). A kill
+inside that window leaks a sandbox no journal names, a known limit of
+journalling handles after ``open`` returns; see the test module.
+
+The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
+(``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
+``_superseded_cleanup``); a missing one fails at import, loudly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+import agentcompass.testing  # noqa: F401 - registers fake-bench
+from agentcompass import register
+from agentcompass._store._run_store import RunStore
+from agentcompass.environments.local import LocalEnvironment
+from agentcompass.runtime._components import BaseHarness, EnvironmentSession
+from agentcompass.runtime._results import ExecResult, RunBudget, RunResult
+from agentcompass.runtime._values import ExecutionPlan, ModelSpec, NetworkPolicy, PreparedTask
+
+_point, _, _nth = os.environ.get("REUSE_KILL_AT", "").partition(":")
+KILL_POINT = _point or None
+KILL_NTH = int(_nth) if _nth else 1
+FIFO = os.environ.get("REUSE_KILL_FIFO", "")
+
+_counts: dict[str, int] = {}
+_state: dict[str, Any] = {"opening": 0, "armed": None, "token": None, "tasks_started": False}
+
+
+def _notify(line: str) -> None:
+    if not FIFO:
+        return
+    fd = os.open(FIFO, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _reached(point: str) -> bool:
+    """Count one occurrence of ``point``; True when it is the chosen one."""
+    if point != KILL_POINT:
+        return False
+    _counts[point] = _counts.get(point, 0) + 1
+    return _counts[point] == KILL_NTH
+
+
+def _fire_if_quiet() -> None:
+    """In the Trio thread: stop the process now if a kill is armed and no
+    session is between ``open`` and its journal line."""
+    if _state["armed"] is None or _state["opening"]:
+        return
+    _notify(f"stopped {_state['armed']}")
+    os.kill(os.getpid(), signal.SIGSTOP)
+    # Only reached if someone sent SIGCONT: stay frozen.
+    threading.Event().wait()
+
+
+def _arm() -> None:
+    if _state["armed"] is None:
+        _state["armed"] = f"{KILL_POINT}:{KILL_NTH}"
+    _fire_if_quiet()
+
+
+async def _stop_here() -> None:
+    _arm()
+    await trio.sleep_forever()  # the stop comes once no session is mid-open
+
+
+# -- store hooks ----------------------------------------------------------------
+
+for _name in ("event", "journal_session", "save_task", "save_checkpoint", "_superseded_cleanup"):
+    assert hasattr(RunStore, _name), f"RunStore.{_name} is gone: update reuse_plugins.py"
+
+_event = RunStore.event
+_journal_session = RunStore.journal_session
+_save_task = RunStore.save_task
+_save_checkpoint = RunStore.save_checkpoint
+_superseded_cleanup = RunStore._superseded_cleanup
+
+
+def _hooked_event(self: RunStore, kind: str, **fields: Any) -> None:
+    _state["token"] = _state["token"] or trio.lowlevel.current_trio_token()
+    _event(self, kind, **fields)
+    if kind == "task_started":
+        _state["tasks_started"] = True
+    if kind in ("attempt_finished", "task_finished") and _reached(kind):
+        _arm()
+
+
+async def _hooked_journal_session(self: RunStore, event: Any, *args: Any, **kwargs: Any) -> None:
+    await _journal_session(self, event, *args, **kwargs)
+    if event == "opened":
+        _state["opening"] -= 1
+        _fire_if_quiet()
+
+
+async def _copy_hook(save: Any, self: RunStore, *args: Any) -> None:
+    copying = not _state["tasks_started"]
+    await save(self, *args)
+    if copying and _reached("copy"):
+        _arm()
+
+
+async def _hooked_save_task(self: RunStore, *args: Any) -> None:
+    await _copy_hook(_save_task, self, *args)
+
+
+async def _hooked_save_checkpoint(self: RunStore, *args: Any) -> None:
+    await _copy_hook(_save_checkpoint, self, *args)
+
+
+def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
+    cleanup = _superseded_cleanup(self, *args)
+
+    def after() -> None:  # in a commit thread, once the record is durable
+        if _reached("details_saved"):
+            _state["token"].run_sync_soon(_arm)
+            threading.Event().wait()  # never remove the checkpoints
+        cleanup()
+
+    return after
+
+
+RunStore.event = _hooked_event  # type: ignore[method-assign]
+RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign]
+RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]
+RunStore.save_checkpoint = _hooked_save_checkpoint  # type: ignore[method-assign]
+RunStore._superseded_cleanup = _hooked_superseded_cleanup  # type: ignore[method-assign]
+
+
+# -- components -------------------------------------------------------------------
+
+
+class _Session(EnvironmentSession):
+    """A ``local`` session with a kill point at the start of ``close``."""
+
+    def __init__(self, inner: EnvironmentSession):
+        self._inner = inner
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return self._inner.handle
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        return await self._inner.exec(cmd, timeout, cwd, env)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._inner.read_file(path)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self._inner.write_file(path, data)
+
+    async def set_network_policy(self, policy: NetworkPolicy) -> None:
+        await self._inner.set_network_policy(policy)
+
+    async def close(self) -> None:
+        if _reached("close"):
+            await _stop_here()
+        await self._inner.close()
+
+
+@register
+class KillPointLocalEnvironment(LocalEnvironment):
+    """``local`` with the ``close`` kill point and the mid-open bookkeeping."""
+
+    id: ClassVar[str] = "reuse-kill-local"
+
+    async def open(self, config: Any, policy: NetworkPolicy) -> _Session:
+        _state["opening"] += 1  # until the runtime journalled the handle
+        try:
+            return _Session(await super().open(config, policy))
+        except BaseException:
+            _state["opening"] -= 1
+            raise
+
+
+@attrs.frozen
+class KillHarnessConfig:
+    runs_log: str
+    seconds: float = 0.05
+
+
+@attrs.frozen
+class _HarnessSession:
+    task_id: str
+    attempt: int
+    env: EnvironmentSession
+
+
+@register
+class KillPointHarness(BaseHarness):
+    """Logs every run to ``runs_log``, writes to its sandbox, takes ``seconds``."""
+
+    id: ClassVar[str] = "reuse-kill-harness"
+    Config: ClassVar[type | None] = KillHarnessConfig
+    options: KillHarnessConfig
+
+    async def start_session(
+        self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, plan: ExecutionPlan
+    ) -> _HarnessSession:
+        await trio.lowlevel.checkpoint()
+        return _HarnessSession(prepared.task.task_id, plan.attempt, env)
+
+    async def run_task(self, session: _HarnessSession, prepared: PreparedTask, budget: RunBudget) -> RunResult:
+        fd = os.open(self.options.runs_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{session.task_id} {session.attempt} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+        if session.attempt == 1 and _reached("run_attempt1"):
+            await _stop_here()
+        await session.env.write_file("/app/answer.txt", f"{session.task_id} {session.attempt}\n")
+        await trio.sleep(self.options.seconds)
+        return RunResult(output="done")
+
+    async def close_session(self, session: _HarnessSession) -> None:
+        await trio.lowlevel.checkpoint()
