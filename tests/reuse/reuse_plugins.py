@@ -33,11 +33,14 @@ At the point, the process writes ``stopped <point>:<n>`` to the FIFO named
 by ``REUSE_KILL_FIFO`` and stops itself with ``SIGSTOP``, frozen at that
 instant for the test to ``SIGKILL``.
 
-One deliberate exception to "any instant": the stop is delayed while an
-Environment session is being opened and its handle is not yet journalled
-(between ``open`` starting and ``sessions.jsonl`` holding the line). A kill
-inside that window leaks a sandbox no journal names, a known limit of
-journalling handles after ``open`` returns; see the test module.
+Two deliberate exceptions to "any instant", both known leaks (see the test
+module): the stop is delayed while an Environment session is being opened
+and its handle is not yet journalled (between ``open`` starting and
+``sessions.jsonl`` holding the line): a kill there leaks a sandbox no
+journal names. And it never lands inside the removal of a ``local`` sandbox
+directory (``_remove_sandbox`` runs under a lock the stop takes): a kill
+between its marker's removal and the directory's leaves an empty directory
+that ``reap`` refuses (``test_a_sandbox_whose_close_was_cut_short_is_reaped``).
 
 The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
 (``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
@@ -57,6 +60,7 @@ import trio
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
 from agentcompass._store._run_store import RunStore
+from agentcompass.environments import local
 from agentcompass.environments.local import LocalEnvironment
 from agentcompass.runtime._components import BaseHarness, EnvironmentSession
 from agentcompass.runtime._results import ExecResult, RunBudget, RunResult
@@ -94,6 +98,7 @@ def _fire_if_quiet() -> None:
     session is between ``open`` and its journal line."""
     if _state["armed"] is None or _state["opening"]:
         return
+    _removal_lock.acquire()  # no sandbox directory half removed; held until killed
     _notify(f"stopped {_state['armed']}")
     os.kill(os.getpid(), signal.SIGSTOP)
     # Only reached if someone sent SIGCONT: stay frozen.
@@ -171,6 +176,21 @@ RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign
 RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]
 RunStore.save_checkpoint = _hooked_save_checkpoint  # type: ignore[method-assign]
 RunStore._superseded_cleanup = _hooked_superseded_cleanup  # type: ignore[method-assign]
+
+
+# -- local sandbox removal: never cut in the middle -------------------------------
+
+_removal_lock = threading.Lock()
+assert hasattr(local, "_remove_sandbox"), "local._remove_sandbox is gone: update reuse_plugins.py"
+_remove_sandbox = local._remove_sandbox
+
+
+def _locked_remove_sandbox(root: str) -> None:
+    with _removal_lock:
+        _remove_sandbox(root)
+
+
+local._remove_sandbox = _locked_remove_sandbox
 
 
 # -- components -------------------------------------------------------------------

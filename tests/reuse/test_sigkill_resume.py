@@ -21,9 +21,17 @@ What the test checks, from files only (fake state is per process):
   and not closed in some run's ``sessions.jsonl``, and after the last run
   the sandbox root is empty: everything a kill left open was reaped.
 
-Known limit, not tested here: a kill between a provider's ``open`` returning
-and the handle being journalled leaks a sandbox nobody can name. The kill
-points wait until no session is in that window (see ``reuse_plugins.py``).
+Known leaks, kept out of the big test so that it is deterministic (the
+kill points wait until no session is in these windows, see
+``reuse_plugins.py``):
+
+- a kill between a provider's ``open`` making the sandbox and the runtime
+  journalling its handle leaks a sandbox nobody can name (the journal line
+  can only be written once ``open`` returned the handle);
+- a kill while ``local`` removes a sandbox, between its marker and the
+  directory, leaves an empty unmarked directory that ``reap`` refuses to
+  remove: ``test_a_sandbox_whose_close_was_cut_short_is_reaped`` (xfail
+  until ``environments/local.py`` accepts it).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +51,8 @@ from typing import Any
 import pytest
 
 import agentcompass
+from agentcompass import NetworkPolicy
+from agentcompass.environments.local import LocalEnvironment
 
 REPO = Path(agentcompass.__file__).resolve().parents[1]
 PLUGIN = Path(__file__).resolve().parent / "reuse_plugins.py"
@@ -278,3 +289,24 @@ def test_sigkill_at_many_instants_then_reuse_loses_nothing_and_repeats_nothing(t
     for path in journalled_open:
         assert not os.path.exists(path), f"sandbox {path} left open by a kill was not reaped"
     assert list(launcher.sandboxes.iterdir()) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="local reap refuses an empty sandbox directory whose marker a cut-short close already "
+    "removed ('no marker'), so it leaks; environments/local.py _reap_sandbox should rmdir an empty one",
+)
+async def test_a_sandbox_whose_close_was_cut_short_is_reaped(tmp_path: Path) -> None:
+    # Seen in the test above at random: SIGKILL while ``close`` removed the
+    # sandbox, after the marker (removed last but one) and before the
+    # directory itself. The session stays journalled as opened.
+    env = LocalEnvironment({"root": str(tmp_path / "sandboxes")})
+    session = await env.open(None, NetworkPolicy("full"))
+    root = Path(session.handle["path"])
+    for child in root.iterdir():  # what close did before the kill
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    assert root.is_dir() and not any(root.iterdir())
+
+    await env.reap(session.handle)
+
+    assert not root.exists()
