@@ -82,8 +82,8 @@ class _NoDeadline:
     def __enter__(self) -> _NoDeadline:
         return self
 
-    def __exit__(self, *exc_info: object) -> bool:
-        return False
+    def __exit__(self, *exc_info: object) -> None:
+        return None
 
 
 _NO_DEADLINE = _NoDeadline()
