@@ -40,6 +40,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from .. import _redact
 from .._convert import unstructure
 from ..runtime._results import AttemptRecord, TaskRecord
 from ._atomic import (
@@ -101,6 +102,18 @@ _FAST_TASK_JSON = tuple(f.name for f in attrs.fields(TaskRecord)) == (
 
 _SEP = os.sep
 _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | _O_CLOEXEC
+
+
+def _mask(text: str) -> str:
+    """``text`` with every registered secret value masked (SPEC 8: no secret
+    in any file). Applied to everything the store writes, since a component
+    may put a credential anywhere (an agent's output or trajectory that echoes
+    its API key). Only registered values, not credential shapes: those are
+    masked in messages, but in results they may be data. A value is masked as
+    it appears in the JSON text, i.e. when JSON escapes none of its characters
+    (true of API keys and tokens)."""
+    pattern = _redact._registered_pattern
+    return text if pattern is None else pattern.sub(_redact.MASK, text)
 
 
 def new_run_id() -> str:
@@ -179,7 +192,7 @@ class RunStore:
         entry = {"event": kind, "t": now, **fields}
         if len(entry) != len(fields) + 2:  # a field named "event" or "t": ours win
             entry["event"], entry["t"] = kind, now
-        self._lines.append(_LENIENT.encode(entry) + "\n")
+        self._lines.append(_mask(_LENIENT.encode(entry)) + "\n")
         self._progress_wake.set()
 
     def set_progress(self, snapshot: dict[str, Any]) -> None:
@@ -202,12 +215,12 @@ class RunStore:
 
     async def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` as indented JSON to ``name`` (relative to the run directory)."""
-        payload = _PRETTY.encode(unstructure(data)) + "\n"
+        payload = _mask(_PRETTY.encode(unstructure(data))) + "\n"
         await self._committer.write(self._path(name), payload.encode())
 
     async def write_text(self, name: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
-        await self._committer.write(self._path(name), text.encode("utf-8", "backslashreplace"))
+        await self._committer.write(self._path(name), _mask(text).encode("utf-8", "backslashreplace"))
 
     async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated attempt.
@@ -227,7 +240,7 @@ class RunStore:
         ``data`` is free-form (diagnostics, stage, matched pattern, delay,
         redacted plan); the task id is added to it.
         """
-        payload = _LENIENT.encode({"task_id": task_id, **unstructure(data)})
+        payload = _mask(_LENIENT.encode({"task_id": task_id, **unstructure(data)}))
         key = self._key(task_id)
         path = f"{self._tasks_dir}{_SEP}{key}{_SEP}attempt-{attempt}{_SEP}retries{_SEP}{try_number}.json"
         await self._committer.write(path, payload.encode())
@@ -299,15 +312,14 @@ class RunStore:
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
-        line = _LENIENT.encode(
-            {
-                "event": event,
-                "session": session_id,
-                "provider": provider,
-                "handle": unstructure(handle),
-                "t": time.time(),
-            }
-        )
+        entry = {
+            "event": event,
+            "session": session_id,
+            "provider": provider,
+            "handle": unstructure(handle),
+            "t": time.time(),
+        }
+        line = _mask(_LENIENT.encode(entry))
         if durable:
             await self._committer.append((line + "\n").encode())
         else:
@@ -331,14 +343,14 @@ class RunStore:
         cached = self._attempt_json.get(task_id, {}).get(record.attempt)
         if cached is not None and cached[0] is record:
             return cached[1]
-        text = _COMPACT.encode(unstructure(record))
+        text = _mask(_COMPACT.encode(unstructure(record)))
         self._attempt_json.setdefault(task_id, {})[record.attempt] = (record, text)
         return text
 
     def _task_to_json(self, record: TaskRecord) -> str:
         if not _FAST_TASK_JSON:
             self._attempt_json.pop(record.task_id, None)
-            return _COMPACT.encode(unstructure(record))
+            return _mask(_COMPACT.encode(unstructure(record)))
         attempts = ",".join(self._attempt_to_json(record.task_id, a) for a in record.attempts)
         self._attempt_json.pop(record.task_id, None)
         return (

@@ -15,8 +15,10 @@ know is written to files:
 Kill points. ``REUSE_KILL_AT=<point>:<n>`` in the environment picks one:
 
 =====================  ===================================================
-``attempt_finished``   the n-th ``attempt_finished`` progress event (its
-                       checkpoint is durable, the event is queued)
+``attempt_finished``   the n-th ``attempt_finished`` progress event (queued;
+                       the attempt's checkpoint is not written yet)
+``checkpoint_saved``   the n-th attempt checkpoint of a running task is
+                       durable
 ``task_finished``      the n-th ``task_finished`` event (every attempt
                        checkpointed, the record not written yet)
 ``run_attempt1``       the n-th harness run of an attempt with index 1
@@ -25,8 +27,8 @@ Kill points. ``REUSE_KILL_AT=<point>:<n>`` in the environment picks one:
                        are not removed yet (in the store's commit thread)
 ``close``              the n-th Environment session close starts (the
                        sandbox exists, journalled opened and not closed)
-``copy``               the n-th write a ``--reuse`` run makes while it
-                       copies what it reuses (before any task started)
+``copy``               a ``--reuse`` run copying what it reuses, when it
+                       asks for its n-th write (before any task started)
 =====================  ===================================================
 
 At the point, the process writes ``stopped <point>:<n>`` to the FIFO named
@@ -145,10 +147,9 @@ async def _hooked_journal_session(self: RunStore, event: Any, *args: Any, **kwar
 
 
 async def _copy_hook(save: Any, self: RunStore, *args: Any) -> None:
-    copying = not _state["tasks_started"]
+    if not _state["tasks_started"] and _reached("copy"):
+        await _stop_here()
     await save(self, *args)
-    if copying and _reached("copy"):
-        _arm()
 
 
 async def _hooked_save_task(self: RunStore, *args: Any) -> None:
@@ -157,6 +158,8 @@ async def _hooked_save_task(self: RunStore, *args: Any) -> None:
 
 async def _hooked_save_checkpoint(self: RunStore, *args: Any) -> None:
     await _copy_hook(_save_checkpoint, self, *args)
+    if _state["tasks_started"] and _reached("checkpoint_saved"):
+        _arm()
 
 
 def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:

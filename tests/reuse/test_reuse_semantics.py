@@ -14,10 +14,6 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-
-from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec
-from agentcompass.testing import call_log, fake_request
-
 from _reuse_support import (  # noqa: F401  (fixtures)
     _fresh_logs,
     _inline_store,
@@ -31,6 +27,10 @@ from _reuse_support import (  # noqa: F401  (fixtures)
     run_info,
     started_attempts,
 )
+
+import agentcompass
+from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec
+from agentcompass.testing import FakeEnvironment, call_log, fake_request
 
 
 def _execution(k: int = 1, **fields: object) -> ExecutionSpec:
@@ -479,3 +479,40 @@ async def test_reuse_of_an_explicit_run_dir(autojump_clock, tmp_path: Path):
     assert chosen.status == "succeeded"
     assert details(chosen.run_dir) == details(run_a.run_dir)
     assert agent_calls("explicit") == before
+
+
+# -- (i) sessions left open are reaped, with the Environment's config ----------
+
+_reaped_by: list[str] = []
+
+
+@agentcompass.register
+class ConfigReapEnvironment(FakeEnvironment):
+    """``fake-env`` that records the ``log`` config of the instance reaping:
+    a provider may need its settings (a server URL, a root) to find a sandbox."""
+
+    id = "reuse-config-reap-env"
+
+    async def reap(self, handle: dict) -> None:
+        _reaped_by.append(self.options.log)
+        await super().reap(handle)
+
+
+async def test_sessions_left_open_are_reaped_with_the_environment_config(autojump_clock, tmp_path: Path):
+    _reaped_by.clear()
+    request = attrs.evolve(
+        fake_request("reap", log="reap", benchmark={"tasks": 2}, output_root=tmp_path),
+        # A failed close leaves the session journalled as opened (a leak to reap).
+        environment=ComponentRef("reuse-config-reap-env", {"log": "reap", "script": {"t001": {"close": ["raise"]}}}),
+    )
+    first = await launch_one(request)
+    assert call_log("reap").live_sessions(), "the failed close should have left a sandbox"
+    before = agent_calls("reap")
+
+    second = await launch_one(reuse_of(request))
+
+    assert _reaped_by == ["reap"]
+    assert not call_log("reap").live_sessions()
+    assert "reaped 1 session(s)" in notes(second.run_dir)
+    assert agent_calls("reap") == before
+    assert details(second.run_dir) == details(first.run_dir)

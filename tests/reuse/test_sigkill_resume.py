@@ -63,13 +63,13 @@ HANG_GUARD = 60.0  # seconds for one process; only reached when something is bro
 
 # One process per entry, killed at that point; a last process finishes.
 KILL_POINTS = [
-    "attempt_finished:1",  # the first attempt just checkpointed
+    "checkpoint_saved:1",  # the first attempt just checkpointed
     "run_attempt1:1",  # mid-task: attempt 0 checkpointed (copied from the last run), attempt 1 running
     "details_saved:3",  # a record durable, its checkpoints not removed yet
     "close:6",  # a session closing, journalled open: the sandbox must be reaped
-    "copy:2",  # a --reuse run copying what it reuses, before it queued anything
+    "copy:3",  # a --reuse run copying what it reuses, before it queued anything
     "task_finished:3",  # every attempt checkpointed, the record not written
-    "attempt_finished:4",
+    "attempt_finished:4",  # an attempt evaluated, its checkpoint not written
 ]
 
 pytestmark = pytest.mark.skipif(
