@@ -79,9 +79,7 @@ async def run_attempt(
         # (deterministic, so not retried), never a crash of the run.
         outcome = TryOutcome()
         outcome.task_issues.append(classify(exc, "prepare_task", "setup", outcome.diagnostics))
-        record = _record(index, outcome, None, 0)
-        reporter.event("attempt_finished", task=task.task_id, attempt=index, status=record.status, retries=0)
-        return record
+        return _record(index, outcome, None, 0)
     mode = plan.evaluation_environment_mode
     retries = 0
     scope = "attempt"
@@ -117,7 +115,6 @@ async def run_attempt(
 
     record = _record(index, outcome, plan, retries)
     record = await _analyze(ctx, task, record)
-    reporter.event("attempt_finished", task=task.task_id, attempt=index, status=record.status, retries=retries)
     return record
 
 

@@ -59,6 +59,8 @@ class RequestRun:
     notes: list[str] = attrs.Factory(list)
     order: dict[str, int] = attrs.Factory(dict)
     active_tasks: dict[int, PendingTask] = attrs.Factory(dict)
+    #: task id -> attempts checkpointed in this run, until the task completes.
+    checkpointed: dict[str, set[int]] = attrs.Factory(dict)
     #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
     queued: bool = False
 
@@ -118,10 +120,23 @@ class RequestRun:
         elif any(issue.severity == "warning" for a in record.attempts for issue in a.issues):
             self.counts["warning"] += 1
 
-    async def complete(self, record: TaskRecord) -> None:
-        """A task finished: make its record durable, then count it."""
+    async def complete(self, record: TaskRecord, pending: PendingTask, checkpointed: set[int]) -> None:
+        """A task finished: make its record durable, then count it and report
+        the attempts that went straight into the record (not ``checkpointed``,
+        not taken from a reused run) and the task as finished."""
         await self.store.save_task(record)
         self._count(record)
+        earlier = pending.done or {}
+        for attempt in record.attempts:
+            if attempt.attempt not in checkpointed and attempt.attempt not in earlier:
+                self.store.event(
+                    "attempt_finished",
+                    task=record.task_id,
+                    attempt=attempt.attempt,
+                    status=attempt.status,
+                    retries=attempt.retries,
+                )
+        self.store.event("task_finished", task=record.task_id, severity=record.severity)
         if record.severity == "fatal":
             issue = next((i for a in record.attempts for i in a.issues if i.severity == "fatal"), None)
             log.warning(

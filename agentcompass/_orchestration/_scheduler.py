@@ -49,6 +49,7 @@ class _RequestReporter:
 
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         await self.run.store.save_checkpoint(task_id, record)
+        self.run.checkpointed.setdefault(task_id, set()).add(record.attempt)
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         self.run.retries += 1
@@ -123,7 +124,7 @@ class Scheduler:
                     self.grants,
                     self._reporters[run.index],
                 )
-                await run.complete(record)
+                await run.complete(record, pending, run.checkpointed.pop(pending.task.task_id, set()))
             finally:
                 run.active -= 1
                 del run.active_tasks[id(pending)]

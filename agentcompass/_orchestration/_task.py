@@ -61,14 +61,18 @@ async def run_task(
         records[index] = await run_attempt(ctx, task, index, resume=resume.get(index))
         # Checkpoint every evaluated attempt the task record does not make
         # durable right away: the last one to run goes straight into the
-        # record, which the driver writes durably before counting it.
+        # record, which the driver writes durably before it reports that
+        # attempt (and the task) finished. "Finished" events always follow
+        # durability.
         if position < len(todo) - 1 and not _settled(records, strategy, primary):
-            await ctx.reporter.checkpoint(task.task_id, records[index])
+            attempt = records[index]
+            await ctx.reporter.checkpoint(task.task_id, attempt)
+            ctx.reporter.event(
+                "attempt_finished", task=task.task_id, attempt=index, status=attempt.status, retries=attempt.retries
+            )
     ordered = [records[i] for i in sorted(records)]
     issues = [issue for record in ordered for issue in record.issues]
-    record = TaskRecord(task.task_id, task.category, ordered, worst_severity(issues))
-    ctx.reporter.event("task_finished", task=task.task_id, severity=record.severity)
-    return record
+    return TaskRecord(task.task_id, task.category, ordered, worst_severity(issues))
 
 
 class InProcessExecutor(Executor):

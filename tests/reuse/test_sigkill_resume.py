@@ -29,9 +29,8 @@ kill points wait until no session is in these windows, see
   journalling its handle leaks a sandbox nobody can name (the journal line
   can only be written once ``open`` returned the handle);
 - a kill while ``local`` removes a sandbox, between its marker and the
-  directory, leaves an empty unmarked directory that ``reap`` refuses to
-  remove: ``test_a_sandbox_whose_close_was_cut_short_is_reaped`` (xfail
-  until ``environments/local.py`` accepts it).
+  directory, leaves an empty unmarked directory, which ``reap`` removes:
+  ``test_a_sandbox_whose_close_was_cut_short_is_reaped``.
 """
 
 from __future__ import annotations
@@ -291,11 +290,6 @@ def test_sigkill_at_many_instants_then_reuse_loses_nothing_and_repeats_nothing(t
     assert list(launcher.sandboxes.iterdir()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="local reap refuses an empty sandbox directory whose marker a cut-short close already "
-    "removed ('no marker'), so it leaks; environments/local.py _reap_sandbox should rmdir an empty one",
-)
 async def test_a_sandbox_whose_close_was_cut_short_is_reaped(tmp_path: Path) -> None:
     # Seen in the test above at random: SIGKILL while ``close`` removed the
     # sandbox, after the marker (removed last but one) and before the
