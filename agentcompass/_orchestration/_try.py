@@ -180,26 +180,32 @@ class _Try:
         self.out.task_issues.append(Issue("fatal", "setup", "setup_timeout", f"setup did not finish within {timeout}s"))
         raise _Stop
 
+    async def _enter_session(
+        self, stack: AsyncExitStack, config: Any, phase: Phase, issues: list[Issue]
+    ) -> GuardedSession:
+        """Open a session under the baseline policy, its close owned by ``stack``."""
+        try:
+            return await stack.enter_async_context(
+                environment_session(
+                    self.ctx,
+                    config,
+                    self.plan.baseline_network_policy,
+                    phase=phase,
+                    grace=self.grace,
+                    issues=issues,
+                    diagnostics=self.out.diagnostics,
+                )
+            )
+        except IssueError as exc:
+            issues.append(classify(exc, "environment", phase, self.out.diagnostics))
+            raise _Stop from None
+
     async def _open_and_prepare(self, stack: AsyncExitStack, config: Any) -> GuardedSession:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = trio.current_time()
         with _deadline_scope(self.setup_deadline) as scope:
-            try:
-                env = await stack.enter_async_context(
-                    environment_session(
-                        ctx,
-                        config,
-                        plan.baseline_network_policy,
-                        phase="setup",
-                        grace=self.grace,
-                        issues=issues,
-                        diagnostics=self.out.diagnostics,
-                    )
-                )
-            except IssueError as exc:
-                issues.append(classify(exc, "environment", "setup", self.out.diagnostics))
-                raise _Stop from None
+            env = await self._enter_session(stack, config, "setup", issues)
             prepared = await self._step(
                 issues, "prepare_task", "setup", ctx.benchmark.prepare_task, self.task, env, ctx.request, plan.benchmark_plan
             )
@@ -376,7 +382,7 @@ class _Try:
         await self._evaluate(None, self.out.eval_issues)
 
     async def _evaluate_fresh(self, config: Any) -> None:
-        ctx, plan = self.ctx, self.plan
+        ctx = self.ctx
         issues: list[Issue] = []
         self.out.eval_issues = issues
         timeout = ctx.request.execution.setup_timeout_seconds
@@ -384,21 +390,7 @@ class _Try:
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(provider_permit(ctx))
                 with _deadline_scope(_after(timeout)) as scope:
-                    try:
-                        env = await stack.enter_async_context(
-                            environment_session(
-                                ctx,
-                                config,
-                                plan.baseline_network_policy,
-                                phase="evaluate",
-                                grace=self.grace,
-                                issues=issues,
-                                diagnostics=self.out.diagnostics,
-                            )
-                        )
-                    except IssueError as exc:
-                        issues.append(classify(exc, "environment", "evaluate", self.out.diagnostics))
-                        raise _Stop from None
+                    env = await self._enter_session(stack, config, "evaluate", issues)
                 if scope.cancelled_caught:
                     issues.append(
                         Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s")
