@@ -24,13 +24,10 @@ _MODES = ("reuse", "none", "fresh")
 
 
 def _as_policy(value: Any, where: str) -> NetworkPolicy:
-    if isinstance(value, NetworkPolicy):
-        return value
-    if isinstance(value, str):
-        value = {"mode": value}
-    if isinstance(value, dict) and value.get("mode") in ("none", "allowlist", "full"):
-        return NetworkPolicy(value["mode"], tuple(value.get("allow", ())))
-    raise ComponentError(f"{where}: not a network policy: {value!r}")
+    try:
+        return NetworkPolicy.parse(value, where)
+    except ValueError as exc:
+        raise ComponentError(str(exc)) from None
 
 
 class Planner:

@@ -180,6 +180,28 @@ class NetworkPolicy:
     mode: Literal["none", "allowlist", "full"] = "full"
     allow: tuple[str, ...] = ()
 
+    @classmethod
+    def parse(cls, value: Any, where: str = "network policy") -> NetworkPolicy:
+        """A policy from a plan or config value: a ``NetworkPolicy``, a mode
+        string, or ``{"mode": ..., "allow": [...]}``. Raises ``ValueError``
+        naming ``where`` and the offending value."""
+        if isinstance(value, NetworkPolicy):
+            return value
+        if isinstance(value, str):
+            value = {"mode": value}
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a mapping with 'mode' (and 'allow'), got {value!r}")
+        extra = set(value) - {"mode", "allow"}
+        if extra:
+            raise ValueError(f"{where}: unknown key {min(extra)!r}")
+        mode = value.get("mode", "full")
+        if mode not in ("none", "allowlist", "full"):
+            raise ValueError(f"{where}: mode must be one of none, allowlist, full, got {mode!r}")
+        allow = value.get("allow", ())
+        if isinstance(allow, str) or not all(isinstance(host, str) for host in allow):
+            raise ValueError(f"{where}: allow must be a list of host names")
+        return cls(mode, tuple(allow))
+
     def is_within(self, other: NetworkPolicy) -> bool:
         """True when this policy grants no access that ``other`` does not."""
         if other.mode == "full" or self.mode == "none":

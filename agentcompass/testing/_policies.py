@@ -15,22 +15,9 @@ MODES = ("none", "allowlist", "full")
 
 def to_policy(value: Any, where: str) -> NetworkPolicy:
     """``{"mode": ..., "allow": [...]}`` (or a mode string, or a NetworkPolicy) as a NetworkPolicy."""
-    if isinstance(value, NetworkPolicy):
-        return value
-    if isinstance(value, str):
-        value = {"mode": value}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, (NetworkPolicy, str, Mapping)):
         raise TypeError(f"{where}: expected a mapping with 'mode' (and 'allow'), got {value!r}")
-    extra = set(value) - {"mode", "allow"}
-    if extra:
-        raise ValueError(f"{where}: unknown key {min(extra)!r}")
-    mode = value.get("mode", "full")
-    if mode not in MODES:
-        raise ValueError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    allow = value.get("allow", ())
-    if isinstance(allow, str) or not all(isinstance(host, str) for host in allow):
-        raise ValueError(f"{where}: allow must be a list of host names")
-    return NetworkPolicy(mode, tuple(allow))
+    return NetworkPolicy.parse(dict(value) if isinstance(value, Mapping) else value, where)
 
 
 def with_policies(fields: Mapping[str, Any], where: str) -> dict[str, Any]:
