@@ -12,8 +12,6 @@ checkpoint after its resource is acquired.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -97,58 +95,98 @@ async def run_cleanup(
     return True
 
 
-@asynccontextmanager
-async def environment_session(
-    ctx: RequestContext,
-    config: Any,
-    policy: NetworkPolicy,
-    *,
-    phase: Phase,
-    grace: GraceClock,
-    issues: list[Issue],
-    diagnostics: list[dict[str, Any]],
-) -> AsyncIterator[GuardedSession]:
+class environment_session:  # noqa: N801 - used like the context manager function it replaces
     """Open a session under ``policy`` and close it on the way out (see the
     module docstring). The caller holds the capacity permit (see
-    :func:`provider_permit`). Failures to open raise :class:`IssueError`
-    FATAL ``environment_failed`` in ``phase``."""
-    provider = ctx.provider
-    try:
-        raw = await ctx.environment.open(config, policy)
-    except IssueError as exc:
-        exc.phase = exc.phase or phase
-        raise
-    except Exception as exc:
-        issue = classify(exc, "environment", phase, diagnostics)
-        raise IssueError(issue.severity, issue.code, issue.message, phase=phase) from exc
-    session_id = f"s{next(_session_ids)}"
-    handle: dict[str, Any] = {}
-    try:
-        handle = raw.handle
-        await ctx.reporter.session_opened(session_id, provider, handle)
-        yield GuardedSession(raw, policy)
-    finally:
+    :class:`provider_permit`). Failures to open raise :class:`IssueError`
+    FATAL ``environment_failed`` in ``phase``.
+
+    A class rather than an ``asynccontextmanager`` generator: it is entered
+    once or twice per attempt, and the generator machinery was a measurable
+    share of the per-attempt overhead.
+    """
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        config: Any,
+        policy: NetworkPolicy,
+        *,
+        phase: Phase,
+        grace: GraceClock,
+        issues: list[Issue],
+        diagnostics: list[dict[str, Any]],
+    ):
+        self.ctx = ctx
+        self.config = config
+        self.policy = policy
+        self.phase = phase
+        self.grace = grace
+        self.issues = issues
+        self.diagnostics = diagnostics
+        self.raw: EnvironmentSession | None = None
+        self.session_id = ""
+        self.handle: dict[str, Any] = {}
+
+    async def __aenter__(self) -> GuardedSession:
+        ctx, phase = self.ctx, self.phase
+        try:
+            raw = await ctx.environment.open(self.config, self.policy)
+        except IssueError as exc:
+            exc.phase = exc.phase or phase
+            raise
+        except Exception as exc:
+            issue = classify(exc, "environment", phase, self.diagnostics)
+            raise IssueError(issue.severity, issue.code, issue.message, phase=phase) from exc
+        # The close is installed before the next checkpoint: from here on
+        # every way out goes through _close().
+        self.raw = raw
+        self.session_id = f"s{next(_session_ids)}"
+        try:
+            self.handle = raw.handle
+            await ctx.reporter.session_opened(self.session_id, ctx.provider, self.handle)
+        except BaseException:
+            await self._close()
+            raise
+        return GuardedSession(raw, self.policy)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
         # keep_environment only skips the close; the journal still records
         # that the runtime is done with the session, so reap leaves it alone.
         # A close that failed or overran stays "opened" in the journal: the
         # sandbox may be left behind, and the next reuse or `compass reap`
         # destroys it.
+        assert self.raw is not None
+        ctx = self.ctx
         closed = True
         if not ctx.request.execution.keep_environment:
-            closed = await run_cleanup(grace, issues, diagnostics, f"closing session {session_id}", raw.close)
+            closed = await run_cleanup(
+                self.grace, self.issues, self.diagnostics, f"closing session {self.session_id}", self.raw.close
+            )
         if closed:
-            with trio.move_on_at(grace.deadline(), shield=True):
-                await ctx.reporter.session_closed(session_id, provider, handle)
+            with trio.move_on_at(self.grace.deadline(), shield=True):
+                await ctx.reporter.session_closed(self.session_id, ctx.provider, self.handle)
 
 
-@asynccontextmanager
-async def provider_permit(ctx: RequestContext) -> AsyncIterator[None]:
+class provider_permit:  # noqa: N801 - used like a context manager function
     """Hold one capacity permit of the request's provider, then take an
     open-rate token; the permit is released on the way out, whatever happens."""
-    holder = object()
-    await ctx.grants.acquire_capacity(ctx.provider, holder)
-    try:
-        await ctx.grants.open_token(ctx.provider)
-        yield
-    finally:
-        ctx.grants.release_capacity(ctx.provider, holder)
+
+    def __init__(self, ctx: RequestContext):
+        self.ctx = ctx
+        self.holder = object()
+
+    async def __aenter__(self) -> None:
+        ctx = self.ctx
+        await ctx.grants.acquire_capacity(ctx.provider, self.holder)
+        try:
+            await ctx.grants.open_token(ctx.provider)
+        except BaseException:
+            ctx.grants.release_capacity(ctx.provider, self.holder)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.ctx.grants.release_capacity(self.ctx.provider, self.holder)
