@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from .runtime._values import Secret
 
-__all__ = ["MASK", "redact", "register_secret"]
+__all__ = ["MASK", "redact", "redact_json_text", "register_secret"]
 
 MASK = Secret.MASK
 _MIN_SECRET_LEN = 4
@@ -42,6 +42,24 @@ _SHAPES = re.compile(
               (?:api[_-]?key|token|password|passwd|secret|authorization)
               (?![A-Za-z0-9_])["']?\s*[:=]\s*["']?)
       (?:(?:Bearer|Basic|Token)\s+)?[^\s"',;&}\]]+
+    """,
+    re.IGNORECASE | re.VERBOSE,
+)
+
+# The same shapes for JSON text, never breaking it: a value is masked only
+# inside a string (it stops at quotes and backslashes), and a key/value pair
+# only when the value is a quoted string or follows "=" inside a string, so
+# ``"max_token": 5`` stays valid JSON.
+_JSON_SHAPES = re.compile(
+    r"""
+    (?P<url>(?<=://)[^/\s:@"\\]+:)[^/\s@"\\]+(?=@)
+    | (?P<sk>\bsk-[A-Za-z0-9_-]{8,})
+    | (?P<scheme>\bBearer\s+)[A-Za-z0-9._~+/=-]+
+    | (?P<header>\bAuthorization\s*:\s*)[^\r\n"'\\]+
+    | (?P<key>(?<![A-Za-z0-9])[A-Za-z0-9_-]*?
+              (?:api[_-]?key|token|password|passwd|secret|authorization)
+              (?![A-Za-z0-9_])(?:\s*=\s*|\\?"\s*:\s*\\?"))
+      (?:(?:Bearer|Basic|Token)\s+)?[^\s"',;&}\]\\]+
     """,
     re.IGNORECASE | re.VERBOSE,
 )
@@ -93,3 +111,12 @@ def redact(text: str, secrets: Iterable[str | Secret] = ()) -> str:
         if extra_pattern is not None:
             text = extra_pattern.sub(MASK, text)
     return _SHAPES.sub(_replace_shape, text)
+
+
+def redact_json_text(text: str) -> str:
+    """JSON ``text`` with registered secrets and credential-shaped substrings
+    masked, still valid JSON (see ``_JSON_SHAPES``)."""
+    pattern = _registered_pattern
+    if pattern is not None:
+        text = pattern.sub(MASK, text)
+    return _JSON_SHAPES.sub(_replace_shape, text)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import json as _json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
+from hypothesis import given as _given
+from hypothesis import settings as _settings
+from hypothesis import strategies as _st
 
 from agentcompass import _logging
-from agentcompass._redact import MASK, redact, register_secret
+from agentcompass._redact import MASK, redact, redact_json_text, register_secret
 from agentcompass.runtime._values import Secret
 
 
@@ -156,3 +160,38 @@ def test_console_output_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
     assert "oops" in err
     assert "zzz123" not in err
     assert "hidden" not in err
+
+
+# -- JSON text ---------------------------------------------------------------------
+
+
+_CREDENTIALISH = _st.sampled_from(
+    ["sk-abcdefgh12345678", "Bearer abc.def", "api_key=XYZ123456", "Authorization: x y", '"token": "t0k"', "token", "="]
+)
+_JSON_VALUES = _st.recursive(
+    _st.none() | _st.booleans() | _st.integers() | _st.text() | _CREDENTIALISH,
+    lambda children: _st.lists(children, max_size=4)
+    | _st.dictionaries(_st.text(max_size=12) | _st.sampled_from(["token", "api_key", "max_token", "password"]), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@_settings(max_examples=300, deadline=None)
+@_given(_JSON_VALUES, _st.booleans())
+def test_redacting_json_text_never_breaks_it(value, pretty):
+    text = _json.dumps(value, indent=2 if pretty else None)
+    _json.loads(redact_json_text(text))
+
+
+def test_json_text_loses_every_credential_shape():
+    record = {
+        "output": "my key is sk-abcdefgh12345678",
+        "trajectory": ["curl -H 'Authorization: Bearer abc.def.ghi' x", "export API_KEY=XYZ123456"],
+        "token": "t0k3n-value",
+        "max_token": 5,
+    }
+    masked = _json.loads(redact_json_text(_json.dumps(record)))
+    text = _json.dumps(masked)
+    for leaked in ("sk-abcdefgh12345678", "abc.def.ghi", "XYZ123456", "t0k3n-value"):
+        assert leaked not in text
+    assert masked["max_token"] == 5

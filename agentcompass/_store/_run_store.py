@@ -108,12 +108,11 @@ def _mask(text: str) -> str:
     """``text`` with every registered secret value masked (SPEC 8: no secret
     in any file). Applied to everything the store writes, since a component
     may put a credential anywhere (an agent's output or trajectory that echoes
-    its API key). Only registered values, not credential shapes: those are
-    masked in messages, but in results they may be data. A value is masked as
-    it appears in the JSON text, i.e. when JSON escapes none of its characters
-    (true of API keys and tokens)."""
-    pattern = _redact._registered_pattern
-    return text if pattern is None else pattern.sub(_redact.MASK, text)
+    its API key), and every recognized credential shape (``sk-...``,
+    ``Bearer ...``, ``api_key=...``) without ever breaking the JSON. A value is
+    masked as it appears in the JSON text, i.e. when JSON escapes none of its
+    characters (true of API keys and tokens)."""
+    return _redact.redact_json_text(text)
 
 
 def new_run_id() -> str:
@@ -220,7 +219,7 @@ class RunStore:
 
     async def write_text(self, name: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
-        await self._committer.write(self._path(name), _mask(text).encode("utf-8", "backslashreplace"))
+        await self._committer.write(self._path(name), _redact.redact(text).encode("utf-8", "backslashreplace"))
 
     async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated attempt.
