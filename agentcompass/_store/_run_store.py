@@ -272,27 +272,6 @@ class RunStore:
                 self._saved_severity[task_id] = previous
             raise
 
-    async def save_tasks(self, records: list[TaskRecord]) -> None:
-        """:meth:`save_task` for many records at once (e.g. the records a reuse
-        run copies): all are queued together, so they share commit rounds
-        instead of paying one round each. Returns once every one is durable;
-        if any failed, raises the first failure (in ``records`` order) after
-        the others finished. No ordering between them (as for concurrent calls).
-        """
-        errors: list[tuple[int, Exception]] = []
-
-        async def save(index: int, record: TaskRecord) -> None:
-            try:
-                await self.save_task(record)
-            except Exception as exc:  # noqa: BLE001 - each record learns its own outcome
-                errors.append((index, exc))
-
-        async with trio.open_nursery() as nursery:
-            for index, record in enumerate(records):
-                nursery.start_soon(save, index, record)
-        if errors:
-            raise min(errors, key=lambda e: e[0])[1]
-
     async def journal_session(
         self,
         event: Literal["opened", "closed"],
