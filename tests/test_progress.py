@@ -10,6 +10,7 @@ import agentcompass.testing  # noqa: F401
 from agentcompass import ComponentRef, Orchestration, RunRequest
 from agentcompass._orchestration._launch import launch
 from agentcompass._progress import ProgressDisplay
+from agentcompass._store import _group_commit, _run_store
 
 
 class _Tty(io.StringIO):
@@ -17,7 +18,16 @@ class _Tty(io.StringIO):
         return True
 
 
-async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
+async def _inline_store_io(fn, *args):
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
+async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys, monkeypatch):
+    # Store I/O inline: a worker thread's real time would let the mock clock
+    # jump past a record's completion, and the counts below would race.
+    monkeypatch.setattr(_group_commit, "to_store_thread", _inline_store_io)
+    monkeypatch.setattr(_run_store, "to_store_thread", _inline_store_io)
     request = RunRequest(
         name="p",
         benchmark=ComponentRef("fake-bench", {"tasks": 4, "log": "progress"}),

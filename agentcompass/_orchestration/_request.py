@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import platform
 import time
+from functools import partial
 from typing import Any
 
 import attrs
@@ -63,6 +64,15 @@ class RequestRun:
     checkpointed: dict[str, set[int]] = attrs.Factory(dict)
     #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
     queued: bool = False
+    #: task id -> finished record on its way to disk (see ``complete``).
+    saving: dict[str, TaskRecord] = attrs.Factory(dict)
+    #: Finished records that could not be written (they count as unavailable).
+    unsaved: list[TaskRecord] = attrs.Factory(list)
+    all_saved: trio.Event = attrs.Factory(trio.Event)
+    #: Finalize took its count: records saved from now on are not counted again.
+    tallied: bool = False
+    #: Called after each record is saved (the scheduler's wake-up).
+    on_saved: Any = lambda: None
 
     # -- preparation ---------------------------------------------------------
 
@@ -120,33 +130,65 @@ class RequestRun:
         elif any(issue.severity == "warning" for a in record.attempts for issue in a.issues):
             self.counts["warning"] += 1
 
-    async def complete(self, record: TaskRecord, pending: PendingTask, checkpointed: set[int]) -> None:
-        """A task finished: make its record durable, then count it and report
-        the attempts that went straight into the record (not ``checkpointed``,
-        not taken from a reused run) and the task as finished."""
-        await self.store.save_task(record)
-        self._count(record)
-        earlier = pending.done or {}
-        for attempt in record.attempts:
-            if attempt.attempt not in checkpointed and attempt.attempt not in earlier:
-                self.store.event(
-                    "attempt_finished",
+    def complete(self, record: TaskRecord, pending: PendingTask, checkpointed: set[int]) -> None:
+        """A task finished: queue its record. Once the record is durable it is
+        counted and the attempts that went straight into it (not
+        ``checkpointed``, not taken from a reused run) and the task are
+        reported finished (see :meth:`_saved`). The worker does not wait for
+        the disk: it takes its next task meanwhile (``saving`` bounds how many
+        records may be on their way)."""
+        self.saving[record.task_id] = record
+        self.store.save_task_soon(record, partial(self._saved, record, pending.done or {}, checkpointed))
+
+    def _saved(
+        self, record: TaskRecord, earlier: dict[int, Any], checkpointed: set[int], error: Exception | None
+    ) -> None:
+        del self.saving[record.task_id]
+        if not self.saving:
+            self.all_saved.set()
+        if error is not None:
+            line = f"could not write the record of task {record.task_id!r}: {error}".splitlines()[0]
+            log.error("record_not_written", request=self.request.name, task=record.task_id, error=line)
+        if self.tallied:
+            # After a deadline, finalize counted what was still on its way;
+            # the store may be closing: nothing more to report.
+            return
+        if error is not None:
+            # Not on disk, so not finished: it counts as unavailable and a
+            # --reuse run runs it again. The request cannot succeed.
+            self.unsaved.append(record)
+            self.status = "failed"
+            self.error = self.error or line
+        else:
+            self._count(record)
+            event = self.store.event
+            for attempt in record.attempts:
+                if attempt.attempt not in checkpointed and attempt.attempt not in earlier:
+                    event(
+                        "attempt_finished",
+                        task=record.task_id,
+                        attempt=attempt.attempt,
+                        status=attempt.status,
+                        retries=attempt.retries,
+                    )
+            event("task_finished", task=record.task_id, severity=record.severity)
+            if record.severity == "fatal":
+                issue = next((i for a in record.attempts for i in a.issues if i.severity == "fatal"), None)
+                log.warning(
+                    "task_invalidated",
+                    request=self.request.name,
                     task=record.task_id,
-                    attempt=attempt.attempt,
-                    status=attempt.status,
-                    retries=attempt.retries,
+                    code=issue.code if issue else None,
+                    message=issue.message if issue else None,
                 )
-        self.store.event("task_finished", task=record.task_id, severity=record.severity)
-        if record.severity == "fatal":
-            issue = next((i for a in record.attempts for i in a.issues if i.severity == "fatal"), None)
-            log.warning(
-                "task_invalidated",
-                request=self.request.name,
-                task=record.task_id,
-                code=issue.code if issue else None,
-                message=issue.message if issue else None,
-            )
         self.publish_progress()
+        self.on_saved()
+
+    async def wait_saved(self) -> None:
+        """Until every queued record is durable (or failed)."""
+        if self.saving:
+            self.all_saved = trio.Event()
+            await self.all_saved.wait()
 
     def publish_progress(self, *, terminal: bool = False) -> None:
         """Queue the progress snapshot. After a deadline or cancellation
@@ -194,12 +236,21 @@ class RequestRun:
         if self.finalized or self.store is None:
             return
         self.finalized = True
+        # Normally nothing is on its way any more (a request drains only then);
+        # after a deadline this waits within the caller's grace. A record still
+        # queued is a result all the same: the store's close writes it.
+        await self.wait_saved()
+        self.tallied = True
+        for record in self.saving.values():
+            self._count(record)
         if status is None:
             status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
         self.status = status
         # Records arrive in completion order; results read in task order.
         self.records.sort(key=lambda r: self.order.get(r.task_id, len(self.order)))
         records = list(self.records)
+        # Finished but not on disk: unavailable, like a task that never ran.
+        records += [TaskRecord(r.task_id, r.category, [], "normal") for r in self.unsaved]
         terminal = status in ("timed_out", "cancelled")
         if terminal:
             # Tasks that never finished still count: as unavailable (no

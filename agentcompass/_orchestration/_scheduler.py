@@ -86,6 +86,11 @@ class Scheduler:
         self._work = trio.lowlevel.ParkingLot()
         self._progress = trio.lowlevel.ParkingLot()
         self._reporters = {run.index: _RequestReporter(run) for run in runs}
+        #: Records on their way to disk, per request, before workers wait.
+        self.max_saving = max(64, concurrency)
+        self._saved = trio.lowlevel.ParkingLot()
+        for run in runs:
+            run.on_saved = self._on_saved
 
     # -- dispatch --------------------------------------------------------------
 
@@ -124,18 +129,31 @@ class Scheduler:
                     self.grants,
                     self._reporters[run.index],
                 )
-                await run.complete(record, pending, run.checkpointed.pop(pending.task.task_id, set()))
+                run.complete(record, pending, run.checkpointed.pop(pending.task.task_id, set()))
             finally:
                 run.active -= 1
                 del run.active_tasks[id(pending)]
             self._check_drained()
+            # Backpressure: a slow disk makes workers wait, not memory grow.
+            while len(run.saving) >= self.max_saving:
+                await self._saved.park()
+
+    def _on_saved(self) -> None:
+        self._saved.unpark_all()
+        self._check_drained()
 
     def _check_drained(self) -> None:
         earlier_pending = False
         for run in self.runs:
             if not run.prepared:
                 return
-            if not run.drained.is_set() and not run.pending and run.active == 0 and not earlier_pending:
+            if (
+                not run.drained.is_set()
+                and not run.pending
+                and run.active == 0
+                and not run.saving
+                and not earlier_pending
+            ):
                 run.drained.set()
             earlier_pending = earlier_pending or bool(run.pending)
 

@@ -76,8 +76,31 @@ class _Write:
     path: str | None
     data: bytes
     after: Callable[[], None] | None
-    done: trio.Event = attrs.Factory(trio.Event)
+    #: Set once the round finished (for a caller that waits).
+    done: trio.Event | None = None
+    #: Called in the Trio thread once the round finished, with the write's
+    #: error or None (for a caller that does not wait).
+    notify: Callable[[Exception | None], None] | None = None
     error: Exception | None = None
+
+    def finish(self) -> None:
+        if self.done is not None:
+            self.done.set()
+        if self.notify is not None:
+            self.notify(self.error)
+
+
+def _finish_all(jobs: list[_Write]) -> None:
+    """Finish every job; a failing ``notify`` (a bug) is raised only after
+    the others, so no waiter of the batch is left waiting."""
+    failure: BaseException | None = None
+    for job in jobs:
+        try:
+            job.finish()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 @attrs.define(eq=False)
@@ -113,6 +136,22 @@ class GroupCommitter:
         """
         await self._submit(_Write(os.fspath(path), data, after))
 
+    def write_soon(
+        self,
+        path: str,
+        data: bytes,
+        after: Callable[[], None] | None,
+        notify: Callable[[Exception | None], None],
+    ) -> None:
+        """Queue a replacement of ``path`` by ``data`` without waiting:
+        ``notify(error)`` runs in the Trio thread once the round finished
+        (``error`` is None when the write is durable), also when the store
+        closes before the write could be made."""
+        if self._closed:
+            raise StoreClosedError("the run store is closed")
+        self._pending.append(_Write(path, data, after, notify=notify))
+        self._wake.set()
+
     async def append(self, data: bytes) -> None:
         """Append ``data`` to the journal; return once it is durable."""
         await self._submit(_Write(None, data, None))
@@ -129,6 +168,7 @@ class GroupCommitter:
     async def _submit(self, job: _Write) -> None:
         if self._closed:
             raise StoreClosedError("the run store is closed")
+        job.done = trio.Event()
         self._pending.append(job)
         self._wake.set()
         await job.done.wait()
@@ -169,10 +209,10 @@ class GroupCommitter:
                 await self._commit(self._take(len(self._pending)))
         finally:
             # Out of grace time: tell whoever still waits that nothing was written.
-            for job in self._pending:
+            pending, self._pending = self._pending, []
+            for job in pending:
                 job.error = OSError(errno.ECANCELED, "run store closed before this write")
-                job.done.set()
-            self._pending.clear()
+            _finish_all(pending)
 
     def _take(self, count: int) -> list[_Write]:
         # Replace the event before taking the batch: a write queued after the
@@ -198,8 +238,7 @@ class GroupCommitter:
             # raises): the batch is untouched, queue it again for close().
             self._pending[:0] = batch
             raise
-        for job in batch:
-            job.done.set()
+        _finish_all(batch)
 
     def _commit_sync(self, batch: list[_Write]) -> None:
         try:

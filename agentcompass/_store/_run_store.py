@@ -253,6 +253,27 @@ class RunStore:
         call (see :attr:`notes`). Concurrent calls share fsync rounds (group
         commit); each returns once its own record is durable.
         """
+        path, data, cleanup, rollback = self._task_write(record)
+        try:
+            await self._committer.write(path, data, cleanup)
+        except BaseException:
+            rollback()
+            raise
+
+    def save_task_soon(self, record: TaskRecord, notify: Callable[[Exception | None], None]) -> None:
+        """:meth:`save_task` without waiting: ``notify(error)`` runs in the
+        Trio thread once the record is durable (``error`` None) or could not
+        be written. Lets a worker take its next task while the disk works."""
+        path, data, cleanup, rollback = self._task_write(record)
+
+        def written(error: Exception | None) -> None:
+            if error is not None:
+                rollback()
+            notify(error)
+
+        self._committer.write_soon(path, data, cleanup, written)
+
+    def _task_write(self, record: TaskRecord) -> tuple[str, bytes, Callable[[], None], Callable[[], None]]:
         if record.severity not in self._details_dirs:
             raise ValueError(f"unknown task severity {record.severity!r}")
         task_id = record.task_id
@@ -263,14 +284,14 @@ class RunStore:
         attempts = self._checkpointed.pop(task_id, set())
         cleanup = self._superseded_cleanup(task_id, key, record.severity, previous, attempts)
         self._saved_severity[task_id] = record.severity
-        try:
-            await self._committer.write(path, data, cleanup)
-        except BaseException:
+
+        def rollback() -> None:
             # Maybe not written: a later save_task must still find what to clean.
             self._checkpointed.setdefault(task_id, set()).update(attempts)
             if previous is not None and previous != record.severity:
                 self._saved_severity[task_id] = previous
-            raise
+
+        return path, data, cleanup, rollback
 
     async def journal_session(
         self,

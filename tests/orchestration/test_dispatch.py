@@ -43,10 +43,21 @@ def check_ordered_dispatch(timeline: Timeline, totals: dict[str, int]) -> None:
 
 
 def active_counts(timeline: Timeline) -> list[tuple[float, int]]:
+    """Tasks held by a worker after each change: from ``task_started`` to the
+    task's last component call (its record is then written while the worker
+    takes its next task, so ``task_finished`` may come later)."""
+    last: dict[str, int] = {}
+    for i, mark in enumerate(timeline.marks):
+        if mark.task_id is not None and not mark.source.startswith("store:"):
+            last[mark.task_id] = i
+    ends = set(last.values())
     counts, active = [], 0
-    for mark in timeline.marks:
-        if mark.kind in ("task_started", "task_finished"):
-            active += 1 if mark.kind == "task_started" else -1
+    for i, mark in enumerate(timeline.marks):
+        if mark.kind == "task_started":
+            active += 1
+            counts.append((mark.t, active))
+        if i in ends:
+            active -= 1
             counts.append((mark.t, active))
     return counts
 
