@@ -38,39 +38,51 @@ class Planner:
         self.recipes = list(recipes)
 
     def plan(self, task: TaskSpec, request: RunRequest, attempt: int) -> ExecutionPlan:
+        benchmark_plan = dict(self.benchmark.plan(task, request) or {})
+        where = f"benchmark {self.benchmark.id!r} plan"
+        settings: dict[str, Any] = {"benchmark_plan": benchmark_plan}
+        for key in _POLICY_KEYS:
+            if key in benchmark_plan:
+                settings[key] = _as_policy(benchmark_plan[key], where)
+        mode = benchmark_plan.get("evaluation_environment_mode")
+        if mode is not None:
+            if mode not in _MODES:
+                raise ComponentError(f"{where}: evaluation_environment_mode must be one of {_MODES}, got {mode!r}")
+            settings["evaluation_environment_mode"] = mode
+        for key in ("run_timeout_seconds", "evaluation_timeout_seconds"):
+            if benchmark_plan.get(key) is not None:
+                settings[key] = float(benchmark_plan[key])
+        # Defaults, then the benchmark's part, in one construction.
         plan = ExecutionPlan(
             task_id=task.task_id,
             attempt=attempt,
             environment=request.environment,
             harness=request.harness,
+            **settings,
         )
-        benchmark_plan = dict(self.benchmark.plan(task, request) or {})
-        where = f"benchmark {self.benchmark.id!r} plan"
-        changes: dict[str, Any] = {"benchmark_plan": benchmark_plan}
-        for key in _POLICY_KEYS:
-            if key in benchmark_plan:
-                changes[key] = _as_policy(benchmark_plan[key], where)
-        mode = benchmark_plan.get("evaluation_environment_mode")
-        if mode is not None:
-            if mode not in _MODES:
-                raise ComponentError(f"{where}: evaluation_environment_mode must be one of {_MODES}, got {mode!r}")
-            changes["evaluation_environment_mode"] = mode
-        for key in ("run_timeout_seconds", "evaluation_timeout_seconds"):
-            if benchmark_plan.get(key) is not None:
-                changes[key] = float(benchmark_plan[key])
-        plan = attrs.evolve(plan, **changes)
 
         for recipe in self.recipes:
             plan = recipe.apply(plan, task, request)
             if not isinstance(plan, ExecutionPlan):
                 raise ComponentError(f"recipe {recipe.id!r}: apply() must return an ExecutionPlan, got {type(plan).__name__}")
 
-        explicit: dict[str, Any] = {}
         execution = request.execution
-        if execution.run_timeout_seconds is not None:
+        # Explicit user values win; the identity of the attempt is never the
+        # recipes' to change. Evolved only when something differs.
+        explicit: dict[str, Any] = {}
+        if execution.run_timeout_seconds is not None and plan.run_timeout_seconds != execution.run_timeout_seconds:
             explicit["run_timeout_seconds"] = execution.run_timeout_seconds
-        if execution.evaluation_timeout_seconds is not None:
+        if (
+            execution.evaluation_timeout_seconds is not None
+            and plan.evaluation_timeout_seconds != execution.evaluation_timeout_seconds
+        ):
             explicit["evaluation_timeout_seconds"] = execution.evaluation_timeout_seconds
-        # The identity of the attempt is never the recipes' to change.
-        explicit.update(task_id=task.task_id, attempt=attempt, environment=request.environment, harness=request.harness)
-        return attrs.evolve(plan, **explicit)
+        for key, value in (
+            ("task_id", task.task_id),
+            ("attempt", attempt),
+            ("environment", request.environment),
+            ("harness", request.harness),
+        ):
+            if getattr(plan, key) is not value:
+                explicit[key] = value
+        return attrs.evolve(plan, **explicit) if explicit else plan

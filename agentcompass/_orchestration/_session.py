@@ -1,12 +1,12 @@
 """One Environment session's whole life: permit, open, journal, close.
 
-:func:`environment_session` is the only way the try code opens a sandbox.
-It acquires the provider's capacity permit and an open-rate token (both
-granted by the driver), opens the session under the baseline policy,
+:class:`TrackedSession` is the only way the try code opens a sandbox. The
+try holds the provider's capacity permit and an open-rate token (both
+granted by the driver); the session opens under the baseline policy,
 journals its handle, and on the way out (success, failure or cancellation)
-closes it in a shielded scope bounded by the grace deadline, journals the
-close and releases the permit. Each cleanup is installed before the next
-checkpoint after its resource is acquired.
+closes in a shielded scope bounded by the grace deadline and journals the
+close. Each cleanup is installed before the next checkpoint after its
+resource is acquired.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..runtime._values import NetworkPolicy
 from ._context import GraceClock, RequestContext
 from ._issues import EnvironmentFailure, classify
 
-__all__ = ["GuardedSession", "environment_session", "provider_permit", "run_cleanup"]
+__all__ = ["GuardedSession", "TrackedSession", "run_cleanup"]
 
 _session_ids = itertools.count(1)
 
@@ -95,22 +95,22 @@ async def run_cleanup(
     return True
 
 
-class environment_session:  # noqa: N801 - used like the context manager function it replaces
-    """Open a session under ``policy`` and close it on the way out (see the
-    module docstring). The caller holds the capacity permit (see
-    :class:`provider_permit`). Failures to open raise :class:`IssueError`
-    FATAL ``environment_failed`` in ``phase``.
+class TrackedSession:
+    """One Environment session of a try: :meth:`open` it under a policy,
+    then :meth:`close` it on every way out (the caller's ``finally``).
+    Failures to open raise :class:`IssueError` FATAL ``environment_failed``
+    in ``phase``.
 
-    A class rather than an ``asynccontextmanager`` generator: it is entered
-    once or twice per attempt, and the generator machinery was a measurable
-    share of the per-attempt overhead.
+    Plain methods, not a context manager: a session is opened once or twice
+    per attempt and the context-manager machinery was a measurable share of
+    the per-attempt overhead. The caller holds the capacity permit.
     """
+
+    __slots__ = ("ctx", "diagnostics", "grace", "handle", "issues", "phase", "raw", "session_id")
 
     def __init__(
         self,
         ctx: RequestContext,
-        config: Any,
-        policy: NetworkPolicy,
         *,
         phase: Phase,
         grace: GraceClock,
@@ -118,8 +118,6 @@ class environment_session:  # noqa: N801 - used like the context manager functio
         diagnostics: list[dict[str, Any]],
     ):
         self.ctx = ctx
-        self.config = config
-        self.policy = policy
         self.phase = phase
         self.grace = grace
         self.issues = issues
@@ -128,65 +126,57 @@ class environment_session:  # noqa: N801 - used like the context manager functio
         self.session_id = ""
         self.handle: dict[str, Any] = {}
 
-    async def __aenter__(self) -> GuardedSession:
+    async def open(self, config: Any, policy: NetworkPolicy) -> GuardedSession:
         ctx, phase = self.ctx, self.phase
         try:
-            raw = await ctx.environment.open(self.config, self.policy)
+            raw = await ctx.environment.open(config, policy)
         except IssueError as exc:
             exc.phase = exc.phase or phase
             raise
         except Exception as exc:
             issue = classify(exc, "environment", phase, self.diagnostics)
             raise IssueError(issue.severity, issue.code, issue.message, phase=phase) from exc
-        # The close is installed before the next checkpoint: from here on
-        # every way out goes through _close().
+        # Installed before the next checkpoint: from here on the caller's
+        # ``finally`` closes it.
         self.raw = raw
         self.session_id = f"s{next(_session_ids)}"
-        try:
-            self.handle = raw.handle
-            await ctx.reporter.session_opened(self.session_id, ctx.provider, self.handle)
-        except BaseException:
-            await self._close()
-            raise
-        return GuardedSession(raw, self.policy)
+        self.handle = raw.handle
+        await ctx.reporter.session_opened(self.session_id, ctx.provider, self.handle)
+        return GuardedSession(raw, policy)
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._close()
+    async def close(self) -> None:
+        """Close the session if it was opened, shielded until the grace
+        deadline, and journal the close. Never raises (a failure is a
+        WARNING ``cleanup_failed``).
 
-    async def _close(self) -> None:
-        # keep_environment only skips the close; the journal still records
-        # that the runtime is done with the session, so reap leaves it alone.
-        # A close that failed or overran stays "opened" in the journal: the
-        # sandbox may be left behind, and the next reuse or `compass reap`
-        # destroys it.
-        assert self.raw is not None
+        ``keep_environment`` only skips the close; the journal still records
+        that the runtime is done with the session, so reap leaves it alone.
+        A close that failed or overran stays "opened" in the journal: the
+        sandbox may be left behind, and the next reuse or ``compass reap``
+        destroys it.
+        """
+        raw = self.raw
+        if raw is None:
+            return
+        self.raw = None
         ctx = self.ctx
-        closed = True
-        if not ctx.request.execution.keep_environment:
-            closed = await run_cleanup(
-                self.grace, self.issues, self.diagnostics, f"closing session {self.session_id}", self.raw.close
+        keep = ctx.request.execution.keep_environment
+        # One shielded scope for the close and its journal line.
+        with trio.CancelScope(deadline=self.grace.deadline(), shield=True) as scope:
+            try:
+                if not keep:
+                    await raw.close()
+            except Exception as exc:
+                self.issues.append(classify(exc, "cleanup", "cleanup", self.diagnostics))
+                return
+            await ctx.reporter.session_closed(self.session_id, ctx.provider, self.handle)
+        if scope.cancelled_caught:
+            what = "journalling" if keep else "closing"
+            self.issues.append(
+                Issue(
+                    "warning",
+                    "cleanup",
+                    "cleanup_failed",
+                    f"{what} session {self.session_id} did not finish within the cleanup grace",
+                )
             )
-        if closed:
-            with trio.move_on_at(self.grace.deadline(), shield=True):
-                await ctx.reporter.session_closed(self.session_id, ctx.provider, self.handle)
-
-
-class provider_permit:  # noqa: N801 - used like a context manager function
-    """Hold one capacity permit of the request's provider, then take an
-    open-rate token; the permit is released on the way out, whatever happens."""
-
-    def __init__(self, ctx: RequestContext):
-        self.ctx = ctx
-        self.holder = object()
-
-    async def __aenter__(self) -> None:
-        ctx = self.ctx
-        await ctx.grants.acquire_capacity(ctx.provider, self.holder)
-        try:
-            await ctx.grants.open_token(ctx.provider)
-        except BaseException:
-            ctx.grants.release_capacity(ctx.provider, self.holder)
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.ctx.grants.release_capacity(self.ctx.provider, self.holder)

@@ -21,7 +21,6 @@ go on to collect and evaluate, because the agent's output may still score.
 from __future__ import annotations
 
 import math
-from contextlib import AsyncExitStack
 from typing import Any
 
 import attrs
@@ -33,7 +32,7 @@ from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
 from ..runtime._values import ExecutionPlan, PreparedTask, TaskSpec
 from ._context import RequestContext
 from ._issues import classify, redact_issue
-from ._session import GuardedSession, environment_session, provider_permit, run_cleanup
+from ._session import GuardedSession, TrackedSession, run_cleanup
 
 __all__ = ["TryOutcome", "run_evaluation_try", "run_full_try", "retryable_issues"]
 
@@ -151,22 +150,29 @@ class _Try:
         except Exception as exc:
             issues.append(classify(exc, "environment", "setup", self.out.diagnostics))
             return self.out
+        grants, provider, holder = ctx.grants, ctx.provider, object()
+        await grants.acquire_capacity(provider, holder)
         try:
-            async with AsyncExitStack() as stack:
-                await stack.enter_async_context(provider_permit(ctx))
-                # The setup clock starts once the permit is held: waiting for
-                # capacity is queueing, not a hung sandbox.
-                timeout = ctx.request.execution.setup_timeout_seconds
-                self.setup_deadline = trio.current_time() + (math.inf if timeout is None else timeout)
-                env = await self._open_and_prepare(stack, config)
-                async with AsyncExitStack() as harness_stack:
-                    await self._start_run(harness_stack, env)
-                    await self._run(env)
+            await grants.open_token(provider)
+            # The setup clock starts once the permit is held: waiting for
+            # capacity is queueing, not a hung sandbox.
+            timeout = ctx.request.execution.setup_timeout_seconds
+            self.setup_deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+            session = TrackedSession(
+                ctx, phase="setup", grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
+            )
+            try:
+                env = await self._open_and_prepare(session, config)
+                await self._start_and_run(env)
                 await self._collect(env)
                 if plan.evaluation_environment_mode == "reuse" and not self._should_stop(issues):
                     await self._evaluate_in(env, self.out.eval_issues)
-        except _Stop:
-            pass
+            except _Stop:
+                pass
+            finally:
+                await session.close()
+        finally:
+            grants.release_capacity(provider, holder)
         if self.out.evaluated or self._should_stop(issues) or not self.collected:
             return self.out
         if plan.evaluation_environment_mode == "none":
@@ -180,32 +186,20 @@ class _Try:
         self.out.task_issues.append(Issue("fatal", "setup", "setup_timeout", f"setup did not finish within {timeout}s"))
         raise _Stop
 
-    async def _enter_session(
-        self, stack: AsyncExitStack, config: Any, phase: Phase, issues: list[Issue]
-    ) -> GuardedSession:
-        """Open a session under the baseline policy, its close owned by ``stack``."""
+    async def _open(self, session: TrackedSession, config: Any, issues: list[Issue]) -> GuardedSession:
+        """Open ``session`` under the baseline policy (the caller closes it)."""
         try:
-            return await stack.enter_async_context(
-                environment_session(
-                    self.ctx,
-                    config,
-                    self.plan.baseline_network_policy,
-                    phase=phase,
-                    grace=self.grace,
-                    issues=issues,
-                    diagnostics=self.out.diagnostics,
-                )
-            )
+            return await session.open(config, self.plan.baseline_network_policy)
         except IssueError as exc:
-            issues.append(classify(exc, "environment", phase, self.out.diagnostics))
+            issues.append(classify(exc, "environment", session.phase, self.out.diagnostics))
             raise _Stop from None
 
-    async def _open_and_prepare(self, stack: AsyncExitStack, config: Any) -> GuardedSession:
+    async def _open_and_prepare(self, session: TrackedSession, config: Any) -> GuardedSession:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = trio.current_time()
         with _deadline_scope(self.setup_deadline) as scope:
-            env = await self._enter_session(stack, config, "setup", issues)
+            env = await self._open(session, config, issues)
             prepared = await self._step(
                 issues, "prepare_task", "setup", ctx.benchmark.prepare_task, self.task, env, ctx.request, plan.benchmark_plan
             )
@@ -215,23 +209,30 @@ class _Try:
             self._setup_timed_out()
         return env
 
-    async def _start_run(self, harness_stack: AsyncExitStack, env: GuardedSession) -> None:
-        """Step 4 up to the run: start the harness session (closed when
-        ``harness_stack`` unwinds, right after the run) and switch to the run
-        policy if it differs. Still bounded by the setup deadline."""
+    async def _start_and_run(self, env: GuardedSession) -> None:
+        """Step 4: start the harness session and switch to the run policy if
+        it differs (still bounded by the setup deadline), run, and close the
+        harness session in a nested ``finally``."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
-        start = trio.current_time()
-        with _deadline_scope(self.setup_deadline) as scope:
-            if ctx.harness is not None:
-                self.harness_session = await self._step(
-                    issues, "start_session", "setup", ctx.harness.start_session, self.out.prepared, env, ctx.request.model, plan
-                )
-                harness_stack.push_async_callback(self._close_harness, self.harness_session)
-            if plan.run_network_policy != env.policy:
-                await self._step(issues, "environment", "setup", env.set_network_policy, plan.run_network_policy)
-        self._mark("setup", start)
-        if scope.cancelled_caught:
-            self._setup_timed_out()
+        harness = ctx.harness
+        started = False
+        try:
+            start = trio.current_time()
+            with _deadline_scope(self.setup_deadline) as scope:
+                if harness is not None:
+                    self.harness_session = await self._step(
+                        issues, "start_session", "setup", harness.start_session, self.out.prepared, env, ctx.request.model, plan
+                    )
+                    started = True
+                if plan.run_network_policy != env.policy:
+                    await self._step(issues, "environment", "setup", env.set_network_policy, plan.run_network_policy)
+            self._mark("setup", start)
+            if scope.cancelled_caught:
+                self._setup_timed_out()
+            await self._run(env)
+        finally:
+            if started:
+                await self._close_harness(self.harness_session)
 
     async def _close_harness(self, harness_session: Any) -> None:
         assert self.ctx.harness is not None
@@ -274,7 +275,8 @@ class _Try:
         if result is not None:
             result = self._check(result, RunResult, "run_task()", issues, where, "run")
             self._add(issues, result.issues)
-            result = attrs.evolve(result, issues=[])
+            if result.issues:
+                result = attrs.evolve(result, issues=[])
         self.out.run_result = result if result is not None else RunResult()
         if self._should_stop(issues):
             raise _Stop
@@ -303,7 +305,7 @@ class _Try:
             raise _Stop
         result = self._check(result, RunResult, "collect_artifacts()", issues, "collect_artifacts", "collect")
         self._add(issues, result.issues)
-        self.out.run_result = attrs.evolve(result, issues=[])
+        self.out.run_result = attrs.evolve(result, issues=[]) if result.issues else result
         self.collected = True
         if self._should_stop(issues):
             raise _Stop
@@ -386,19 +388,28 @@ class _Try:
         issues: list[Issue] = []
         self.out.eval_issues = issues
         timeout = ctx.request.execution.setup_timeout_seconds
+        grants, provider, holder = ctx.grants, ctx.provider, object()
+        await grants.acquire_capacity(provider, holder)
         try:
-            async with AsyncExitStack() as stack:
-                await stack.enter_async_context(provider_permit(ctx))
+            await grants.open_token(provider)
+            session = TrackedSession(
+                ctx, phase="evaluate", grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
+            )
+            try:
                 with _deadline_scope(_after(timeout)) as scope:
-                    env = await self._enter_session(stack, config, "evaluate", issues)
+                    env = await self._open(session, config, issues)
                 if scope.cancelled_caught:
                     issues.append(
                         Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s")
                     )
                     raise _Stop
                 await self._evaluate_in(env, issues)
-        except _Stop:
-            pass
+            except _Stop:
+                pass
+            finally:
+                await session.close()
+        finally:
+            grants.release_capacity(provider, holder)
 
 
 async def run_full_try(ctx: RequestContext, task: TaskSpec, plan: ExecutionPlan, *, retries_left: bool) -> TryOutcome:
