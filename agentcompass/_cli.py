@@ -35,6 +35,7 @@ from ._config import build_orchestration, load_config, preflight
 from ._convert import structure
 from ._logging import configure_logging
 from ._redact import redact
+from ._store._run_store import write_journals_now
 from .runtime._errors import ConfigError
 from .runtime._values import ComponentRef, Orchestration
 
@@ -272,6 +273,9 @@ async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs:
         nonlocal interrupted
         async for _ in signals:
             if interrupted:
+                # Leaving without unwinding: first put every queued session
+                # journal line on disk, so what was opened stays reapable.
+                write_journals_now()
                 os._exit(INTERRUPTED_EXIT)
             interrupted = True
             print("interrupted: cleaning up (Ctrl-C again to exit now)", file=sys.stderr, flush=True)

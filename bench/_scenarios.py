@@ -202,14 +202,12 @@ def shutdown_child(root: Path, active: int = 500, hold: float = 2.0, grace: floa
 
 def _unclosed_in_journal(run_dir: str) -> int:
     opened: set[str] = set()
+    closed: set[str] = set()
     with open(os.path.join(run_dir, "sessions.jsonl"), encoding="utf-8") as f:
         for line in f:
             entry = json.loads(line)
-            if entry["event"] == "opened":
-                opened.add(entry["session"])
-            else:
-                opened.discard(entry["session"])
-    return len(opened)
+            (opened if entry["event"] == "opened" else closed).add(entry["session"])
+    return len(opened - closed)
 
 
 def shutdown(root: Path, active: int = 500, hold: float = 2.0, grace: float = 5.0) -> dict[str, Any]:

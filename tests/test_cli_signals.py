@@ -209,8 +209,10 @@ def test_second_sigint_exits_at_once_while_cleanup_hangs(tmp_path: Path) -> None
     run_dir = child.run_dir()
     # Exited without finishing cleanup: the sessions stay journalled as open
     # (for `compass reap` or the next --reuse) and the run never finalized.
+    # The exit writes journal lines still queued, so a line a commit round
+    # was writing at that instant may appear twice (readers match by id).
     opened, closed = _sessions(run_dir)
-    assert len(opened) == TASKS
+    assert len(set(opened)) == TASKS
     assert closed == []
     assert _status(run_dir) == "running"
 

@@ -41,7 +41,11 @@ class _RequestReporter:
         self.run.store.event(kind, **fields)
 
     async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
-        await self.run.store.journal_session("opened", session_id, provider, handle)
+        # Queued, not waited for: the sandbox exists from the moment ``open``
+        # returned, so waiting for the line would not shorten the window in
+        # which a kill leaks it (the next commit round writes and syncs the
+        # line, a few milliseconds); it would only hold the attempt still.
+        await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
         # Not waited for: a lost "closed" line only means one harmless extra reap.

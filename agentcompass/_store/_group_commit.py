@@ -82,6 +82,8 @@ class _Write:
     #: error or None (for a caller that does not wait).
     notify: Callable[[Exception | None], None] | None = None
     error: Exception | None = None
+    #: A journal line is in the file (set by the round's thread).
+    written: bool = False
 
     def finish(self) -> None:
         if self.done is not None:
@@ -90,11 +92,13 @@ class _Write:
             self.notify(self.error)
 
 
-def _finish_all(jobs: list[_Write]) -> None:
+def _finish_all(jobs: list[_Write], journal: dict[int, _Write]) -> None:
     """Finish every job; a failing ``notify`` (a bug) is raised only after
     the others, so no waiter of the batch is left waiting."""
     failure: BaseException | None = None
     for job in jobs:
+        if job.path is None:
+            journal.pop(id(job), None)
         try:
             job.finish()
         except BaseException as exc:  # noqa: BLE001 - re-raised below
@@ -125,6 +129,8 @@ class GroupCommitter:
     _pending: list[_Write] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
     _closed: bool = False
+    #: Journal lines queued and not yet finished by a round.
+    _journal: dict[int, _Write] = attrs.Factory(dict)
 
     async def write(
         self, path: str | os.PathLike[str], data: bytes, after: Callable[[], None] | None = None
@@ -156,19 +162,35 @@ class GroupCommitter:
         """Append ``data`` to the journal; return once it is durable."""
         await self._submit(_Write(None, data, None))
 
-    def append_nowait(self, data: bytes) -> None:
-        """Queue ``data`` for the journal without waiting for it to be durable
-        (a lost line must be harmless, like a "closed" journal line: reaping a
-        closed sandbox again does nothing)."""
+    def append_nowait(self, data: bytes, notify: Callable[[Exception | None], None] | None = None) -> None:
+        """Queue ``data`` for the journal without waiting: it is written by
+        the next round (``notify(error)`` runs in the Trio thread once the
+        round finished). Lines queued together keep their order; lines of
+        concurrent rounds may land in either order."""
         if self._closed:
             raise StoreClosedError("the run store is closed")
-        self._pending.append(_Write(None, data, None))
+        job = _Write(None, data, None, notify=notify)
+        self._journal[id(job)] = job
+        self._pending.append(job)
         self._wake.set()
+
+    def write_journal_now(self) -> None:
+        """Write every journal line not yet in the file, here and now
+        (blocking). Only for a process about to exit at once (a second
+        Ctrl-C), so that every sandbox it opened stays reapable. A line a
+        round is writing at the same moment may appear twice: readers
+        match lines by session id, so that is harmless."""
+        for job in list(self._journal.values()):
+            if not job.written:
+                write_all(self.journal_fd, job.data)
+                job.written = True
 
     async def _submit(self, job: _Write) -> None:
         if self._closed:
             raise StoreClosedError("the run store is closed")
         job.done = trio.Event()
+        if job.path is None:
+            self._journal[id(job)] = job
         self._pending.append(job)
         self._wake.set()
         await job.done.wait()
@@ -212,7 +234,7 @@ class GroupCommitter:
             pending, self._pending = self._pending, []
             for job in pending:
                 job.error = OSError(errno.ECANCELED, "run store closed before this write")
-            _finish_all(pending)
+            _finish_all(pending, self._journal)
 
     def _take(self, count: int) -> list[_Write]:
         # Replace the event before taking the batch: a write queued after the
@@ -238,7 +260,7 @@ class GroupCommitter:
             # raises): the batch is untouched, queue it again for close().
             self._pending[:0] = batch
             raise
-        _finish_all(batch)
+        _finish_all(batch, self._journal)
 
     def _commit_sync(self, batch: list[_Write]) -> None:
         try:
@@ -259,7 +281,9 @@ class GroupCommitter:
         for job in batch:
             try:
                 if job.path is None:
-                    write_all(self.journal_fd, job.data)
+                    if not job.written:
+                        write_all(self.journal_fd, job.data)
+                        job.written = True
                     appends.append(job)
                     continue
                 parent, name = os.path.split(job.path)

@@ -174,6 +174,9 @@ def _load_sessions(run_dir: Path, notes: list[str]) -> list[tuple[str, str, dict
     except FileNotFoundError:
         return []
     opened: dict[str, tuple[str, str, dict[str, Any]]] = {}  # insertion-ordered
+    # Matched by id, not position: lines of concurrent commit rounds may
+    # land out of order (a "closed" line before its "opened" one).
+    closed: set[str] = set()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -189,8 +192,8 @@ def _load_sessions(run_dir: Path, notes: list[str]) -> list[tuple[str, str, dict
         if event == "opened":
             opened[session] = (session, provider, handle)
         elif event == "closed":
-            opened.pop(session, None)
-    return list(opened.values())
+            closed.add(session)
+    return [entry for session, entry in opened.items() if session not in closed]
 
 
 def _short(exc: BaseException) -> str:

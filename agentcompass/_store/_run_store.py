@@ -30,6 +30,7 @@ import os
 import re
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -62,6 +63,7 @@ except ImportError:  # pragma: no cover - Windows has no flock
 
 __all__ = [
     "CLOSE_GRACE_SECONDS",
+    "write_journals_now",
     "PROGRESS_INTERVAL",
     "RunStore",
     "StoreClosedError",
@@ -113,6 +115,24 @@ def _mask(text: str) -> str:
     masked as it appears in the JSON text, i.e. when JSON escapes none of its
     characters (true of API keys and tokens)."""
     return _redact.redact_json_text(text)
+
+
+#: Every store open in this process (for :func:`write_journals_now`).
+_OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
+
+
+def write_journals_now() -> None:
+    """Write the queued session journal lines of every open store, blocking.
+
+    For a process about to exit without unwinding (a second Ctrl-C): the
+    sandboxes it opened stay journalled, so ``compass reap`` or the next
+    ``--reuse`` finds them. Errors are ignored: the process is leaving.
+    """
+    for store in list(_OPEN_STORES):
+        try:
+            store._committer.write_journal_now()
+        except OSError:
+            pass
 
 
 def new_run_id() -> str:
@@ -301,13 +321,16 @@ class RunStore:
         handle: dict[str, Any],
         *,
         durable: bool = True,
+        written: Callable[[Exception | None], None] | None = None,
     ) -> None:
         """Append ``{"event", "session", "provider", "handle", "t"}`` to ``sessions.jsonl``.
 
-        Durable when this returns, so a session journalled as opened can be
-        reaped after a SIGKILL. ``handle`` must be enough to find the session
-        again and must hold no secret. ``durable=False`` only queues the line
-        (for "closed" lines: losing one costs a harmless second reap).
+        With ``durable`` (the default) this returns once the line is durable.
+        ``durable=False`` only queues it: the next commit round writes and
+        syncs it, then calls ``written(error)`` if given. ``handle`` must be
+        enough to find the session again and must hold no secret. Lines of
+        concurrent rounds may land out of order, so a reader matches
+        "closed" to "opened" by session id, not by position.
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
@@ -318,11 +341,13 @@ class RunStore:
             "handle": unstructure(handle),
             "t": time.time(),
         }
-        line = _mask(_LENIENT.encode(entry))
+        data = (_mask(_LENIENT.encode(entry)) + "\n").encode()
         if durable:
-            await self._committer.append((line + "\n").encode())
+            await self._committer.append(data)
+            if written is not None:
+                written(None)
         else:
-            self._committer.append_nowait((line + "\n").encode())
+            self._committer.append_nowait(data, written)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -535,6 +560,7 @@ async def open_run_store(
     :data:`CLOSE_GRACE_SECONDS` even when the caller is cancelled.
     """
     store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
+    _OPEN_STORES.add(store)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(store._progress_actor)
@@ -550,4 +576,5 @@ async def open_run_store(
             with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
                 await store._close()
         finally:
+            _OPEN_STORES.discard(store)
             store._release()

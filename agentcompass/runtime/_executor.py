@@ -40,8 +40,11 @@ class Grants(Protocol):
 
 
 class TaskReporter(Protocol):
-    """What a running task tells the driver. Async methods return once the
-    driver made the information durable."""
+    """What a running task tells the driver. ``checkpoint`` and
+    ``discarded_try`` return once the driver made them durable; the session
+    journal lines are queued in order and made durable by the driver's next
+    commit (waiting for them would not shorten the time a just-opened sandbox
+    is unjournalled, only hold the attempt still)."""
 
     def event(self, kind: str, **fields: Any) -> None:
         """A ``progress.jsonl`` event (fire and forget)."""

@@ -180,13 +180,9 @@ def detail_files(run_dir: Path) -> dict[str, set[str]]:
 
 def unclosed_sessions(run_dir: Path) -> set[str]:
     """Session ids journaled opened and never closed in ``sessions.jsonl``."""
-    opened: set[str] = set()
-    for line in read_jsonl(run_dir / "sessions.jsonl"):
-        if line["event"] == "opened":
-            opened.add(line["session"])
-        else:
-            opened.discard(line["session"])
-    return opened
+    lines = read_jsonl(run_dir / "sessions.jsonl")
+    closed = {line["session"] for line in lines if line["event"] == "closed"}
+    return {line["session"] for line in lines if line["event"] == "opened"} - closed
 
 
 def journaled_sessions(run_dir: Path) -> dict[str, list[str]]:

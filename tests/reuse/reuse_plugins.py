@@ -140,10 +140,15 @@ def _hooked_event(self: RunStore, kind: str, **fields: Any) -> None:
 
 
 async def _hooked_journal_session(self: RunStore, event: Any, *args: Any, **kwargs: Any) -> None:
-    await _journal_session(self, event, *args, **kwargs)
-    if event == "opened":
+    if event != "opened":
+        await _journal_session(self, event, *args, **kwargs)
+        return
+
+    def written(error: Exception | None) -> None:  # the line is in sessions.jsonl
         _state["opening"] -= 1
         _fire_if_quiet()
+
+    await _journal_session(self, event, *args, **kwargs, written=written)
 
 
 async def _copy_hook(save: Any, self: RunStore, *args: Any) -> None:

@@ -100,13 +100,9 @@ def _finished_attempts(run_dir: Path) -> set[tuple[str, int]]:
 
 def _unclosed_sandboxes(run_dir: Path) -> set[str]:
     """Handle paths of the sessions journalled opened and never closed."""
-    opened: dict[str, str] = {}
-    for line in _jsonl(run_dir / "sessions.jsonl"):
-        if line["event"] == "opened":
-            opened[line["session"]] = line["handle"]["path"]
-        else:
-            opened.pop(line["session"], None)
-    return set(opened.values())
+    lines = _jsonl(run_dir / "sessions.jsonl")
+    closed = {line["session"] for line in lines if line["event"] == "closed"}
+    return {line["handle"]["path"] for line in lines if line["event"] == "opened" and line["session"] not in closed}
 
 
 class Launcher:
