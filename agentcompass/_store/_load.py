@@ -16,9 +16,10 @@ from typing import Any
 
 import attrs
 
-from .._convert import converter, error_line
+from .._convert import error_line
 from ..runtime._results import AttemptRecord, TaskRecord
 from ._atomic import is_temp_name
+from ._records import attempt_from_data, task_from_data
 from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
 
 __all__ = ["LoadedRun", "latest_run", "load_run"]
@@ -116,7 +117,7 @@ def _load_details(run_dir: Path, notes: list[str]) -> dict[str, TaskRecord]:
         for entry in _json_files(run_dir / "details" / severity):
             where = f"details/{severity}/{entry.name}"
             try:
-                record = converter.structure(_read_json(Path(entry.path)), TaskRecord)
+                record = task_from_data(_read_json(Path(entry.path)))
                 mtime = entry.stat().st_mtime_ns
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
                 notes.append(f"skipped unreadable record {where}: {_short(exc)}")
@@ -157,7 +158,7 @@ def _load_checkpoints(
                 task_id = data["task_id"]
                 if not isinstance(task_id, str):
                     raise TypeError("task_id is not a string")
-                record = converter.structure(data["record"], AttemptRecord)
+                record = attempt_from_data(data["record"])
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
                 notes.append(f"skipped unreadable checkpoint {where}: {_short(exc)}")
                 continue

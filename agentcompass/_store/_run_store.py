@@ -55,6 +55,7 @@ from ._atomic import (
 )
 from ._group_commit import GroupCommitter, StoreClosedError
 from ._keys import task_key
+from ._records import attempt_to_data
 
 try:
     import fcntl
@@ -367,7 +368,7 @@ class RunStore:
         cached = self._attempt_json.get(task_id, {}).get(record.attempt)
         if cached is not None and cached[0] is record:
             return cached[1]
-        text = _mask(_COMPACT.encode(unstructure(record)))
+        text = _mask(_LENIENT.encode(attempt_to_data(record)))
         self._attempt_json.setdefault(task_id, {})[record.attempt] = (record, text)
         return text
 
