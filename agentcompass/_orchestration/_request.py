@@ -196,19 +196,24 @@ class RequestRun:
         pending, none as active, whatever is still unwinding."""
         if self.store is None:
             return
+        if terminal:
+            self.store.set_progress(self.snapshot(terminal=True))
+        else:
+            # Built when the store writes it (at most every half second).
+            self.store.set_progress(self.snapshot)
+
+    def snapshot(self, *, terminal: bool = False) -> dict[str, Any]:
         unfinished = len(self.pending) + len(self.active_tasks)
-        self.store.set_progress(
-            {
-                "total": self.total,
-                "pending": unfinished if terminal else len(self.pending),
-                "active": 0 if terminal else self.active,
-                "completed": len(self.records),
-                "failed_tasks": self.counts["fatal"],
-                "error_tasks": self.counts["error"],
-                "warning_tasks": self.counts["warning"],
-                "elapsed": round(trio.current_time() - self.started_clock, 3),
-            }
-        )
+        return {
+            "total": self.total,
+            "pending": unfinished if terminal else len(self.pending),
+            "active": 0 if terminal else self.active,
+            "completed": len(self.records),
+            "failed_tasks": self.counts["fatal"],
+            "error_tasks": self.counts["error"],
+            "warning_tasks": self.counts["warning"],
+            "elapsed": round(trio.current_time() - self.started_clock, 3),
+        }
 
     # -- finalize ------------------------------------------------------------
 

@@ -176,8 +176,8 @@ class RunStore:
     _tasks_dir: str
     _keys: dict[str, str] = attrs.Factory(dict)
     _attempt_json: dict[str, dict[int, tuple[AttemptRecord, str]]] = attrs.Factory(dict)
-    _lines: list[str] = attrs.Factory(list)
-    _snapshot: dict[str, Any] | None = None
+    _lines: list[tuple[str, float, dict[str, Any]]] = attrs.Factory(list)
+    _snapshot: dict[str, Any] | Callable[[], dict[str, Any]] | None = None
     _snapshot_due: float = -float("inf")
     _progress_wake: trio.Event = attrs.Factory(trio.Event)
     _closed: bool = False
@@ -208,23 +208,22 @@ class RunStore:
         """
         if self._closed:
             raise StoreClosedError("the run store is closed")
-        now = time.time()
-        entry = {"event": kind, "t": now, **fields}
-        if len(entry) != len(fields) + 2:  # a field named "event" or "t": ours win
-            entry["event"], entry["t"] = kind, now
-        self._lines.append(_mask(_LENIENT.encode(entry)) + "\n")
+        # Encoded by the progress actor, a batch at a time (see _encode).
+        self._lines.append((kind, time.time(), fields))
         self._progress_wake.set()
 
-    def set_progress(self, snapshot: dict[str, Any]) -> None:
+    def set_progress(self, snapshot: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
         """Make ``snapshot`` the next ``progress.json`` (total, pending, active,
         completed, failed_tasks, error_tasks, warning_tasks, elapsed).
 
         Only the latest snapshot is kept; it is written at most every
-        :data:`PROGRESS_INTERVAL` seconds and at close.
+        :data:`PROGRESS_INTERVAL` seconds and at close. A callable is called
+        when the snapshot is written (so a caller whose counts change often
+        builds it only that often).
         """
         if self._closed:
             raise StoreClosedError("the run store is closed")
-        self._snapshot = dict(snapshot)
+        self._snapshot = snapshot if callable(snapshot) else dict(snapshot)
         self._progress_wake.set()
 
     # -- durable writes -------------------------------------------------------
@@ -423,10 +422,13 @@ class RunStore:
         if self._snapshot is not None and (final or now >= self._snapshot_due):
             snapshot, self._snapshot = self._snapshot, None
             self._snapshot_due = now + PROGRESS_INTERVAL
+            if callable(snapshot):
+                snapshot = snapshot()
         if not lines and snapshot is None:
             return
+        text = _encode(lines)
         try:
-            await to_store_thread(self._write_progress_sync, lines, snapshot)
+            await to_store_thread(self._write_progress_sync, text, snapshot)
         except BaseException:
             # Cancelled before the thread started: keep it for the final flush.
             self._lines[:0] = lines
@@ -434,9 +436,9 @@ class RunStore:
                 self._snapshot = snapshot
             raise
 
-    def _write_progress_sync(self, lines: list[str], snapshot: dict[str, Any] | None) -> None:
-        if lines:
-            write_all(self._progress_fd, "".join(lines).encode())
+    def _write_progress_sync(self, text: str, snapshot: dict[str, Any] | None) -> None:
+        if text:
+            write_all(self._progress_fd, text.encode())
             os.fsync(self._progress_fd)
         if snapshot is not None:
             data = (_PRETTY.encode(snapshot) + "\n").encode()
@@ -521,6 +523,21 @@ class RunStore:
             tasks_dir=str(tasks_dir),
             fresh=fresh,
         )
+
+
+def _encode(events: list[tuple[str, float, dict[str, Any]]]) -> str:
+    """``progress.jsonl`` lines for queued events, masked as one text (no
+    pattern spans a line: JSON escapes every newline inside a string)."""
+    if not events:
+        return ""
+    lines = []
+    for kind, now, fields in events:
+        entry = {"event": kind, "t": now, **fields}
+        if len(entry) != len(fields) + 2:  # a field named "event" or "t": ours win
+            entry["event"], entry["t"] = kind, now
+        lines.append(_LENIENT.encode(entry))
+    lines.append("")
+    return _mask("\n".join(lines))
 
 
 def _unlink_all(paths: list[str]) -> None:
