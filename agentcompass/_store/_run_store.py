@@ -26,6 +26,7 @@ blocking work of many records shares one thread hop and one fsync round.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -334,14 +335,8 @@ class RunStore:
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
-        entry = {
-            "event": event,
-            "session": session_id,
-            "provider": provider,
-            "handle": unstructure(handle),
-            "t": time.time(),
-        }
-        data = (_mask(_LENIENT.encode(entry)) + "\n").encode()
+        fields = {"session": session_id, "provider": provider, "handle": handle}
+        data = (_mask(_line(event, time.time(), fields, "event", last="t")) + "\n").encode()
         if durable:
             await self._committer.append(data)
             if written is not None:
@@ -530,14 +525,50 @@ def _encode(events: list[tuple[str, float, dict[str, Any]]]) -> str:
     pattern spans a line: JSON escapes every newline inside a string)."""
     if not events:
         return ""
-    lines = []
-    for kind, now, fields in events:
-        entry = {"event": kind, "t": now, **fields}
-        if len(entry) != len(fields) + 2:  # a field named "event" or "t": ours win
-            entry["event"], entry["t"] = kind, now
-        lines.append(_LENIENT.encode(entry))
+    lines = [_line(kind, now, fields) for kind, now, fields in events]
     lines.append("")
     return _mask("\n".join(lines))
+
+
+_encode_str = json.encoder.encode_basestring_ascii  # what the encoder uses for str
+_float_repr = float.__repr__
+_int_repr = int.__repr__
+
+
+def _value(value: Any) -> str:
+    """One JSON value as the compact lenient encoder writes it."""
+    kind = type(value)
+    if kind is str:
+        return _encode_str(value)
+    if kind is int:
+        return _int_repr(value)
+    if kind is float and value == value and value not in (math.inf, -math.inf):
+        return _float_repr(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return _LENIENT.encode(value)
+
+
+def _line(kind: str, now: float, fields: dict[str, Any], key: str = "event", last: str | None = None) -> str:
+    """``{key: kind, "t": now, **fields}`` (or with ``"t"`` last) as compact
+    JSON, the same text ``_LENIENT`` makes, without building the dict: these
+    lines are written several times per attempt. Fields named like the fixed
+    keys are dropped (ours win)."""
+    parts = [f'{{"{key}":{_encode_str(kind)}']
+    if last is None:
+        parts.append(f',"t":{_value(now)}')
+    for name, value in fields.items():
+        if name == key or name == "t":
+            continue
+        parts.append(f",{_encode_str(name)}:{_value(value)}")
+    if last is not None:
+        parts.append(f',"{last}":{_value(now)}')
+    parts.append("}")
+    return "".join(parts)
 
 
 def _unlink_all(paths: list[str]) -> None:

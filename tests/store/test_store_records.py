@@ -102,3 +102,18 @@ def test_reading_malformed_data_fails_like_the_converter() -> None:
                 raise AssertionError(f"accepted {bad}")
         else:
             raise AssertionError("the converter accepted malformed data")
+
+
+field_values = json_values | st.floats() | st.builds(Issue, st.just("error"), st.just("run"), text, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text, st.floats(0, 2e9), st.dictionaries(text | st.sampled_from(["event", "t"]), field_values, max_size=4))
+def test_progress_lines_match_the_lenient_encoder(kind: str, now: float, fields: dict[str, Any]) -> None:
+    from agentcompass._store._run_store import _LENIENT, _line
+
+    expected = {"event": kind, "t": now, **fields}
+    expected["event"], expected["t"] = kind, now
+    assert _line(kind, now, fields) == _LENIENT.encode(expected)
+    journal = {"event": kind, **{k: v for k, v in fields.items() if k not in ("event", "t")}, "t": now}
+    assert _line(kind, now, fields, last="t") == _LENIENT.encode(journal)
