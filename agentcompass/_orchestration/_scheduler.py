@@ -15,6 +15,7 @@ component exists for a task until a worker takes it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import trio
@@ -92,9 +93,10 @@ class Scheduler:
         self._reporters = {run.index: _RequestReporter(run) for run in runs}
         #: Records on their way to disk, per request, before workers wait.
         self.max_saving = max(64, concurrency)
-        self._saved = trio.lowlevel.ParkingLot()
+        # Per request: workers waiting for room in that request's backlog.
+        self._saved = {run.index: trio.lowlevel.ParkingLot() for run in runs}
         for run in runs:
-            run.on_saved = self._on_saved
+            run.on_saved = functools.partial(self._on_saved, self._saved[run.index])
 
     # -- dispatch --------------------------------------------------------------
 
@@ -140,10 +142,12 @@ class Scheduler:
             self._check_drained()
             # Backpressure: a slow disk makes workers wait, not memory grow.
             while len(run.saving) >= self.max_saving:
-                await self._saved.park()
+                await self._saved[run.index].park()
 
-    def _on_saved(self) -> None:
-        self._saved.unpark_all()
+    def _on_saved(self, lot: trio.lowlevel.ParkingLot) -> None:
+        # One record saved makes room for one waiting worker (waking them
+        # all would only send the rest back to wait, at a cost per worker).
+        lot.unpark()
         self._check_drained()
 
     def _check_drained(self) -> None:

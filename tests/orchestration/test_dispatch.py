@@ -241,3 +241,40 @@ async def test_preparation_waits_while_pending_work_fills_the_workers(
     assert load_b.t - start == 20
     assert [m.t - start for m in timeline.events("a", "task_started")] == [0, 10, 20]
     assert timeline.index(load_b) > timeline.index(timeline.events("a", "task_started")[-1])
+
+
+# -- records on their way to disk ----------------------------------------------------
+
+
+async def test_workers_wait_while_too_many_records_are_on_their_way_to_disk(
+    autojump_clock, tmp_path: Path, timeline: Timeline, monkeypatch
+):
+    """A worker does not wait for its task's record to be durable, but the
+    backlog is bounded: with the disk stalled, workers stop taking tasks."""
+    from agentcompass._store._run_store import RunStore
+
+    held: list = []
+    monkeypatch.setattr(RunStore, "save_task_soon", lambda self, record, notify: held.append(notify))
+    request = sleepy_request("a", [0] * 80, tmp_path)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(launch, [request], 2)
+        await trio.testing.wait_all_tasks_blocked()
+        # max(64, concurrency) records queued (each worker checks before
+        # its next task, so the other may add one), then both workers wait.
+        stalled = len(held)
+        assert 64 <= stalled <= 65
+        assert len(timeline.events("a", "task_started")) == stalled
+        release, held[:] = list(held), []
+        for notify in release[:3]:
+            notify(None)
+        await trio.testing.wait_all_tasks_blocked()
+        # Each saved record let one more task start.
+        assert len(timeline.events("a", "task_started")) == stalled + 3
+        for notify in release[3:]:
+            notify(None)
+        while len(timeline.events("a", "task_finished")) < 80:
+            for notify in held:
+                notify(None)
+            held.clear()
+            await trio.testing.wait_all_tasks_blocked()
+    assert len(timeline.events("a", "run_finished")) == 1
