@@ -138,7 +138,7 @@ def _record(index: int, outcome: TryOutcome, plan: ExecutionPlan | None, retries
         run_result=_run_result_with_diagnostics(outcome),
         plan=plan,
         retries=retries,
-        timings=outcome.timings,
+        timings=outcome.rounded_timings(),
         prepared=outcome.prepared,
     )
 
@@ -162,7 +162,7 @@ def _discarded(
         "issues": unstructure(outcome.issues),
         "diagnostics": outcome.diagnostics,
         "plan": unstructure(plan),
-        "timings": outcome.timings,
+        "timings": outcome.rounded_timings(),
     }
 
 

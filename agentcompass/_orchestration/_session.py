@@ -83,7 +83,7 @@ async def run_cleanup(
     """Run one cleanup step shielded until the grace deadline. A failure or
     an overrun becomes a WARNING ``cleanup_failed``; it never raises.
     Returns whether the step finished."""
-    with trio.move_on_at(grace.deadline(), shield=True) as scope:
+    with trio.CancelScope(deadline=grace.deadline(), shield=True) as scope:
         try:
             await fn(*args)
         except Exception as exc:

@@ -56,6 +56,9 @@ class TryOutcome:
     def issues(self) -> list[Issue]:
         return self.task_issues + self.eval_issues
 
+    def rounded_timings(self) -> dict[str, float]:
+        return {name: round(seconds, 6) for name, seconds in self.timings.items()}
+
 
 def retryable_issues(issues: list[Issue], patterns: list[Any]) -> list[tuple[Issue, str | None]]:
     """FATAL always; ERROR when a pattern matches its message or code; never a
@@ -93,10 +96,6 @@ def _deadline_scope(deadline: float) -> Any:
     return _NO_DEADLINE if deadline == math.inf else trio.move_on_at(deadline)
 
 
-def _after(timeout: float | None) -> float:
-    return math.inf if timeout is None else trio.current_time() + timeout
-
-
 class _Stop(Exception):
     """Internal: the try cannot usefully continue (the issue is recorded)."""
 
@@ -109,6 +108,8 @@ class _Try:
         self.retries_left = retries_left
         self.out = TryOutcome()
         self.grace = ctx.grace
+        # The run's clock, read directly: several readings per attempt.
+        self.now = ctx.now
         self.setup_deadline = math.inf
         self.harness_session: Any = None
         self.collected = False
@@ -116,9 +117,12 @@ class _Try:
     # -- helpers -----------------------------------------------------------
 
     def _add(self, issues: list[Issue], new: list[Issue]) -> None:
-        issues.extend(redact_issue(i) for i in new)
+        if new:
+            issues.extend(redact_issue(i) for i in new)
 
     def _should_stop(self, issues: list[Issue]) -> bool:
+        if not issues:
+            return False
         if any(i.severity == "fatal" for i in issues):
             return True
         return self.retries_left and bool(retryable_issues(issues, self.ctx.patterns))
@@ -139,7 +143,12 @@ class _Try:
         return value
 
     def _mark(self, name: str, start: float) -> None:
-        self.out.timings[name] = round(self.out.timings.get(name, 0.0) + trio.current_time() - start, 6)
+        # Rounded once, when the record is made (TryOutcome.rounded_timings).
+        timings = self.out.timings
+        timings[name] = timings.get(name, 0.0) + self.now() - start
+
+    def _after(self, timeout: float | None) -> float:
+        return math.inf if timeout is None else self.now() + timeout
 
     # -- the task Environment stage ------------------------------------------
 
@@ -157,7 +166,7 @@ class _Try:
             # The setup clock starts once the permit is held: waiting for
             # capacity is queueing, not a hung sandbox.
             timeout = ctx.request.execution.setup_timeout_seconds
-            self.setup_deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+            self.setup_deadline = self.now() + (math.inf if timeout is None else timeout)
             session = TrackedSession(
                 ctx, phase="setup", grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
             )
@@ -197,7 +206,7 @@ class _Try:
     async def _open_and_prepare(self, session: TrackedSession, config: Any) -> GuardedSession:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
-        start = trio.current_time()
+        start = self.now()
         with _deadline_scope(self.setup_deadline) as scope:
             env = await self._open(session, config, issues)
             prepared = await self._step(
@@ -217,7 +226,7 @@ class _Try:
         harness = ctx.harness
         started = False
         try:
-            start = trio.current_time()
+            start = self.now()
             with _deadline_scope(self.setup_deadline) as scope:
                 if harness is not None:
                     self.harness_session = await self._step(
@@ -235,14 +244,10 @@ class _Try:
                 await self._close_harness(self.harness_session)
 
     async def _close_harness(self, harness_session: Any) -> None:
-        assert self.ctx.harness is not None
+        harness = self.ctx.harness
+        assert harness is not None
         await run_cleanup(
-            self.grace,
-            self.out.task_issues,
-            self.out.diagnostics,
-            "closing the harness session",
-            self.ctx.harness.close_session,
-            harness_session,
+            self.grace, self.out.task_issues, self.out.diagnostics, "closing the harness session", harness.close_session, harness_session
         )
 
     async def _run(self, env: GuardedSession) -> None:
@@ -251,9 +256,9 @@ class _Try:
         budget = RunBudget(plan.run_timeout_seconds)
         compensation = ctx.request.execution.run_timer_compensation_seconds
         hard_stop = math.inf if plan.run_timeout_seconds is None else plan.run_timeout_seconds + compensation
-        start = trio.current_time()
+        start = self.now()
         result: Any = None
-        with _deadline_scope(trio.current_time() + hard_stop) as scope:
+        with _deadline_scope(self.now() + hard_stop) as scope:
             try:
                 if ctx.harness is not None:
                     where = "harness_run"
@@ -284,12 +289,12 @@ class _Try:
     async def _collect(self, env: GuardedSession) -> None:
         ctx, issues = self.ctx, self.out.task_issues
         assert self.out.prepared is not None and self.out.run_result is not None
-        start = trio.current_time()
+        start = self.now()
         # SPEC 5 gives collection no timeout of its own; it is sandbox I/O on
         # the way to the score, so the evaluation timeout bounds it too, and a
         # collection that overruns it is a FATAL collect failure.
         timeout = self.plan.evaluation_timeout_seconds
-        with _deadline_scope(_after(timeout)) as scope:
+        with _deadline_scope(self._after(timeout)) as scope:
             result = await self._step(
                 issues,
                 "collect_artifacts",
@@ -319,7 +324,7 @@ class _Try:
         timeout = plan.evaluation_timeout_seconds
         if deadline is None:
             deadline = self._evaluation_deadline()
-        start = trio.current_time()
+        start = self.now()
         evaluation: Any = None
         raised = False
         with _deadline_scope(deadline) as scope:
@@ -345,7 +350,7 @@ class _Try:
 
     def _evaluation_deadline(self) -> float:
         timeout = self.plan.evaluation_timeout_seconds
-        return trio.current_time() + (math.inf if timeout is None else timeout)
+        return self.now() + (math.inf if timeout is None else timeout)
 
     async def _evaluate_in(self, env: GuardedSession, issues: list[Issue]) -> None:
         """Evaluate in an open Environment under the evaluation policy, then
@@ -396,7 +401,7 @@ class _Try:
                 ctx, phase="evaluate", grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
             )
             try:
-                with _deadline_scope(_after(timeout)) as scope:
+                with _deadline_scope(self._after(timeout)) as scope:
                     env = await self._open(session, config, issues)
                 if scope.cancelled_caught:
                     issues.append(

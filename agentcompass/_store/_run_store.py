@@ -550,6 +550,11 @@ def _value(value: Any) -> str:
         return "true"
     if value is False:
         return "false"
+    if kind is dict and len(value) <= 8 and all(type(k) is str for k in value):
+        # Small dicts (a session handle, a list of attempts' worth): inline.
+        return "{" + ",".join(f"{_encode_str(k)}:{_value(v)}" for k, v in value.items()) + "}"
+    if kind is list and len(value) <= 8:
+        return "[" + ",".join(_value(v) for v in value) + "]"
     return _LENIENT.encode(value)
 
 
