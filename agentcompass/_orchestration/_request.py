@@ -280,13 +280,16 @@ class RequestRun:
             metrics = compute_metrics(tuple(metric_names), records, strategy)
         self.metrics = metrics
         self.publish_progress(terminal=terminal)
-        await self.store.write_json("metrics.json", metrics)
         summary = render_summary(self.request.name, self.store.run_dir, metrics, records, status)
         if self.error:
             summary += f"\n## Request failed\n\n{self.error}\n"
         if self.notes:
             summary += "\n## Notes\n\n" + "".join(f"- {note}\n" for note in self.notes)
-        await self.store.write_text("summary.md", summary)
+        # Metrics and summary share a commit round; the terminal status comes
+        # only once both are durable.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.store.write_json, "metrics.json", metrics)
+            nursery.start_soon(self.store.write_text, "summary.md", summary)
         await self.store.write_run_info(self.run_info(status))
         self.store.event("run_finished", status=status)
         log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
