@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from .._config import preflight
+from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import get_logger
 from .._store import open_run_store
@@ -98,17 +99,18 @@ async def launch(
         runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
     )
     try:
-        async with trio.open_nursery() as display_nursery:
-            if show_progress:
-                from .._progress import ProgressDisplay
+        with relaxed_collection():  # see agentcompass._gc
+            async with trio.open_nursery() as display_nursery:
+                if show_progress:
+                    from .._progress import ProgressDisplay
 
-                display_nursery.start_soon(ProgressDisplay(runs).run)
-            with trio.move_on_at(deadline) as deadline_scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(scheduler.prepare_all, nursery)
-                    for _ in range(orchestration.task_concurrency):
-                        nursery.start_soon(scheduler.worker)
-            display_nursery.cancel_scope.cancel()
+                    display_nursery.start_soon(ProgressDisplay(runs).run)
+                with trio.move_on_at(deadline) as deadline_scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(scheduler.prepare_all, nursery)
+                        for _ in range(orchestration.task_concurrency):
+                            nursery.start_soon(scheduler.worker)
+                display_nursery.cancel_scope.cancel()
     finally:
         # A request the deadline or a cancellation stopped before it started
         # still gets a run directory with its terminal state (SPEC 7).

@@ -1,0 +1,65 @@
+"""Cyclic GC thresholds while runs are in flight (agentcompass._gc)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+import trio
+import trio.testing
+
+import agentcompass
+import agentcompass.testing  # noqa: F401 - registers noop-*
+from agentcompass import ComponentRef, Orchestration, RunRequest
+from agentcompass._gc import GEN0_THRESHOLD, relaxed_collection
+
+
+@pytest.fixture(autouse=True)
+def default_thresholds() -> Iterator[None]:
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*before)
+
+
+def test_raised_while_active_and_restored_after_the_last_one() -> None:
+    with relaxed_collection():
+        assert gc.get_threshold() == (GEN0_THRESHOLD, 10, 10)
+        with relaxed_collection():
+            assert gc.get_threshold()[0] == GEN0_THRESHOLD
+        assert gc.get_threshold()[0] == GEN0_THRESHOLD  # the outer one still runs
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_never_lowered_and_never_enabled() -> None:
+    gc.set_threshold(50_000, 10, 10)
+    with relaxed_collection():
+        assert gc.get_threshold()[0] == 50_000
+    gc.set_threshold(0, 10, 10)  # collection switched off by the application
+    with relaxed_collection():
+        assert gc.get_threshold()[0] == 0
+    assert gc.get_threshold()[0] == 0
+
+
+def test_a_change_made_meanwhile_is_left_alone() -> None:
+    with relaxed_collection():
+        gc.set_threshold(2_000, 5, 5)
+    assert gc.get_threshold() == (2_000, 5, 5)
+
+
+async def test_launch_raises_it_for_the_run(autojump_clock, tmp_path) -> None:
+    request = RunRequest(
+        name="gc",
+        benchmark=ComponentRef("noop-bench", {"tasks": 2}),
+        environment=ComponentRef("noop-env"),
+        harness=ComponentRef("noop-harness", {"sleep": 5}),
+        output_root=tmp_path,
+    )
+    seen = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(agentcompass.launch, Orchestration([request], task_concurrency=2))
+        await trio.sleep(1)  # the harness sleeps 5 mock seconds
+        seen.append(gc.get_threshold()[0])
+    assert seen == [GEN0_THRESHOLD]
+    assert gc.get_threshold()[0] == 700
