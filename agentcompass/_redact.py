@@ -111,6 +111,8 @@ def redact(text: str, secrets: Iterable[str | Secret] = ()) -> str:
         extra_pattern = _values_pattern(extra)
         if extra_pattern is not None:
             text = extra_pattern.sub(MASK, text)
+    if not _may_hold_credentials(text):  # every shape needs one of its triggers
+        return text
     return _SHAPES.sub(_replace_shape, text)
 
 
@@ -118,7 +120,7 @@ _TRIGGERS = ("sk-", "bearer", "authorization", "key", "passw", "secret", "://")
 
 
 def _may_hold_credentials(text: str) -> bool:
-    """A cheap test that ``_JSON_SHAPES`` can match at all: substring checks run
+    """A cheap test that ``_SHAPES`` or ``_JSON_SHAPES`` can match at all: substring checks run
     at C speed, while the full pattern costs ~100 us on a typical record.
     ``token`` counts only as a whole word end (not ``input_tokens``)."""
     low = text.lower()

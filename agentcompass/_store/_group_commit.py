@@ -282,14 +282,22 @@ class GroupCommitter:
         new_dirs: set[str] = set()
         temps: list[tuple[_Write, str, str]] = []
         appends: list[_Write] = []
-        for job in batch:
+        lines = [job for job in batch if job.path is None]
+        if lines:
+            # One write for all the round's journal lines, in queue order.
             try:
-                if job.path is None:
-                    if not job.written:
-                        write_all(self.journal_fd, job.data)
-                        job.written = True
-                    appends.append(job)
-                    continue
+                write_all(self.journal_fd, b"".join(job.data for job in lines if not job.written))
+            except OSError as exc:
+                for job in lines:
+                    job.error = exc
+            else:
+                for job in lines:
+                    job.written = True
+                appends = lines
+        for job in batch:
+            if job.path is None:
+                continue
+            try:
                 parent, name = os.path.split(job.path)
                 self._ensure_dir(parent, dirty_dirs, new_dirs)
                 tmp = os.path.join(parent, temp_name(name))
