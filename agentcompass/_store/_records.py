@@ -208,19 +208,19 @@ def _issue_from_data(data: Any) -> Issue:
     return Issue(_in(data["severity"], _SEVERITIES), _in(data["phase"], _PHASES), _str(data["code"]), _str(data["message"]))
 
 
-_refs_read: dict[str, ComponentRef] = {}
+_refs_read: dict[tuple[str, str], ComponentRef] = {}
 
 
 def _ref_from_data(data: Any) -> ComponentRef:
     data = _dict(data)
     _keys(data, 2)
-    ref_id, config = _str(data["id"]), _dict(data["config"])
-    if config:
-        # Secret-named keys become Secret values: the converter's business.
-        raise _Unexpected
-    ref = _refs_read.get(ref_id)
+    key = (_str(data["id"]), repr(_dict(data["config"])))  # JSON values: repr tells them apart
+    ref = _refs_read.get(key)
     if ref is None:
-        ref = _refs_read[ref_id] = ComponentRef(ref_id)
+        # Secret-named config keys become Secret values: the converter's business.
+        ref = converter.structure(data, ComponentRef)
+        if len(_refs_read) < 256:
+            _refs_read[key] = ref
     return ref
 
 

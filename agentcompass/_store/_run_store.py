@@ -294,12 +294,30 @@ class RunStore:
 
         self._committer.write_soon(path, data, cleanup, written)
 
-    def _task_write(self, record: TaskRecord) -> tuple[str, bytes, Callable[[], None], Callable[[], None]]:
+    def save_task_data_soon(
+        self, record: TaskRecord, data: bytes, notify: Callable[[Exception | None], None]
+    ) -> None:
+        """:meth:`save_task_soon` with ``data``, a JSON form of ``record``
+        already masked (e.g. a reused record's file), as the file's content
+        instead of ``record`` serialized again."""
+        path, data, cleanup, rollback = self._task_write(record, data)
+
+        def written(error: Exception | None) -> None:
+            if error is not None:
+                rollback()
+            notify(error)
+
+        self._committer.write_soon(path, data, cleanup, written)
+
+    def _task_write(
+        self, record: TaskRecord, data: bytes | None = None
+    ) -> tuple[str, bytes, Callable[[], None], Callable[[], None]]:
         if record.severity not in self._details_dirs:
             raise ValueError(f"unknown task severity {record.severity!r}")
         task_id = record.task_id
         key = self._key(task_id)
-        data = self._task_to_json(record).encode()
+        if data is None:
+            data = self._task_to_json(record).encode()
         path = f"{self._details_dirs[record.severity]}{_SEP}{key}.json"
         previous = self._saved_severity.get(task_id)
         attempts = self._checkpointed.pop(task_id, set())

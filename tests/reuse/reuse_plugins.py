@@ -24,11 +24,13 @@ Kill points. ``REUSE_KILL_AT=<point>:<n>`` in the environment picks one:
 ``run_attempt1``       the n-th harness run of an attempt with index 1
                        (mid-task: attempt 0 checkpointed)
 ``details_saved``      the n-th task record is durable and its checkpoints
-                       are not removed yet (in the store's commit thread)
+                       are not removed yet (in the store's commit thread),
+                       or a reused record's link is (in the linking thread)
 ``close``              the n-th Environment session close starts (the
                        sandbox exists, journalled opened and not closed)
 ``copy``               a ``--reuse`` run copying what it reuses, when it
-                       asks for its n-th write (before any task started)
+                       asks for its n-th write (before any task started;
+                       hard-linking a record it reuses unchanged is a write)
 =====================  ===================================================
 
 At the point, the process writes ``stopped <point>:<n>`` to the FIFO named
@@ -46,7 +48,9 @@ that ``reap`` refuses (``test_a_sandbox_whose_close_was_cut_short_is_reaped``).
 
 The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
 (``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
-``_superseded_cleanup``); a missing one fails at import, loudly.
+``_superseded_cleanup``) and ``agentcompass._orchestration._reuse._link_sync``
+(reuse links the records it takes unchanged); a missing one fails at
+import, loudly.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
+from agentcompass._orchestration import _reuse
 from agentcompass._store._run_store import RunStore
 from agentcompass.environments import local
 from agentcompass.environments.local import LocalEnvironment
@@ -172,13 +177,40 @@ def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
 
     def after() -> None:  # in a commit thread, once the record is durable
         if _reached("details_saved"):
+            # Never remove this task's checkpoints: the kill lands first. The
+            # round itself finishes (blocking it would also hold back the
+            # "written" news of session lines it carries, and the stop waits
+            # for those).
             _state["token"].run_sync_soon(_arm)
-            threading.Event().wait()  # never remove the checkpoints
+            return
         cleanup()
 
     return after
 
 
+assert hasattr(_reuse, "_link_sync"), "_reuse._link_sync is gone: update reuse_plugins.py"
+_link_sync = _reuse._link_sync
+
+
+def _hooked_link_sync(targets: list[tuple[str, str]]) -> list[int]:
+    # In a store thread, before any task started. Each link is a write of the
+    # copy ("copy": stop before it is made) and, once synced, a durable
+    # record ("details_saved": stop right after).
+    for index in range(len(targets)):
+        if _reached("copy"):
+            _stop_in_thread(targets[:index])
+        if _reached("details_saved"):
+            _stop_in_thread(targets[: index + 1])
+    return _link_sync(targets)
+
+
+def _stop_in_thread(linked: list[tuple[str, str]]) -> None:
+    _link_sync(linked)
+    _state["token"].run_sync_soon(_arm)
+    threading.Event().wait()  # never link the others
+
+
+_reuse._link_sync = _hooked_link_sync
 RunStore.event = _hooked_event  # type: ignore[method-assign]
 RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign]
 RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]

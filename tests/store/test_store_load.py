@@ -75,3 +75,44 @@ def test_empty_directory(tmp_path: Path) -> None:
     loaded = load_run(tmp_path)
     assert (loaded.details, loaded.checkpoints, loaded.open_sessions) == ({}, {}, [])
     assert loaded.notes == ["run_info.json is missing"]
+
+
+def test_keep_files_gives_each_record_its_file_and_bytes(tmp_path: Path) -> None:
+    old = tmp_path / "details" / "fatal" / "t1.json"
+    new = tmp_path / "details" / "normal" / "t1.json"
+    write(old, record("t1", "fatal", 0.0))
+    write(new, record("t1", "normal", 1.0))
+    write(tmp_path / "details" / "error" / "t2.json", record("t2", "error"))
+    os.utime(old, ns=(1_000_000_000, 1_000_000_000))
+    loaded = load_run(tmp_path, keep_files=True)
+    assert loaded.files == {
+        "t1": (str(new), new.read_bytes()),  # the newest, as in details
+        "t2": (str(tmp_path / "details" / "error" / "t2.json"), (tmp_path / "details" / "error" / "t2.json").read_bytes()),
+    }
+    assert load_run(tmp_path).files == {}
+
+
+def test_a_newer_record_read_first_still_wins(tmp_path: Path) -> None:
+    newer = tmp_path / "details" / "fatal" / "t1.json"
+    older = tmp_path / "details" / "normal" / "t1.json"
+    write(newer, record("t1", "fatal", 0.0))
+    write(older, record("t1", "normal", 1.0))
+    os.utime(older, ns=(1_000_000_000, 1_000_000_000))
+    assert load_run(tmp_path).details == {"t1": record("t1", "fatal", 0.0)}
+
+
+def test_journal_lines_are_read_one_by_one(tmp_path: Path) -> None:
+    lines = [
+        json.dumps({"event": "opened", "session": "a", "provider": "p", "handle": {"id": "a"}}),
+        '{"event": "opened", "session": "b", "provider": "p"}, {"event": "closed"}',  # two values
+        "[1",  # with the next line, one JSON value: still two unreadable lines
+        "2]",
+        json.dumps({"event": "opened", "session": "c", "provider": "p", "handle": {"id": "c"}}),
+        json.dumps({"event": "closed", "session": "a", "provider": "p", "handle": {"id": "a"}}),
+    ]
+    (tmp_path / "sessions.jsonl").write_text("\n".join(lines) + "\n")
+    loaded = load_run(tmp_path)
+    assert loaded.open_sessions == [("c", "p", {"id": "c"})]
+    notes = "\n".join(loaded.notes)
+    for number in (2, 3, 4):
+        assert f"line {number} of sessions.jsonl" in notes
