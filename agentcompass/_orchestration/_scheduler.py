@@ -39,7 +39,13 @@ class _RequestReporter:
         self.run = run
 
     def event(self, kind: str, **fields: Any) -> None:
+        # Replaced by the store's own method once there is one (see
+        # ``_bind``): events are reported several times per attempt.
         self.run.store.event(kind, **fields)
+
+    def _bind(self) -> None:
+        if self.run.store is not None:
+            self.event = self.run.store.event  # type: ignore[method-assign]
 
     async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
         # Queued, not waited for: the sandbox exists from the moment ``open``
@@ -212,6 +218,7 @@ class Scheduler:
                 store = await nursery.start(self._hold_store, run, closed)
             try:
                 await run.prepare(store)
+                self._reporters[run.index]._bind()
                 task_status.started()
                 await run.drained.wait()
                 await run.finalize()

@@ -75,6 +75,8 @@ __all__ = [
 
 #: Minimum seconds between two rewrites of ``progress.json``.
 PROGRESS_INTERVAL = 0.5
+#: How long the progress actor lets events gather before writing a batch.
+PROGRESS_BATCH_SECONDS = 0.05
 #: How long closing may take to flush queued writes once the caller is cancelled.
 CLOSE_GRACE_SECONDS = 30.0
 
@@ -425,6 +427,9 @@ class RunStore:
             deadline = self._snapshot_due if self._snapshot is not None else float("inf")
             with trio.move_on_at(deadline):
                 await self._progress_wake.wait()
+                # Let a batch gather: one thread hop and fsync per batch, not
+                # per burst of events (several are reported per attempt).
+                await trio.sleep(PROGRESS_BATCH_SECONDS)
             await self._flush_progress(final=False)
 
     async def _flush_progress(self, *, final: bool) -> None:

@@ -252,9 +252,12 @@ async def test_progress_snapshot_is_throttled(
             store.set_progress({"completed": i})
         await trio.sleep(1)
         store.set_progress({"completed": 10})  # written at close
+    # Each write waits for a batch to gather (PROGRESS_BATCH_SECONDS), then
+    # at most one per PROGRESS_INTERVAL; the last at close.
+    batch = _run_store.PROGRESS_BATCH_SECONDS
     assert [(round(t - start, 3), s) for t, s in written] == [
-        (0, {"completed": 1}),
-        (0.5, {"completed": 9}),
+        (batch, {"completed": 1}),
+        (round(batch + 0.5, 3), {"completed": 9}),
         (1.1, {"completed": 10}),
     ]
 
