@@ -26,7 +26,6 @@ blocking work of many records shares one thread hop and one fsync round.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import secrets
@@ -382,7 +381,7 @@ class RunStore:
         cached = self._attempt_json.get(task_id, {}).get(record.attempt)
         if cached is not None and cached[0] is record:
             return cached[1]
-        text = _mask(_LENIENT.encode(attempt_to_data(record)))
+        text = _mask(_compact(attempt_to_data(record)))
         self._attempt_json.setdefault(task_id, {})[record.attempt] = (record, text)
         return text
 
@@ -553,50 +552,38 @@ def _encode(events: list[tuple[str, float, dict[str, Any]]]) -> str:
     return _mask("\n".join(lines))
 
 
-_encode_str = json.encoder.encode_basestring_ascii  # what the encoder uses for str
-_float_repr = float.__repr__
-_int_repr = int.__repr__
+def _make_encoder() -> Any:
+    """The C encoder behind ``_LENIENT``, made once instead of per call
+    (``JSONEncoder.encode`` builds a new one every time: a third of its cost
+    on a progress line). Without circular-reference markers it keeps no
+    state, so any thread may use it (a cycle raises RecursionError instead
+    of ValueError). None where the C accelerator is missing."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    return make(None, _json_default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
 
 
-def _value(value: Any) -> str:
-    """One JSON value as the compact lenient encoder writes it."""
-    kind = type(value)
-    if kind is str:
-        return _encode_str(value)
-    if kind is int:
-        return _int_repr(value)
-    if kind is float and value == value and value not in (math.inf, -math.inf):
-        return _float_repr(value)
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if kind is dict and len(value) <= 8 and all(type(k) is str for k in value):
-        # Small dicts (a session handle, a list of attempts' worth): inline.
-        return "{" + ",".join(f"{_encode_str(k)}:{_value(v)}" for k, v in value.items()) + "}"
-    if kind is list and len(value) <= 8:
-        return "[" + ",".join(_value(v) for v in value) + "]"
-    return _LENIENT.encode(value)
+_ENCODER = _make_encoder()
+
+
+def _compact(value: Any) -> str:
+    """``_LENIENT.encode(value)``, faster."""
+    if _ENCODER is None:
+        return _LENIENT.encode(value)
+    return "".join(_ENCODER(value, 0))
 
 
 def _line(kind: str, now: float, fields: dict[str, Any], key: str = "event", last: str | None = None) -> str:
     """``{key: kind, "t": now, **fields}`` (or with ``"t"`` last) as compact
-    JSON, the same text ``_LENIENT`` makes, without building the dict: these
-    lines are written several times per attempt. Fields named like the fixed
-    keys are dropped (ours win)."""
-    parts = [f'{{"{key}":{_encode_str(kind)}']
-    if last is None:
-        parts.append(f',"t":{_value(now)}')
+    JSON; fields named like the fixed keys are dropped (ours win)."""
+    entry: dict[str, Any] = {key: kind} if last is not None else {key: kind, "t": now}
     for name, value in fields.items():
-        if name == key or name == "t":
-            continue
-        parts.append(f",{_encode_str(name)}:{_value(value)}")
+        if name != key and name != "t":
+            entry[name] = value
     if last is not None:
-        parts.append(f',"{last}":{_value(now)}')
-    parts.append("}")
-    return "".join(parts)
+        entry[last] = now
+    return _compact(entry)
 
 
 def _unlink_all(paths: list[str]) -> None:
