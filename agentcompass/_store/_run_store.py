@@ -286,14 +286,7 @@ class RunStore:
         """:meth:`save_task` without waiting: ``notify(error)`` runs in the
         Trio thread once the record is durable (``error`` None) or could not
         be written. Lets a worker take its next task while the disk works."""
-        path, data, cleanup, rollback = self._task_write(record)
-
-        def written(error: Exception | None) -> None:
-            if error is not None:
-                rollback()
-            notify(error)
-
-        self._committer.write_soon(path, data, cleanup, written)
+        self._queue_task(record, None, notify)
 
     def save_task_data_soon(
         self, record: TaskRecord, data: bytes, notify: Callable[[Exception | None], None]
@@ -301,14 +294,19 @@ class RunStore:
         """:meth:`save_task_soon` with ``data``, a JSON form of ``record``
         already masked (e.g. a reused record's file), as the file's content
         instead of ``record`` serialized again."""
-        path, data, cleanup, rollback = self._task_write(record, data)
+        self._queue_task(record, data, notify)
+
+    def _queue_task(
+        self, record: TaskRecord, data: bytes | None, notify: Callable[[Exception | None], None]
+    ) -> None:
+        path, content, cleanup, rollback = self._task_write(record, data)
 
         def written(error: Exception | None) -> None:
             if error is not None:
                 rollback()
             notify(error)
 
-        self._committer.write_soon(path, data, cleanup, written)
+        self._committer.write_soon(path, content, cleanup, written)
 
     def _task_write(
         self, record: TaskRecord, data: bytes | None = None
