@@ -21,6 +21,7 @@ go on to collect and evaluate, because the agent's output may still score.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import attrs
@@ -159,29 +160,7 @@ class _Try:
         except Exception as exc:
             issues.append(classify(exc, "environment", "setup", self.out.diagnostics))
             return self.out
-        grants, provider, holder = ctx.grants, ctx.provider, object()
-        await grants.acquire_capacity(provider, holder)
-        try:
-            await grants.open_token(provider)
-            # The setup clock starts once the permit is held: waiting for
-            # capacity is queueing, not a hung sandbox.
-            timeout = ctx.request.execution.setup_timeout_seconds
-            self.setup_deadline = self.now() + (math.inf if timeout is None else timeout)
-            session = TrackedSession(
-                ctx, phase="setup", grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
-            )
-            try:
-                env = await self._open_and_prepare(session, config)
-                await self._start_and_run(env)
-                await self._collect(env)
-                if plan.evaluation_environment_mode == "reuse" and not self._should_stop(issues):
-                    await self._evaluate_in(env, self.out.eval_issues)
-            except _Stop:
-                pass
-            finally:
-                await session.close()
-        finally:
-            grants.release_capacity(provider, holder)
+        await self._in_sandbox("setup", issues, partial(self._task_stage, config))
         if self.out.evaluated or self._should_stop(issues) or not self.collected:
             return self.out
         if plan.evaluation_environment_mode == "none":
@@ -189,6 +168,38 @@ class _Try:
         elif plan.evaluation_environment_mode == "fresh":
             await self._evaluate_fresh(config)
         return self.out
+
+    async def _in_sandbox(self, phase: Phase, issues: list[Issue], body: Any) -> None:
+        """Hold a capacity permit and an open-rate token and run
+        ``body(session)`` with a new :class:`TrackedSession` (``body`` opens
+        it); close the session and release the permit on every way out. A
+        ``_Stop`` ends ``body`` quietly (its issue is recorded)."""
+        ctx = self.ctx
+        grants, provider, holder = ctx.grants, ctx.provider, object()
+        await grants.acquire_capacity(provider, holder)
+        try:
+            await grants.open_token(provider)
+            session = TrackedSession(ctx, phase=phase, grace=self.grace, issues=issues, diagnostics=self.out.diagnostics)
+            try:
+                await body(session)
+            except _Stop:
+                pass
+            finally:
+                await session.close()
+        finally:
+            grants.release_capacity(provider, holder)
+
+    async def _task_stage(self, config: Any, session: TrackedSession) -> None:
+        """Steps 2-6 in the task Environment (evaluation only in ``reuse`` mode)."""
+        # The setup clock starts once the permit is held: waiting for
+        # capacity is queueing, not a hung sandbox.
+        timeout = self.ctx.request.execution.setup_timeout_seconds
+        self.setup_deadline = self.now() + (math.inf if timeout is None else timeout)
+        env = await self._open_and_prepare(session, config)
+        await self._start_and_run(env)
+        await self._collect(env)
+        if self.plan.evaluation_environment_mode == "reuse" and not self._should_stop(self.out.task_issues):
+            await self._evaluate_in(env, self.out.eval_issues)
 
     def _setup_timed_out(self) -> None:
         timeout = self.ctx.request.execution.setup_timeout_seconds
@@ -389,32 +400,18 @@ class _Try:
         await self._evaluate(None, self.out.eval_issues)
 
     async def _evaluate_fresh(self, config: Any) -> None:
-        ctx = self.ctx
         issues: list[Issue] = []
         self.out.eval_issues = issues
-        timeout = ctx.request.execution.setup_timeout_seconds
-        grants, provider, holder = ctx.grants, ctx.provider, object()
-        await grants.acquire_capacity(provider, holder)
-        try:
-            await grants.open_token(provider)
-            session = TrackedSession(
-                ctx, phase="evaluate", grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
-            )
-            try:
-                with _deadline_scope(self._after(timeout)) as scope:
-                    env = await self._open(session, config, issues)
-                if scope.cancelled_caught:
-                    issues.append(
-                        Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s")
-                    )
-                    raise _Stop
-                await self._evaluate_in(env, issues)
-            except _Stop:
-                pass
-            finally:
-                await session.close()
-        finally:
-            grants.release_capacity(provider, holder)
+        await self._in_sandbox("evaluate", issues, partial(self._fresh_stage, config, issues))
+
+    async def _fresh_stage(self, config: Any, issues: list[Issue], session: TrackedSession) -> None:
+        timeout = self.ctx.request.execution.setup_timeout_seconds
+        with _deadline_scope(self._after(timeout)) as scope:
+            env = await self._open(session, config, issues)
+        if scope.cancelled_caught:
+            issues.append(Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s"))
+            raise _Stop
+        await self._evaluate_in(env, issues)
 
 
 async def run_full_try(ctx: RequestContext, task: TaskSpec, plan: ExecutionPlan, *, retries_left: bool) -> TryOutcome:
