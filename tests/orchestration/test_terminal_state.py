@@ -31,3 +31,38 @@ async def test_unfinished_tasks_count_as_unavailable_and_progress_is_final(autoj
     assert progress["completed"] == 2 and progress["pending"] == 3 and progress["active"] == 0
     summary = (run_dir / "summary.md").read_text()
     assert "3 of 5 task(s) did not finish before the run was timed_out" in summary
+
+
+async def test_a_record_that_cannot_be_written_fails_the_request_and_is_unavailable(
+    autojump_clock, tmp_path: Path, monkeypatch
+):
+    """Workers do not wait for the disk; a record that then fails to be
+    written is not reported finished, counts as unavailable, and fails the
+    request (a --reuse run runs the task again)."""
+    import errno
+
+    from _orch_support import read_jsonl
+
+    from agentcompass._store._run_store import RunStore
+
+    save = RunStore.save_task_soon
+
+    def failing(self, record, notify):
+        if record.task_id == "a01":
+            notify(OSError(errno.ENOSPC, "No space left on device"))
+        else:
+            save(self, record, notify)
+
+    monkeypatch.setattr(RunStore, "save_task_soon", failing)
+    request = sleepy_request("a", [1, 1, 1], tmp_path)
+    result = await agentcompass.launch(Orchestration([request], task_concurrency=2))
+    assert result.status == "failed" and result.exit_code == 1
+    run_dir = only_run_dir(tmp_path, "a")
+    info = read_json(run_dir / "run_info.json")
+    assert info["status"] == "failed"
+    assert "could not write the record of task 'a01'" in info["error"] and "No space left" in info["error"]
+    finished = [e["task"] for e in read_jsonl(run_dir / "progress.jsonl") if e["event"] == "task_finished"]
+    assert sorted(finished) == ["a00", "a02"]
+    (series,) = read_json(run_dir / "metrics.json")["series"].values()
+    assert series["total"] == 3 and series["evaluated"] == 2 and series["unavailable"] == 1
+    assert not (run_dir / "details" / "normal" / "a01.json").exists()
