@@ -36,9 +36,7 @@ run before it.
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +47,6 @@ import trio
 from .. import _registry
 from .._redact import redact_json_text
 from .._store import latest_run, load_run
-from .._store._atomic import fsync_dir, to_store_thread
 from .._store._run_store import RUN_ID_PATTERN
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
@@ -181,7 +178,7 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
 
     A record reused unchanged (``verbatim``: task id -> its file in the
     source and that file's content) is not serialized again: its file is
-    hard-linked into the new run (see :func:`_link_records`), or, where that
+    hard-linked into the new run (see :meth:`RunStore.link_tasks`), or, where that
     cannot be done, its content is written. Everything else goes through the
     store. All writes are queued at once, so that they share commit rounds,
     and awaited together; if any failed, the first failure is raised once
@@ -206,7 +203,7 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
             # The store masks everything it writes: the current secrets may
             # not be the ones the source run masked.
             masked = redact_json_text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
-            if masked == data and store._fresh:
+            if masked == data:
                 links.append((record, source, data))
                 continue
         remaining += 1
@@ -230,68 +227,11 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
             for attempt in {**(pending.done or {}), **(pending.resume or {})}.values():
                 nursery.start_soon(checkpoint, pending.task.task_id, attempt)
         if links:
-            nursery.start_soon(_link_records, store, links, written)
+            nursery.start_soon(store.link_tasks, links, written)
     written(None)  # the checkpoints and links
     await all_done.wait()
     if failures:
         raise failures[0]
-
-
-async def _link_records(
-    store: Any, links: list[tuple[TaskRecord, str, bytes]], written: Callable[[Exception | None], None]
-) -> None:
-    """Hard-link each record's source file (``links``: record, path, content) to its
-    place in ``store``'s fresh run directory and make the new entries
-    durable; a record that cannot be linked (another filesystem, one
-    without hard links) is written instead. ``written(error)`` is called
-    once per record, as :meth:`RunStore.save_task_soon` does.
-
-    Creating a file costs an inode, which on the virtual disks we measured
-    takes 0.3-1 ms, and a link about 25 us: most of the time a reuse of
-    thousands of records took before its first new attempt. Sharing the
-    file with the source run is safe because no store ever changes a file
-    in place (every write replaces it by a rename, a clean-up unlinks it),
-    and its content is durable since the source run wrote it. Only into a
-    fresh run directory: there no older record of the task can exist, so
-    the shared (older) modification time cannot lose a "newest record
-    wins" contest (see :mod:`.._store._load`). Non-goal: a record file
-    edited in place by hand changes in both runs.
-    """
-    targets = []
-    for record, source, _ in links:
-        # The store's bookkeeping, as RunStore._task_write keeps it.
-        store._saved_severity[record.task_id] = record.severity
-        targets.append((source, f"{store._details_dirs[record.severity]}{os.sep}{store._key(record.task_id)}.json"))
-    try:
-        failed = await to_store_thread(_link_sync, targets)
-    except OSError as exc:  # the directories could not be synced: none is known durable
-        for record, _, _ in links:
-            store._saved_severity.pop(record.task_id, None)
-            written(exc)
-        return
-    for index in failed:
-        record, _, data = links[index]
-        store._saved_severity.pop(record.task_id, None)
-        store.save_task_data_soon(record, data, written)
-    for _ in range(len(links) - len(failed)):
-        written(None)
-
-
-def _link_sync(targets: list[tuple[str, str]]) -> list[int]:
-    """Link each ``(source, target)``, then fsync the targets' directories
-    (blocking). Returns the indexes of the pairs that could not be linked."""
-    failed: list[int] = []
-    directories: dict[str, None] = {}
-    for index, (source, target) in enumerate(targets):
-        try:
-            os.link(source, target)
-        except OSError:
-            failed.append(index)
-        else:
-            directories[os.path.dirname(target)] = None
-    for directory in directories:
-        fsync_dir(directory)
-    return failed
 
 
 def _latest_prepared_run(output_root: Path, name: str, own: Path) -> tuple[Path | None, list[Path]]:

@@ -308,6 +308,50 @@ class RunStore:
 
         self._committer.write_soon(path, content, cleanup, written)
 
+    async def link_tasks(
+        self, links: list[tuple[TaskRecord, str, bytes]], notify: Callable[[Exception | None], None]
+    ) -> None:
+        """Store records whose files already exist elsewhere, unchanged and
+        masked (``links``: record, that file's path, its content): each file
+        is hard-linked to its place here, then the new entries are made
+        durable; a record that cannot be linked (another filesystem, one
+        without hard links, or a run directory this store did not create) is
+        written instead. ``notify(error)`` runs once per record, as for
+        :meth:`save_task_soon`.
+
+        Creating a file costs an inode, which on the virtual disks we measured
+        takes 0.3-1 ms, and a link about 25 us: most of the time a reuse of
+        thousands of records took before its first new attempt. Sharing a file
+        with another run is safe because no store ever changes a file in place
+        (every write replaces it by a rename, a clean-up unlinks it), and its
+        content is durable since that run wrote it. Only into a fresh run
+        directory: there no older record of the task can exist, so the shared
+        (older) modification time cannot lose a "newest record wins" contest
+        (see :mod:`._load`). Non-goal: a record file edited in place by hand
+        changes in both runs.
+        """
+        if not self._fresh:
+            for record, _, data in links:
+                self.save_task_data_soon(record, data, notify)
+            return
+        targets = []
+        for record, source, _ in links:
+            self._saved_severity[record.task_id] = record.severity
+            targets.append((source, f"{self._details_dirs[record.severity]}{_SEP}{self._key(record.task_id)}.json"))
+        try:
+            failed = await to_store_thread(_link_sync, targets)
+        except OSError as exc:  # the directories could not be synced: none is known durable
+            for record, _, _ in links:
+                self._saved_severity.pop(record.task_id, None)
+                notify(exc)
+            return
+        for index in failed:
+            record, _, data = links[index]
+            self._saved_severity.pop(record.task_id, None)
+            self.save_task_data_soon(record, data, notify)
+        for _ in range(len(links) - len(failed)):
+            notify(None)
+
     def _task_write(
         self, record: TaskRecord, data: bytes | None = None
     ) -> tuple[str, bytes, Callable[[], None], Callable[[], None]]:
@@ -582,6 +626,23 @@ def _line(kind: str, now: float, fields: dict[str, Any], key: str = "event", las
     if last is not None:
         entry[last] = now
     return _compact(entry)
+
+
+def _link_sync(targets: list[tuple[str, str]]) -> list[int]:
+    """Link each ``(source, target)``, then fsync the targets' directories
+    (blocking). Returns the indexes of the pairs that could not be linked."""
+    failed: list[int] = []
+    directories: dict[str, None] = {}
+    for index, (source, target) in enumerate(targets):
+        try:
+            os.link(source, target)
+        except OSError:
+            failed.append(index)
+        else:
+            directories[os.path.dirname(target)] = None
+    for directory in directories:
+        fsync_dir(directory)
+    return failed
 
 
 def _unlink_all(paths: list[str]) -> None:

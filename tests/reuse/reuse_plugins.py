@@ -48,7 +48,7 @@ that ``reap`` refuses (``test_a_sandbox_whose_close_was_cut_short_is_reaped``).
 
 The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
 (``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
-``_superseded_cleanup``) and ``agentcompass._orchestration._reuse._link_sync``
+``_superseded_cleanup``) and ``agentcompass._store._run_store._link_sync``
 (reuse links the records it takes unchanged); a missing one fails at
 import, loudly.
 """
@@ -65,7 +65,7 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
-from agentcompass._orchestration import _reuse
+from agentcompass._store import _run_store
 from agentcompass._store._run_store import RunStore
 from agentcompass.environments import local
 from agentcompass.environments.local import LocalEnvironment
@@ -188,8 +188,8 @@ def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
     return after
 
 
-assert hasattr(_reuse, "_link_sync"), "_reuse._link_sync is gone: update reuse_plugins.py"
-_link_sync = _reuse._link_sync
+assert hasattr(_run_store, "_link_sync"), "_run_store._link_sync is gone: update reuse_plugins.py"
+_link_sync = _run_store._link_sync
 
 
 def _hooked_link_sync(targets: list[tuple[str, str]]) -> list[int]:
@@ -210,7 +210,7 @@ def _stop_in_thread(linked: list[tuple[str, str]]) -> None:
     threading.Event().wait()  # never link the others
 
 
-_reuse._link_sync = _hooked_link_sync
+_run_store._link_sync = _hooked_link_sync
 RunStore.event = _hooked_event  # type: ignore[method-assign]
 RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign]
 RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]

@@ -22,10 +22,9 @@ import trio
 
 import agentcompass
 from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
-from agentcompass._orchestration import _reuse
 from agentcompass._orchestration._reuse import ReusePlan, _copy_into
 from agentcompass._redact import MASK, _values_pattern
-from agentcompass._store import load_run, open_run_store, task_key
+from agentcompass._store import _run_store, load_run, open_run_store, task_key
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 from agentcompass.testing import fake_request, reset_logs
 
@@ -161,8 +160,8 @@ async def test_links_not_known_durable_fail_the_copy(tmp_path: Path, monkeypatch
     def broken(path: str) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(_reuse, "fsync_dir", broken)
     async with open_run_store(tmp_path, "new") as store:
+        monkeypatch.setattr(_run_store, "fsync_dir", broken)  # once the store is open
         with pytest.raises(OSError, match="Input/output error"):
             await _copy_into(store, ReusePlan([], reused=records), verbatim)
         # The store's bookkeeping does not claim them.
