@@ -28,6 +28,7 @@ async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys, monk
     # jump past a record's completion, and the counts below would race.
     monkeypatch.setattr(_group_commit, "to_store_thread", _inline_store_io)
     monkeypatch.setattr(_run_store, "to_store_thread", _inline_store_io)
+    monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
     request = RunRequest(
         name="p",
         benchmark=ComponentRef("fake-bench", {"tasks": 4, "log": "progress"}),

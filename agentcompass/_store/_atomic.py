@@ -15,22 +15,33 @@ They share one :class:`trio.CapacityLimiter` per Trio run
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import trio
 
+from ._writer import (
+    _O_CLOEXEC,
+    _O_DIRECTORY,
+    SYNCFS,
+    fsync_dir,
+    temp_name,
+    unlink_quietly,
+    write_all,
+)
+
 __all__ = [
     "STORE_THREADS",
     "SYNCFS",
+    "fsync_dir",
     "is_temp_name",
     "store_limiter",
+    "temp_name",
     "to_store_thread",
+    "unlink_quietly",
+    "write_all",
     "write_atomic",
 ]
 
@@ -43,35 +54,7 @@ STORE_THREADS = 8
 
 _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("store_limiter")
 
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
-# pid + a per-process counter keeps temp names apart without a random source;
-# ``next()`` on ``itertools.count`` is atomic under the GIL.
-_temp_counter = itertools.count()
-
-
-def _load_syncfs() -> Callable[[int], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
-
-    def syncfs(fd: int) -> None:
-        # A CDLL call releases the GIL, like os.fsync.
-        if fn(fd) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
-
-    return syncfs
-
-
-#: ``syncfs(fd)``: flush the whole filesystem holding ``fd`` (Linux), else None.
-SYNCFS = _load_syncfs()
 
 
 def store_limiter() -> trio.CapacityLimiter:
@@ -112,19 +95,12 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-def temp_name(name: str) -> str:
-    """A fresh temporary name for a file to be renamed to ``name``."""
-    return f".{name}.{os.getpid()}-{next(_temp_counter)}.tmp"
 
 
 def temp_path(path: Path) -> Path:
     return path.with_name(temp_name(path.name))
 
 
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def write_temp_sync(path: Path, data: bytes) -> Path:
@@ -157,28 +133,9 @@ def write_atomic_sync(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def fsync_dir(path: str | Path) -> None:
-    """Make the directory entries of ``path`` (creations, renames) durable."""
-    if not _O_DIRECTORY:  # Windows: directories cannot be opened, nor need it
-        return
-    fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def open_dir_fd(path: str | Path) -> int | None:
     """An fd for fsyncing directory ``path`` repeatedly (``None`` where unsupported)."""
     if not _O_DIRECTORY:
         return None
     return os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
 
-
-def unlink_quietly(path: Path | str) -> bool:
-    """Remove a file; False if it was not there."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True

@@ -1,7 +1,7 @@
 """Group commit: many durable writes share one flush of the disk.
 
 Callers queue a write and wait for it; an actor task takes what is queued as
-a batch and commits it, a *round*, in a single worker-thread call:
+a batch and commits it, a *round*:
 
 1. create missing directories, write every temporary file, append journal lines;
 2. make all that data durable;
@@ -12,17 +12,22 @@ a batch and commits it, a *round*, in a single worker-thread call:
 then it wakes every caller of the batch, each learning only its own outcome
 (an after-hook's failure is not the caller's: its write is durable; it is
 kept in :attr:`GroupCommitter.cleanup_errors`).
-Up to :data:`MAX_ROUNDS` rounds run at once, sharing the backlog; when all
-are busy the queue accumulates, so under load the rounds per second stay
-bounded by disk latency while the writes per round grow. Concurrent rounds
-matter because much of a round is waiting, not work: on the virtual disk we
-measured, removing a file often blocks for ~3 ms (the bitmap block is read
-back from disk), so one round at a time gave ~200 records/s and six
-about 600. More is not better: rounds creating files in one directory
-contend for its lock (the kernel spins on it), and every round is a thread
-switch; once workers stopped waiting for their records (the backlog absorbs
-a slow round), three rounds cut context switches several-fold against six
-at the same throughput.
+
+Steps 1-4 (:class:`._writer.Disk`) run in a *writer process* by default
+(see :mod:`._writer` for why), else in a store thread; step 5 is rare on the
+hot path (a task with checkpoints) and runs in a store thread. Up to
+:data:`MAX_ROUNDS` rounds are in flight at once, sharing the backlog; when
+all are busy the queue accumulates, so under load the rounds per second
+stay bounded by disk latency while the writes per round grow. In threads,
+concurrent rounds matter because much of a round is waiting, not work: on
+the virtual disk we measured, removing a file often blocks for ~3 ms (the
+bitmap block is read back from disk), so one round at a time gave ~200
+records/s and six about 600. More is not better: rounds creating files in
+one directory contend for its lock (the kernel spins on it), and every
+round is a thread switch; once workers stopped waiting for their records
+(the backlog absorbs a slow round), three rounds cut context switches
+several-fold against six at the same throughput. The writer process takes
+rounds in order and commits those that queued up meanwhile as one.
 
 Steps 2 and 4 use ``syncfs(2)`` on Linux: one call per step whatever the batch
 size. An ``fsync`` per file and per directory costs a disk cache flush each
@@ -42,30 +47,35 @@ B to replace A, awaits A first.
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import itertools
 import os
+import subprocess
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
 
-from ._atomic import (
-    _O_CLOEXEC,
-    SYNCFS,
-    fsync_dir,
-    temp_name,
-    to_store_thread,
-    unlink_quietly,
-    write_all,
-)
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
-__all__ = ["MAX_ROUNDS", "GroupCommitter", "StoreClosedError"]
+from . import _writer
+from ._atomic import to_store_thread, write_all
+from ._writer import Disk, frame, read_frames
 
-#: Commit rounds in flight at once (each in its own worker thread).
+__all__ = ["MAX_ROUNDS", "WRITER_PROCESS", "GroupCommitter", "StoreClosedError"]
+
+#: Commit rounds in flight at once.
 MAX_ROUNDS = 3
 
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
+#: Commit in a writer process (see :mod:`._writer`) rather than in store
+#: threads. ``AGENTCOMPASS_STORE_WRITER=thread`` keeps every write in this
+#: process; a writer that cannot be started or dies falls back to threads.
+WRITER_PROCESS = os.environ.get("AGENTCOMPASS_STORE_WRITER", "process") != "thread"
 
 
 class StoreClosedError(RuntimeError):
@@ -111,23 +121,143 @@ def _finish_all(jobs: list[_Write], journal: dict[int, _Write]) -> None:
         raise failure
 
 
+class _WriterGone(Exception):
+    """The writer process exited or its pipe broke."""
+
+
+class _WriterProcess:
+    """The parent's end of a writer process (see :mod:`._writer`).
+
+    Rounds are sent in order and answered in order; any round's caller may
+    read answers for the others (under a lock), so no reader task is needed
+    and ``close`` works after the committer's actor has stopped.
+    """
+
+    def __init__(self, process: trio.Process):
+        self.process = process
+        self._stdin: Any = process.stdin
+        self._stdout: Any = process.stdout
+        self._ids = itertools.count()
+        self._send_lock = trio.Lock()
+        self._recv_lock = trio.Lock()
+        self._buffer = bytearray()
+        self._answers: dict[int, list[Any]] = {}
+
+    @classmethod
+    async def start(cls, disk: Disk, keep_fd: int | None) -> _WriterProcess | None:
+        """Spawn a writer for ``disk`` (None if one cannot be started).
+        ``keep_fd`` (the run directory's lock) is not passed to it."""
+        dir_fds = {path: fd for path, fd in disk.dir_fds.items() if fd != keep_fd}
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-I", "-S", _writer.__file__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=(disk.journal_fd, *dir_fds.values()),
+                # Not in the terminal's process group: a Ctrl-C is the
+                # parent's to handle; the writer ends with its input.
+                start_new_session=True,
+            )
+        except OSError:
+            return None
+        writer = cls(process)
+        _grow_pipe(writer._stdin)
+        init = {
+            "journal_fd": disk.journal_fd,
+            "dir_fds": dir_fds,
+            "known_dirs": sorted(disk.known_dirs),
+            "syncfs": disk.syncfs is not None,
+        }
+        try:
+            await writer._stdin.send_all(frame(init))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await writer.stop(0)
+            return None
+        return writer
+
+    async def commit(self, batch: list[_Write]) -> None:
+        """Commit ``batch`` in the writer; raises :class:`_WriterGone` (the
+        batch's outcome unknown) if the writer is gone."""
+        round_id = next(self._ids)
+        payload = frame((round_id, [(job.path, job.data) for job in batch]))
+        try:
+            async with self._send_lock:
+                await self._stdin.send_all(payload)
+            while round_id not in self._answers:
+                async with self._recv_lock:
+                    if round_id not in self._answers:
+                        await self._receive()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise _WriterGone from exc
+        for job, outcome in zip(batch, self._answers.pop(round_id), strict=True):
+            if outcome is None:
+                if job.path is None:
+                    job.written = True
+            elif isinstance(outcome, str):
+                job.error = RuntimeError(outcome)
+            else:
+                code, message, filename = outcome
+                job.error = OSError(code, message, filename)
+
+    async def _receive(self) -> None:
+        while True:
+            answers = read_frames(self._buffer)
+            if answers:
+                break
+            chunk = await self._stdout.receive_some(1 << 16)
+            if not chunk:
+                raise _WriterGone
+            self._buffer += chunk
+        for round_id, outcomes in answers:
+            self._answers[round_id] = outcomes
+
+    async def stop(self, grace: float) -> None:
+        """End the writer's input and wait (up to ``grace`` seconds) for it
+        to commit what it has and exit; kill it after that."""
+        with trio.move_on_after(grace):
+            try:
+                await self._stdin.aclose()
+            except trio.BrokenResourceError:  # already gone
+                pass
+            await self.process.wait()
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+        await self._stdout.aclose()
+
+
+#: ``fcntl.F_SETPIPE_SZ`` (Linux; Python 3.10+ names it).
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031) if fcntl is not None else None
+#: The pipe buffer asked for (Linux lets an unprivileged process have up to
+#: ``/proc/sys/fs/pipe-max-size``, 1 MiB by default).
+_PIPE_BYTES = 1 << 20
+
+
+def _grow_pipe(stream: Any) -> None:
+    """Make the pipe to the writer hold a whole round: with the default
+    64 KiB a round of a few hundred records is sent in a dozen pieces, and
+    the Trio thread, busy with hundreds of tasks, gets back to the next
+    piece only once per scheduler pass (measured: rounds of 1,500 writes
+    took about 0.9 s to send while the writer committed them in 60 ms)."""
+    if _F_SETPIPE_SZ is None or not sys.platform.startswith("linux"):
+        return
+    for size in (_PIPE_BYTES, 1 << 18):
+        try:
+            fcntl.fcntl(stream.fileno(), _F_SETPIPE_SZ, size)
+        except OSError:  # above pipe-max-size: try less, else keep the default
+            continue
+        return
+
+
 @attrs.define(eq=False)
 class GroupCommitter:
     """Commits queued writes in batches; see the module docstring.
 
-    ``known_dirs`` are directories whose existence is durable (the run tree
-    at first); any other parent is created on demand, made durable by the
-    round that needed it, and only then added. ``dir_fds``
-    are open fds of directories fsynced often, to save an open per round.
-    ``journal_fd`` is an ``O_APPEND`` fd for journal lines; it also names the
-    filesystem for ``syncfs`` (``None``: fsync file by file and directory by
-    directory instead).
+    ``disk`` does the blocking work of a round; it runs in a writer process
+    once :meth:`start_writer` started one, else in a store thread.
     """
 
-    known_dirs: set[str]
-    dir_fds: dict[str, int]
-    journal_fd: int
-    syncfs: Callable[[int], None] | None = SYNCFS
+    disk: Disk
     #: One line per failed after-hook (the write itself succeeded).
     cleanup_errors: list[str] = attrs.Factory(list)
     _pending: list[_Write] = attrs.Factory(list)
@@ -135,6 +265,24 @@ class GroupCommitter:
     _closed: bool = False
     #: Journal lines queued and not yet finished by a round.
     _journal: dict[int, _Write] = attrs.Factory(dict)
+    _writer: _WriterProcess | None = None
+
+    async def start_writer(self, keep_fd: int | None = None) -> None:
+        """Commit in a writer process from now on, if :data:`WRITER_PROCESS`
+        and one can be started (else rounds stay in store threads)."""
+        if WRITER_PROCESS and self._writer is None:
+            self._writer = await _WriterProcess.start(self.disk, keep_fd)
+
+    async def stop_writer(self, grace: float) -> None:
+        """Let the writer process finish and exit (after :meth:`close`)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with trio.CancelScope(shield=True):
+                await writer.stop(grace)
+
+    @property
+    def journal_fd(self) -> int:
+        return self.disk.journal_fd
 
     async def write(
         self, path: str | os.PathLike[str], data: bytes, after: Callable[[], None] | None = None
@@ -257,6 +405,27 @@ class GroupCommitter:
             slots.release()
 
     async def _commit(self, batch: list[_Write]) -> None:
+        writer = self._writer
+        if writer is not None:
+            # Shielded like a store thread, which always finishes its round:
+            # a round is never left half-answered.
+            with trio.CancelScope(shield=True):
+                try:
+                    await writer.commit(batch)
+                except _WriterGone:
+                    # Its outcome is unknown: commit the batch again here (a
+                    # replacement is idempotent, a journal line read twice is
+                    # harmless) and every later round too.
+                    if self._writer is writer:
+                        self._writer = None
+                        await writer.stop(0)
+                    for job in batch:
+                        job.error = None
+                else:
+                    if any(job.after is not None and job.error is None for job in batch):
+                        await to_store_thread(self._after_sync, batch)
+                    _finish_all(batch, self._journal)
+                    return
         try:
             await to_store_thread(self._commit_sync, batch)
         except BaseException:
@@ -267,118 +436,14 @@ class GroupCommitter:
         _finish_all(batch, self._journal)
 
     def _commit_sync(self, batch: list[_Write]) -> None:
-        try:
-            self._commit_steps(batch)
-        # Not an I/O error (those are per write): a bug. Fail every write of the
-        # batch rather than the actor, so no caller waits forever.
-        except Exception as exc:  # noqa: BLE001
-            for job in batch:
-                if job.error is None:
-                    job.error = exc
+        self.disk.commit(batch)
+        self._after_sync(batch)
 
-    def _commit_steps(self, batch: list[_Write]) -> None:
-        whole_fs = self.syncfs is not None
-        dirty_dirs: dict[str, None] = {}  # ordered set
-        new_dirs: set[str] = set()
-        temps: list[tuple[_Write, str, str]] = []
-        appends: list[_Write] = []
-        lines = [job for job in batch if job.path is None]
-        if lines:
-            # One write for all the round's journal lines, in queue order.
-            try:
-                write_all(self.journal_fd, b"".join(job.data for job in lines if not job.written))
-            except OSError as exc:
-                for job in lines:
-                    job.error = exc
-            else:
-                for job in lines:
-                    job.written = True
-                appends = lines
+    def _after_sync(self, batch: list[_Write]) -> None:
+        """Run the after-hooks of the durable writes (blocking)."""
         for job in batch:
-            if job.path is None:
-                continue
-            try:
-                parent, name = os.path.split(job.path)
-                self._ensure_dir(parent, dirty_dirs, new_dirs)
-                tmp = os.path.join(parent, temp_name(name))
-                temps.append((job, tmp, parent))
-                fd = os.open(tmp, _TEMP_FLAGS, 0o644)
-                try:
-                    write_all(fd, job.data)
-                    if not whole_fs:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                job.error = exc
-        try:
-            if whole_fs:
-                self._syncfs()
-            elif appends:
-                os.fsync(self.journal_fd)
-        except OSError as exc:
-            self._fail([job for job in batch if job.error is None], exc)
-            for _, tmp, _ in temps:
-                unlink_quietly(tmp)
-            return
-        renamed: list[_Write] = []
-        for job, tmp, parent in temps:
-            if job.error is None:
-                try:
-                    os.replace(tmp, job.path)  # type: ignore[arg-type]
-                except OSError as exc:
-                    job.error = exc
-                else:
-                    renamed.append(job)
-                    dirty_dirs[parent] = None
-                    continue
-            unlink_quietly(tmp)
-        if dirty_dirs:
-            try:
-                if whole_fs:
-                    self._syncfs()
-                else:
-                    for directory in dirty_dirs:
-                        self._fsync_dir(directory)
-            except OSError as exc:
-                # Rare (EIO) and not worth tracking which rename needed which
-                # directory: none of this round's renames is known durable.
-                self._fail(renamed, exc)
-                return
-        self.known_dirs.update(new_dirs)
-        for job in renamed:
-            if job.after is not None:
+            if job.after is not None and job.error is None and job.path is not None:
                 try:
                     job.after()
                 except OSError as exc:
                     self.cleanup_errors.append(f"after writing {job.path}: {exc}")
-
-    @staticmethod
-    def _fail(jobs: list[_Write], exc: OSError) -> None:
-        for job in jobs:
-            job.error = exc
-
-    def _syncfs(self) -> None:
-        assert self.syncfs is not None
-        self.syncfs(self.journal_fd)
-
-    def _ensure_dir(self, path: str, dirty_dirs: dict[str, None], new_dirs: set[str]) -> None:
-        if path in self.known_dirs or path in new_dirs:
-            return
-        parent = os.path.dirname(path)
-        if parent == path:
-            return
-        self._ensure_dir(parent, dirty_dirs, new_dirs)
-        # Existing but not known durable (another round may be creating it
-        # right now): this round makes the entry durable itself.
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path)
-        dirty_dirs[parent] = None
-        new_dirs.add(path)
-
-    def _fsync_dir(self, path: str) -> None:
-        fd = self.dir_fds.get(path)
-        if fd is None:
-            fsync_dir(path)
-        else:
-            os.fsync(fd)

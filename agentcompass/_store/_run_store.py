@@ -56,6 +56,7 @@ from ._atomic import (
 from ._group_commit import GroupCommitter, StoreClosedError
 from ._keys import task_key
 from ._records import attempt_to_data
+from ._writer import SYNCFS, Disk
 
 try:
     import fcntl
@@ -78,6 +79,10 @@ PROGRESS_INTERVAL = 0.5
 PROGRESS_BATCH_SECONDS = 0.05
 #: How long closing may take to flush queued writes once the caller is cancelled.
 CLOSE_GRACE_SECONDS = 30.0
+#: How long a writer process may take to exit once its input ended (it has
+#: answered every round when closing finished in time); then it is killed,
+#: which leaves the directory as a crash would.
+WRITER_STOP_SECONDS = 5.0
 
 SEVERITIES = ("fatal", "error", "normal")
 CHECKPOINT = "checkpoint.json"
@@ -568,9 +573,12 @@ class RunStore:
                 os.close(fd)
             raise
         committer = GroupCommitter(
-            known_dirs={str(d) for d in (run_dir, *details.values(), tasks_dir)},
-            dir_fds=dir_fds,
-            journal_fd=sessions_fd,
+            Disk(
+                known_dirs={str(d) for d in (run_dir, *details.values(), tasks_dir)},
+                dir_fds=dir_fds,
+                journal_fd=sessions_fd,
+                syncfs=SYNCFS,
+            )
         )
         return cls(
             run_dir=run_dir,
@@ -685,6 +693,8 @@ async def open_run_store(
     store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
     _OPEN_STORES.add(store)
     try:
+        with trio.CancelScope(shield=True):  # a started writer is always stopped below
+            await store._committer.start_writer(keep_fd=store._dir_fds.get(str(store.run_dir)))
         async with trio.open_nursery() as nursery:
             await nursery.start(store._progress_actor)
             await nursery.start(store._committer.run)
@@ -698,6 +708,7 @@ async def open_run_store(
         try:
             with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
                 await store._close()
+            await store._committer.stop_writer(WRITER_STOP_SECONDS)
         finally:
             _OPEN_STORES.discard(store)
             store._release()

@@ -31,7 +31,7 @@ import trio
 
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import RunRequest
-from agentcompass._store import _group_commit, _run_store
+from agentcompass._store import _group_commit, _run_store, _writer
 from agentcompass.testing import CallLog, fake_request, reset_logs
 
 
@@ -126,7 +126,8 @@ def instrumented() -> Iterator[Timeline]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_run_store, "to_store_thread", _inline_store_io)
         mp.setattr(_group_commit, "to_store_thread", _inline_store_io)
-        mp.setattr(_group_commit.GroupCommitter, "_syncfs", lambda self: None)
+        mp.setattr(_group_commit, "WRITER_PROCESS", False)
+        mp.setattr(_writer.Disk, "_syncfs", lambda self: None)
         mp.setattr(os, "fsync", lambda fd: None)
         mp.setattr(CallLog, "record", timed_record)
         mp.setattr(_run_store.RunStore, "event", timed_event)

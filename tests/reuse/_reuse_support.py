@@ -25,7 +25,7 @@ import trio
 import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, RunRequest
-from agentcompass._store import _group_commit, _run_store
+from agentcompass._store import _group_commit, _run_store, _writer
 from agentcompass.testing import call_log, reset_logs
 
 
@@ -39,7 +39,8 @@ def _inline_store() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_run_store, "to_store_thread", _inline_store_io)
         mp.setattr(_group_commit, "to_store_thread", _inline_store_io)
-        mp.setattr(_group_commit.GroupCommitter, "_syncfs", lambda self: None)
+        mp.setattr(_group_commit, "WRITER_PROCESS", False)
+        mp.setattr(_writer.Disk, "_syncfs", lambda self: None)
         mp.setattr(trio.to_thread, "run_sync", _inline_store_io)
         mp.setattr(trio._path, "run_sync", _inline_store_io)
         mp.setattr(os, "fsync", lambda fd: None)

@@ -37,6 +37,12 @@ def task(task_id: str, severity: str = "normal", *attempts: AttemptRecord) -> Ta
     return TaskRecord(task_id, "cat", list(attempts) or [attempt(0)], severity)  # type: ignore[arg-type]
 
 
+@pytest.fixture
+def in_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit rounds in store threads, where a test can reach into them."""
+    monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
+
+
 def files_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
 
@@ -126,7 +132,7 @@ async def test_save_task_with_changed_severity_removes_stale_record(tmp_path: Pa
 
 
 async def test_group_commit_shares_rounds_and_isolates_failures(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_threads: None
 ) -> None:
     rounds: list[int] = []
     real_commit = _group_commit.GroupCommitter._commit_sync
@@ -262,9 +268,9 @@ async def test_progress_snapshot_is_throttled(
     ]
 
 
-async def test_fsync_fallback_without_syncfs(tmp_path: Path) -> None:
+async def test_fsync_fallback_without_syncfs(tmp_path: Path, in_threads: None) -> None:
     async with open_run_store(tmp_path, "req") as store:
-        store._committer.syncfs = None  # fsync file by file, as off Linux
+        store._committer.disk.syncfs = None  # fsync file by file, as off Linux
         async with trio.open_nursery() as nursery:
             for i in range(20):
                 nursery.start_soon(store.save_checkpoint, f"T{i}", attempt(0))
@@ -278,20 +284,20 @@ async def test_fsync_fallback_without_syncfs(tmp_path: Path) -> None:
     assert loaded.open_sessions == [("s", "docker", {})]
 
 
-async def test_failed_flush_fails_the_whole_batch(tmp_path: Path) -> None:
+async def test_failed_flush_fails_the_whole_batch(tmp_path: Path, in_threads: None) -> None:
     def broken_syncfs(fd: int) -> None:
         raise OSError(5, "simulated: flush failed")
 
     async with open_run_store(tmp_path, "req") as store:
         run_dir = store.run_dir
         await store.save_checkpoint("t1", attempt(0))
-        store._committer.syncfs = broken_syncfs
+        store._committer.disk.syncfs = broken_syncfs
         with pytest.raises(OSError, match="flush failed"):
             await store.save_task(task("t1"))
         # Nothing half-done: no record, the checkpoint is still there, no temp file.
         assert files_under(run_dir / "details") == []
         assert files_under(run_dir / "tasks") == ["t1/attempt-0/checkpoint.json"]
-        store._committer.syncfs = None
+        store._committer.disk.syncfs = None
         await store.save_task(task("t1"))  # a retry cleans up as usual
         assert files_under(run_dir / "details") == ["normal/t1.json"]
         assert files_under(run_dir / "tasks") == []
@@ -325,3 +331,61 @@ async def test_failed_cleanup_is_a_note_not_an_error(
     assert set(load_run(run_dir).details) == {"t1"}
     last = json.loads((run_dir / "progress.jsonl").read_text().splitlines()[-1])
     assert last["event"] == "task_finished" and isinstance(last["t"], float) and last["extra"] == 1
+
+
+# -- the writer process ------------------------------------------------------------
+
+
+async def test_rounds_go_to_a_writer_process_that_reports_each_failure(tmp_path: Path) -> None:
+    failures: list[str] = []
+
+    async def save(record: TaskRecord) -> None:
+        try:
+            await store.save_task(record)
+        except OSError:
+            failures.append(record.task_id)
+
+    async with open_run_store(tmp_path, "req") as store:
+        writer = store._committer._writer
+        assert writer is not None, "no writer process started"
+        # Not in this process group: a Ctrl-C at the terminal is ours alone.
+        assert os.getpgid(writer.process.pid) != os.getpgid(0)
+        run_dir = store.run_dir
+        # A directory where the record of "bad" goes: its rename fails there.
+        (run_dir / "details" / "normal" / f"{task_key('bad')}.json" / "x").mkdir(parents=True)
+        async with trio.open_nursery() as nursery:
+            for i in range(200):
+                nursery.start_soon(save, task(f"t{i:03d}"))
+            nursery.start_soon(save, task("bad"))
+            nursery.start_soon(store.journal_session, "opened", "s1", "docker", {"container": "c1"})
+    assert failures == ["bad"]
+    assert len(load_run(run_dir).details) == 200
+    assert load_run(run_dir).open_sessions == [("s1", "docker", {"container": "c1"})]
+    # It exited with its input, leaving no temporary file behind.
+    assert writer.process.returncode == 0
+    assert [n for n in os.listdir(run_dir / "details" / "normal") if n.startswith(".")] == []
+
+
+async def test_a_writer_process_that_dies_leaves_the_rounds_to_threads(tmp_path: Path) -> None:
+    async with open_run_store(tmp_path, "req") as store:
+        writer = store._committer._writer
+        assert writer is not None
+        await store.save_task(task("before"))
+        writer.process.kill()
+        await writer.process.wait()
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(store.save_task, task(f"t{i}"))
+        assert store._committer._writer is None
+        await store.journal_session("opened", "s1", "docker", {})
+        run_dir = store.run_dir
+    assert set(load_run(run_dir).details) == {"before", *(f"t{i}" for i in range(20))}
+    assert load_run(run_dir).open_sessions == [("s1", "docker", {})]
+
+
+async def test_no_writer_process_when_asked_for_threads(tmp_path: Path, in_threads: None) -> None:
+    async with open_run_store(tmp_path, "req") as store:
+        assert store._committer._writer is None
+        await store.save_task(task("t1"))
+        run_dir = store.run_dir
+    assert set(load_run(run_dir).details) == {"t1"}
