@@ -31,6 +31,16 @@ __all__ = ["Scheduler"]
 
 log = get_logger("agentcompass.scheduler")
 
+#: The records of one request that may be on their way to disk before its
+#: workers wait: ``max(MIN_SAVING, SAVING_PER_WORKER * task_concurrency)``.
+#: Under load a record takes 150-350 ms from queued to durable (the commit
+#: round, then the Trio thread getting to its answer); at 2,000 records/s
+#: that is up to 700 records, which one record per worker did not cover
+#: (workers spent a fifth of a 10,000-task no-op run waiting). A record in
+#: memory is a few KB, so 2,000 of them (500 workers) are a few MB.
+MIN_SAVING = 256
+SAVING_PER_WORKER = 4
+
 
 class _RequestReporter:
     """The in-process short-circuit of the task -> driver channel."""
@@ -98,7 +108,7 @@ class Scheduler:
         self._progress = trio.lowlevel.ParkingLot()
         self._reporters = {run.index: _RequestReporter(run) for run in runs}
         #: Records on their way to disk, per request, before workers wait.
-        self.max_saving = max(64, concurrency)
+        self.max_saving = max(MIN_SAVING, SAVING_PER_WORKER * concurrency)
         # Per request: workers waiting for room in that request's backlog.
         self._saved = {run.index: trio.lowlevel.ParkingLot() for run in runs}
         for run in runs:

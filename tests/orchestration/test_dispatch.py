@@ -255,14 +255,18 @@ async def test_workers_wait_while_too_many_records_are_on_their_way_to_disk(
 
     held: list = []
     monkeypatch.setattr(RunStore, "save_task_soon", lambda self, record, notify: held.append(notify))
-    request = sleepy_request("a", [0] * 80, tmp_path)
+    from agentcompass._orchestration._scheduler import MIN_SAVING
+
+    total = MIN_SAVING + 20
+    request = sleepy_request("a", [0] * total, tmp_path)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(launch, [request], 2)
         await trio.testing.wait_all_tasks_blocked()
-        # max(64, concurrency) records queued (each worker checks before
-        # its next task, so the other may add one), then both workers wait.
+        # max(MIN_SAVING, SAVING_PER_WORKER * concurrency) records queued
+        # (each worker checks before its next task, so the other may add
+        # one), then both workers wait.
         stalled = len(held)
-        assert 64 <= stalled <= 65
+        assert MIN_SAVING <= stalled <= MIN_SAVING + 1
         assert len(timeline.events("a", "task_started")) == stalled
         release, held[:] = list(held), []
         for notify in release[:3]:
@@ -272,7 +276,7 @@ async def test_workers_wait_while_too_many_records_are_on_their_way_to_disk(
         assert len(timeline.events("a", "task_started")) == stalled + 3
         for notify in release[3:]:
             notify(None)
-        while len(timeline.events("a", "task_finished")) < 80:
+        while len(timeline.events("a", "task_finished")) < total:
             for notify in held:
                 notify(None)
             held.clear()
