@@ -389,3 +389,53 @@ async def test_no_writer_process_when_asked_for_threads(tmp_path: Path, in_threa
         await store.save_task(task("t1"))
         run_dir = store.run_dir
     assert set(load_run(run_dir).details) == {"t1"}
+
+
+async def test_rounds_stay_in_threads_when_no_writer_can_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_group_commit.sys, "executable", str(tmp_path / "no-such-python"))
+    async with open_run_store(tmp_path, "req") as store:
+        assert store._committer._writer is None
+        await store.save_task(task("t1"))
+        run_dir = store.run_dir
+    assert set(load_run(run_dir).details) == {"t1"}
+
+
+_KILLED_WITH_A_WRITER = """
+import os, sys, trio
+from agentcompass._store import open_run_store
+
+async def main():
+    async with open_run_store(sys.argv[1], "req") as store:
+        await store.journal_session("opened", "s1", "docker", {})
+        print(store._committer._writer.process.pid, flush=True)
+        os._exit(9)  # no unwinding: as if killed
+
+trio.run(main)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits for the writer with a pidfd (Linux)")
+def test_a_writer_process_exits_when_its_runtime_dies(tmp_path: Path) -> None:
+    import select
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WITH_A_WRITER, str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert child.returncode == 9, child.stderr
+    writer_pid = int(child.stdout.split()[0])
+    try:
+        pidfd = os.pidfd_open(writer_pid)
+    except ProcessLookupError:
+        pass  # already gone
+    else:
+        try:
+            ready, _, _ = select.select([pidfd], [], [], 30)  # readable once it exited
+            assert ready, "the writer process outlived its runtime"
+        finally:
+            os.close(pidfd)
+    (run_dir,) = (tmp_path / "req").iterdir()
+    assert load_run(run_dir).open_sessions == [("s1", "docker", {})]
