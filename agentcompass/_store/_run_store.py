@@ -359,7 +359,7 @@ class RunStore:
 
     def _task_write(
         self, record: TaskRecord, data: bytes | None = None
-    ) -> tuple[str, bytes, Callable[[], None], Callable[[], None]]:
+    ) -> tuple[str, bytes, Callable[[], None] | None, Callable[[], None]]:
         if record.severity not in self._details_dirs:
             raise ValueError(f"unknown task severity {record.severity!r}")
         task_id = record.task_id
@@ -447,9 +447,10 @@ class RunStore:
 
     def _superseded_cleanup(
         self, task_id: str, key: str, severity: str, previous: str | None, attempts: set[int]
-    ) -> Callable[[], None]:
+    ) -> Callable[[], None] | None:
         """What to remove once a record is durable: the task's checkpoints and
-        its record under another severity (runs in a commit thread).
+        its record under another severity (runs in a store thread); None when
+        there is nothing (the common case: a thread hop saved per round).
 
         No fsync: if a crash undoes these removals, readers still prefer the
         details record (and the newest of two, see _load). The emptied attempt
@@ -461,7 +462,7 @@ class RunStore:
         if self._fresh:
             stale = [] if previous in (None, severity) else [self._details_dirs[previous] + name]
             stale += [f"{task_dir}{_SEP}attempt-{n}{_SEP}{CHECKPOINT}" for n in sorted(attempts)]
-            return partial(_unlink_all, stale)
+            return partial(_unlink_all, stale) if stale else None
         others = [d + name for sev, d in self._details_dirs.items() if sev != severity]
         return partial(_unlink_all_and_checkpoints, others, task_dir)
 

@@ -183,7 +183,8 @@ def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
             # for those).
             _state["token"].run_sync_soon(_arm)
             return
-        cleanup()
+        if cleanup is not None:  # None: nothing to remove
+            cleanup()
 
     return after
 
