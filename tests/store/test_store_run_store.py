@@ -19,7 +19,7 @@ from agentcompass._store import (
     open_run_store,
     task_key,
 )
-from agentcompass._store._run_store import RUN_ID_PATTERN
+from agentcompass._store._run_store import RUN_ID_PATTERN, RunStore
 from agentcompass.runtime import AttemptRecord, Issue, RunResult, TaskRecord
 
 
@@ -41,6 +41,14 @@ def task(task_id: str, severity: str = "normal", *attempts: AttemptRecord) -> Ta
 def in_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Commit rounds in store threads, where a test can reach into them."""
     monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
+
+
+async def save_noting_failure(store: RunStore, record: TaskRecord, failures: list[str]) -> None:
+    """``store.save_task(record)``; a write error adds the task id to ``failures``."""
+    try:
+        await store.save_task(record)
+    except OSError:
+        failures.append(record.task_id)
 
 
 def files_under(path: Path) -> list[str]:
@@ -152,17 +160,11 @@ async def test_group_commit_shares_rounds_and_isolates_failures(
     monkeypatch.setattr(_group_commit.os, "replace", flaky_replace)
     failures: list[str] = []
 
-    async def save(record: TaskRecord) -> None:
-        try:
-            await store.save_task(record)
-        except OSError:
-            failures.append(record.task_id)
-
     async with open_run_store(tmp_path, "req") as store:
         async with trio.open_nursery() as nursery:
             for i in range(200):
-                nursery.start_soon(save, task(f"t{i:03d}"))
-            nursery.start_soon(save, task("bad"))
+                nursery.start_soon(save_noting_failure, store, task(f"t{i:03d}"), failures)
+            nursery.start_soon(save_noting_failure, store, task("bad"), failures)
         run_dir = store.run_dir
     assert failures == ["bad"]
     assert len(load_run(run_dir).details) == 200
@@ -339,12 +341,6 @@ async def test_failed_cleanup_is_a_note_not_an_error(
 async def test_rounds_go_to_a_writer_process_that_reports_each_failure(tmp_path: Path) -> None:
     failures: list[str] = []
 
-    async def save(record: TaskRecord) -> None:
-        try:
-            await store.save_task(record)
-        except OSError:
-            failures.append(record.task_id)
-
     async with open_run_store(tmp_path, "req") as store:
         writer = store._committer._writer
         assert writer is not None, "no writer process started"
@@ -355,8 +351,8 @@ async def test_rounds_go_to_a_writer_process_that_reports_each_failure(tmp_path:
         (run_dir / "details" / "normal" / f"{task_key('bad')}.json" / "x").mkdir(parents=True)
         async with trio.open_nursery() as nursery:
             for i in range(200):
-                nursery.start_soon(save, task(f"t{i:03d}"))
-            nursery.start_soon(save, task("bad"))
+                nursery.start_soon(save_noting_failure, store, task(f"t{i:03d}"), failures)
+            nursery.start_soon(save_noting_failure, store, task("bad"), failures)
             nursery.start_soon(store.journal_session, "opened", "s1", "docker", {"container": "c1"})
     assert failures == ["bad"]
     assert len(load_run(run_dir).details) == 200
