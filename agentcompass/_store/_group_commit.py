@@ -76,6 +76,8 @@ MAX_ROUNDS = 3
 #: threads. ``AGENTCOMPASS_STORE_WRITER=thread`` keeps every write in this
 #: process; a writer that cannot be started or dies falls back to threads.
 WRITER_PROCESS = os.environ.get("AGENTCOMPASS_STORE_WRITER", "process") != "thread"
+#: How long a new writer process may take to answer its first frame.
+WRITER_START_SECONDS = 10.0
 
 
 class StoreClosedError(RuntimeError):
@@ -168,11 +170,25 @@ class _WriterProcess:
             "known_dirs": sorted(disk.known_dirs),
             "syncfs": disk.syncfs is not None,
         }
+        ready = False
         try:
-            await writer._stdin.send_all(frame(init))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await writer.stop(0)
+            # The writer answers its first frame (round -1) once it is set
+            # up: proof that ``sys.executable`` ran our script (in an
+            # embedding application it may be some other program).
+            with trio.move_on_after(WRITER_START_SECONDS):
+                await writer._stdin.send_all(frame(init))
+                while -1 not in writer._answers:
+                    await writer._receive()
+                ready = True
+        except (trio.BrokenResourceError, trio.ClosedResourceError, _WriterGone):
+            pass
+        finally:
+            if not ready:  # failed, too slow or cancelled: leave nothing behind
+                with trio.CancelScope(shield=True):
+                    await writer.stop(0)
+        if not ready:
             return None
+        del writer._answers[-1]
         return writer
 
     async def commit(self, batch: list[_Write]) -> None:
@@ -266,12 +282,26 @@ class GroupCommitter:
     #: Journal lines queued and not yet finished by a round.
     _journal: dict[int, _Write] = attrs.Factory(dict)
     _writer: _WriterProcess | None = None
+    #: Set once :meth:`start_writer` is done (for tests and diagnostics).
+    writer_started: trio.Event = attrs.Factory(trio.Event)
 
     async def start_writer(self, keep_fd: int | None = None) -> None:
-        """Commit in a writer process from now on, if :data:`WRITER_PROCESS`
-        and one can be started (else rounds stay in store threads)."""
-        if WRITER_PROCESS and self._writer is None:
-            self._writer = await _WriterProcess.start(self.disk, keep_fd)
+        """Commit in a writer process once one is up and answering, if
+        :data:`WRITER_PROCESS` (else, or until then, rounds run in store
+        threads). Run it as a task beside the actor: writes need not wait
+        for a process to start. :attr:`writer_started` is set when it is
+        done, with or without a writer."""
+        try:
+            if WRITER_PROCESS and self._writer is None and not self._closed:
+                writer = await _WriterProcess.start(self.disk, keep_fd)
+                if writer is not None:
+                    if self._closed:  # too late to be of use
+                        with trio.CancelScope(shield=True):
+                            await writer.stop(0)
+                    else:
+                        self._writer = writer
+        finally:
+            self.writer_started.set()
 
     async def stop_writer(self, grace: float) -> None:
         """Let the writer process finish and exit (after :meth:`close`)."""

@@ -694,11 +694,11 @@ async def open_run_store(
     store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
     _OPEN_STORES.add(store)
     try:
-        with trio.CancelScope(shield=True):  # a started writer is always stopped below
-            await store._committer.start_writer(keep_fd=store._dir_fds.get(str(store.run_dir)))
         async with trio.open_nursery() as nursery:
             await nursery.start(store._progress_actor)
             await nursery.start(store._committer.run)
+            # Rounds run in store threads until the writer answers.
+            nursery.start_soon(store._committer.start_writer, store._dir_fds.get(str(store.run_dir)))
             try:
                 yield store
             finally:

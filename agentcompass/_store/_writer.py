@@ -25,6 +25,7 @@ payload; both ends are the same interpreter, so the format matches):
 
 * the first frame to the writer is ``{"journal_fd": fd, "dir_fds": {path:
   fd}, "known_dirs": [...], "syncfs": bool}``, the fds passed to it at spawn;
+  the writer answers ``(-1, [])`` once it is ready;
 * then one frame per round, ``(round_id, [(path or None, data), ...])``
   (``None``: append ``data`` to the journal);
 * for each round it answers ``(round_id, [outcome, ...])``, one outcome per
@@ -339,6 +340,7 @@ def serve(inp: int = 0, out: int = 1) -> None:
             init = rounds.pop(0)
             syncfs = SYNCFS if init["syncfs"] else None
             disk = Disk(set(init["known_dirs"]), dict(init["dir_fds"]), init["journal_fd"], syncfs)
+            write_all(out, frame((-1, [])))  # ready
         if not rounds:
             continue
         assert disk is not None

@@ -342,6 +342,7 @@ async def test_rounds_go_to_a_writer_process_that_reports_each_failure(tmp_path:
     failures: list[str] = []
 
     async with open_run_store(tmp_path, "req") as store:
+        await store._committer.writer_started.wait()
         writer = store._committer._writer
         assert writer is not None, "no writer process started"
         # Not in this process group: a Ctrl-C at the terminal is ours alone.
@@ -364,6 +365,7 @@ async def test_rounds_go_to_a_writer_process_that_reports_each_failure(tmp_path:
 
 async def test_a_writer_process_that_dies_leaves_the_rounds_to_threads(tmp_path: Path) -> None:
     async with open_run_store(tmp_path, "req") as store:
+        await store._committer.writer_started.wait()
         writer = store._committer._writer
         assert writer is not None
         await store.save_task(task("before"))
@@ -381,6 +383,7 @@ async def test_a_writer_process_that_dies_leaves_the_rounds_to_threads(tmp_path:
 
 async def test_no_writer_process_when_asked_for_threads(tmp_path: Path, in_threads: None) -> None:
     async with open_run_store(tmp_path, "req") as store:
+        await store._committer.writer_started.wait()
         assert store._committer._writer is None
         await store.save_task(task("t1"))
         run_dir = store.run_dir
@@ -392,6 +395,7 @@ async def test_rounds_stay_in_threads_when_no_writer_can_start(
 ) -> None:
     monkeypatch.setattr(_group_commit.sys, "executable", str(tmp_path / "no-such-python"))
     async with open_run_store(tmp_path, "req") as store:
+        await store._committer.writer_started.wait()
         assert store._committer._writer is None
         await store.save_task(task("t1"))
         run_dir = store.run_dir
@@ -405,6 +409,7 @@ from agentcompass._store import open_run_store
 async def main():
     async with open_run_store(sys.argv[1], "req") as store:
         await store.journal_session("opened", "s1", "docker", {})
+        await store._committer.writer_started.wait()
         print(store._committer._writer.process.pid, flush=True)
         os._exit(9)  # no unwinding: as if killed
 
@@ -435,3 +440,21 @@ def test_a_writer_process_exits_when_its_runtime_dies(tmp_path: Path) -> None:
             os.close(pidfd)
     (run_dir,) = (tmp_path / "req").iterdir()
     assert load_run(run_dir).open_sessions == [("s1", "docker", {})]
+
+
+async def test_a_writer_that_never_answers_is_killed_and_rounds_stay_in_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: object
+) -> None:
+    # An embedding application's sys.executable may be some other program:
+    # this one takes any arguments and never reads its input.
+    impostor = tmp_path / "not-python"
+    impostor.write_text("#!/bin/sh\nexec sleep 3600\n")
+    impostor.chmod(0o755)
+    monkeypatch.setattr(_group_commit.sys, "executable", str(impostor))
+    async with open_run_store(tmp_path, "req") as store:
+        await store.save_task(task("t1"))  # does not wait for the writer
+        await store._committer.writer_started.wait()  # its time ran out
+        assert store._committer._writer is None
+        await store.save_task(task("t2"))
+        run_dir = store.run_dir
+    assert set(load_run(run_dir).details) == {"t1", "t2"}
