@@ -381,19 +381,14 @@ async def test_a_writer_process_that_dies_leaves_the_rounds_to_threads(tmp_path:
     assert load_run(run_dir).open_sessions == [("s1", "docker", {})]
 
 
-async def test_no_writer_process_when_asked_for_threads(tmp_path: Path, in_threads: None) -> None:
-    async with open_run_store(tmp_path, "req") as store:
-        await store._committer.writer_started.wait()
-        assert store._committer._writer is None
-        await store.save_task(task("t1"))
-        run_dir = store.run_dir
-    assert set(load_run(run_dir).details) == {"t1"}
-
-
-async def test_rounds_stay_in_threads_when_no_writer_can_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("why", ["asked for threads", "no python to start"])
+async def test_rounds_run_in_threads_without_a_writer_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
-    monkeypatch.setattr(_group_commit.sys, "executable", str(tmp_path / "no-such-python"))
+    if why == "asked for threads":
+        monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
+    else:
+        monkeypatch.setattr(_group_commit.sys, "executable", str(tmp_path / "no-such-python"))
     async with open_run_store(tmp_path, "req") as store:
         await store._committer.writer_started.wait()
         assert store._committer._writer is None
