@@ -69,6 +69,29 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: How long ext4 treats a freed inode as recently deleted (60 s, plus 300 s
+#: while its inode table block is dirty): allocating inodes then skips them
+#: one by one, and creating files is several times slower.
+_RECENTLY_DELETED_SECONDS = 360
+
+
+def _warn_if_disk_busy(output: Path) -> None:
+    """Say so when the previous run of the suite (which deleted its run
+    directories as it ended) finished only moments ago."""
+    try:
+        age = time.time() - output.stat().st_mtime
+    except OSError:
+        return
+    if age < _RECENTLY_DELETED_SECONDS:
+        print(
+            f"[bench] the previous run ended {age:.0f} s ago and deleted its files; on ext4, file creation "
+            f"stays slow for up to {_RECENTLY_DELETED_SECONDS} s after that, which lowers the store-bound "
+            "figures (overhead-bound, reuse). Wait a few minutes for a quiet-disk measurement.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[1])
     parser.add_argument("--only", action="append", choices=sorted(FULL), help="run only this scenario (repeatable)")
@@ -86,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = SMOKE if args.smoke else FULL
     names = args.only or list(sizes)
+    _warn_if_disk_busy(args.output)
     results: dict[str, Any] = {}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="agentcompass-bench-") as tmp:
