@@ -340,7 +340,7 @@ def serve(inp: int = 0, out: int = 1) -> None:
             init = rounds.pop(0)
             syncfs = SYNCFS if init["syncfs"] else None
             disk = Disk(set(init["known_dirs"]), dict(init["dir_fds"]), init["journal_fd"], syncfs)
-            write_all(out, frame((-1, [])))  # ready
+            out = _answer(out, frame((-1, [])))  # ready
         if not rounds:
             continue
         assert disk is not None
@@ -350,7 +350,19 @@ def serve(inp: int = 0, out: int = 1) -> None:
             frame((round_id, [_outcome(op.error) for op in round_ops]))
             for (round_id, _), round_ops in zip(rounds, ops, strict=True)
         )
-        write_all(out, answer)
+        out = _answer(out, answer)
+
+
+def _answer(out: int, data: bytes) -> int:
+    """Write ``data`` to ``out``; once nobody reads the answers (the runtime
+    died), stop answering but go on committing (returns -1 then)."""
+    if out < 0:
+        return out
+    try:
+        write_all(out, data)
+    except BrokenPipeError:
+        return -1
+    return out
 
 
 if __name__ == "__main__":

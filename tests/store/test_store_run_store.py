@@ -453,3 +453,22 @@ async def test_a_writer_that_never_answers_is_killed_and_rounds_stay_in_threads(
         await store.save_task(task("t2"))
         run_dir = store.run_dir
     assert set(load_run(run_dir).details) == {"t1", "t2"}
+
+
+def test_a_writer_whose_runtime_is_gone_still_commits_what_it_received(tmp_path: Path) -> None:
+    from agentcompass._store import _writer
+
+    journal = os.open(tmp_path / "sessions.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    to_writer, answers = os.pipe(), os.pipe()
+    try:
+        init = {"journal_fd": journal, "dir_fds": {}, "known_dirs": [str(tmp_path)], "syncfs": True}
+        rounds = [(0, [(str(tmp_path / "sub" / "a.json"), b"{}"), (None, b'{"event":"opened"}\n')])]
+        os.write(to_writer[1], _writer.frame(init) + b"".join(_writer.frame(r) for r in rounds))
+        os.close(to_writer[1])  # the runtime is gone: end of input ...
+        os.close(answers[0])  # ... and nobody reads the answers
+        _writer.serve(to_writer[0], answers[1])  # returns, no BrokenPipeError
+    finally:
+        for fd in (journal, to_writer[0], answers[1]):
+            os.close(fd)
+    assert (tmp_path / "sub" / "a.json").read_bytes() == b"{}"
+    assert (tmp_path / "sessions.jsonl").read_bytes() == b'{"event":"opened"}\n'
