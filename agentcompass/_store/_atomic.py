@@ -25,6 +25,7 @@ import trio
 from ._writer import (
     _O_CLOEXEC,
     _O_DIRECTORY,
+    _TEMP_FLAGS,
     SYNCFS,
     fsync_dir,
     temp_name,
@@ -53,8 +54,6 @@ T = TypeVar("T")
 STORE_THREADS = 8
 
 _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("store_limiter")
-
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
 
 
 def store_limiter() -> trio.CapacityLimiter:

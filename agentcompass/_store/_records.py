@@ -20,7 +20,7 @@ request, so their converted forms are cached.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -208,35 +208,38 @@ def _issue_from_data(data: Any) -> Issue:
     return Issue(_in(data["severity"], _SEVERITIES), _in(data["phase"], _PHASES), _str(data["code"]), _str(data["message"]))
 
 
+T = TypeVar("T")
+
+#: Most records of a run share a handful of refs and policies: read each once.
 _refs_read: dict[tuple[str, str], ComponentRef] = {}
+_policies_read: dict[tuple[str, tuple[str, ...]], NetworkPolicy] = {}
+_CACHE_SIZE = 256
+
+
+def _cached(cache: dict[Any, T], key: Any, data: dict[str, Any], cls: type[T]) -> T:
+    """``converter.structure(data, cls)``, kept in ``cache`` under ``key``
+    (a value's JSON identity) while the cache is small."""
+    value = cache.get(key)
+    if value is None:
+        value = converter.structure(data, cls)
+        if len(cache) < _CACHE_SIZE:
+            cache[key] = value
+    return value
 
 
 def _ref_from_data(data: Any) -> ComponentRef:
     data = _dict(data)
     _keys(data, 2)
     key = (_str(data["id"]), repr(_dict(data["config"])))  # JSON values: repr tells them apart
-    ref = _refs_read.get(key)
-    if ref is None:
-        # Secret-named config keys become Secret values: the converter's business.
-        ref = converter.structure(data, ComponentRef)
-        if len(_refs_read) < 256:
-            _refs_read[key] = ref
-    return ref
-
-
-_policies_read: dict[tuple[str, tuple[str, ...]], NetworkPolicy] = {}
+    # Secret-named config keys become Secret values: the converter's business.
+    return _cached(_refs_read, key, data, ComponentRef)
 
 
 def _policy_from_data(data: Any) -> NetworkPolicy:
     data = _dict(data)
     _keys(data, 2)
     key = (_str(data["mode"]), tuple(_str(host) for host in _list(data["allow"])))
-    policy = _policies_read.get(key)
-    if policy is None:
-        policy = converter.structure(data, NetworkPolicy)
-        if len(_policies_read) < 256:
-            _policies_read[key] = policy
-    return policy
+    return _cached(_policies_read, key, data, NetworkPolicy)
 
 
 def _plan_from_data(data: Any) -> ExecutionPlan:
