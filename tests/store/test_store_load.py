@@ -53,14 +53,21 @@ def test_load_run_tolerates_crash_leftovers(tmp_path: Path) -> None:
     assert "line 4 of sessions.jsonl" in notes
 
 
-def test_newest_record_wins_and_stale_checkpoints_are_ignored(tmp_path: Path) -> None:
-    # A crash between writing the new record and removing the old one (and
-    # the superseded checkpoint).
-    old = tmp_path / "details" / "fatal" / "t1.json"
-    new = tmp_path / "details" / "normal" / "t1.json"
+def two_records_of_t1(run_dir: Path) -> Path:
+    """An old ``fatal`` and a new ``normal`` record of ``t1`` (a crash between
+    writing one and removing the other); returns the new one's path."""
+    old = run_dir / "details" / "fatal" / "t1.json"
+    new = run_dir / "details" / "normal" / "t1.json"
     write(old, record("t1", "fatal", 0.0))
     write(new, record("t1", "normal", 1.0))
     os.utime(old, ns=(1_000_000_000, 1_000_000_000))
+    return new
+
+
+def test_newest_record_wins_and_stale_checkpoints_are_ignored(tmp_path: Path) -> None:
+    # A crash between writing the new record and removing the old one (and
+    # the superseded checkpoint).
+    two_records_of_t1(tmp_path)
     write(
         tmp_path / "tasks" / "t1" / "attempt-0" / "checkpoint.json",
         {"task_id": "t1", "record": record("t1", "normal").attempts[0]},
