@@ -37,6 +37,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if r and "error" not in r:
         ratio = r["wall_over_ideal"]
         rows.append(_row("latency-bound", "wall / ideal", ratio, "<= 1.10", ratio <= 1.10, "{:.3f}"))
+        if r.get("bare_trio_wall_over_ideal") is not None:
+            rows.append(_row("latency-bound", "bare Trio loop wall / ideal", r["bare_trio_wall_over_ideal"], "(context)", None, "{:.3f}"))
+            rows.append(_row("latency-bound", "Trio-thread CPU us/attempt", r["trio_thread_us_per_attempt"], "(context)", None, "{:.0f}"))
     if i and i.get("ratio_latency") is not None:
         rows.append(_row("latency-bound", "Inspect AI wall / ideal", i["inspect_latency_wall_over_ideal"], "(context)", None, "{:.3f}"))
     r = results.get("memory")

@@ -37,6 +37,9 @@ def test_latency_bound(tmp_path: Path) -> None:
     assert result["status"] == "succeeded"
     assert result["ideal_s"] == pytest.approx(0.02)
     assert result["wall_over_ideal"] > 0
+    # The bare Trio loop of the same shape sleeps ceil(N/C) rounds at least.
+    assert result["bare_trio_wall_s"] >= result["ideal_s"]
+    assert result["trio_thread_us_per_attempt"] > 0
 
 
 def test_memory(tmp_path: Path) -> None:
@@ -73,7 +76,7 @@ def test_report_rows() -> None:
     rows = targets(
         {
             "overhead": {"attempts_per_s": 2500.0, "cpu_us_per_attempt": 300.0},
-            "latency": {"wall_over_ideal": 1.2},
+            "latency": {"wall_over_ideal": 1.2, "bare_trio_wall_over_ideal": 1.05, "trio_thread_us_per_attempt": 400.0},
             "inspect": {"skipped": "no network"},
         }
     )
@@ -81,6 +84,7 @@ def test_report_rows() -> None:
     assert met[("overhead-bound", "attempts/s")] is True
     assert met[("latency-bound", "wall / ideal")] is False
     assert met[("overhead-bound", "x Inspect AI samples/s")] is None
+    assert met[("latency-bound", "bare Trio loop wall / ideal")] is None
     assert "| overhead-bound | attempts/s | 2500 | >= 2000 | yes |" in render_table(rows)
 
 
