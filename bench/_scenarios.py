@@ -129,6 +129,7 @@ def latency_bound(
     result = _launch(Orchestration([_request(root, tasks, sleep=latency)], task_concurrency=concurrency))
     wall, cpu, own = time.perf_counter() - t0, _cpu() - cpu0, time.thread_time() - own0
     floor = trio.run(_bare_trio, tasks, concurrency, latency)
+    budget = _cpu_budget(tasks, concurrency, latency, ideal)
     return {
         "status": result.status,
         "tasks": tasks,
@@ -143,18 +144,48 @@ def latency_bound(
         "trio_thread_us_per_attempt": own / tasks * 1e6,
         "bare_trio_wall_s": floor,
         "bare_trio_wall_over_ideal": floor / ideal,
+        "bare_trio_cpu_budget_us": budget,
     }
 
 
-async def _bare_trio(tasks: int, concurrency: int, latency: float) -> float:
+#: CPU per attempt tried on the bare loop, to find what 1.10 x ideal allows.
+_BUDGET_STEPS_US = (25, 50, 75, 100, 150, 200, 300)
+
+
+def _cpu_budget(tasks: int, concurrency: int, latency: float, ideal: float) -> float:
+    """The most CPU per attempt (microseconds, of :data:`_BUDGET_STEPS_US`)
+    that the bare loop can spend in its task and still finish within 1.10 x
+    ideal: what a whole runtime may cost per attempt on this machine to meet
+    the latency-bound target. 0 if even the first step misses it."""
+    allowed = 0.0
+    for step in _BUDGET_STEPS_US:
+        if trio.run(_bare_trio, tasks, concurrency, latency, step) > 1.10 * ideal:
+            break
+        allowed = float(step)
+    return allowed
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+async def _bare_trio(tasks: int, concurrency: int, latency: float, cpu_us: float = 0.0) -> float:
     """The floor of the latency-bound shape: ``concurrency`` bare Trio tasks
     that take ``tasks`` items off one iterator and sleep ``latency`` each,
-    with no runtime at all (what Trio's own scheduling costs)."""
+    with no runtime at all (what Trio's own scheduling costs); ``cpu_us``
+    of CPU spent around each sleep stands in for a runtime's own work."""
     items = iter(range(tasks))
+    half = cpu_us / 2e6
 
     async def worker() -> None:
         for _ in items:
+            if half:
+                _spin(half)
             await trio.sleep(latency)
+            if half:
+                _spin(half)
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:

@@ -40,6 +40,7 @@ def test_latency_bound(tmp_path: Path) -> None:
     # The bare Trio loop of the same shape sleeps ceil(N/C) rounds at least.
     assert result["bare_trio_wall_s"] >= result["ideal_s"]
     assert result["trio_thread_us_per_attempt"] > 0
+    assert result["bare_trio_cpu_budget_us"] in (0.0, *map(float, scenarios._BUDGET_STEPS_US))
 
 
 def test_memory(tmp_path: Path) -> None:
@@ -76,7 +77,12 @@ def test_report_rows() -> None:
     rows = targets(
         {
             "overhead": {"attempts_per_s": 2500.0, "cpu_us_per_attempt": 300.0},
-            "latency": {"wall_over_ideal": 1.2, "bare_trio_wall_over_ideal": 1.05, "trio_thread_us_per_attempt": 400.0},
+            "latency": {
+                "wall_over_ideal": 1.2,
+                "bare_trio_wall_over_ideal": 1.05,
+                "trio_thread_us_per_attempt": 400.0,
+                "bare_trio_cpu_budget_us": 100.0,
+            },
             "inspect": {"skipped": "no network"},
         }
     )
