@@ -23,7 +23,7 @@ from .._logging import add_json_log, get_logger, remove_json_log
 from .._store import compute_metrics, render_summary
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
-from ..runtime._results import RequestResult, TaskRecord
+from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 from ._context import GraceClock
 from ._reuse import PendingTask, ReusePlan, plan_reuse
@@ -62,6 +62,10 @@ class RequestRun:
     active_tasks: dict[int, PendingTask] = attrs.Factory(dict)
     #: task id -> attempts checkpointed in this run, until the task completes.
     checkpointed: dict[str, set[int]] = attrs.Factory(dict)
+    #: task id -> how many of its checkpoints are on their way to disk.
+    landing: dict[str, int] = attrs.Factory(dict)
+    #: task id -> queues its finished record, once those checkpoints landed.
+    deferred: dict[str, Any] = attrs.Factory(dict)
     #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
     queued: bool = False
     #: task id -> finished record on its way to disk (see ``complete``).
@@ -130,15 +134,66 @@ class RequestRun:
         elif any(issue.severity == "warning" for a in record.attempts for issue in a.issues):
             self.counts["warning"] += 1
 
+    def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
+        """Queue the checkpoint of an evaluated attempt of a running task;
+        the attempt is reported finished once it is durable (see
+        :meth:`_checkpoint_saved`)."""
+        attempts = self.checkpointed.setdefault(task_id, set())
+        attempts.add(record.attempt)
+        self.landing[task_id] = self.landing.get(task_id, 0) + 1
+        self.store.save_checkpoint_soon(task_id, record, partial(self._checkpoint_saved, task_id, record, attempts))
+
+    def _checkpoint_saved(
+        self, task_id: str, record: AttemptRecord, attempts: set[int], error: Exception | None
+    ) -> None:
+        left = self.landing[task_id] - 1
+        if left:
+            self.landing[task_id] = left
+        else:
+            del self.landing[task_id]
+        if error is not None:
+            # Not durable: the attempt is reported finished with the task's
+            # record, which holds it (``attempts`` is what :meth:`complete`
+            # is or will be given). Only a kill before the record lands
+            # would run it again.
+            attempts.discard(record.attempt)
+            line = f"could not write a checkpoint of task {task_id!r}: {error}".splitlines()[0]
+            log.warning("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
+        elif not self.tallied and not self.store.closed:
+            self.store.event(
+                "attempt_finished", task=task_id, attempt=record.attempt, status=record.status, retries=record.retries
+            )
+        if not left:
+            queue = self.deferred.pop(task_id, None)
+            if queue is not None:
+                queue()
+
     def complete(self, record: TaskRecord, pending: PendingTask, checkpointed: set[int]) -> None:
         """A task finished: queue its record. Once the record is durable it is
         counted and the attempts that went straight into it (not
         ``checkpointed``, not taken from a reused run) and the task are
         reported finished (see :meth:`_saved`). The worker does not wait for
         the disk: it takes its next task meanwhile (``saving`` bounds how many
-        records may be on their way)."""
+        records may be on their way).
+
+        A record whose task still has checkpoints on their way is queued once
+        they landed: commit rounds may finish out of order, and the record's
+        round removes the checkpoints it supersedes."""
         self.saving[record.task_id] = record
-        self.store.save_task_soon(record, partial(self._saved, record, pending.done or {}, checkpointed))
+        queue = partial(self.store.save_task_soon, record, partial(self._saved, record, pending.done or {}, checkpointed))
+        if record.task_id in self.landing:
+            self.deferred[record.task_id] = queue
+        else:
+            queue()
+
+    def queue_deferred(self) -> None:
+        """Queue every record still waiting for its checkpoints, now: for a
+        request scope about to close its store (a deadline or cancellation
+        cut the wait short). A checkpoint that lands after its record is
+        harmless: readers prefer the record."""
+        deferred, self.deferred = self.deferred, {}
+        for queue in deferred.values():
+            queue()
 
     def _saved(
         self, record: TaskRecord, earlier: dict[int, Any], checkpointed: set[int], error: Exception | None
@@ -149,9 +204,10 @@ class RequestRun:
         if error is not None:
             line = f"could not write the record of task {record.task_id!r}: {error}".splitlines()[0]
             log.error("record_not_written", request=self.request.name, task=record.task_id, error=line)
-        if self.tallied:
+        if self.tallied or self.store.closed:
             # After a deadline, finalize counted what was still on its way;
-            # the store may be closing: nothing more to report.
+            # the store may be closing (the grace ran out before finalize
+            # did): nothing more to report.
             return
         if error is not None:
             # Not on disk, so not finished: it counts as unavailable and a

@@ -69,8 +69,7 @@ class _RequestReporter:
         await self.run.store.journal_session("closed", session_id, provider, handle, durable=False)
 
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
-        await self.run.store.save_checkpoint(task_id, record)
-        self.run.checkpointed.setdefault(task_id, set()).add(record.attempt)
+        self.run.checkpoint(task_id, record)
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         self.run.retries += 1
@@ -243,4 +242,7 @@ class Scheduler:
                 if forget is not None:
                     forget(request)
         finally:
+            # The store commits what is queued as it closes; a record still
+            # waiting for its checkpoints must be queued by then.
+            run.queue_deferred()
             closed.set()

@@ -61,15 +61,11 @@ async def run_task(
         records[index] = await run_attempt(ctx, task, index, resume=resume.get(index))
         # Checkpoint every evaluated attempt the task record does not make
         # durable right away: the last one to run goes straight into the
-        # record, which the driver writes durably before it reports that
-        # attempt (and the task) finished. "Finished" events always follow
-        # durability.
+        # record. The driver reports an attempt finished once its checkpoint
+        # or the record holding it is durable ("finished" events always
+        # follow durability); the next attempt need not wait for the disk.
         if position < len(todo) - 1 and not _settled(records, strategy, primary):
-            attempt = records[index]
-            await ctx.reporter.checkpoint(task.task_id, attempt)
-            ctx.reporter.event(
-                "attempt_finished", task=task.task_id, attempt=index, status=attempt.status, retries=attempt.retries
-            )
+            await ctx.reporter.checkpoint(task.task_id, records[index])
     ordered = [records[i] for i in sorted(records)]
     issues = [issue for record in ordered for issue in record.issues]
     return TaskRecord(task.task_id, task.category, ordered, worst_severity(issues))

@@ -196,6 +196,11 @@ class RunStore:
     _checkpointed: dict[str, set[int]] = attrs.Factory(dict)
 
     @property
+    def closed(self) -> bool:
+        """The store refuses writes and events (it is closing or closed)."""
+        return self._closed
+
+    @property
     def notes(self) -> list[str]:
         """Problems that did not fail a write, for ``run_info.json``: e.g. a
         checkpoint that could not be removed after its record was saved."""
@@ -254,11 +259,25 @@ class RunStore:
         The file is ``{"task_id": ..., "record": <AttemptRecord>}``; ``n`` is
         ``record.attempt``. Durable when this returns.
         """
+        await self._committer.write(*self._checkpoint_write(task_id, record))
+
+    def save_checkpoint_soon(
+        self, task_id: str, record: AttemptRecord, notify: Callable[[Exception | None], None]
+    ) -> None:
+        """:meth:`save_checkpoint` without waiting: ``notify(error)`` runs in
+        the Trio thread once the checkpoint is durable (``error`` None) or
+        could not be written. Commit rounds may finish out of order: a
+        caller that also saves the task's record queues it only once its
+        checkpoints were notified (the record's round removes them)."""
+        path, data = self._checkpoint_write(task_id, record)
+        self._committer.write_soon(path, data, None, notify)
+
+    def _checkpoint_write(self, task_id: str, record: AttemptRecord) -> tuple[str, bytes]:
         attempt_json = self._attempt_to_json(task_id, record)
         data = f'{{"task_id":{_COMPACT.encode(task_id)},"record":{attempt_json}}}'
         path = f"{self._tasks_dir}{_SEP}{self._key(task_id)}{_SEP}attempt-{record.attempt}{_SEP}{CHECKPOINT}"
         self._checkpointed.setdefault(task_id, set()).add(record.attempt)
-        await self._committer.write(path, data.encode())
+        return path, data.encode()
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.

@@ -40,11 +40,14 @@ class Grants(Protocol):
 
 
 class TaskReporter(Protocol):
-    """What a running task tells the driver. ``checkpoint`` and
-    ``discarded_try`` return once the driver made them durable; the session
-    journal lines are queued in order and made durable by the driver's next
-    commit (waiting for them would not shorten the time a just-opened sandbox
-    is unjournalled, only hold the attempt still)."""
+    """What a running task tells the driver. ``discarded_try`` returns once
+    the driver made it durable. ``checkpoint`` and the session journal lines
+    are queued and made durable by the driver's next commits: waiting for a
+    journal line would not shorten the time a just-opened sandbox is
+    unjournalled, and waiting for a checkpoint would only hold the next
+    attempt still. The driver reports an attempt finished once its
+    checkpoint is durable, and writes the task's record only after the
+    task's checkpoints landed."""
 
     def event(self, kind: str, **fields: Any) -> None:
         """A ``progress.jsonl`` event (fire and forget)."""

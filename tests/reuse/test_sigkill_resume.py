@@ -68,7 +68,7 @@ KILL_POINTS = [
     "close:6",  # a session closing, journalled open: the sandbox must be reaped
     "copy:3",  # a --reuse run copying what it reuses, before it queued anything
     "task_finished:3",  # every attempt checkpointed, the record not written
-    "attempt_finished:4",  # an attempt evaluated, its checkpoint not written
+    "attempt_finished:4",  # an attempt durable, its progress line only queued
 ]
 
 pytestmark = pytest.mark.skipif(
