@@ -7,15 +7,16 @@ a batch and commits it, a *round*:
 2. make all that data durable;
 3. rename every temporary file over its target;
 4. make the renames (and new directories) durable;
-5. run the writes' after-hooks (e.g. drop checkpoints superseded by a record);
+5. remove the files the writes supersede (e.g. a task's checkpoints, once
+   its record is durable), then run the writes' after-hooks;
 
 then it wakes every caller of the batch, each learning only its own outcome
-(an after-hook's failure is not the caller's: its write is durable; it is
-kept in :attr:`GroupCommitter.cleanup_errors`).
+(a failed removal or after-hook is not the caller's: its write is durable;
+it is kept in :attr:`GroupCommitter.cleanup_errors`).
 
-Steps 1-4 (:class:`._writer.Disk`) run in a *writer process* by default
-(see :mod:`._writer` for why), else in a store thread; step 5 is rare on the
-hot path (a task with checkpoints) and runs in a store thread. Up to
+Steps 1-5 (:class:`._writer.Disk`) run in a *writer process* by default
+(see :mod:`._writer` for why), else in a store thread; after-hooks (rare:
+removals that need a directory listed first) always run in a store thread. Up to
 :data:`MAX_ROUNDS` rounds are in flight at once, sharing the backlog; when
 all are busy the queue accumulates, so under load the rounds per second
 stay bounded by disk latency while the writes per round grow. In threads,
@@ -92,6 +93,8 @@ class _Write:
     path: str | None
     data: bytes
     after: Callable[[], None] | None
+    #: Files to remove once this write is durable (by the round itself).
+    remove: tuple[str, ...] = ()
     #: Set once the round finished (for a caller that waits).
     done: trio.Event | None = None
     #: Called in the Trio thread once the round finished, with the write's
@@ -143,7 +146,7 @@ class _WriterProcess:
         self._send_lock = trio.Lock()
         self._recv_lock = trio.Lock()
         self._buffer = bytearray()
-        self._answers: dict[int, list[Any]] = {}
+        self._answers: dict[int, tuple[list[Any], list[str]]] = {}
 
     @classmethod
     async def start(cls, disk: Disk, keep_fd: int | None) -> _WriterProcess | None:
@@ -191,11 +194,12 @@ class _WriterProcess:
         del writer._answers[-1]
         return writer
 
-    async def commit(self, batch: list[_Write]) -> None:
-        """Commit ``batch`` in the writer; raises :class:`_WriterGone` (the
-        batch's outcome unknown) if the writer is gone."""
+    async def commit(self, batch: list[_Write]) -> list[str]:
+        """Commit ``batch`` in the writer and return its removal problems
+        (see :meth:`Disk.commit`); raises :class:`_WriterGone` (the batch's
+        outcome unknown) if the writer is gone."""
         round_id = next(self._ids)
-        payload = frame((round_id, [(job.path, job.data) for job in batch]))
+        payload = frame((round_id, [(job.path, job.data, job.remove) for job in batch]))
         try:
             async with self._send_lock:
                 await self._stdin.send_all(payload)
@@ -205,7 +209,8 @@ class _WriterProcess:
                         await self._receive()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise _WriterGone from exc
-        for job, outcome in zip(batch, self._answers.pop(round_id), strict=True):
+        outcomes, problems = self._answers.pop(round_id)
+        for job, outcome in zip(batch, outcomes, strict=True):
             if outcome is None:
                 if job.path is None:
                     job.written = True
@@ -214,6 +219,7 @@ class _WriterProcess:
             else:
                 code, message, filename = outcome
                 job.error = OSError(code, message, filename)
+        return problems
 
     async def _receive(self) -> None:
         while True:
@@ -224,8 +230,8 @@ class _WriterProcess:
             if not chunk:
                 raise _WriterGone
             self._buffer += chunk
-        for round_id, outcomes in answers:
-            self._answers[round_id] = outcomes
+        for round_id, outcomes, problems in answers:
+            self._answers[round_id] = (outcomes, problems)
 
     async def stop(self, grace: float) -> None:
         """End the writer's input and wait (up to ``grace`` seconds) for it
@@ -315,14 +321,19 @@ class GroupCommitter:
         return self.disk.journal_fd
 
     async def write(
-        self, path: str | os.PathLike[str], data: bytes, after: Callable[[], None] | None = None
+        self,
+        path: str | os.PathLike[str],
+        data: bytes,
+        after: Callable[[], None] | None = None,
+        remove: tuple[str, ...] = (),
     ) -> None:
         """Replace ``path`` with ``data``; return once it is durable.
 
-        ``after`` runs in the worker thread once the write is durable. If the
-        caller is cancelled while waiting, the write still happens.
+        Once the write is durable the round removes the files of ``remove``,
+        then ``after`` runs in a store thread. If the caller is cancelled
+        while waiting, the write still happens.
         """
-        await self._submit(_Write(os.fspath(path), data, after))
+        await self._submit(_Write(os.fspath(path), data, after, remove))
 
     def write_soon(
         self,
@@ -330,14 +341,15 @@ class GroupCommitter:
         data: bytes,
         after: Callable[[], None] | None,
         notify: Callable[[Exception | None], None],
+        remove: tuple[str, ...] = (),
     ) -> None:
-        """Queue a replacement of ``path`` by ``data`` without waiting:
-        ``notify(error)`` runs in the Trio thread once the round finished
-        (``error`` is None when the write is durable), also when the store
-        closes before the write could be made."""
+        """Queue a replacement of ``path`` by ``data`` (as :meth:`write`)
+        without waiting: ``notify(error)`` runs in the Trio thread once the
+        round finished (``error`` is None when the write is durable), also
+        when the store closes before the write could be made."""
         if self._closed:
             raise StoreClosedError("the run store is closed")
-        self._pending.append(_Write(path, data, after, notify=notify))
+        self._pending.append(_Write(path, data, after, remove, notify=notify))
         self._wake.set()
 
     async def append(self, data: bytes) -> None:
@@ -441,7 +453,7 @@ class GroupCommitter:
             # a round is never left half-answered.
             with trio.CancelScope(shield=True):
                 try:
-                    await writer.commit(batch)
+                    problems = await writer.commit(batch)
                 except _WriterGone:
                     # Its outcome is unknown: commit the batch again here (a
                     # replacement is idempotent, a journal line read twice is
@@ -452,6 +464,7 @@ class GroupCommitter:
                     for job in batch:
                         job.error = None
                 else:
+                    self.cleanup_errors.extend(problems)
                     if any(job.after is not None and job.error is None for job in batch):
                         await to_store_thread(self._after_sync, batch)
                     _finish_all(batch, self._journal)
@@ -466,7 +479,7 @@ class GroupCommitter:
         _finish_all(batch, self._journal)
 
     def _commit_sync(self, batch: list[_Write]) -> None:
-        self.disk.commit(batch)
+        self.cleanup_errors.extend(self.disk.commit(batch))
         self._after_sync(batch)
 
     def _after_sync(self, batch: list[_Write]) -> None:

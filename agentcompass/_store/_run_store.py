@@ -299,9 +299,9 @@ class RunStore:
         call (see :attr:`notes`). Concurrent calls share fsync rounds (group
         commit); each returns once its own record is durable.
         """
-        path, data, cleanup, rollback = self._task_write(record)
+        path, data, remove, after, rollback = self._task_write(record)
         try:
-            await self._committer.write(path, data, cleanup)
+            await self._committer.write(path, data, after, remove)
         except BaseException:
             rollback()
             raise
@@ -323,14 +323,14 @@ class RunStore:
     def _queue_task(
         self, record: TaskRecord, data: bytes | None, notify: Callable[[Exception | None], None]
     ) -> None:
-        path, content, cleanup, rollback = self._task_write(record, data)
+        path, content, remove, after, rollback = self._task_write(record, data)
 
         def written(error: Exception | None) -> None:
             if error is not None:
                 rollback()
             notify(error)
 
-        self._committer.write_soon(path, content, cleanup, written)
+        self._committer.write_soon(path, content, after, written, remove)
 
     async def link_tasks(
         self, links: list[tuple[TaskRecord, str, bytes]], notify: Callable[[Exception | None], None]
@@ -378,7 +378,7 @@ class RunStore:
 
     def _task_write(
         self, record: TaskRecord, data: bytes | None = None
-    ) -> tuple[str, bytes, Callable[[], None] | None, Callable[[], None]]:
+    ) -> tuple[str, bytes, tuple[str, ...], Callable[[], None] | None, Callable[[], None]]:
         if record.severity not in self._details_dirs:
             raise ValueError(f"unknown task severity {record.severity!r}")
         task_id = record.task_id
@@ -388,7 +388,7 @@ class RunStore:
         path = f"{self._details_dirs[record.severity]}{_SEP}{key}.json"
         previous = self._saved_severity.get(task_id)
         attempts = self._checkpointed.pop(task_id, set())
-        cleanup = self._superseded_cleanup(task_id, key, record.severity, previous, attempts)
+        remove, after = self._superseded_cleanup(task_id, key, record.severity, previous, attempts)
         self._saved_severity[task_id] = record.severity
 
         def rollback() -> None:
@@ -397,7 +397,7 @@ class RunStore:
             if previous is not None and previous != record.severity:
                 self._saved_severity[task_id] = previous
 
-        return path, data, cleanup, rollback
+        return path, data, remove, after, rollback
 
     async def journal_session(
         self,
@@ -466,10 +466,12 @@ class RunStore:
 
     def _superseded_cleanup(
         self, task_id: str, key: str, severity: str, previous: str | None, attempts: set[int]
-    ) -> Callable[[], None] | None:
+    ) -> tuple[tuple[str, ...], Callable[[], None] | None]:
         """What to remove once a record is durable: the task's checkpoints and
-        its record under another severity (runs in a store thread); None when
-        there is nothing (the common case: a thread hop saved per round).
+        its record under another severity. Files this store wrote are named
+        (the round removes them, in the writer process); in a run directory
+        it did not create, an after-hook lists the task's directory first
+        (in a store thread).
 
         No fsync: if a crash undoes these removals, readers still prefer the
         details record (and the newest of two, see _load). The emptied attempt
@@ -481,9 +483,9 @@ class RunStore:
         if self._fresh:
             stale = [] if previous in (None, severity) else [self._details_dirs[previous] + name]
             stale += [f"{task_dir}{_SEP}attempt-{n}{_SEP}{CHECKPOINT}" for n in sorted(attempts)]
-            return partial(_unlink_all, stale) if stale else None
+            return tuple(stale), None
         others = [d + name for sev, d in self._details_dirs.items() if sev != severity]
-        return partial(_unlink_all_and_checkpoints, others, task_dir)
+        return (), partial(_unlink_all_and_checkpoints, others, task_dir)
 
     # -- progress actor and lifetime -------------------------------------------
 

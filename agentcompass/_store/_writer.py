@@ -25,12 +25,15 @@ payload; both ends are the same interpreter, so the format matches):
 
 * the first frame to the writer is ``{"journal_fd": fd, "dir_fds": {path:
   fd}, "known_dirs": [...], "syncfs": bool}``, the fds passed to it at spawn;
-  the writer answers ``(-1, [])`` once it is ready;
-* then one frame per round, ``(round_id, [(path or None, data), ...])``
-  (``None``: append ``data`` to the journal);
-* for each round it answers ``(round_id, [outcome, ...])``, one outcome per
-  write in order: ``None`` (durable), ``(errno, strerror, filename)`` (an
-  OS error) or a string (a bug: the message).
+  the writer answers ``(-1, [], [])`` once it is ready;
+* then one frame per round, ``(round_id, [(path or None, data, remove),
+  ...])`` (``None``: append ``data`` to the journal; ``remove``: files to
+  unlink once the write is durable);
+* for each round it answers ``(round_id, [outcome, ...], [problem, ...])``,
+  one outcome per write in order: ``None`` (durable), ``(errno, strerror,
+  filename)`` (an OS error) or a string (a bug: the message); a problem is
+  a line about a file of ``remove`` that could not be removed (the write
+  itself is durable).
 
 Rounds are committed in the order they arrive; rounds already waiting in
 the pipe are committed together, sharing their syncs. At end of input the
@@ -127,11 +130,14 @@ def unlink_quietly(path: str | os.PathLike[str]) -> bool:
 
 class Job(Protocol):
     """One write of a round: replace ``path`` by ``data``, or append ``data``
-    to the journal when ``path`` is None. :meth:`Disk.commit` sets ``error``
-    (and ``written`` for a journal line)."""
+    to the journal when ``path`` is None; once it is durable, unlink the
+    files of ``remove`` (e.g. checkpoints a record supersedes; not synced: a
+    crash that undoes a removal leaves a file readers ignore).
+    :meth:`Disk.commit` sets ``error`` (and ``written`` for a journal line)."""
 
     path: str | None
     data: bytes
+    remove: tuple[str, ...]
     error: Exception | None
     written: bool
 
@@ -159,18 +165,29 @@ class Disk:
         self.journal_fd = journal_fd
         self.syncfs = syncfs
 
-    def commit(self, batch: Sequence[Job]) -> None:
+    def commit(self, batch: Sequence[Job]) -> list[str]:
         """Commit ``batch``: every job ends with ``error`` None (durable) or
         set. Never raises: a failure that is not an OS error (a bug) fails
-        every job of the batch not failed yet."""
+        every job of the batch not failed yet. Returns a line per file of a
+        durable job's ``remove`` that could not be removed."""
         try:
-            self._steps(batch)
+            renamed = self._steps(batch)
         except Exception as exc:  # noqa: BLE001 - reported per job
             for job in batch:
                 if job.error is None:
                     job.error = exc
+            return []
+        problems = []
+        for job in renamed:
+            for path in job.remove:
+                try:
+                    unlink_quietly(path)
+                except OSError as exc:
+                    problems.append(f"after writing {job.path}: {exc}")
+        return problems
 
-    def _steps(self, batch: Sequence[Job]) -> None:
+    def _steps(self, batch: Sequence[Job]) -> list[Job]:
+        """Steps 1-4 of a round; returns the jobs whose files are durable."""
         whole_fs = self.syncfs is not None
         dirty_dirs: dict[str, None] = {}  # ordered set
         new_dirs: set[str] = set()
@@ -214,7 +231,7 @@ class Disk:
             _fail([job for job in batch if job.error is None], exc)
             for _, tmp, _ in temps:
                 unlink_quietly(tmp)
-            return
+            return []
         renamed: list[Job] = []
         for job, tmp, parent in temps:
             if job.error is None:
@@ -238,8 +255,9 @@ class Disk:
                 # Rare (EIO) and not worth tracking which rename needed which
                 # directory: none of this round's renames is known durable.
                 _fail(renamed, exc)
-                return
+                return []
         self.known_dirs.update(new_dirs)
+        return renamed
 
     def _syncfs(self) -> None:
         assert self.syncfs is not None
@@ -297,11 +315,12 @@ def read_frames(buffer: bytearray) -> list[Any]:
 
 
 class _Op:
-    __slots__ = ("data", "error", "path", "written")
+    __slots__ = ("data", "error", "path", "remove", "written")
 
-    def __init__(self, path: str | None, data: bytes):
+    def __init__(self, path: str | None, data: bytes, remove: tuple[str, ...]):
         self.path = path
         self.data = data
+        self.remove = remove
         self.error: Exception | None = None
         self.written = False
 
@@ -340,16 +359,18 @@ def serve(inp: int = 0, out: int = 1) -> None:
             init = rounds.pop(0)
             syncfs = SYNCFS if init["syncfs"] else None
             disk = Disk(set(init["known_dirs"]), dict(init["dir_fds"]), init["journal_fd"], syncfs)
-            out = _answer(out, frame((-1, [])))  # ready
+            out = _answer(out, frame((-1, [], [])))  # ready
         if not rounds:
             continue
         assert disk is not None
-        ops = [[_Op(path, data) for path, data in writes] for _, writes in rounds]
-        disk.commit([op for round_ops in ops for op in round_ops])
-        answer = b"".join(
-            frame((round_id, [_outcome(op.error) for op in round_ops]))
+        ops = [[_Op(path, data, remove) for path, data, remove in writes] for _, writes in rounds]
+        problems = disk.commit([op for round_ops in ops for op in round_ops])
+        answers: list[tuple[int, list[Any], list[str]]] = [
+            (round_id, [_outcome(op.error) for op in round_ops], [])
             for (round_id, _), round_ops in zip(rounds, ops, strict=True)
-        )
+        ]
+        answers[-1][2].extend(problems)  # the merged rounds' problems go with the last answer
+        answer = b"".join(frame(part) for part in answers)
         out = _answer(out, answer)
 
 

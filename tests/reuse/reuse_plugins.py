@@ -183,7 +183,9 @@ def _hooked_save_checkpoint_soon(self: RunStore, task_id: str, record: Any, noti
 
 
 def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
-    cleanup = _superseded_cleanup(self, *args)
+    # The removals become an after-hook, which runs in a store thread where
+    # the kill can land between the durable record and the removals.
+    remove, cleanup = _superseded_cleanup(self, *args)
 
     def after() -> None:  # in a commit thread, once the record is durable
         if _reached("details_saved"):
@@ -193,10 +195,12 @@ def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
             # for those).
             _state["token"].run_sync_soon(_arm)
             return
-        if cleanup is not None:  # None: nothing to remove
+        for path in remove:
+            _run_store.unlink_quietly(path)
+        if cleanup is not None:  # None: nothing to list
             cleanup()
 
-    return after
+    return (), after
 
 
 assert hasattr(_run_store, "_link_sync"), "_run_store._link_sync is gone: update reuse_plugins.py"

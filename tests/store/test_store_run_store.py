@@ -317,17 +317,22 @@ async def test_reopened_run_dir_cleans_files_of_the_earlier_writer(tmp_path: Pat
     assert files_under(run_dir / "tasks") == []
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
 async def test_failed_cleanup_is_a_note_not_an_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str
 ) -> None:
-    def denied(path: object) -> bool:
-        raise PermissionError(13, "simulated: permission denied", str(path))
-
+    monkeypatch.setattr(_group_commit, "WRITER_PROCESS", writer == "process")
     async with open_run_store(tmp_path, "req") as store:
+        await store._committer.writer_started.wait()
+        assert (store._committer._writer is not None) == (writer == "process")
         await store.save_checkpoint("t1", attempt(0))
-        monkeypatch.setattr(_run_store, "unlink_quietly", denied)
+        # Something the round cannot unlink where the checkpoint was.
+        checkpoint = store.run_dir / "tasks" / "t1" / "attempt-0" / "checkpoint.json"
+        checkpoint.unlink()
+        (checkpoint / "in-the-way").mkdir(parents=True)
         await store.save_task(task("t1"))  # durable, so no error
-        assert len(store.notes) == 1 and "permission denied" in store.notes[0]
+        assert len(store.notes) == 1
+        assert "after writing" in store.notes[0] and "checkpoint.json" in store.notes[0]
         store.event("task_finished", t="caller's", event="caller's", extra=1)
         run_dir = store.run_dir
     assert set(load_run(run_dir).details) == {"t1"}
@@ -462,7 +467,7 @@ def test_a_writer_whose_runtime_is_gone_still_commits_what_it_received(tmp_path:
     to_writer, answers = os.pipe(), os.pipe()
     try:
         init = {"journal_fd": journal, "dir_fds": {}, "known_dirs": [str(tmp_path)], "syncfs": True}
-        rounds = [(0, [(str(tmp_path / "sub" / "a.json"), b"{}"), (None, b'{"event":"opened"}\n')])]
+        rounds = [(0, [(str(tmp_path / "sub" / "a.json"), b"{}", ()), (None, b'{"event":"opened"}\n', ())])]
         os.write(to_writer[1], _writer.frame(init) + b"".join(_writer.frame(r) for r in rounds))
         os.close(to_writer[1])  # the runtime is gone: end of input ...
         os.close(answers[0])  # ... and nobody reads the answers
