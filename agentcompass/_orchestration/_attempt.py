@@ -102,6 +102,9 @@ async def run_attempt(
         retried = retryable_issues(outcome.issues, ctx.patterns)
         if not retried or not retries_left:
             break
+        # No retry once cancelled (the try may have ended in a shielded
+        # cleanup, with no checkpoint since): the attempt stays unfinished.
+        await trio.lowlevel.checkpoint_if_cancelled()
         retries += 1
         scope = retry_scope([issue for issue, _ in retried], mode)
         delay = backoff_delay(retries, execution.retry_min_delay_seconds, execution.retry_max_delay_seconds)

@@ -65,8 +65,11 @@ class _RequestReporter:
         await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
-        # Not waited for: a lost "closed" line only means one harmless extra reap.
-        await self.run.store.journal_session("closed", session_id, provider, handle, durable=False)
+        # Not waited for: a lost "closed" line only means one harmless extra
+        # reap. So is one that comes after the request closed its store (a
+        # deadline passed during this close, and the grace let it finish).
+        if not self.run.store.closed:
+            await self.run.store.journal_session("closed", session_id, provider, handle, durable=False)
 
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         self.run.checkpoint(task_id, record)
@@ -125,6 +128,9 @@ class Scheduler:
 
     async def worker(self) -> None:
         while True:
+            # No new task once cancelled: the last one may have finished in
+            # a shielded cleanup, with no checkpoint since (see _task).
+            await trio.lowlevel.checkpoint_if_cancelled()
             item = self._next()
             if item is None:
                 if self.all_prepared:

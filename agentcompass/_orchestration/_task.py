@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import trio
+
 from ..runtime._executor import Executor, Grants, TaskReporter
 from ..runtime._results import AttemptRecord, TaskRecord, worst_severity
 from ..runtime._values import RunRequest, TaskSpec
@@ -58,6 +60,11 @@ async def run_task(
     for position, index in enumerate(todo):
         if _settled(records, strategy, primary):
             break
+        if position:
+            # An attempt can end without a checkpoint after its last
+            # shielded cleanup (a sandbox close the deadline passed during):
+            # its result is kept, but no new attempt starts once cancelled.
+            await trio.lowlevel.checkpoint_if_cancelled()
         records[index] = await run_attempt(ctx, task, index, resume=resume.get(index))
         # Checkpoint every evaluated attempt the task record does not make
         # durable right away: the last one to run goes straight into the

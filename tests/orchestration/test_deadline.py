@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+import pytest
 import trio
 from _orch_support import (  # noqa: F401  (fixtures)
     Timeline,
@@ -26,7 +27,7 @@ from _orch_support import (  # noqa: F401  (fixtures)
 )
 
 import agentcompass
-from agentcompass import ComponentRef, Orchestration
+from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
 from agentcompass._store import _run_store
 from agentcompass.testing import FakeEnvironment, call_log, fake_request
 
@@ -201,3 +202,33 @@ async def test_a_deadline_while_the_run_store_opens(autojump_clock, tmp_path: Pa
     assert [r.status for r in result.requests] == ["timed_out"]
     assert read_json(only_run_dir(tmp_path, "a") / "run_info.json")["status"] == "timed_out"
     assert call_log("a").count("load_tasks") == 0
+
+
+@pytest.mark.parametrize(("tasks", "k", "collect"), [(1, 1, "ok"), (1, 2, "ok"), (2, 1, "ok"), (1, 1, "fatal")])
+async def test_an_attempt_that_ends_in_its_close_after_the_deadline(
+    autojump_clock, tmp_path: Path, tasks: int, k: int, collect: str
+):
+    # a00's run ends at 1 s; its sandbox close (shielded cleanup) takes 3 s,
+    # and the deadline passes at 2 s, in the middle of it. Nothing after the
+    # close needs to await, so the attempt ends (at 4 s) although the request
+    # finalized at the deadline and closed its store: its checkpoint or
+    # record can no longer be written, no further attempt, retry (of a
+    # FATAL collect) or task starts, and the run still ends as timed out.
+    request = fake_request(
+        "a",
+        log="a",
+        benchmark={"tasks": [f"a{i:02d}" for i in range(tasks)], "script": {"a00": {"collect": [collect]}}},
+        harness={"script": {"a00": {"run": ["sleep:1"]}}},
+        environment={"script": {"a00": {"close": ["sleep:3"]}}},
+        output_root=tmp_path,
+        execution=ExecutionSpec(attempts=AttemptsSpec(k=k), max_retries=1),
+    )
+    orchestration = Orchestration([request], task_concurrency=1, timeout_seconds=2, cleanup_grace_seconds=5)
+    start = trio.current_time()
+    result = await agentcompass.launch(orchestration)
+    assert trio.current_time() - start == 4
+    assert (result.status, result.exit_code) == ("timed_out", 1)
+    run_dir = only_run_dir(tmp_path, "a")
+    assert json.loads((run_dir / "run_info.json").read_text())["status"] == "timed_out"
+    assert detail_files(run_dir)["normal"] == set()
+    assert call_log("a").count("run") == 1
