@@ -62,7 +62,14 @@ class _RequestReporter:
         # returned, so waiting for the line would not shorten the window in
         # which a kill leaks it (the next commit round writes and syncs the
         # line, a few milliseconds); it would only hold the attempt still.
-        await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
+        if not self.run.store.closed:
+            await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
+            return
+        # An open that could not be interrupted returned after the request
+        # closed its store, which only happens once the run is cancelled:
+        # nothing can journal this sandbox, so the caller closes it at once
+        # (its ``finally``) as this raises Cancelled.
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
         # Not waited for: a lost "closed" line only means one harmless extra

@@ -232,3 +232,31 @@ async def test_an_attempt_that_ends_in_its_close_after_the_deadline(
     assert json.loads((run_dir / "run_info.json").read_text())["status"] == "timed_out"
     assert detail_files(run_dir)["normal"] == set()
     assert call_log("a").count("run") == 1
+
+
+@agentcompass.register
+class UninterruptibleOpenEnvironment(FakeEnvironment):
+    """``fake-env`` whose ``open`` takes 3 s and cannot be cancelled (like a
+    provider call made in a thread)."""
+
+    id: ClassVar[str] = "orch-test-uninterruptible-open-env"
+
+    async def open(self, config: Any, policy: Any) -> Any:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(3)
+            return await super().open(config, policy)
+
+
+async def test_a_sandbox_opened_after_the_store_closed_is_closed(autojump_clock, tmp_path: Path):
+    # The deadline passes at 2 s, during the open; the request finalizes and
+    # closes its store. The open returns at 3 s: the sandbox can no longer
+    # be journalled, so it is closed at once and the run ends as timed out.
+    request = attrs.evolve(
+        fake_request("a", log="a", benchmark={"tasks": ["a00"]}, output_root=tmp_path),
+        environment=ComponentRef(UninterruptibleOpenEnvironment.id, {"log": "a"}),
+    )
+    result = await agentcompass.launch(Orchestration([request], timeout_seconds=2, cleanup_grace_seconds=5))
+    assert (result.status, result.exit_code) == ("timed_out", 1)
+    log = call_log("a")
+    assert log.count("close") == 1 and not log.live_sessions()
+    assert log.count("run") == 0
