@@ -1,0 +1,79 @@
+"""A deadline at any instant of any schedule: ``launch`` always returns its
+terminal state, on time, and leaves no sandbox behind that reap cannot find.
+
+Each example is its own ``trio.run`` on a mock clock: tasks with random run
+and close durations (a close is a shielded cleanup, bounded by the grace),
+random FATAL collects (retried while budget remains), ``k`` attempts, and a
+deadline that may fall anywhere, including inside the last close of an
+attempt (the task code then goes on without a checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+from _orch_support import instrumented, read_json
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from trio.testing import MockClock
+
+import agentcompass
+from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
+from agentcompass.testing import call_log, fake_request, reset_logs
+
+task_strategy = st.fixed_dictionaries(
+    {
+        "run": st.integers(0, 6),
+        "close": st.integers(0, 6),
+        "collect": st.sampled_from(["ok", "ok", "fatal"]),
+    }
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    tasks=st.lists(task_strategy, min_size=1, max_size=5),
+    k=st.integers(1, 3),
+    retries=st.integers(0, 1),
+    concurrency=st.integers(1, 3),
+    deadline=st.integers(1, 30),
+    grace=st.integers(1, 8),
+)
+def test_a_deadline_anywhere_ends_the_run_cleanly(tmp_path_factory, tasks, k, retries, concurrency, deadline, grace):
+    reset_logs()
+    ids = [f"a{i:02d}" for i in range(len(tasks))]
+    output_root = tmp_path_factory.mktemp("deadline")
+    request = fake_request(
+        "a",
+        log="a",
+        benchmark={"tasks": ids, "script": {i: {"collect": [t["collect"]]} for i, t in zip(ids, tasks, strict=True)}},
+        harness={"script": {i: {"run": [f"sleep:{t['run']}"]} for i, t in zip(ids, tasks, strict=True)}},
+        environment={"script": {i: {"close": [f"sleep:{t['close']}"]} for i, t in zip(ids, tasks, strict=True)}},
+        output_root=output_root,
+        execution=ExecutionSpec(attempts=AttemptsSpec(k=k), max_retries=retries, retry_min_delay_seconds=1),
+    )
+    orchestration = Orchestration(
+        [request], task_concurrency=concurrency, timeout_seconds=deadline, cleanup_grace_seconds=grace
+    )
+
+    async def main() -> tuple[agentcompass.OrchestrationResult, float]:
+        start = trio.current_time()
+        result = await agentcompass.launch(orchestration)
+        return result, trio.current_time() - start
+
+    with instrumented():
+        result, took = trio.run(main, clock=MockClock(autojump_threshold=0))
+
+    assert result.status in ("succeeded", "failed", "timed_out")
+    assert took <= deadline + grace
+    (run_dir,) = [d for d in (output_root / "a").iterdir() if d.is_dir()]
+    info = read_json(run_dir / "run_info.json")
+    assert info["status"] == result.requests[0].status
+    assert (run_dir / "metrics.json").exists() and (run_dir / "summary.md").exists()
+    # A sandbox left open (its close was cut by the grace) is journalled
+    # opened and never closed, so the next --reuse or compass reap finds it.
+    journal = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
+    closed = {line["session"] for line in journal if line["event"] == "closed"}
+    unclosed = {line["handle"]["session"] for line in journal if line["event"] == "opened" and line["session"] not in closed}
+    assert call_log("a").live_sessions() <= unclosed
