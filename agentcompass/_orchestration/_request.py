@@ -20,7 +20,7 @@ import trio
 from .. import _registry
 from .._convert import unstructure
 from .._logging import add_json_log, get_logger, remove_json_log
-from .._store import StoreClosedError, compute_metrics, render_summary
+from .._store import compute_metrics, render_summary
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
@@ -66,6 +66,8 @@ class RequestRun:
     landing: dict[str, int] = attrs.Factory(dict)
     #: task id -> queues its finished record, once those checkpoints landed.
     deferred: dict[str, Any] = attrs.Factory(dict)
+    #: Woken when ``active`` drops to 0 (the request scope's last wait).
+    idle: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
     #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
     queued: bool = False
     #: task id -> finished record on its way to disk (see ``complete``).
@@ -138,8 +140,6 @@ class RequestRun:
         """Queue the checkpoint of an evaluated attempt of a running task;
         the attempt is reported finished once it is durable (see
         :meth:`_checkpoint_saved`)."""
-        if self.store.closed:  # see _queue_record
-            return
         attempts = self.checkpointed.setdefault(task_id, set())
         attempts.add(record.attempt)
         self.landing[task_id] = self.landing.get(task_id, 0) + 1
@@ -182,26 +182,18 @@ class RequestRun:
         they landed: commit rounds may finish out of order, and the record's
         round removes the checkpoints it supersedes."""
         self.saving[record.task_id] = record
-        queue = partial(self._queue_record, record, partial(self._saved, record, pending.done or {}, checkpointed))
+        queue = partial(self.store.save_task_soon, record, partial(self._saved, record, pending.done or {}, checkpointed))
         if record.task_id in self.landing:
             self.deferred[record.task_id] = queue
         else:
             queue()
 
-    def _queue_record(self, record: TaskRecord, notify: Any) -> None:
-        if self.store.closed:
-            # The task finished after the request scope closed its store: a
-            # deadline passed while its last shielded cleanup ran, and nothing
-            # after that cleanup awaited (so nothing raised Cancelled).
-            notify(StoreClosedError(f"the run store was closed before the record of task {record.task_id!r}"))
-        else:
-            self.store.save_task_soon(record, notify)
-
     def queue_deferred(self) -> None:
         """Queue every record still waiting for its checkpoints, now: for a
-        request scope about to close its store (a deadline or cancellation
-        cut the wait short). A checkpoint that lands after its record is
-        harmless: readers prefer the record."""
+        request scope about to close its store after a deadline or
+        cancellation (the close commits what is queued, and a checkpoint
+        landing then could no longer queue its record). A checkpoint that
+        lands after its record is harmless: readers prefer the record."""
         deferred, self.deferred = self.deferred, {}
         for queue in deferred.values():
             queue()
@@ -218,7 +210,8 @@ class RequestRun:
         if self.tallied or self.store.closed:
             # After a deadline, finalize counted what was still on its way;
             # the store may be closing (the grace ran out before finalize
-            # did): nothing more to report.
+            # did, and the store's close commits what is queued): nothing
+            # more to report.
             return
         if error is not None:
             # Not on disk, so not finished: it counts as unavailable and a

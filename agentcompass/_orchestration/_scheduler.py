@@ -62,21 +62,11 @@ class _RequestReporter:
         # returned, so waiting for the line would not shorten the window in
         # which a kill leaks it (the next commit round writes and syncs the
         # line, a few milliseconds); it would only hold the attempt still.
-        if not self.run.store.closed:
-            await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
-            return
-        # An open that could not be interrupted returned after the request
-        # closed its store, which only happens once the run is cancelled:
-        # nothing can journal this sandbox, so the caller closes it at once
-        # (its ``finally``) as this raises Cancelled.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
-        # Not waited for: a lost "closed" line only means one harmless extra
-        # reap. So is one that comes after the request closed its store (a
-        # deadline passed during this close, and the grace let it finish).
-        if not self.run.store.closed:
-            await self.run.store.journal_session("closed", session_id, provider, handle, durable=False)
+        # Not waited for: a lost "closed" line only means one harmless extra reap.
+        await self.run.store.journal_session("closed", session_id, provider, handle, durable=False)
 
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         self.run.checkpoint(task_id, record)
@@ -167,6 +157,8 @@ class Scheduler:
             finally:
                 run.active -= 1
                 del run.active_tasks[id(pending)]
+                if not run.active:
+                    run.idle.unpark_all()
             self._check_drained()
             # Backpressure: a slow disk makes workers wait, not memory grow.
             while len(run.saving) >= self.max_saving:
@@ -255,6 +247,15 @@ class Scheduler:
                 if forget is not None:
                     forget(request)
         finally:
+            # After a deadline or cancellation, the store stays open until
+            # every task of the request has unwound: their sessions' journal
+            # lines (a close, or an open that could not be interrupted) and
+            # the records of tasks that finished in a cleanup are still
+            # written. Not bounded by the grace: the orchestration's nursery
+            # waits for those workers all the same.
+            with trio.CancelScope(shield=True):
+                while run.active:
+                    await run.idle.park()
             # The store commits what is queued as it closes; a record still
             # waiting for its checkpoints must be queued by then.
             run.queue_deferred()

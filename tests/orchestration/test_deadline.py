@@ -210,10 +210,12 @@ async def test_an_attempt_that_ends_in_its_close_after_the_deadline(
 ):
     # a00's run ends at 1 s; its sandbox close (shielded cleanup) takes 3 s,
     # and the deadline passes at 2 s, in the middle of it. Nothing after the
-    # close needs to await, so the attempt ends (at 4 s) although the request
-    # finalized at the deadline and closed its store: its checkpoint or
-    # record can no longer be written, no further attempt, retry (of a
-    # FATAL collect) or task starts, and the run still ends as timed out.
+    # close needs to await, so the attempt ends (at 4 s), after the request
+    # finalized at the deadline. The store stays open until then: the close
+    # is journalled and what finished is kept (a record, or a checkpoint)
+    # for a --reuse run, while this run's metrics, written at the deadline,
+    # count the task unavailable. No further attempt, retry (of a FATAL
+    # collect) or task starts.
     request = fake_request(
         "a",
         log="a",
@@ -230,8 +232,13 @@ async def test_an_attempt_that_ends_in_its_close_after_the_deadline(
     assert (result.status, result.exit_code) == ("timed_out", 1)
     run_dir = only_run_dir(tmp_path, "a")
     assert json.loads((run_dir / "run_info.json").read_text())["status"] == "timed_out"
-    assert detail_files(run_dir)["normal"] == set()
+    assert read_json(run_dir / "metrics.json")["series"]["score"]["evaluated"] == 0
+    finished = k == 1 and collect == "ok"
+    assert detail_files(run_dir)["normal"] == ({"a00"} if finished else set())
+    checkpoints = {p.parent.name for p in (run_dir / "tasks").glob("*/attempt-*/checkpoint.json")}
+    assert checkpoints == ({"attempt-0"} if k == 2 else set())
     assert call_log("a").count("run") == 1
+    assert not unclosed_sessions(run_dir)
 
 
 @agentcompass.register
@@ -247,10 +254,10 @@ class UninterruptibleOpenEnvironment(FakeEnvironment):
             return await super().open(config, policy)
 
 
-async def test_a_sandbox_opened_after_the_store_closed_is_closed(autojump_clock, tmp_path: Path):
-    # The deadline passes at 2 s, during the open; the request finalizes and
-    # closes its store. The open returns at 3 s: the sandbox can no longer
-    # be journalled, so it is closed at once and the run ends as timed out.
+async def test_a_sandbox_opened_after_the_deadline_is_journalled_and_closed(autojump_clock, tmp_path: Path):
+    # The deadline passes at 2 s, during the open; the request finalizes.
+    # The open returns at 3 s: the sandbox is journalled (the store waits for
+    # the task to unwind), closed at once, and the run ends as timed out.
     request = attrs.evolve(
         fake_request("a", log="a", benchmark={"tasks": ["a00"]}, output_root=tmp_path),
         environment=ComponentRef(UninterruptibleOpenEnvironment.id, {"log": "a"}),
@@ -260,3 +267,5 @@ async def test_a_sandbox_opened_after_the_store_closed_is_closed(autojump_clock,
     log = call_log("a")
     assert log.count("close") == 1 and not log.live_sessions()
     assert log.count("run") == 0
+    # The store stayed open for the task to unwind: journalled both ways.
+    assert list(journaled_sessions(only_run_dir(tmp_path, "a")).values()) == [["opened", "closed"]]

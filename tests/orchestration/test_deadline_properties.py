@@ -3,15 +3,18 @@ terminal state, on time, and leaves no sandbox behind that reap cannot find.
 
 Each example is its own ``trio.run`` on a mock clock: tasks with random run
 and close durations (a close is a shielded cleanup, bounded by the grace),
-random FATAL collects (retried while budget remains), ``k`` attempts, and a
-deadline that may fall anywhere, including inside the last close of an
-attempt (the task code then goes on without a checkpoint).
+random FATAL collects (retried while budget remains), ``k`` attempts, opens
+that take a while and cannot be interrupted (a provider call made in a
+thread), and a deadline that may fall anywhere, including inside the last
+close of an attempt (the task code then goes on without a checkpoint).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any, ClassVar
 
+import attrs
 import trio
 from _orch_support import instrumented, read_json
 from hypothesis import HealthCheck, given, settings
@@ -19,8 +22,23 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 import agentcompass
-from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
-from agentcompass.testing import call_log, fake_request, reset_logs
+from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
+from agentcompass.testing import FakeEnvironment, call_log, fake_request, reset_logs
+
+
+@agentcompass.register
+class SlowOpenEnvironment(FakeEnvironment):
+    """``fake-env`` whose ``open`` first takes ``open_seconds`` that no
+    cancellation interrupts (set per example)."""
+
+    id: ClassVar[str] = "orch-test-slow-open-env"
+    open_seconds: ClassVar[int] = 0
+
+    async def open(self, config: Any, policy: Any) -> Any:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(type(self).open_seconds)
+            return await super().open(config, policy)
+
 
 task_strategy = st.fixed_dictionaries(
     {
@@ -31,7 +49,7 @@ task_strategy = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     tasks=st.lists(task_strategy, min_size=1, max_size=5),
     k=st.integers(1, 3),
@@ -40,13 +58,15 @@ task_strategy = st.fixed_dictionaries(
     deadline=st.integers(1, 30),
     grace=st.integers(1, 8),
     stop=st.sampled_from(["deadline", "caller"]),
+    open_seconds=st.sampled_from([0, 0, 1, 3, 9]),
 )
 def test_a_deadline_anywhere_ends_the_run_cleanly(
-    tmp_path_factory, tasks, k, retries, concurrency, deadline, grace, stop
+    tmp_path_factory, tasks, k, retries, concurrency, deadline, grace, stop, open_seconds
 ):
     # ``stop``: the orchestration's own deadline, or the caller's cancel
     # scope at the same instant (launch then raises Cancelled into it).
     reset_logs()
+    SlowOpenEnvironment.open_seconds = open_seconds
     ids = [f"a{i:02d}" for i in range(len(tasks))]
     output_root = tmp_path_factory.mktemp("deadline")
     request = fake_request(
@@ -58,6 +78,7 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
         output_root=output_root,
         execution=ExecutionSpec(attempts=AttemptsSpec(k=k), max_retries=retries, retry_min_delay_seconds=1),
     )
+    request = attrs.evolve(request, environment=ComponentRef(SlowOpenEnvironment.id, request.environment.config))
     orchestration = Orchestration(
         [request],
         task_concurrency=concurrency,
@@ -75,7 +96,9 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
     with instrumented():
         status, took = trio.run(main, clock=MockClock(autojump_threshold=0))
 
-    assert took <= deadline + grace
+    # An open no cancellation interrupts may end past the grace (its sandbox
+    # then gets no time to close, and stays journalled for reap).
+    assert took <= deadline + max(grace, open_seconds)
     (run_dir,) = [d for d in (output_root / "a").iterdir() if d.is_dir()]
     info = read_json(run_dir / "run_info.json")
     if stop == "deadline":
