@@ -28,6 +28,7 @@ from ._report import render_table, targets
 #: Full sizes, as the performance issue states them.
 FULL: dict[str, dict[str, Any]] = {
     "overhead": {"fn": "overhead_bound", "tasks": 10_000, "concurrency": 500},
+    "overhead_k3": {"fn": "overhead_bound", "tasks": 3_000, "concurrency": 500, "k": 3},
     "latency": {"fn": "latency_bound", "tasks": 2_000, "concurrency": 200, "latency": 0.05},
     "memory": {"fn": "memory", "tasks": 100_000, "concurrency": 10, "hold": 3.0},
     "shutdown": {"fn": "shutdown", "active": 500, "hold": 2.0, "grace": 5.0},
@@ -38,6 +39,7 @@ FULL: dict[str, dict[str, Any]] = {
 #: Smoke sizes: every code path, a few seconds in all.
 SMOKE: dict[str, dict[str, Any]] = {
     "overhead": {"fn": "overhead_bound", "tasks": 40, "concurrency": 8},
+    "overhead_k3": {"fn": "overhead_bound", "tasks": 15, "concurrency": 8, "k": 3},
     "latency": {"fn": "latency_bound", "tasks": 20, "concurrency": 10, "latency": 0.01},
     "memory": {"fn": "memory", "tasks": 200, "concurrency": 2, "hold": 0.3},
     "shutdown": {"fn": "shutdown", "active": 10, "hold": 0.3, "grace": 1.0},

@@ -27,6 +27,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if r and "error" not in r:
         rows.append(_row("overhead-bound", "attempts/s", r["attempts_per_s"], ">= 2000", r["attempts_per_s"] >= 2000, "{:.0f}"))
         rows.append(_row("overhead-bound", "CPU us/attempt", r["cpu_us_per_attempt"], "(context)", None, "{:.0f}"))
+    r = results.get("overhead_k3")
+    if r and "error" not in r:
+        rows.append(_row(f"overhead-bound, k = {r['k']}", "attempts/s", r["attempts_per_s"], "(context)", None, "{:.0f}"))
     i = results.get("inspect")
     if i and i.get("ratio_overhead") is not None:
         ratio = i["ratio_overhead"]

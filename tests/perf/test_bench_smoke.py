@@ -32,6 +32,12 @@ def test_overhead_bound(tmp_path: Path) -> None:
     assert result["attempts_per_s"] > 0 and result["cpu_us_per_attempt"] > 0
 
 
+def test_overhead_bound_with_checkpoints(tmp_path: Path) -> None:
+    result = scenarios.overhead_bound(tmp_path, **_kwargs("overhead_k3"))
+    assert result["status"] == "succeeded" and result["k"] == 3
+    assert result["attempts_per_s"] == pytest.approx(3 * result["tasks"] / result["wall_s"])
+
+
 def test_latency_bound(tmp_path: Path) -> None:
     result = scenarios.latency_bound(tmp_path, **_kwargs("latency"))
     assert result["status"] == "succeeded"
@@ -77,6 +83,7 @@ def test_report_rows() -> None:
     rows = targets(
         {
             "overhead": {"attempts_per_s": 2500.0, "cpu_us_per_attempt": 300.0},
+            "overhead_k3": {"attempts_per_s": 2100.0, "k": 3},
             "latency": {
                 "wall_over_ideal": 1.2,
                 "bare_trio_wall_over_ideal": 1.05,
@@ -91,6 +98,7 @@ def test_report_rows() -> None:
     assert met[("latency-bound", "wall / ideal")] is False
     assert met[("overhead-bound", "x Inspect AI samples/s")] is None
     assert met[("latency-bound", "bare Trio loop wall / ideal")] is None
+    assert met[("overhead-bound, k = 3", "attempts/s")] is None
     assert "| overhead-bound | attempts/s | 2500 | >= 2000 | yes |" in render_table(rows)
 
 
