@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import platform
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -65,7 +66,7 @@ class RequestRun:
     #: task id -> how many of its checkpoints are on their way to disk.
     landing: dict[str, int] = attrs.Factory(dict)
     #: task id -> queues its finished record, once those checkpoints landed.
-    deferred: dict[str, Any] = attrs.Factory(dict)
+    deferred: dict[str, Callable[[], None]] = attrs.Factory(dict)
     #: Woken when ``active`` drops to 0 (the request scope's last wait).
     idle: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
     #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
