@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -354,7 +355,7 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
     is still being written)."""
     from ._store import load_run, open_run_store
 
-    loaded = await trio.to_thread.run_sync(load_run, run_dir)
+    loaded = await trio.to_thread.run_sync(partial(load_run, run_dir, records=False))
     if not loaded.open_sessions:
         return 0, 0
     configs = _environment_configs(loaded.run_info)

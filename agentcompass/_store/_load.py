@@ -56,17 +56,23 @@ class LoadedRun:
     files: dict[str, tuple[str, bytes]] = attrs.Factory(dict)
 
 
-def load_run(run_dir: Path, *, keep_files: bool = False) -> LoadedRun:
+def load_run(run_dir: Path, *, keep_files: bool = False, records: bool = True) -> LoadedRun:
     """Read ``run_dir`` (blocking: call it from a worker thread in async code).
 
     With ``keep_files`` the records' files and contents are kept too
-    (:attr:`LoadedRun.files`): reuse copies them verbatim."""
+    (:attr:`LoadedRun.files`): reuse copies them verbatim. Without
+    ``records`` only ``run_info.json`` and the session journal are read
+    (``details`` and ``checkpoints`` stay empty): what ``compass reap``
+    needs, without reading thousands of record files."""
     run_dir = Path(run_dir)
     notes: list[str] = []
     run_info = _load_run_info(run_dir, notes)
     files: dict[str, tuple[str, bytes]] = {}
-    details = _load_details(run_dir, notes, files if keep_files else None)
-    checkpoints = _load_checkpoints(run_dir, details, notes)
+    details: dict[str, TaskRecord] = {}
+    checkpoints: dict[str, dict[int, AttemptRecord]] = {}
+    if records:
+        details = _load_details(run_dir, notes, files if keep_files else None)
+        checkpoints = _load_checkpoints(run_dir, details, notes)
     open_sessions = _load_sessions(run_dir, notes)
     return LoadedRun(run_dir, run_info, details, checkpoints, open_sessions, notes, files)
 

@@ -51,6 +51,11 @@ def test_load_run_tolerates_crash_leftovers(tmp_path: Path) -> None:
     assert "details/error/broken.json" in notes
     assert "tasks/x/attempt-0/checkpoint.json" in notes
     assert "line 4 of sessions.jsonl" in notes
+    # What reap reads: the journal and run_info.json, no record.
+    journal_only = load_run(run, records=False)
+    assert (journal_only.details, journal_only.checkpoints) == ({}, {})
+    assert journal_only.open_sessions == loaded.open_sessions and journal_only.run_info == loaded.run_info
+    assert ["line 4 of sessions.jsonl" in note for note in journal_only.notes] == [True]
 
 
 def two_records_of_t1(run_dir: Path) -> Path:
