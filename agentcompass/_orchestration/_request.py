@@ -60,6 +60,8 @@ class RequestRun:
     reuse: ReusePlan | None = None
     notes: list[str] = attrs.Factory(list)
     order: dict[str, int] = attrs.Factory(dict)
+    #: The selected tasks, in order.
+    tasks: list[TaskSpec] = attrs.Factory(list)
     active_tasks: dict[int, PendingTask] = attrs.Factory(dict)
     #: task id -> attempts checkpointed in this run, until the task completes.
     checkpointed: dict[str, set[int]] = attrs.Factory(dict)
@@ -78,6 +80,13 @@ class RequestRun:
     all_saved: trio.Event = attrs.Factory(trio.Event)
     #: Finalize took its count: records saved from now on are not counted again.
     tallied: bool = False
+    #: Records on their way when finalize took its count (it counted them).
+    tallied_saving: set[str] = attrs.Factory(set)
+    #: After a deadline or cancellation: task id -> task that had not
+    #: finished when finalize took its count.
+    unfinished: dict[str, TaskSpec] = attrs.Factory(dict)
+    #: Records of such tasks that finished while the request unwound.
+    late: list[TaskRecord] = attrs.Factory(list)
     #: Called after each record is saved (the scheduler's wake-up).
     on_saved: Any = lambda: None
 
@@ -112,6 +121,7 @@ class RequestRun:
             log.error("request_failed", request=request.name, error=self.error)
             return
         self.order = {task.task_id: i for i, task in enumerate(tasks)}
+        self.tasks = tasks
         self.notes.extend(self.reuse.notes)
         # Durable before any task can start: a run whose run_info.json does
         # not say "prepared" ran nothing (and may hold only part of what it
@@ -210,9 +220,12 @@ class RequestRun:
             log.error("record_not_written", request=self.request.name, task=record.task_id, error=line)
         if self.tallied or self.store.closed:
             # After a deadline, finalize counted what was still on its way;
-            # the store may be closing (the grace ran out before finalize
-            # did, and the store's close commits what is queued): nothing
-            # more to report.
+            # a task that finished while the request unwound is counted by
+            # recount_late. The store may be closing (the grace ran out
+            # before finalize did, and the store's close commits what is
+            # queued): nothing more to report.
+            if self.tallied and error is None and record.task_id not in self.tallied_saving:
+                self.late.append(record)
             return
         if error is not None:
             # Not on disk, so not finished: it counts as unavailable and a
@@ -264,7 +277,7 @@ class RequestRun:
             self.store.set_progress(self.snapshot)
 
     def snapshot(self, *, terminal: bool = False) -> dict[str, Any]:
-        unfinished = len(self.pending) + len(self.active_tasks)
+        unfinished = len(self.unfinished) if self.tallied else len(self.pending) + len(self.active_tasks)
         return {
             "total": self.total,
             "pending": unfinished if terminal else len(self.pending),
@@ -278,8 +291,10 @@ class RequestRun:
 
     # -- finalize ------------------------------------------------------------
 
-    def run_info(self, status: str) -> dict[str, Any]:
+    def run_info(self, status: str, notes: list[str] | None = None) -> dict[str, Any]:
         from .. import __version__
+
+        notes = self.notes if notes is None else notes
 
         info: dict[str, Any] = {
             "request": unstructure(self.request),
@@ -292,8 +307,8 @@ class RequestRun:
             info["ended_at"] = time.time()
         if self.error:
             info["error"] = self.error
-        if self.notes:
-            info["notes"] = self.notes
+        if notes:
+            info["notes"] = notes
         return info
 
     async def finalize(self, status: str | None = None) -> None:
@@ -307,27 +322,55 @@ class RequestRun:
         # queued is a result all the same: the store's close writes it.
         await self.wait_saved()
         self.tallied = True
+        self.tallied_saving = set(self.saving)
         for record in self.saving.values():
             self._count(record)
         if status is None:
             status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
         self.status = status
+        if status in ("timed_out", "cancelled"):
+            # Tasks that never finished still count: as unavailable (no
+            # valid value), so a partial run never reads like a full score.
+            # Every selected task without a record, not only those pending or
+            # active now: a task cancelled with nothing to clean up may have
+            # unwound already.
+            finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
+            self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
+        await self._write_results()
+        self.store.event("run_finished", status=status)
+        log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
+        remove_json_log(self.store.run_dir / "log.jsonl")
+
+    async def recount_late(self) -> None:
+        """After a deadline or cancellation, once the request's tasks have
+        unwound: count the tasks that finished meanwhile (in a cleanup the
+        deadline passed during) and write metrics, summary and run info
+        again. The caller bounds this by the grace; until then, the results
+        written at the deadline stand."""
+        await self.wait_saved()
+        late, self.late = self.late, []
+        if not late or self.store.closed:
+            return
+        for record in late:
+            self.unfinished.pop(record.task_id, None)
+            self._count(record)
+        await self._write_results()
+
+    async def _write_results(self) -> None:
+        status = self.status
+        assert status is not None
         # Records arrive in completion order; results read in task order.
         self.records.sort(key=lambda r: self.order.get(r.task_id, len(self.order)))
         records = list(self.records)
         # Finished but not on disk: unavailable, like a task that never ran.
         records += [TaskRecord(r.task_id, r.category, [], "normal") for r in self.unsaved]
-        terminal = status in ("timed_out", "cancelled")
-        if terminal:
-            # Tasks that never finished still count: as unavailable (no
-            # valid value), so a partial run never reads like a full score.
-            unfinished = [p.task for p in self.pending] + [p.task for p in self.active_tasks.values()]
-            if unfinished:
-                self.notes.append(
-                    f"{len(unfinished)} of {self.total} task(s) did not finish before the run was {status}; "
-                    "they count as unavailable (a --reuse run picks them up)"
-                )
-            records += [TaskRecord(t.task_id, t.category, [], "normal") for t in unfinished]
+        notes = list(self.notes)
+        if self.unfinished:
+            notes.append(
+                f"{len(self.unfinished)} of {self.total} task(s) did not finish before the run was {status}; "
+                "they count as unavailable (a --reuse run picks them up)"
+            )
+            records += [TaskRecord(t.task_id, t.category, [], "normal") for t in self.unfinished.values()]
         benchmark = self.benchmark
         metric_names = benchmark.metrics if benchmark is not None else ()
         strategy = self.request.execution.attempts.strategy
@@ -336,25 +379,22 @@ class RequestRun:
             try:
                 metrics = benchmark.aggregate_metrics(records)
             except Exception as exc:  # noqa: BLE001 - keep the standard metrics
-                self.notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
+                notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
         if metrics is None:
             metrics = compute_metrics(tuple(metric_names), records, strategy)
         self.metrics = metrics
-        self.publish_progress(terminal=terminal)
+        self.publish_progress(terminal=status in ("timed_out", "cancelled"))
         summary = render_summary(self.request.name, self.store.run_dir, metrics, records, status)
         if self.error:
             summary += f"\n## Request failed\n\n{self.error}\n"
-        if self.notes:
-            summary += "\n## Notes\n\n" + "".join(f"- {note}\n" for note in self.notes)
+        if notes:
+            summary += "\n## Notes\n\n" + "".join(f"- {note}\n" for note in notes)
         # Metrics and summary share a commit round; the terminal status comes
         # only once both are durable.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.store.write_json, "metrics.json", metrics)
             nursery.start_soon(self.store.write_text, "summary.md", summary)
-        await self.store.write_run_info(self.run_info(status))
-        self.store.event("run_finished", status=status)
-        log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
-        remove_json_log(self.store.run_dir / "log.jsonl")
+        await self.store.write_run_info(self.run_info(status, notes))
 
     def result(self) -> RequestResult:
         run_dir = str(self.store.run_dir) if self.store is not None else ""

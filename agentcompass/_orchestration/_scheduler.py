@@ -259,4 +259,7 @@ class Scheduler:
             # The store commits what is queued as it closes; a record still
             # waiting for its checkpoints must be queued by then.
             run.queue_deferred()
+            if run.tallied:
+                with trio.move_on_at(self.grace.deadline(), shield=True):
+                    await run.recount_late()
             closed.set()

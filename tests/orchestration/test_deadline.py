@@ -212,10 +212,10 @@ async def test_an_attempt_that_ends_in_its_close_after_the_deadline(
     # and the deadline passes at 2 s, in the middle of it. Nothing after the
     # close needs to await, so the attempt ends (at 4 s), after the request
     # finalized at the deadline. The store stays open until then: the close
-    # is journalled and what finished is kept (a record, or a checkpoint)
-    # for a --reuse run, while this run's metrics, written at the deadline,
-    # count the task unavailable. No further attempt, retry (of a FATAL
-    # collect) or task starts.
+    # is journalled and what finished is kept (a record, or a checkpoint),
+    # and a task that finished is counted: metrics, summary and run info are
+    # written again (within the grace). No further attempt, retry (of a
+    # FATAL collect) or task starts.
     request = fake_request(
         "a",
         log="a",
@@ -232,9 +232,21 @@ async def test_an_attempt_that_ends_in_its_close_after_the_deadline(
     assert (result.status, result.exit_code) == ("timed_out", 1)
     run_dir = only_run_dir(tmp_path, "a")
     assert json.loads((run_dir / "run_info.json").read_text())["status"] == "timed_out"
-    assert read_json(run_dir / "metrics.json")["series"]["score"]["evaluated"] == 0
     finished = k == 1 and collect == "ok"
+    series = read_json(run_dir / "metrics.json")["series"]["score"]
+    assert (series["evaluated"], series["total"]) == (int(finished), tasks)
+    assert result.requests[0].metrics["series"]["score"] == series
     assert detail_files(run_dir)["normal"] == ({"a00"} if finished else set())
+    unfinished = tasks - int(finished)
+    notes = json.loads((run_dir / "run_info.json").read_text()).get("notes", [])
+    assert [n for n in notes if "did not finish" in n] == (
+        [
+            f"{unfinished} of {tasks} task(s) did not finish before the run was timed_out; "
+            "they count as unavailable (a --reuse run picks them up)"
+        ]
+        if unfinished
+        else []
+    )
     checkpoints = {p.parent.name for p in (run_dir / "tasks").glob("*/attempt-*/checkpoint.json")}
     assert checkpoints == ({"attempt-0"} if k == 2 else set())
     assert call_log("a").count("run") == 1

@@ -106,6 +106,9 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
     else:  # cancelled: launch raised into the caller's scope, or it finished first
         assert info["status"] in ("succeeded", "failed", "cancelled") and status in (None, info["status"])
     assert (run_dir / "metrics.json").exists() and (run_dir / "summary.md").exists()
+    (series,) = read_json(run_dir / "metrics.json")["series"].values() or [None]
+    if series is not None:
+        assert series["evaluated"] + series["unavailable"] + series["invalidated"] == series["total"] == len(tasks)
     # A sandbox left open (its close was cut by the grace) is journalled
     # opened and never closed, so the next --reuse or compass reap finds it.
     journal = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]

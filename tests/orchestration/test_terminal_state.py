@@ -66,3 +66,31 @@ async def test_a_record_that_cannot_be_written_fails_the_request_and_is_unavaila
     (series,) = read_json(run_dir / "metrics.json")["series"].values()
     assert series["total"] == 3 and series["evaluated"] == 2 and series["unavailable"] == 1
     assert not (run_dir / "details" / "normal" / "a01.json").exists()
+
+
+async def test_a_task_waiting_to_retry_at_the_deadline_counts_as_unavailable(autojump_clock, tmp_path: Path):
+    # a00's first try fails (FATAL collect) and it waits 20 s to retry; the
+    # deadline passes at 5 s during the wait, which unwinds at once (nothing
+    # to clean up), possibly before the request finalizes: Trio picks the
+    # order at random, so the run is repeated. a00 still counts, as
+    # unavailable: the run must not read like a full score of a01 alone.
+    from agentcompass import ExecutionSpec
+    from agentcompass.testing import fake_request, reset_logs
+
+    for i in range(20):
+        reset_logs()  # the fakes' scripts count calls per log
+        request = fake_request(
+            "a",
+            log="a",
+            benchmark={"tasks": ["a00", "a01"], "script": {"a00": {"collect": ["fatal"]}}},
+            output_root=tmp_path / str(i),
+            execution=ExecutionSpec(max_retries=1, retry_min_delay_seconds=20, retry_max_delay_seconds=20),
+        )
+        result = await agentcompass.launch(Orchestration([request], task_concurrency=2, timeout_seconds=5))
+        assert result.status == "timed_out"
+        run_dir = only_run_dir(tmp_path / str(i), "a")
+        (series,) = read_json(run_dir / "metrics.json")["series"].values()
+        assert (series["total"], series["evaluated"], series["unavailable"]) == (2, 1, 1), f"run {i}"
+        assert "1 of 2 task(s) did not finish" in (run_dir / "summary.md").read_text()
+        progress = read_json(run_dir / "progress.json")
+        assert (progress["completed"], progress["pending"], progress["active"]) == (1, 1, 0)
