@@ -3,7 +3,8 @@ terminal state, on time, and leaves no sandbox behind that reap cannot find.
 
 Each example is its own ``trio.run`` on a mock clock: tasks with random run
 and close durations (a close is a shielded cleanup, bounded by the grace),
-random FATAL collects (retried while budget remains), ``k`` attempts, opens
+random FATAL collects (retried while budget remains) and ERROR ones, ``k``
+attempts under either strategy, opens
 that take a while and cannot be interrupted (a provider call made in a
 thread), and a deadline that may fall anywhere, including inside the last
 close of an attempt (the task code then goes on without a checkpoint).
@@ -44,7 +45,7 @@ task_strategy = st.fixed_dictionaries(
     {
         "run": st.integers(0, 6),
         "close": st.integers(0, 6),
-        "collect": st.sampled_from(["ok", "ok", "fatal"]),
+        "collect": st.sampled_from(["ok", "ok", "fatal", "error"]),
     }
 )
 
@@ -53,6 +54,7 @@ task_strategy = st.fixed_dictionaries(
 @given(
     tasks=st.lists(task_strategy, min_size=1, max_size=5),
     k=st.integers(1, 3),
+    strategy=st.sampled_from(["avg", "pass"]),
     retries=st.integers(0, 1),
     concurrency=st.integers(1, 3),
     deadline=st.integers(1, 30),
@@ -61,7 +63,7 @@ task_strategy = st.fixed_dictionaries(
     open_seconds=st.sampled_from([0, 0, 1, 3, 9]),
 )
 def test_a_deadline_anywhere_ends_the_run_cleanly(
-    tmp_path_factory, tasks, k, retries, concurrency, deadline, grace, stop, open_seconds
+    tmp_path_factory, tasks, k, strategy, retries, concurrency, deadline, grace, stop, open_seconds
 ):
     # ``stop``: the orchestration's own deadline, or the caller's cancel
     # scope at the same instant (launch then raises Cancelled into it).
@@ -76,7 +78,7 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
         harness={"script": {i: {"run": [f"sleep:{t['run']}"]} for i, t in zip(ids, tasks, strict=True)}},
         environment={"script": {i: {"close": [f"sleep:{t['close']}"]} for i, t in zip(ids, tasks, strict=True)}},
         output_root=output_root,
-        execution=ExecutionSpec(attempts=AttemptsSpec(k=k), max_retries=retries, retry_min_delay_seconds=1),
+        execution=ExecutionSpec(attempts=AttemptsSpec(k=k, strategy=strategy), max_retries=retries, retry_min_delay_seconds=1),
     )
     request = attrs.evolve(request, environment=ComponentRef(SlowOpenEnvironment.id, request.environment.config))
     orchestration = Orchestration(
