@@ -24,6 +24,7 @@ from trio.testing import MockClock
 
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
+from agentcompass._store import load_run
 from agentcompass.testing import FakeEnvironment, call_log, fake_request, reset_logs
 
 
@@ -111,6 +112,11 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
     (series,) = read_json(run_dir / "metrics.json")["series"].values() or [None]
     if series is not None:
         assert series["evaluated"] + series["unavailable"] + series["invalidated"] == series["total"] == len(tasks)
+    loaded = load_run(run_dir)
+    if info["status"] in ("succeeded", "failed"):  # it finished before the stop: every task has its record
+        assert set(loaded.details) == set(ids)
+        assert all(len(r.attempts) == k or r.severity == "fatal" or strategy == "pass" for r in loaded.details.values())
+    assert not loaded.checkpoints.keys() & loaded.details.keys()
     # A sandbox left open (its close was cut by the grace) is journalled
     # opened and never closed, so the next --reuse or compass reap finds it.
     journal = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
