@@ -116,7 +116,6 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
     if info["status"] in ("succeeded", "failed"):  # it finished before the stop: every task has its record
         assert set(loaded.details) == set(ids)
         assert all(len(r.attempts) == k or r.severity == "fatal" or strategy == "pass" for r in loaded.details.values())
-    assert not loaded.checkpoints.keys() & loaded.details.keys()
     # A sandbox left open (its close was cut by the grace) is journalled
     # opened and never closed, so the next --reuse or compass reap finds it.
     journal = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
