@@ -80,8 +80,6 @@ class RequestRun:
     all_saved: trio.Event = attrs.Factory(trio.Event)
     #: Finalize took its count: records saved from now on are not counted again.
     tallied: bool = False
-    #: Records on their way when finalize took its count (it counted them).
-    tallied_saving: set[str] = attrs.Factory(set)
     #: After a deadline or cancellation: task id -> task that had not
     #: finished when finalize took its count.
     unfinished: dict[str, TaskSpec] = attrs.Factory(dict)
@@ -224,7 +222,7 @@ class RequestRun:
             # recount_late. The store may be closing (the grace ran out
             # before finalize did, and the store's close commits what is
             # queued): nothing more to report.
-            if self.tallied and error is None and record.task_id not in self.tallied_saving:
+            if error is None and record.task_id in self.unfinished:
                 self.late.append(record)
             return
         if error is not None:
@@ -322,7 +320,6 @@ class RequestRun:
         # queued is a result all the same: the store's close writes it.
         await self.wait_saved()
         self.tallied = True
-        self.tallied_saving = set(self.saving)
         for record in self.saving.values():
             self._count(record)
         if status is None:
@@ -349,7 +346,7 @@ class RequestRun:
         written at the deadline stand."""
         await self.wait_saved()
         late, self.late = self.late, []
-        if not late or self.store.closed:
+        if not late:
             return
         for record in late:
             self.unfinished.pop(record.task_id, None)
