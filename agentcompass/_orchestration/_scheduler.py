@@ -40,6 +40,8 @@ log = get_logger("agentcompass.scheduler")
 #: memory is a few KB, so 2,000 of them (500 workers) are a few MB.
 MIN_SAVING = 256
 SAVING_PER_WORKER = 4
+#: A worker makes a schedule point of its own once every this many tasks.
+YIELD_EVERY = 16
 
 
 class _RequestReporter:
@@ -124,10 +126,20 @@ class Scheduler:
         return None
 
     async def worker(self) -> None:
+        ran = 0
         while True:
             # No new task once cancelled: the last one may have finished in
             # a shielded cleanup, with no checkpoint since (see _task).
             await trio.lowlevel.checkpoint_if_cancelled()
+            ran += 1
+            if ran % YIELD_EVERY == 0:
+                # The runtime adds no schedule point to an attempt of its
+                # own (each one, under load, holds the attempt behind every
+                # runnable task; see _LocalGrants.acquire_capacity). With
+                # components that never yield either, a worker would run
+                # task after task and starve the store's actors and the
+                # other workers: it yields once every few tasks instead.
+                await trio.lowlevel.cancel_shielded_checkpoint()
             item = self._next()
             if item is None:
                 if self.all_prepared:

@@ -1,0 +1,132 @@
+"""The runtime's own schedule points on the per-attempt path.
+
+Under load, every schedule point puts an attempt behind every other
+runnable task, so attempts that yield several times between two harness
+calls advance in lockstep. The runtime therefore adds none of its own to an
+attempt (a free capacity permit is taken without one), and a worker yields
+once every :data:`YIELD_EVERY` tasks so that components that never yield
+cannot starve the rest of the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import trio
+import trio.testing
+from _orch_support import _instrumented  # noqa: F401  (fixtures)
+
+from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest, launch, register
+from agentcompass._orchestration._launch import _LocalGrants
+from agentcompass._orchestration._scheduler import YIELD_EVERY
+from agentcompass.runtime._results import RunResult
+from agentcompass.testing import NOOP_SESSIONS, NoopEnvironment, NoopHarness, NoopSession
+
+
+@register
+class InstantEnvironment(NoopEnvironment):
+    """``noop-env`` whose ``open`` returns without a schedule point."""
+
+    id: ClassVar[str] = "instant-env"
+
+    async def open(self, config: Any, policy: Any) -> NoopSession:
+        return NoopSession()
+
+
+@register
+class InstantHarness(NoopHarness):
+    """``noop-harness`` whose ``run_task`` returns without a schedule point."""
+
+    id: ClassVar[str] = "instant-harness"
+
+    async def run_task(self, session: Any, prepared: Any, budget: Any) -> RunResult:
+        return RunResult(output="answer")
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts the scheduler's steps of one task."""
+
+    def __init__(self, task: trio.lowlevel.Task):
+        self.task = task
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def test_a_free_permit_is_taken_without_a_schedule_point() -> None:
+    grants = _LocalGrants()
+    steps = _Steps(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(steps)
+    try:
+        await grants.acquire_capacity("schedule-points-free", object())
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.steps == 0
+    assert grants.registry.capacity("schedule-points-free").borrowed_tokens == 1
+
+
+async def test_a_cancelled_caller_takes_no_permit() -> None:
+    grants = _LocalGrants()
+    limiter = grants.registry.capacity("schedule-points-cancelled")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await grants.acquire_capacity("schedule-points-cancelled", object())
+    assert scope.cancelled_caught
+    assert limiter.borrowed_tokens == 0
+
+
+async def test_a_busy_provider_still_queues_in_order() -> None:
+    grants = _LocalGrants()
+    grants.registry.configure("schedule-points-busy", 1, 0)
+    first, second, third = object(), object(), object()
+    got: list[object] = []
+    await grants.acquire_capacity("schedule-points-busy", first)
+
+    async def wait(holder: object) -> None:
+        await grants.acquire_capacity("schedule-points-busy", holder)
+        got.append(holder)
+        grants.release_capacity("schedule-points-busy", holder)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, second)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(wait, third)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+        grants.release_capacity("schedule-points-busy", first)
+    assert got == [second, third]
+
+
+async def test_components_that_never_yield_do_not_starve_the_run(tmp_path: Path) -> None:
+    tasks = 4 * YIELD_EVERY
+    request = RunRequest(
+        name="instant",
+        benchmark=ComponentRef("noop-bench", {"tasks": tasks}),
+        harness=ComponentRef("instant-harness", {}),
+        environment=ComponentRef("instant-env", {}),
+        execution=ExecutionSpec(attempts=AttemptsSpec(k=1)),
+        output_root=tmp_path,
+    )
+    seen: list[int] = []  # sessions opened so far, at each of the ticker's turns
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            seen.append(NOOP_SESSIONS["opened"])
+            await trio.lowlevel.checkpoint()
+
+    opened = NOOP_SESSIONS["opened"]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        result = await launch(Orchestration([request], task_concurrency=1))
+        done = True
+    assert result.status == "succeeded"
+    assert NOOP_SESSIONS["opened"] - opened == tasks
+    # One worker, tasks that never yield: the worker still yields every
+    # YIELD_EVERY tasks. Both tasks run once per scheduler batch, in either
+    # order, so the ticker sees at most two of the worker's stretches pass.
+    gaps = [after - before for before, after in zip(seen, seen[1:], strict=False)]
+    assert max(gaps) <= 2 * YIELD_EVERY < tasks
