@@ -55,12 +55,16 @@ def _request(
     reuse: bool | Path = False,
     k: int = 1,
     record_opens: bool = False,
+    env_checkpoint: bool = False,
 ) -> RunRequest:
+    env: dict[str, Any] = {"record_opens": True} if record_opens else {}
+    if env_checkpoint:
+        env["checkpoint"] = True
     return RunRequest(
         name=name,
         benchmark=ComponentRef("noop-bench", {"tasks": tasks}),
         harness=ComponentRef("noop-harness", {"sleep": sleep}),
-        environment=ComponentRef("noop-env", {"record_opens": True} if record_opens else {}),
+        environment=ComponentRef("noop-env", env),
         execution=ExecutionSpec(attempts=AttemptsSpec(k=k)),
         output_root=Path(root),
         reuse=reuse,
@@ -124,13 +128,28 @@ def overhead_bound(root: Path, tasks: int = 10_000, concurrency: int = 500, k: i
 def latency_bound(
     root: Path, tasks: int = 2_000, concurrency: int = 200, latency: float = 0.05
 ) -> dict[str, Any]:
-    """A harness that sleeps ``latency``: wall time against ceil(N/C) x L."""
+    """A harness that sleeps ``latency``: wall time against ceil(N/C) x L.
+
+    The no-op environment and benchmark make no schedule point, so the
+    harness's sleep is the attempt's only one besides the runtime's own;
+    ``yielding_env_wall_over_ideal`` is the same run with an environment
+    whose ``open`` yields once."""
     root = Path(root)
     _warm_up(root)
     ideal = math.ceil(tasks / concurrency) * latency
     cpu0, own0, t0 = _cpu(), time.thread_time(), time.perf_counter()
     result = _launch(Orchestration([_request(root, tasks, sleep=latency)], task_concurrency=concurrency))
     wall, cpu, own = time.perf_counter() - t0, _cpu() - cpu0, time.thread_time() - own0
+    # Context: the same with an environment whose open yields once (as any
+    # real one does): the attempts then advance in lockstep under load.
+    t1 = time.perf_counter()
+    _launch(
+        Orchestration(
+            [_request(root, tasks, name="bench-yielding-env", sleep=latency, env_checkpoint=True)],
+            task_concurrency=concurrency,
+        )
+    )
+    yielding = time.perf_counter() - t1
     floor = trio.run(_bare_trio, tasks, concurrency, latency)
     budget = _cpu_budget(tasks, concurrency, latency, ideal)
     return {
@@ -145,6 +164,7 @@ def latency_bound(
         # The Trio thread runs every task's code: its CPU per attempt is
         # what bounds this scenario (the writer process works beside it).
         "trio_thread_us_per_attempt": own / tasks * 1e6,
+        "yielding_env_wall_over_ideal": yielding / ideal,
         "bare_trio_wall_s": floor,
         "bare_trio_wall_over_ideal": floor / ideal,
         "bare_trio_cpu_budget_us": budget,

@@ -1,13 +1,20 @@
 """Minimal no-op components for overhead benchmarks and smoke tests.
 
 Unlike the ``fake-*`` components these log nothing and script nothing: each
-call does the least a component may do (one checkpoint, or a ``trio.sleep``
-when configured), so what a benchmark measures is the runtime's own cost.
+call does the least a component may do, so what a benchmark measures is the
+runtime's own cost. That least is nothing at all, not even a schedule point,
+unless a ``sleep`` is configured (then a ``trio.sleep``) or ``checkpoint`` is
+set (then one ``trio.lowlevel.checkpoint()`` per call that would otherwise not
+yield). A schedule point is a cost of its own under load: it puts the call
+behind every runnable task, so attempts that all yield right after waking
+advance in lockstep (see :mod:`bench`). The runtime itself yields at least
+once every few tasks, so components that never yield starve nothing.
 
 - ``noop-bench`` (Benchmark): ``tasks`` (3) tasks ``t0000000``, ``t0000001``, ...
 - ``noop-free-bench`` (HarnessFreeBenchmark): the same; ``run_task`` sleeps ``sleep`` (0) seconds.
-- ``noop-env`` (Environment): ``open`` sleeps ``sleep`` (0) seconds; ``record_opens`` (false).
-- ``noop-harness`` (Harness): ``run_task`` sleeps ``sleep`` (0) seconds.
+- ``noop-env`` (Environment): ``open`` sleeps ``sleep`` (0) seconds; ``record_opens`` (false),
+  ``checkpoint`` (false).
+- ``noop-harness`` (Harness): ``run_task`` sleeps ``sleep`` (0) seconds; ``checkpoint`` (false).
 
 Every task scores ``{"score": 1.0}``. Sessions count themselves in
 :data:`NOOP_SESSIONS` (``opened``, ``closed``), per process, so a benchmark
@@ -58,23 +65,26 @@ def _non_negative(_instance: Any, attribute: Any, value: float) -> None:
 class NoopBenchmarkConfig:
     tasks: int = attrs.field(default=3, validator=_non_negative)
     sleep: float = attrs.field(default=0.0, validator=_non_negative)
+    checkpoint: bool = False
 
 
 @attrs.frozen
 class NoopSleepConfig:
     sleep: float = attrs.field(default=0.0, validator=_non_negative)
+    checkpoint: bool = False
 
 
 @attrs.frozen
 class NoopEnvironmentConfig:
     sleep: float = attrs.field(default=0.0, validator=_non_negative)
     record_opens: bool = False
+    checkpoint: bool = False
 
 
-async def _pause(seconds: float) -> None:
+async def _pause(seconds: float, checkpoint: bool) -> None:
     if seconds:
         await trio.sleep(seconds)
-    else:
+    elif checkpoint:
         await trio.lowlevel.checkpoint()
 
 
@@ -119,7 +129,7 @@ class NoopHarnessFreeBenchmark(NoopBenchmark, HarnessFreeBenchmark):
     async def run_task(
         self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, budget: RunBudget
     ) -> RunResult:
-        await _pause(self.options.sleep)
+        await _pause(self.options.sleep, self.options.checkpoint)
         return _RESULT
 
 
@@ -176,7 +186,7 @@ class NoopEnvironment(BaseEnvironment):
     async def open(self, config: Any, policy: NetworkPolicy) -> NoopSession:
         if self.options.record_opens:
             NOOP_OPEN_TIMES.append(trio.current_time())
-        await _pause(self.options.sleep)
+        await _pause(self.options.sleep, self.options.checkpoint)
         return NoopSession()
 
 
@@ -194,7 +204,7 @@ class NoopHarness(BaseHarness):
         return None
 
     async def run_task(self, session: Any, prepared: PreparedTask, budget: RunBudget) -> RunResult:
-        await _pause(self.options.sleep)
+        await _pause(self.options.sleep, self.options.checkpoint)
         return _RESULT
 
     async def close_session(self, session: Any) -> None:

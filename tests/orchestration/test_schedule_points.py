@@ -11,37 +11,18 @@ cannot starve the rest of the run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
 
+import pytest
 import trio
 import trio.testing
 from _orch_support import _instrumented  # noqa: F401  (fixtures)
 
-from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest, launch, register
+from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest, launch
 from agentcompass._orchestration._launch import _LocalGrants
 from agentcompass._orchestration._scheduler import YIELD_EVERY
-from agentcompass.runtime._results import RunResult
-from agentcompass.testing import NOOP_SESSIONS, NoopEnvironment, NoopHarness, NoopSession
-
-
-@register
-class InstantEnvironment(NoopEnvironment):
-    """``noop-env`` whose ``open`` returns without a schedule point."""
-
-    id: ClassVar[str] = "instant-env"
-
-    async def open(self, config: Any, policy: Any) -> NoopSession:
-        return NoopSession()
-
-
-@register
-class InstantHarness(NoopHarness):
-    """``noop-harness`` whose ``run_task`` returns without a schedule point."""
-
-    id: ClassVar[str] = "instant-harness"
-
-    async def run_task(self, session: Any, prepared: Any, budget: Any) -> RunResult:
-        return RunResult(output="answer")
+from agentcompass.runtime._results import RunBudget
+from agentcompass.runtime._values import NetworkPolicy, PreparedTask, TaskSpec
+from agentcompass.testing import NOOP_SESSIONS, NoopEnvironment, NoopHarness
 
 
 class _Steps(trio.abc.Instrument):
@@ -101,12 +82,13 @@ async def test_a_busy_provider_still_queues_in_order() -> None:
 
 
 async def test_components_that_never_yield_do_not_starve_the_run(tmp_path: Path) -> None:
+    # The no-op components make no schedule point unless asked to.
     tasks = 4 * YIELD_EVERY
     request = RunRequest(
         name="instant",
         benchmark=ComponentRef("noop-bench", {"tasks": tasks}),
-        harness=ComponentRef("instant-harness", {}),
-        environment=ComponentRef("instant-env", {}),
+        harness=ComponentRef("noop-harness", {}),
+        environment=ComponentRef("noop-env", {}),
         execution=ExecutionSpec(attempts=AttemptsSpec(k=1)),
         output_root=tmp_path,
     )
@@ -130,3 +112,18 @@ async def test_components_that_never_yield_do_not_starve_the_run(tmp_path: Path)
     # order, so the ticker sees at most two of the worker's stretches pass.
     gaps = [after - before for before, after in zip(seen, seen[1:], strict=False)]
     assert max(gaps) <= 2 * YIELD_EVERY < tasks
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+async def test_noop_components_yield_only_when_asked(checkpoint: bool) -> None:
+    env = NoopEnvironment({"checkpoint": checkpoint})
+    harness = NoopHarness({"checkpoint": checkpoint})
+    steps = _Steps(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(steps)
+    try:
+        session = await env.open(None, NetworkPolicy())
+        await harness.run_task(None, PreparedTask(TaskSpec("t"), {}), RunBudget(None))
+        await session.close()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.steps == (2 if checkpoint else 0)
