@@ -44,6 +44,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(_row("latency-bound", "bare Trio loop wall / ideal", r["bare_trio_wall_over_ideal"], "(context)", None, "{:.3f}"))
             rows.append(_row("latency-bound", "Trio-thread CPU us/attempt", r["trio_thread_us_per_attempt"], "(context)", None, "{:.0f}"))
             rows.append(_row("latency-bound", "CPU us/attempt a bare loop may spend for 1.10", r["bare_trio_cpu_budget_us"], "(context)", None, "{:.0f}"))
+        if r.get("engine_only_wall_over_ideal") is not None:
+            rows.append(_row("latency-bound", "attempt engine alone (no scheduler, no store) wall / ideal", r["engine_only_wall_over_ideal"], "(context)", None, "{:.3f}"))
+            rows.append(_row("latency-bound", "attempt engine alone, CPU us/attempt", r["engine_only_us_per_attempt"], "(context)", None, "{:.0f}"))
         if r.get("yielding_env_wall_over_ideal") is not None:
             rows.append(_row("latency-bound", "wall / ideal, environment open yields once", r["yielding_env_wall_over_ideal"], "(context)", None, "{:.3f}"))
     if i and i.get("ratio_latency") is not None:

@@ -151,6 +151,7 @@ def latency_bound(
     )
     yielding = time.perf_counter() - t1
     floor = trio.run(_bare_trio, tasks, concurrency, latency)
+    engine_wall, engine_cpu = trio.run(_engine_only, root, tasks, concurrency, latency)
     budget = _cpu_budget(tasks, concurrency, latency, ideal)
     return {
         "status": result.status,
@@ -168,6 +169,8 @@ def latency_bound(
         "bare_trio_wall_s": floor,
         "bare_trio_wall_over_ideal": floor / ideal,
         "bare_trio_cpu_budget_us": budget,
+        "engine_only_wall_over_ideal": engine_wall / ideal,
+        "engine_only_us_per_attempt": engine_cpu / tasks * 1e6,
     }
 
 
@@ -215,6 +218,51 @@ async def _bare_trio(tasks: int, concurrency: int, latency: float, cpu_us: float
         for _ in range(concurrency):
             nursery.start_soon(worker)
     return time.perf_counter() - t0
+
+
+class _DropReporter:
+    """A task reporter that keeps nothing: no store, no progress, no journal."""
+
+    def event(self, kind: str, **fields: Any) -> None:
+        pass
+
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+        pass
+
+    async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+        pass
+
+    async def checkpoint(self, task_id: str, record: Any) -> None:
+        pass
+
+    async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
+        pass
+
+
+async def _engine_only(root: Path, tasks: int, concurrency: int, latency: float) -> tuple[float, float]:
+    """The attempt engine alone (``run_task`` of the task scope: plan, try,
+    sessions, evaluation, records), driven by ``concurrency`` bare Trio tasks
+    taking ``tasks`` items off one iterator, with no scheduler, no store and
+    no persistence: how much of the latency-bound gap the engine accounts
+    for. Returns (wall seconds, Trio-thread CPU seconds)."""
+    from agentcompass._orchestration._context import GraceClock, RequestContext
+    from agentcompass._orchestration._launch import _LocalGrants
+    from agentcompass._orchestration._task import run_task
+
+    request = _request(root, 1, name="bench-engine", sleep=latency)
+    ctx = RequestContext.build(request, _LocalGrants(), _DropReporter(), GraceClock(30))
+    (task,) = await ctx.benchmark.load_tasks(request)
+    items = iter(range(tasks))
+
+    async def worker() -> None:
+        for _ in items:
+            await run_task(ctx, task, [0])
+
+    cpu0, t0 = time.thread_time(), time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    return time.perf_counter() - t0, time.thread_time() - cpu0
 
 
 def memory(root: Path, tasks: int = 100_000, concurrency: int = 10, hold: float = 3.0) -> dict[str, Any]:

@@ -46,7 +46,8 @@ def test_latency_bound(tmp_path: Path) -> None:
     # The bare Trio loop of the same shape sleeps ceil(N/C) rounds at least.
     assert result["bare_trio_wall_s"] >= result["ideal_s"]
     assert result["trio_thread_us_per_attempt"] > 0
-    # The yielding-environment run sleeps the same rounds.
+    # The engine alone and the yielding-environment run sleep the same rounds.
+    assert result["engine_only_wall_over_ideal"] >= 1.0 and result["engine_only_us_per_attempt"] > 0
     assert result["yielding_env_wall_over_ideal"] >= 1.0
     assert result["bare_trio_cpu_budget_us"] in (0.0, *map(float, scenarios._BUDGET_STEPS_US))
 
@@ -92,6 +93,8 @@ def test_report_rows() -> None:
                 "trio_thread_us_per_attempt": 400.0,
                 "bare_trio_cpu_budget_us": 100.0,
                 "yielding_env_wall_over_ideal": 1.5,
+                "engine_only_wall_over_ideal": 1.2,
+                "engine_only_us_per_attempt": 200.0,
             },
             "inspect": {"skipped": "no network"},
         }
@@ -102,6 +105,7 @@ def test_report_rows() -> None:
     assert met[("overhead-bound", "x Inspect AI samples/s")] is None
     assert met[("latency-bound", "bare Trio loop wall / ideal")] is None
     assert met[("latency-bound", "wall / ideal, environment open yields once")] is None
+    assert met[("latency-bound", "attempt engine alone (no scheduler, no store) wall / ideal")] is None
     assert met[("overhead-bound, k = 3", "attempts/s")] is None
     assert "| overhead-bound | attempts/s | 2500 | >= 2000 | yes |" in render_table(rows)
 
