@@ -11,7 +11,8 @@ advance in lockstep (see :mod:`bench`). The runtime itself yields at least
 once every few tasks, so components that never yield starve nothing.
 
 - ``noop-bench`` (Benchmark): ``tasks`` (3) tasks ``t0000000``, ``t0000001``, ...
-- ``noop-free-bench`` (HarnessFreeBenchmark): the same; ``run_task`` sleeps ``sleep`` (0) seconds.
+- ``noop-free-bench`` (HarnessFreeBenchmark): the same; ``run_task`` sleeps ``sleep`` (0) seconds;
+  ``checkpoint`` (false).
 - ``noop-env`` (Environment): ``open`` sleeps ``sleep`` (0) seconds; ``record_opens`` (false),
   ``checkpoint`` (false).
 - ``noop-harness`` (Harness): ``run_task`` sleeps ``sleep`` (0) seconds; ``checkpoint`` (false).
