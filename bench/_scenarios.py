@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,27 +198,39 @@ def _spin(seconds: float) -> None:
         pass
 
 
-async def _bare_trio(tasks: int, concurrency: int, latency: float, cpu_us: float = 0.0) -> float:
-    """The floor of the latency-bound shape: ``concurrency`` bare Trio tasks
-    that take ``tasks`` items off one iterator and sleep ``latency`` each,
-    with no runtime at all (what Trio's own scheduling costs); ``cpu_us``
-    of CPU spent around each sleep stands in for a runtime's own work."""
+async def _pool(tasks: int, concurrency: int, item: Callable[[], Awaitable[None]]) -> tuple[float, float]:
+    """``concurrency`` bare Trio tasks taking ``tasks`` items off one
+    iterator and awaiting ``item()`` for each: (wall seconds, Trio-thread
+    CPU seconds)."""
     items = iter(range(tasks))
-    half = cpu_us / 2e6
 
     async def worker() -> None:
         for _ in items:
-            if half:
-                _spin(half)
-            await trio.sleep(latency)
-            if half:
-                _spin(half)
+            await item()
 
-    t0 = time.perf_counter()
+    cpu0, t0 = time.thread_time(), time.perf_counter()
     async with trio.open_nursery() as nursery:
         for _ in range(concurrency):
             nursery.start_soon(worker)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - cpu0
+
+
+async def _bare_trio(tasks: int, concurrency: int, latency: float, cpu_us: float = 0.0) -> float:
+    """The floor of the latency-bound shape: a :func:`_pool` whose items
+    sleep ``latency`` each, with no runtime at all (what Trio's own
+    scheduling costs); ``cpu_us`` of CPU spent around each sleep stands in
+    for a runtime's own work. Returns the wall seconds."""
+    half = cpu_us / 2e6
+
+    async def item() -> None:
+        if half:
+            _spin(half)
+        await trio.sleep(latency)
+        if half:
+            _spin(half)
+
+    wall, _ = await _pool(tasks, concurrency, item)
+    return wall
 
 
 class _DropReporter:
@@ -241,10 +254,9 @@ class _DropReporter:
 
 async def _engine_only(root: Path, tasks: int, concurrency: int, latency: float) -> tuple[float, float]:
     """The attempt engine alone (``run_task`` of the task scope: plan, try,
-    sessions, evaluation, records), driven by ``concurrency`` bare Trio tasks
-    taking ``tasks`` items off one iterator, with no scheduler, no store and
-    no persistence: how much of the latency-bound gap the engine accounts
-    for. Returns (wall seconds, Trio-thread CPU seconds)."""
+    sessions, evaluation, records) with no scheduler, no store and no
+    persistence: how much of the latency-bound gap the engine accounts
+    for (a :func:`_pool` of ``run_task`` calls)."""
     from agentcompass._orchestration._context import GraceClock, RequestContext
     from agentcompass._orchestration._launch import _LocalGrants
     from agentcompass._orchestration._task import run_task
@@ -252,17 +264,11 @@ async def _engine_only(root: Path, tasks: int, concurrency: int, latency: float)
     request = _request(root, 1, name="bench-engine", sleep=latency)
     ctx = RequestContext.build(request, _LocalGrants(), _DropReporter(), GraceClock(30))
     (task,) = await ctx.benchmark.load_tasks(request)
-    items = iter(range(tasks))
 
-    async def worker() -> None:
-        for _ in items:
-            await run_task(ctx, task, [0])
+    async def item() -> None:
+        await run_task(ctx, task, [0])
 
-    cpu0, t0 = time.thread_time(), time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
-    return time.perf_counter() - t0, time.thread_time() - cpu0
+    return await _pool(tasks, concurrency, item)
 
 
 def memory(root: Path, tasks: int = 100_000, concurrency: int = 10, hold: float = 3.0) -> dict[str, Any]:
