@@ -44,6 +44,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(_row("latency-bound", "bare Trio loop wall / ideal", r["bare_trio_wall_over_ideal"], "(context)", None, "{:.3f}"))
             rows.append(_row("latency-bound", "Trio-thread CPU us/attempt", r["trio_thread_us_per_attempt"], "(context)", None, "{:.0f}"))
             rows.append(_row("latency-bound", "CPU us/attempt a bare loop may spend for 1.10", r["bare_trio_cpu_budget_us"], "(context)", None, "{:.0f}"))
+        if r.get("before_first_attempt_s") is not None:
+            rows.append(_row("latency-bound", "ms from launch to the first attempt", r["before_first_attempt_s"] * 1e3, "(context)", None, "{:.0f}"))
+            rows.append(_row("latency-bound", "ms from the last record durable to return", r["after_last_record_s"] * 1e3, "(context)", None, "{:.0f}"))
         if r.get("engine_only_wall_over_ideal") is not None:
             rows.append(_row("latency-bound", "attempt engine alone (no scheduler, no store) wall / ideal", r["engine_only_wall_over_ideal"], "(context)", None, "{:.3f}"))
             rows.append(_row("latency-bound", "attempt engine alone, CPU us/attempt", r["engine_only_us_per_attempt"], "(context)", None, "{:.0f}"))

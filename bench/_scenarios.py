@@ -138,9 +138,17 @@ def latency_bound(
     root = Path(root)
     _warm_up(root)
     ideal = math.ceil(tasks / concurrency) * latency
-    cpu0, own0, t0 = _cpu(), time.thread_time(), time.perf_counter()
+    cpu0, own0, t0, unix0 = _cpu(), time.thread_time(), time.perf_counter(), time.time()
     result = _launch(Orchestration([_request(root, tasks, sleep=latency)], task_concurrency=concurrency))
     wall, cpu, own = time.perf_counter() - t0, _cpu() - cpu0, time.thread_time() - own0
+    # The fixed part of the wall time, from the progress lines' unix times:
+    # the run's start (store, run info, tasks, plan) before any attempt, and
+    # its end (metrics, summary, terminal run info, store close) after the
+    # last record is durable (an attempt is reported finished only then).
+    unix1 = time.time()
+    run_dir = result.requests[0].run_dir
+    first_start = min(e["t"] for e in _events(run_dir, "attempt_started"))
+    last_finish = max(e["t"] for e in _events(run_dir, "attempt_finished"))
     # Context: the same with an environment whose open yields once (as any
     # real one does): the attempts then advance in lockstep under load.
     t1 = time.perf_counter()
@@ -166,6 +174,8 @@ def latency_bound(
         # The Trio thread runs every task's code: its CPU per attempt is
         # what bounds this scenario (the writer process works beside it).
         "trio_thread_us_per_attempt": own / tasks * 1e6,
+        "before_first_attempt_s": first_start - unix0,
+        "after_last_record_s": unix1 - last_finish,
         "yielding_env_wall_over_ideal": yielding / ideal,
         "bare_trio_wall_s": floor,
         "bare_trio_wall_over_ideal": floor / ideal,

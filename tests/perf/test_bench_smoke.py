@@ -46,6 +46,10 @@ def test_latency_bound(tmp_path: Path) -> None:
     # The bare Trio loop of the same shape sleeps ceil(N/C) rounds at least.
     assert result["bare_trio_wall_s"] >= result["ideal_s"]
     assert result["trio_thread_us_per_attempt"] > 0
+    # The fixed part: the run starts before its first attempt and returns
+    # after its last record is durable.
+    assert 0 < result["before_first_attempt_s"] < result["wall_s"]
+    assert 0 < result["after_last_record_s"] < result["wall_s"]
     # The engine alone and the yielding-environment run sleep the same rounds.
     assert result["engine_only_wall_over_ideal"] >= 1.0 and result["engine_only_us_per_attempt"] > 0
     assert result["yielding_env_wall_over_ideal"] >= 1.0
@@ -95,6 +99,8 @@ def test_report_rows() -> None:
                 "yielding_env_wall_over_ideal": 1.5,
                 "engine_only_wall_over_ideal": 1.2,
                 "engine_only_us_per_attempt": 200.0,
+                "before_first_attempt_s": 0.025,
+                "after_last_record_s": 0.055,
             },
             "inspect": {"skipped": "no network"},
         }
@@ -107,6 +113,9 @@ def test_report_rows() -> None:
     assert met[("latency-bound", "wall / ideal, environment open yields once")] is None
     assert met[("latency-bound", "attempt engine alone (no scheduler, no store) wall / ideal")] is None
     assert met[("overhead-bound, k = 3", "attempts/s")] is None
+    table = render_table(rows)
+    assert "| latency-bound | ms from launch to the first attempt | 25 | (context) |  |" in table
+    assert "| latency-bound | ms from the last record durable to return | 55 | (context) |  |" in table
     assert "| overhead-bound | attempts/s | 2500 | >= 2000 | yes |" in render_table(rows)
 
 
