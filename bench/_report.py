@@ -20,6 +20,19 @@ def _row(scenario: str, metric: str, measured: Any, target: str, ok: bool | None
     }
 
 
+#: The latency-bound scenario's context rows: (result key, metric, scale, format).
+_LATENCY_CONTEXT = (
+    ("bare_trio_wall_over_ideal", "bare Trio loop wall / ideal", 1, "{:.3f}"),
+    ("trio_thread_us_per_attempt", "Trio-thread CPU us/attempt", 1, "{:.0f}"),
+    ("bare_trio_cpu_budget_us", "CPU us/attempt a bare loop may spend for 1.10", 1, "{:.0f}"),
+    ("before_first_attempt_s", "ms from launch to the first attempt", 1e3, "{:.0f}"),
+    ("after_last_record_s", "ms from the last record durable to return", 1e3, "{:.0f}"),
+    ("engine_only_wall_over_ideal", "attempt engine alone (no scheduler, no store) wall / ideal", 1, "{:.3f}"),
+    ("engine_only_us_per_attempt", "attempt engine alone, CPU us/attempt", 1, "{:.0f}"),
+    ("yielding_env_wall_over_ideal", "wall / ideal, environment open yields once", 1, "{:.3f}"),
+)
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target of the performance issue (and a few context rows, ``ok`` None)."""
     rows: list[dict[str, Any]] = []
@@ -40,18 +53,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if r and "error" not in r:
         ratio = r["wall_over_ideal"]
         rows.append(_row("latency-bound", "wall / ideal", ratio, "<= 1.10", ratio <= 1.10, "{:.3f}"))
-        if r.get("bare_trio_wall_over_ideal") is not None:
-            rows.append(_row("latency-bound", "bare Trio loop wall / ideal", r["bare_trio_wall_over_ideal"], "(context)", None, "{:.3f}"))
-            rows.append(_row("latency-bound", "Trio-thread CPU us/attempt", r["trio_thread_us_per_attempt"], "(context)", None, "{:.0f}"))
-            rows.append(_row("latency-bound", "CPU us/attempt a bare loop may spend for 1.10", r["bare_trio_cpu_budget_us"], "(context)", None, "{:.0f}"))
-        if r.get("before_first_attempt_s") is not None:
-            rows.append(_row("latency-bound", "ms from launch to the first attempt", r["before_first_attempt_s"] * 1e3, "(context)", None, "{:.0f}"))
-            rows.append(_row("latency-bound", "ms from the last record durable to return", r["after_last_record_s"] * 1e3, "(context)", None, "{:.0f}"))
-        if r.get("engine_only_wall_over_ideal") is not None:
-            rows.append(_row("latency-bound", "attempt engine alone (no scheduler, no store) wall / ideal", r["engine_only_wall_over_ideal"], "(context)", None, "{:.3f}"))
-            rows.append(_row("latency-bound", "attempt engine alone, CPU us/attempt", r["engine_only_us_per_attempt"], "(context)", None, "{:.0f}"))
-        if r.get("yielding_env_wall_over_ideal") is not None:
-            rows.append(_row("latency-bound", "wall / ideal, environment open yields once", r["yielding_env_wall_over_ideal"], "(context)", None, "{:.3f}"))
+        for key, metric, scale, fmt in _LATENCY_CONTEXT:
+            if r.get(key) is not None:
+                rows.append(_row("latency-bound", metric, r[key] * scale, "(context)", None, fmt))
     if i and i.get("ratio_latency") is not None:
         rows.append(_row("latency-bound", "Inspect AI wall / ideal", i["inspect_latency_wall_over_ideal"], "(context)", None, "{:.3f}"))
     r = results.get("memory")
