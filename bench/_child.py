@@ -47,6 +47,48 @@ def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str,
     return json.loads(lines[-1]), exited
 
 
+def run_children_together(name: str, kwargs_list: list[dict[str, Any]], timeout: float = 900) -> list[dict[str, Any]]:
+    """Run scenario ``name`` once per item of ``kwargs_list``, each in its
+    own subprocess, and start them together: each child prints ``ready``
+    once it is warmed up and waits for a line on stdin (see
+    :func:`bench._scenarios.latency_share`). Returns their results in order."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench._child", name, json.dumps(kwargs)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for kwargs in kwargs_list
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"scenario {name} did not get ready")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"scenario {name} exited with {proc.returncode}")
+            results.append(json.loads(lines[-1]))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def main() -> None:
     from . import _scenarios
 

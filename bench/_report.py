@@ -30,6 +30,7 @@ _LATENCY_CONTEXT = (
     ("engine_only_wall_over_ideal", "attempt engine alone (no scheduler, no store) wall / ideal", 1, "{:.3f}"),
     ("engine_only_us_per_attempt", "attempt engine alone, CPU us/attempt", 1, "{:.0f}"),
     ("yielding_env_wall_over_ideal", "wall / ideal, environment open yields once", 1, "{:.3f}"),
+    ("split_wall_over_ideal", "split over {split_processes} processes (tasks and concurrency shared) wall / ideal", 1, "{:.3f}"),
 )
 
 
@@ -55,7 +56,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(_row("latency-bound", "wall / ideal", ratio, "<= 1.10", ratio <= 1.10, "{:.3f}"))
         for key, metric, scale, fmt in _LATENCY_CONTEXT:
             if r.get(key) is not None:
-                rows.append(_row("latency-bound", metric, r[key] * scale, "(context)", None, fmt))
+                rows.append(_row("latency-bound", metric.format_map(r), r[key] * scale, "(context)", None, fmt))
     if i and i.get("ratio_latency") is not None:
         rows.append(_row("latency-bound", "Inspect AI wall / ideal", i["inspect_latency_wall_over_ideal"], "(context)", None, "{:.3f}"))
     r = results.get("memory")

@@ -53,6 +53,8 @@ def test_latency_bound(tmp_path: Path) -> None:
     # The engine alone and the yielding-environment run sleep the same rounds.
     assert result["engine_only_wall_over_ideal"] >= 1.0 and result["engine_only_us_per_attempt"] > 0
     assert result["yielding_env_wall_over_ideal"] >= 1.0
+    # Each of the split's processes still sleeps its ceil(N/C) rounds.
+    assert result["split_wall_over_ideal"] >= 1.0
     assert result["bare_trio_cpu_budget_us"] in (0.0, *map(float, scenarios._BUDGET_STEPS_US))
 
 
@@ -101,6 +103,8 @@ def test_report_rows() -> None:
                 "engine_only_us_per_attempt": 200.0,
                 "before_first_attempt_s": 0.025,
                 "after_last_record_s": 0.055,
+                "split_processes": 2,
+                "split_wall_over_ideal": 1.7,
             },
             "inspect": {"skipped": "no network"},
         }
@@ -116,6 +120,7 @@ def test_report_rows() -> None:
     table = render_table(rows)
     assert "| latency-bound | ms from launch to the first attempt | 25 | (context) |  |" in table
     assert "| latency-bound | ms from the last record durable to return | 55 | (context) |  |" in table
+    assert "| latency-bound | split over 2 processes (tasks and concurrency shared) wall / ideal | 1.700 |" in table
     assert "| overhead-bound | attempts/s | 2500 | >= 2000 | yes |" in render_table(rows)
 
 
