@@ -94,6 +94,24 @@ def _warn_if_disk_busy(output: Path) -> None:
         )
 
 
+#: Mean microseconds per file creation above which the disk counts as slow
+#: (a quiet disk here: 20-40 us; right after many deletions: 400-800 us).
+_SLOW_CREATE_US = 150.0
+
+
+def disk_probe(directory: Path, files: int = 1_000) -> float:
+    """Mean wall microseconds to create one empty file in a new directory
+    under ``directory``: the state of the disk the store-bound figures
+    depend on (see ``_RECENTLY_DELETED_SECONDS``)."""
+    probe = directory / "disk-probe"
+    probe.mkdir()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    t0 = time.perf_counter()
+    for i in range(files):
+        os.close(os.open(probe / str(i), flags, 0o644))
+    return (time.perf_counter() - t0) / files * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[1])
     parser.add_argument("--only", action="append", choices=sorted(FULL), help="run only this scenario (repeatable)")
@@ -115,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="agentcompass-bench-") as tmp:
+        create_us = disk_probe(Path(tmp))
+        results["disk"] = {"file_create_us": create_us}
+        if create_us > _SLOW_CREATE_US:
+            print(
+                f"[bench] creating a file takes {create_us:.0f} us here (a quiet disk: 20-40 us): the disk is "
+                "still slow from recent deletions, which lowers the store-bound figures.",
+                file=sys.stderr,
+                flush=True,
+            )
         for name in names:
             runs = []
             for i in range(args.repeat):

@@ -131,4 +131,7 @@ def test_main_writes_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     report = json.loads(out.read_text())
     assert report["results"]["open_rate"]["repeats"] == 1
     assert report["targets"][0]["scenario"] == "open rate"
+    # The disk's state is measured first and shown last.
+    assert report["results"]["disk"]["file_create_us"] > 0
+    assert report["targets"][-1]["scenario"] == "disk"
     assert "| open rate |" in capsys.readouterr().out
