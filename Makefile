@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentcompass plugins tests
+	$(BIN)/ruff check agentcompass tests bench $(wildcard plugins)
 	$(BIN)/mypy agentcompass/runtime
 
 bench: $(STAMP)
