@@ -7,10 +7,12 @@ scenario keeps ``ru_maxrss``, caches and Trio state from leaking across them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,40 +55,51 @@ def run_children_together(name: str, kwargs_list: list[dict[str, Any]], timeout:
     once it is warmed up and waits for a line on stdin (see
     :func:`bench._scenarios.latency_share`). Returns their results in order."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench._child", name, json.dumps(kwargs)],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        for kwargs in kwargs_list
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"scenario {name} did not get ready")
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=timeout)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"scenario {name} exited with {proc.returncode}")
-            results.append(json.loads(lines[-1]))
-        return results
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with contextlib.ExitStack() as stack:
+        # Each child's stderr goes to a file: a pipe nobody reads while the
+        # children wait for their start could fill up and block them.
+        errs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in kwargs_list]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench._child", name, json.dumps(kwargs)],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+            for kwargs, err in zip(kwargs_list, errs, strict=True)
+        ]
+
+        def failed(index: int, what: str) -> RuntimeError:
+            errs[index].seek(0)
+            tail = "\n".join(errs[index].read().strip().splitlines()[-15:])
+            return RuntimeError(f"scenario {name} (process {index + 1} of {len(procs)}) {what}:\n{tail}")
+
+        try:
+            for index, proc in enumerate(procs):
+                assert proc.stdout is not None
+                if proc.stdout.readline().strip() != "ready":
+                    proc.wait(timeout)
+                    raise failed(index, f"exited with {proc.returncode} before it was ready")
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            results = []
+            for index, proc in enumerate(procs):
+                out, _ = proc.communicate(timeout=timeout)
+                lines = [line for line in out.splitlines() if line.startswith("{")]
+                if proc.returncode != 0 or not lines:
+                    raise failed(index, f"exited with {proc.returncode}")
+                results.append(json.loads(lines[-1]))
+            return results
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
 
 
 def main() -> None:
