@@ -2,7 +2,8 @@
 
 Every function runs the runtime in the calling process (``trio.run``) with the
 no-op components of :mod:`agentcompass.testing` and persistence on (a real
-run directory under ``root``). ``python -m bench`` calls each one in a fresh
+run directory under ``root``); :func:`shutdown` and the split of
+:func:`latency_bound` run it in processes of their own as well. ``python -m bench`` calls each one in a fresh
 subprocess (see :mod:`bench._child`) so scenarios never share memory,
 caches or a Trio run; the smoke tests call them in-process with small sizes.
 
@@ -134,7 +135,9 @@ def latency_bound(
     The no-op environment and benchmark make no schedule point, so the
     harness's sleep is the attempt's only one besides the runtime's own;
     ``yielding_env_wall_over_ideal`` is the same run with an environment
-    whose ``open`` yields once."""
+    whose ``open`` yields once. Context beside it: the run's fixed part,
+    the workload split over :data:`SPLIT_PROCESSES` processes, a bare Trio
+    loop of the same shape and the attempt engine alone."""
     root = Path(root)
     _warm_up(root)
     ideal = math.ceil(tasks / concurrency) * latency
