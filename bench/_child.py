@@ -21,18 +21,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str, Any], float]:
-    """Run scenario ``name`` in a subprocess; return its result and the wall
-    clock time (``time.time()``) at which the process was seen to exit."""
+def _spawn(name: str, kwargs: dict[str, Any], **streams: Any) -> subprocess.Popen[str]:
+    """Start ``python -m bench._child name kwargs`` from the repository root
+    (text streams as given; stdout is always a pipe)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "bench._child", name, json.dumps(kwargs)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
         text=True,
+        **streams,
     )
+
+
+def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str, Any], float]:
+    """Run scenario ``name`` in a subprocess; return its result and the wall
+    clock time (``time.time()``) at which the process was seen to exit."""
+    proc = _spawn(name, kwargs, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -54,22 +60,12 @@ def run_children_together(name: str, kwargs_list: list[dict[str, Any]], timeout:
     own subprocess, and start them together: each child prints ``ready``
     once it is warmed up and waits for a line on stdin (see
     :func:`bench._scenarios.latency_share`). Returns their results in order."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with contextlib.ExitStack() as stack:
         # Each child's stderr goes to a file: a pipe nobody reads while the
         # children wait for their start could fill up and block them.
         errs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in kwargs_list]
         procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "bench._child", name, json.dumps(kwargs)],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
-            for kwargs, err in zip(kwargs_list, errs, strict=True)
+            _spawn(name, kwargs, stdin=subprocess.PIPE, stderr=err) for kwargs, err in zip(kwargs_list, errs, strict=True)
         ]
 
         def failed(index: int, what: str) -> RuntimeError:
