@@ -35,6 +35,12 @@ def _spawn(name: str, kwargs: dict[str, Any], **streams: Any) -> subprocess.Pope
     )
 
 
+def _result(out: str) -> dict[str, Any] | None:
+    """A child's result: the last stdout line that is a JSON object."""
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
 def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str, Any], float]:
     """Run scenario ``name`` in a subprocess; return its result and the wall
     clock time (``time.time()``) at which the process was seen to exit."""
@@ -49,10 +55,10 @@ def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str,
     if proc.returncode != 0:
         tail = "\n".join(err.strip().splitlines()[-15:])
         raise RuntimeError(f"scenario {name} exited with {proc.returncode}:\n{tail}")
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if not lines:
+    result = _result(out)
+    if result is None:
         raise RuntimeError(f"scenario {name} printed no result:\n{out[-2000:]}\n{err[-2000:]}")
-    return json.loads(lines[-1]), exited
+    return result, exited
 
 
 def run_children_together(name: str, kwargs_list: list[dict[str, Any]], timeout: float = 900) -> list[dict[str, Any]]:
@@ -86,10 +92,10 @@ def run_children_together(name: str, kwargs_list: list[dict[str, Any]], timeout:
             results = []
             for index, proc in enumerate(procs):
                 out, _ = proc.communicate(timeout=timeout)
-                lines = [line for line in out.splitlines() if line.startswith("{")]
-                if proc.returncode != 0 or not lines:
+                result = _result(out)
+                if proc.returncode != 0 or result is None:
                     raise failed(index, f"exited with {proc.returncode}")
-                results.append(json.loads(lines[-1]))
+                results.append(result)
             return results
         finally:
             for proc in procs:
