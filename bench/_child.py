@@ -41,6 +41,11 @@ def _result(out: str) -> dict[str, Any] | None:
     return json.loads(lines[-1]) if lines else None
 
 
+def _tail(err: str, lines: int = 15) -> str:
+    """The last ``lines`` lines of a child's stderr, for an error message."""
+    return "\n".join(err.strip().splitlines()[-lines:])
+
+
 def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str, Any], float]:
     """Run scenario ``name`` in a subprocess; return its result and the wall
     clock time (``time.time()``) at which the process was seen to exit."""
@@ -53,8 +58,7 @@ def run_child(name: str, timeout: float = 900, **kwargs: Any) -> tuple[dict[str,
         raise RuntimeError(f"scenario {name} did not finish within {timeout}s") from None
     exited = time.time()
     if proc.returncode != 0:
-        tail = "\n".join(err.strip().splitlines()[-15:])
-        raise RuntimeError(f"scenario {name} exited with {proc.returncode}:\n{tail}")
+        raise RuntimeError(f"scenario {name} exited with {proc.returncode}:\n{_tail(err)}")
     result = _result(out)
     if result is None:
         raise RuntimeError(f"scenario {name} printed no result:\n{out[-2000:]}\n{err[-2000:]}")
@@ -76,8 +80,7 @@ def run_children_together(name: str, kwargs_list: list[dict[str, Any]], timeout:
 
         def failed(index: int, what: str) -> RuntimeError:
             errs[index].seek(0)
-            tail = "\n".join(errs[index].read().strip().splitlines()[-15:])
-            return RuntimeError(f"scenario {name} (process {index + 1} of {len(procs)}) {what}:\n{tail}")
+            return RuntimeError(f"scenario {name} (process {index + 1} of {len(procs)}) {what}:\n{_tail(errs[index].read())}")
 
         try:
             for index, proc in enumerate(procs):
