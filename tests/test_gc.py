@@ -64,3 +64,41 @@ async def test_launch_raises_it_for_the_run(autojump_clock, tmp_path) -> None:
         seen.append(gc.get_threshold()[0])
     assert seen == [GEN0_THRESHOLD]
     assert gc.get_threshold()[0] == 700
+
+
+def test_launch_frees_the_records_before_restoring_the_thresholds(tmp_path) -> None:
+    # The request's scheduler and reporters refer back to it (a cycle): its
+    # records must not wait for a cyclic collection, which restoring the
+    # thresholds would start at once, walking all of them.
+    from agentcompass.runtime import TaskRecord
+
+    request = RunRequest(
+        name="gc-free",
+        benchmark=ComponentRef("noop-bench", {"tasks": 20}),
+        environment=ComponentRef("noop-env"),
+        harness=ComponentRef("noop-harness"),
+        output_root=tmp_path,
+    )
+    alive_at_restore: list[int] = []
+    set_threshold = gc.set_threshold
+
+    def restoring(*thresholds: int) -> None:
+        if thresholds[0] == 700:
+            alive_at_restore.append(records_alive())
+        set_threshold(*thresholds)
+
+    def records_alive() -> int:
+        return sum(isinstance(o, TaskRecord) for o in gc.get_objects())
+
+    gc.collect()
+    before = records_alive()  # other tests' records that are still referenced
+    gc.disable()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(gc, "set_threshold", restoring)
+            result = trio.run(agentcompass.launch, Orchestration([request], task_concurrency=4))
+    finally:
+        gc.enable()
+    assert result.status == "succeeded"
+    assert result.requests[0].metrics["series"]  # the result keeps its metrics
+    assert alive_at_restore == [before]

@@ -393,6 +393,18 @@ class RequestRun:
             nursery.start_soon(self.store.write_text, "summary.md", summary)
         await self.store.write_run_info(self.run_info(status, notes))
 
+    def release(self) -> None:
+        """Drop the per-task state once :meth:`result` was taken.
+
+        The request's scheduler and reporters refer back to it, so without
+        this its records would wait for a cyclic collection, which then
+        walks all of them (they are acyclic: reference counting frees them
+        here at once)."""
+        self.records, self.tasks, self.order = [], [], {}
+        self.pending.clear()
+        self.saving, self.unsaved, self.late, self.unfinished = {}, [], [], {}
+        self.reuse = None
+
     def result(self) -> RequestResult:
         run_dir = str(self.store.run_dir) if self.store is not None else ""
         return RequestResult(self.request.name, run_dir, self.status or "cancelled", self.metrics)  # type: ignore[arg-type]

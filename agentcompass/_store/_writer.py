@@ -388,3 +388,7 @@ def _answer(out: int, data: bytes) -> int:
 
 if __name__ == "__main__":
     serve()
+    # Everything is committed and answered (``serve`` writes with ``os.write``
+    # only: no buffer is left to flush), so skip the interpreter's shutdown:
+    # it took 5-6 ms of the store's close, against 1 ms for this.
+    os._exit(0)
