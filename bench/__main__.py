@@ -112,6 +112,26 @@ def disk_probe(directory: Path, files: int = 1_000) -> float:
     return (time.perf_counter() - t0) / files * 1e6
 
 
+def _probe_loop(n: int) -> None:
+    table: dict[int, str] = {}
+    for i in range(n):
+        table[i % 1000] = str(i)
+
+
+def cpu_probe(repeats: int = 5, n: int = 50_000) -> float:
+    """Median thread-CPU milliseconds of a fixed pure-Python loop (dict and
+    str work, about 10 ms): how fast the host runs Python at that moment.
+    Taken before every run. On a shared virtual machine this moves by up
+    to about 1.8 x within a minute, whatever the other vCPU does, and every
+    CPU-bound figure moves with it."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        _probe_loop(n)
+        times.append(time.thread_time() - t0)
+    return statistics.median(times) * 1e3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[1])
     parser.add_argument("--only", action="append", choices=sorted(FULL), help="run only this scenario (repeatable)")
@@ -142,12 +162,16 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        probes: list[float] = []
+        results["host"] = {"cpu_probe_ms": probes}
         for name in names:
             runs = []
             for i in range(args.repeat):
                 print(f"[bench] {name} run {i + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
+                probe = cpu_probe()
+                probes.append(probe)
                 try:
-                    runs.append(run_scenario(name, sizes[name], Path(tmp)))
+                    runs.append({**run_scenario(name, sizes[name], Path(tmp)), "cpu_probe_ms": probe})
                 except Exception as exc:  # noqa: BLE001 - report it, go on with the others
                     print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
             results[name] = (

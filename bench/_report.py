@@ -76,6 +76,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if r and "error" not in r:
         dev = r["deviation"]
         rows.append(_row("open rate", "achieved / configured - 1", dev * 100, "within +-2 %", abs(dev) <= 0.02, "{:+.2f} %"))
+    probes = results.get("host", {}).get("cpu_probe_ms")
+    if probes:
+        rows.append(_row("host", "ms of CPU for a fixed Python loop, before each run (median)", sorted(probes)[len(probes) // 2], "(context)", None, "{:.1f}"))
+        rows.append(_row("host", "slowest / fastest of those", max(probes) / min(probes), "(context)", None, "{:.2f}"))
     r = results.get("disk")
     if r:
         rows.append(_row("disk", "us to create a file, before the scenarios", r["file_create_us"], "(context)", None, "{:.0f}"))

@@ -107,6 +107,7 @@ def test_report_rows() -> None:
                 "split_wall_over_ideal": 1.7,
             },
             "inspect": {"skipped": "no network"},
+            "host": {"cpu_probe_ms": [12.0, 9.0, 15.0]},
         }
     )
     met = {(r["scenario"], r["metric"]): r["ok"] for r in rows}
@@ -123,13 +124,19 @@ def test_report_rows() -> None:
     assert "| latency-bound | ms from the last record durable to return | 55 | (context) |  |" in table
     assert "| latency-bound | split over 2 processes (tasks and concurrency shared) wall / ideal | 1.700 |" in table
     assert "| overhead-bound | attempts/s | 2500 | >= 2000 | yes |" in table
+    assert "| host | ms of CPU for a fixed Python loop, before each run (median) | 12.0 | (context) |  |" in table
+    assert "| host | slowest / fastest of those | 1.67 | (context) |  |" in table
 
 
 def test_main_writes_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "latest.json"
-    assert main(["--smoke", "--repeat", "1", "--only", "open_rate", "--output", str(out)]) == 0
+    assert main(["--smoke", "--repeat", "2", "--only", "open_rate", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["results"]["open_rate"]["repeats"] == 1
+    assert report["results"]["open_rate"]["repeats"] == 2
+    # The host's speed is probed before each run, and kept with the run.
+    probes = report["results"]["host"]["cpu_probe_ms"]
+    assert len(probes) == 2 and all(p > 0 for p in probes)
+    assert [run["cpu_probe_ms"] for run in report["results"]["open_rate"]["runs"]] == probes
     assert report["targets"][0]["scenario"] == "open rate"
     # The disk's state is measured first and shown last.
     assert report["results"]["disk"]["file_create_us"] > 0
