@@ -122,7 +122,7 @@ def cpu_probe(repeats: int = 5, n: int = 50_000) -> float:
     """Median thread-CPU milliseconds of a fixed pure-Python loop (dict and
     str work, about 10 ms): how fast the host runs Python at that moment.
     Taken before every run. On a shared virtual machine this moves by up
-    to about 1.8 x within a minute, whatever the other vCPU does, and every
+    to about 2 x within a minute, whatever the other vCPU does, and every
     CPU-bound figure moves with it."""
     times = []
     for _ in range(repeats):
