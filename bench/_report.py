@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 __all__ = ["render_table", "targets"]
@@ -78,7 +79,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(_row("open rate", "achieved / configured - 1", dev * 100, "within +-2 %", abs(dev) <= 0.02, "{:+.2f} %"))
     probes = results.get("host", {}).get("cpu_probe_ms")
     if probes:
-        rows.append(_row("host", "ms of CPU for a fixed Python loop, before each run (median)", sorted(probes)[len(probes) // 2], "(context)", None, "{:.1f}"))
+        rows.append(_row("host", "ms of CPU for a fixed Python loop, before each run (median)", statistics.median(probes), "(context)", None, "{:.1f}"))
         rows.append(_row("host", "slowest / fastest of those", max(probes) / min(probes), "(context)", None, "{:.2f}"))
     r = results.get("disk")
     if r:
