@@ -353,10 +353,11 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
     """Reap every session journalled as opened and never closed; journal each
     reaped one as closed through the run's store (which refuses a run that
     is still being written)."""
+    from ._orchestration._reuse import sweep_run
     from ._store import load_run, open_run_store
 
     loaded = await trio.to_thread.run_sync(partial(load_run, run_dir, records=False))
-    if not loaded.open_sessions:
+    if not loaded.open_sessions and loaded.tag is None:
         return 0, 0
     configs = _environment_configs(loaded.run_info)
     reaped = failed = 0
@@ -375,6 +376,10 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
                     continue
                 await store.journal_session("closed", session_id, provider, handle)
                 reaped += 1
+            # Sandboxes whose open the kill interrupted before their journal line.
+            for note in await sweep_run(loaded, configs):
+                failed += 1
+                click.echo(f"warning: {redact(note)}", err=True)
     except RuntimeError as exc:
         if entered:
             raise

@@ -295,7 +295,7 @@ class _DropReporter:
     def event(self, kind: str, **fields: Any) -> None:
         pass
 
-    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str = "") -> None:
         pass
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -84,6 +85,9 @@ class RequestContext:
     grants: Grants
     reporter: TaskReporter
     grace: GraceClock
+    #: The run's tag: every session name starts with it (see :meth:`session_name`).
+    tag: str = "run"
+    _names: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     #: ``trio.current_time`` without its lookups: the clock's own method.
     now: Callable[[], float] = attrs.field(factory=lambda: trio.lowlevel.current_clock().current_time)
 
@@ -107,7 +111,13 @@ class RequestContext:
             grants=grants,
             reporter=reporter,
             grace=grace,
+            tag=getattr(reporter, "tag", "run"),
         )
+
+    def session_name(self) -> str:
+        """A new session name: the run's tag, ``-`` and a counter (``[a-z0-9-]``,
+        at most 40 characters, unique within the run)."""
+        return f"{self.tag}-{next(self._names):x}"
 
     @property
     def provider(self) -> str:

@@ -22,6 +22,7 @@ from .. import _registry
 from .._convert import unstructure
 from .._logging import add_json_log, get_logger, remove_json_log
 from .._store import compute_metrics, render_summary
+from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
@@ -87,6 +88,8 @@ class RequestRun:
     late: list[TaskRecord] = attrs.Factory(list)
     #: Called after each record is saved (the scheduler's wake-up).
     on_saved: Any = lambda: None
+    #: Prefix of every Environment session name of this run (``run_info.json`` "tag").
+    tag: str = attrs.Factory(new_run_tag)
 
     # -- preparation ---------------------------------------------------------
 
@@ -297,6 +300,7 @@ class RequestRun:
         info: dict[str, Any] = {
             "request": unstructure(self.request),
             "status": status,
+            "tag": self.tag,
             "started_at": self.started_at,
             "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
         }

@@ -15,7 +15,9 @@ checkpoints decide what runs again:
   early) run.
 
 Before anything runs, every Environment session the earlier run opened and
-never closed is reaped. A source run of another benchmark is not reused
+never closed is reaped, and every provider it used is swept by its tag
+(``BaseEnvironment.sweep``), holding the earlier run's lock: a run that is
+still alive is refused. A source run of another benchmark is not reused
 (everything runs, and ``run_info.json`` says why); tasks of the source that
 are no longer selected are ignored and counted in a note.
 
@@ -46,15 +48,15 @@ import trio
 
 from .. import _registry
 from .._redact import redact_json_text
-from .._store import latest_run, load_run
-from .._store._run_store import RUN_ID_PATTERN
+from .._store import LoadedRun, latest_run, load_run
+from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 
 if TYPE_CHECKING:
     from ._request import RequestRun
 
-__all__ = ["PendingTask", "ReusePlan", "plan_reuse", "reap_sessions"]
+__all__ = ["PendingTask", "ReusePlan", "plan_reuse", "reap_sessions", "sweep_run"]
 
 
 @attrs.frozen
@@ -102,6 +104,24 @@ async def reap_sessions(
     return notes
 
 
+async def sweep_run(loaded: LoadedRun, configs: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Sweep, by the run's tag, every provider a dead run used; returns notes
+    on failures. This finds sandboxes whose ``open`` the kill interrupted
+    before their journal line. A run recorded before runs had tags is not swept."""
+    tag = loaded.tag
+    if tag is None:
+        return []
+    notes = []
+    configs = configs or {}
+    for provider in loaded.used_providers():
+        try:
+            env = _registry.build("environment", provider, configs.get(provider, {}))
+            await env.sweep(tag)
+        except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the others
+            notes.append(f"sweep of {provider} sandboxes tagged {tag} failed: {type(exc).__name__}: {exc}")
+    return notes
+
+
 async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
     request = run.request
     if request.reuse is False:
@@ -117,11 +137,16 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
     if source is None or not await trio.Path(source).is_dir():
         notes.append(f"reuse: no earlier run of {request.name!r} found; running everything")
         return ReusePlan([PendingTask(task) for task in tasks], notes=notes)
-    loaded = await trio.to_thread.run_sync(partial(load_run, source, keep_files=True))
-    plan = ReusePlan([], source=source, notes=[*notes, f"reuse: from {source}", *loaded.notes])
-    plan.notes.extend(await reap_sessions(loaded.open_sessions, _environment_configs(request, loaded.run_info)))
-    if loaded.open_sessions:
-        plan.notes.append(f"reuse: reaped {len(loaded.open_sessions)} session(s) left open by the earlier run")
+    # Held while the source's sandboxes are reaped: a run that is still alive
+    # is refused (RunLockedError fails this request) and nothing is touched.
+    with run_dir_lock(source):
+        loaded = await trio.to_thread.run_sync(partial(load_run, source, keep_files=True))
+        plan = ReusePlan([], source=source, notes=[*notes, f"reuse: from {source}", *loaded.notes])
+        configs = _environment_configs(request, loaded.run_info)
+        plan.notes.extend(await reap_sessions(loaded.open_sessions, configs))
+        if loaded.open_sessions:
+            plan.notes.append(f"reuse: reaped {len(loaded.open_sessions)} session(s) left open by the earlier run")
+        plan.notes.extend(await sweep_run(loaded, configs))
 
     old_request = loaded.run_info.get("request", {}) if isinstance(loaded.run_info, dict) else {}
     old_benchmark = (old_request.get("benchmark") or {}).get("id")

@@ -49,6 +49,7 @@ class _RequestReporter:
 
     def __init__(self, run: RequestRun):
         self.run = run
+        self.tag = run.tag
 
     def event(self, kind: str, **fields: Any) -> None:
         # Replaced by the store's own method once there is one (see
@@ -59,12 +60,12 @@ class _RequestReporter:
         if self.run.store is not None:
             self.event = self.run.store.event  # type: ignore[method-assign]
 
-    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None:
         # Queued, not waited for: the sandbox exists from the moment ``open``
         # returned, so waiting for the line would not shorten the window in
         # which a kill leaks it (the next commit round writes and syncs the
         # line, a few milliseconds); it would only hold the attempt still.
-        await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
+        await self.run.store.journal_session("opened", session_id, provider, handle, durable=False, name=name)
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
         # Not waited for: a lost "closed" line only means one harmless extra reap.

@@ -31,8 +31,8 @@ import re
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -65,10 +65,14 @@ except ImportError:  # pragma: no cover - Windows has no flock
 
 __all__ = [
     "CLOSE_GRACE_SECONDS",
+    "new_run_tag",
     "write_journals_now",
     "PROGRESS_INTERVAL",
+    "RunLockedError",
     "RunStore",
     "StoreClosedError",
+    "run_dir_lock",
+    "run_is_live",
     "new_run_id",
     "open_run_store",
 ]
@@ -143,6 +147,40 @@ def write_journals_now() -> None:
             pass
 
 
+class RunLockedError(RuntimeError):
+    """The run directory is locked by a live run (in this or another process)."""
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the writer lock of ``run_dir`` (blocking, non-waiting): raise
+    :class:`RunLockedError` when a live run holds it. For touching what a
+    dead run left (reaping its sandboxes) without racing a live one. Where
+    there is no ``flock`` (Windows) nothing is locked."""
+    fd = open_dir_fd(Path(run_dir))
+    try:
+        if fcntl is not None and fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunLockedError(f"{run_dir} is already open by another writer") from None
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def run_is_live(run_dir: Path) -> bool:
+    """Whether a live run holds ``run_dir``'s writer lock (blocking)."""
+    try:
+        with run_dir_lock(run_dir):
+            return False
+    except RunLockedError:
+        return True
+    except OSError:
+        return False
+
+
 def new_run_id() -> str:
     """A fresh run id, e.g. ``20261129T233501.482Z-a7f3``.
 
@@ -151,6 +189,14 @@ def new_run_id() -> str:
     """
     now = datetime.now(UTC)
     return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(2)}"
+
+
+def new_run_tag() -> str:
+    """A fresh run tag, e.g. ``ac3f9a1c2b7d``: the prefix of every Environment
+    session name of one run, recorded in its ``run_info.json`` so that
+    ``sweep(tag)`` finds what a killed run left. Fixed length, so that no
+    run's tag is a prefix of another's."""
+    return f"ac{secrets.token_hex(5)}"
 
 
 #: What :func:`new_run_id` makes (and the older second-resolution form).
@@ -408,8 +454,11 @@ class RunStore:
         *,
         durable: bool = True,
         written: Callable[[Exception | None], None] | None = None,
+        name: str | None = None,
     ) -> None:
-        """Append ``{"event", "session", "provider", "handle", "t"}`` to ``sessions.jsonl``.
+        """Append ``{"event", "session", "provider", "name", "handle", "t"}`` to
+        ``sessions.jsonl`` (``name``, the session name the provider labelled
+        the sandbox with, only when given).
 
         With ``durable`` (the default) this returns once the line is durable.
         ``durable=False`` only queues it: the next commit round writes and
@@ -420,7 +469,10 @@ class RunStore:
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
-        fields = {"session": session_id, "provider": provider, "handle": handle}
+        fields: dict[str, Any] = {"session": session_id, "provider": provider}
+        if name is not None:
+            fields["name"] = name
+        fields["handle"] = handle
         data = (_mask(_line(event, time.time(), fields, "event", last="t")) + "\n").encode()
         if durable:
             await self._committer.append(data)
@@ -580,7 +632,7 @@ class RunStore:
                 try:
                     fcntl.flock(run_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise RuntimeError(f"{run_dir} is already open by another writer") from None
+                    raise RunLockedError(f"{run_dir} is already open by another writer") from None
             progress_fd = _open_journal(run_dir / "progress.jsonl")
             opened.append(progress_fd)
             sessions_fd = _open_journal(run_dir / "sessions.jsonl")

@@ -214,12 +214,31 @@ class BaseEnvironment(Component):
         cannot enforce or switch: never run a phase with broader access."""
         return None
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> EnvironmentSession:
-        """Open a session under ``policy``. Clean up anything half-made before raising."""
+    async def open(self, config: Any, policy: NetworkPolicy, name: str) -> EnvironmentSession:
+        """Open a session under ``policy``. Clean up anything half-made before raising.
+
+        ``name`` is chosen by the runtime before the call: unique, made of
+        ``[a-z0-9-]``, at most 40 characters, and starting with the run's tag.
+        Label everything the session creates with it (a directory name, a
+        container label, a process marker) as early as possible, so that
+        :meth:`sweep` finds the sandbox even when the process is killed before
+        ``open`` returns and its handle is journalled. The runtime does not
+        wait for any write before calling ``open``.
+        """
         raise NotImplementedError
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Destroy a sandbox left behind by a killed process (idempotent)."""
+
+    async def sweep(self, tag: str) -> None:
+        """Destroy every sandbox of this provider whose name starts with ``tag``.
+
+        Called by ``compass reap`` and ``--reuse`` for each provider a dead
+        run used, after reaping its journalled sessions: it covers a kill
+        between ``open`` starting and its journal line. Idempotent: finding
+        nothing is fine. ``tag`` is never empty. The base implementation does
+        nothing (a provider whose sandboxes die with the process needs no sweep).
+        """
 
 
 class BaseRecipe(Component):

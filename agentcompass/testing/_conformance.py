@@ -24,7 +24,9 @@ The kit runs real sessions under the real clock; do not use
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar, NoReturn
@@ -84,6 +86,9 @@ class EnvironmentConformance:
     timeout_seconds: float = 120
     max_handle_bytes: int = 4096
     _check: str = attrs.field(default="", init=False)
+    #: Prefix of the session names this kit gives ``open`` (its ``sweep`` tag).
+    tag: str = attrs.field(factory=lambda: f"cf{secrets.token_hex(5)}", init=False)
+    _names: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
 
     CHECKS: ClassVar[tuple[str, ...]] = (
         "open_exec_handle",
@@ -94,6 +99,7 @@ class EnvironmentConformance:
         "close_after_failed_open",
         "close_under_cancellation",
         "reap_after_cancelled_close",
+        "sweep",
         "policies",
     )
 
@@ -215,7 +221,7 @@ class EnvironmentConformance:
         with trio.CancelScope() as scope:
             scope.cancel()
             session = await self._ok(
-                "open() in a cancelled scope", self.env.open(config, policy), hint="let Cancelled propagate"
+                "open() in a cancelled scope", self.env.open(config, policy, self._name()), hint="let Cancelled propagate"
             )
         if not scope.cancelled_caught:
             # It finished without a checkpoint: legal, but the session is ours to close.
@@ -226,7 +232,7 @@ class EnvironmentConformance:
         async def open_until_cancelled(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
             with trio.CancelScope() as child_scope:
                 task_status.started(child_scope)
-                opened.append(await self.env.open(config, policy))
+                opened.append(await self.env.open(config, policy, self._name()))
 
         # Raising from inside except* would wrap our AssertionError in a group.
         failure: BaseException | None = None
@@ -249,7 +255,7 @@ class EnvironmentConformance:
         """open(failing_config) raises, cleans up what it made, and the provider still works."""
         policy = self._plan.baseline_network_policy
         opened: list[EnvironmentSession] = []
-        if not await self._raises(lambda: self.env.open(self.failing_config, policy), opened):
+        if not await self._raises(lambda: self.env.open(self.failing_config, policy, self._name()), opened):
             await self._close_checked(opened[0])
             self._fail(f"open({self.failing_config!r}) succeeded; failing_config must make open fail")
         await self._still_works("after a failed open")
@@ -295,6 +301,28 @@ class EnvironmentConformance:
             await self._close_checked(session, "close() after a cancelled close()")
             await self._ok("reap(handle) after a cancelled close()", self.env.reap(handle))
 
+    async def check_sweep(self) -> None:
+        """sweep(tag) destroys a session named with ``tag`` that was never
+        closed (verified by ``count_sandboxes`` when given), twice is
+        harmless, and it leaves a session of another tag working."""
+        async with self._opened() as other:
+            config = self._build(None)
+            policy = self._plan.baseline_network_policy
+            swept_tag = f"sw{secrets.token_hex(5)}"
+            session = await self._ok(
+                f"open(config, {policy}, name)", self.env.open(config, policy, f"{swept_tag}-1")
+            )
+            for what in ("sweep(tag) of a session never closed", "a second sweep(tag)"):
+                await self._ok(what, self.env.sweep(swept_tag), hint="sweep must be idempotent")
+            # The swept session may refuse to close; either way nothing is left.
+            with trio.move_on_after(self.grace_seconds, shield=True):
+                await self._raises(session.close)
+            if self.exec_output:
+                result = await self._ok("exec('echo hi') in a session of another tag", other.session.exec("echo hi"))
+                if getattr(result, "exit_code", None) != 0:
+                    self._fail(f"sweep(tag) broke a session of another tag: exec returned {result!r}")
+        await self._ok("sweep(tag) of a tag with no sandbox", self.env.sweep(f"no{secrets.token_hex(5)}"))
+
     async def check_policies(self) -> None:
         """Every policy is either rejected by build_config (with a ComponentError)
         or works: opened under directly, and switched to live and back."""
@@ -323,6 +351,9 @@ class EnvironmentConformance:
                     pass
 
     # -- helpers -----------------------------------------------------------
+
+    def _name(self) -> str:
+        return f"{self.tag}-{next(self._names)}"
 
     @property
     def _plan(self) -> ExecutionPlan:
@@ -381,7 +412,7 @@ class EnvironmentConformance:
         plan = plan or self._plan
         config = self._build(plan)
         policy = plan.baseline_network_policy
-        session = await self._ok(f"open(config, {policy})", self.env.open(config, policy))
+        session = await self._ok(f"open(config, {policy})", self.env.open(config, policy, self._name()))
         box = _Opened(session)
         try:
             yield box

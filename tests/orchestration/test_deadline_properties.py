@@ -36,10 +36,10 @@ class SlowOpenEnvironment(FakeEnvironment):
     id: ClassVar[str] = "orch-test-slow-open-env"
     open_seconds: ClassVar[int] = 0
 
-    async def open(self, config: Any, policy: Any) -> Any:
+    async def open(self, config: Any, policy: Any, name: str | None = None) -> Any:
         with trio.CancelScope(shield=True):
             await trio.sleep(type(self).open_seconds)
-            return await super().open(config, policy)
+            return await super().open(config, policy, name)
 
 
 task_strategy = st.fixed_dictionaries(

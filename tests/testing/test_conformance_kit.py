@@ -161,7 +161,7 @@ class MemEnvironment(BaseEnvironment):
             raise self.faults["build_config_raises"]
         return {}
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> MemSession:
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> MemSession:
         if "open_converts_cancelled" in self.faults:
             try:
                 await trio.sleep(0.001)
@@ -240,7 +240,7 @@ async def test_build_config_must_reject_with_component_error() -> None:
 
 async def test_a_hanging_check_fails_as_hung(autojump_clock: trio.abc.Clock) -> None:
     class Hanging(MemEnvironment):
-        async def open(self, config: Any, policy: NetworkPolicy) -> MemSession:
+        async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> MemSession:
             await trio.sleep_forever()
             raise AssertionError("unreachable")
 
