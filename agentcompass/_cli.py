@@ -7,9 +7,10 @@ are loaded and preflighted before the engine is started. Exit codes of
 ``launch`` / ``run``: 0 succeeded, 1 a request failed / partial failure /
 timed out, 2 invalid config or usage, 130 interrupted.
 
-Only the CLI installs signal handling: the first Ctrl-C cancels the run,
-whose cleanup then gets the orchestration's grace window; a second Ctrl-C
-exits at once with 130.
+Only the CLI installs signal handling: the first SIGINT (Ctrl-C), SIGTERM
+or SIGHUP cancels the run, whose cleanup then gets the orchestration's
+grace window, and the exit code is 130, 143 or 129; a second one exits at
+once with its own code.
 
 ``--reuse`` takes an optional value, so put it after the config path:
 ``compass launch config.yaml --reuse`` (latest run) or ``--reuse RUN_DIR``.
@@ -44,6 +45,11 @@ __all__ = ["cli", "main"]
 
 _LATEST = "\0latest"  # --reuse given without a value
 INTERRUPTED_EXIT = 130
+#: The signals that start the cleanup path, and the exit code of a run they stopped (128 + signum).
+_SIGNALS = {
+    signal.SIGINT: INTERRUPTED_EXIT,
+    **{getattr(signal, name): 128 + getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)},
+}
 
 
 def _config_messages(exc: BaseException) -> list[str] | None:
@@ -252,37 +258,45 @@ def _execute(orchestration: Orchestration, config_dir: Path) -> int:
     kwargs: dict[str, Any] = {"config_dir": config_dir}
     if "show_progress" in inspect.signature(engine_launch).parameters:
         kwargs["show_progress"] = True  # live table on a TTY, plain lines on stderr otherwise
-    result, interrupted = trio.run(_launch_main, engine_launch, orchestration, kwargs)
+    result, stopped_by = trio.run(_launch_main, engine_launch, orchestration, kwargs)
     if result is not None:
         _print_result(result)
-    if interrupted:
-        return INTERRUPTED_EXIT
+    if stopped_by is not None:
+        return _SIGNALS[stopped_by]
     return int(result.exit_code) if result is not None else 1
 
 
-async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs: dict[str, Any]) -> tuple[Any, bool]:
-    """``launch`` inside a cancel scope that the first SIGINT cancels.
+async def _launch_main(
+    engine_launch: Any, orchestration: Orchestration, kwargs: dict[str, Any]
+) -> tuple[Any, int | None]:
+    """``launch`` inside a cancel scope that the first SIGINT, SIGTERM or
+    SIGHUP cancels; returns the result and the signal that stopped the run.
 
-    The engine then runs its own bounded cleanup; the watcher keeps running
-    through it so a second SIGINT can still end the process at once.
+    The engine then runs its own cleanup, bounded by the grace; the watcher
+    keeps running through it so a second signal (of any of the three) ends
+    the process at once, with the exit code of that signal.
     """
-    interrupted = False
+    stopped_by: int | None = None
     result = None
     run_scope = trio.CancelScope()
 
     async def watch(signals: Any) -> None:
-        nonlocal interrupted
-        async for _ in signals:
-            if interrupted:
+        nonlocal stopped_by
+        async for signum in signals:
+            if stopped_by is not None:
                 # Leaving without unwinding: first put every queued session
                 # journal line on disk, so what was opened stays reapable.
                 write_journals_now()
-                os._exit(INTERRUPTED_EXIT)
-            interrupted = True
-            print("interrupted: cleaning up (Ctrl-C again to exit now)", file=sys.stderr, flush=True)
+                os._exit(_SIGNALS[signum])
+            stopped_by = signum
+            if signum == signal.SIGINT:
+                message = "interrupted: cleaning up (Ctrl-C again to exit now)"
+            else:
+                message = f"interrupted by {signal.Signals(signum).name}: cleaning up (send it again to exit now)"
+            print(message, file=sys.stderr, flush=True)
             run_scope.cancel()
 
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+    with trio.open_signal_receiver(*_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, signals)
             try:
@@ -290,7 +304,7 @@ async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs:
                     result = await engine_launch(orchestration, **kwargs)
             finally:
                 nursery.cancel_scope.cancel()
-    return result, interrupted
+    return result, stopped_by
 
 
 def _print_result(result: Any) -> None:
