@@ -166,6 +166,7 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
     """Run every request of CONFIG."""
     orchestration = _apply_cli(load_config(config, overrides), **flags)
     preflight(orchestration, config.parent)
+    _refuse_live_reuse(orchestration)
     ctx.exit(_execute(orchestration, config.parent))
 
 
@@ -193,6 +194,7 @@ def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     data = {"plugins": list(options.pop("plugins")), "requests": [_request_from_flags(**options)]}
     orchestration = _apply_cli(build_orchestration(data, overrides, base_dir=Path.cwd()), **flags)
     preflight(orchestration, Path.cwd())
+    _refuse_live_reuse(orchestration)
     ctx.exit(_execute(orchestration, Path.cwd()))
 
 
@@ -249,6 +251,21 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{option} must be a JSON object, got {text!r}")
     return value
+
+
+def _refuse_live_reuse(orchestration: Orchestration) -> None:
+    """``--reuse`` of a run that is still alive would reap its sandboxes:
+    refuse it (exit 2) before anything is created, as ``compass reap`` does."""
+    from ._orchestration._reuse import reuse_source
+    from ._store._run_store import run_is_live
+
+    for request in orchestration.requests:
+        source = reuse_source(request)
+        if source is not None and source.is_dir() and run_is_live(source):
+            raise ConfigError(
+                f"cannot reuse {source} for request {request.name!r}: its run is still alive "
+                "(already open by another writer); wait for it to end or stop it first"
+            )
 
 
 def _execute(orchestration: Orchestration, config_dir: Path) -> int:
@@ -329,11 +346,18 @@ def show(run_dir: Path) -> None:
 
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
+    from ._store._run_store import run_is_live
+
     try:
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         metrics = None  # the run did not finalize
-    click.echo(render_run_table(load_run(run_dir), metrics).rstrip())
+    loaded = load_run(run_dir)
+    total = loaded.run_info.get("tasks") if isinstance(loaded.run_info, dict) else None
+    table = render_run_table(
+        loaded, metrics, live=run_is_live(run_dir), total=total if isinstance(total, int) else None
+    )
+    click.echo(table.rstrip())
 
 
 @cli.command()

@@ -128,8 +128,8 @@ class RequestRun:
         # not say "prepared" ran nothing (and may hold only part of what it
         # copied from a reuse source), so a later reuse skips it (_reuse).
         self.queued = True
-        await store.write_run_info(self.run_info("running"))
         self.total = len(tasks)
+        await store.write_run_info(self.run_info("running"))
         for record in self.reuse.reused:
             self._count(record)
         self.pending.extend(self.reuse.pending)
@@ -305,6 +305,8 @@ class RequestRun:
             "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
         }
         info["prepared"] = self.queued
+        if self.queued:
+            info["tasks"] = self.total  # selected: what an interrupted run left unfinished is counted from it
         if status != "running":
             info["ended_at"] = time.time()
         if self.error:

@@ -56,7 +56,7 @@ from ..runtime._values import RunRequest, TaskSpec
 if TYPE_CHECKING:
     from ._request import RequestRun
 
-__all__ = ["PendingTask", "ReusePlan", "plan_reuse", "reap_sessions", "sweep_run"]
+__all__ = ["PendingTask", "ReusePlan", "plan_reuse", "reap_sessions", "reuse_source", "sweep_run"]
 
 
 @attrs.frozen
@@ -259,14 +259,24 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
         raise failures[0]
 
 
-def _latest_prepared_run(output_root: Path, name: str, own: Path) -> tuple[Path | None, list[Path]]:
+def reuse_source(request: RunRequest) -> Path | None:
+    """The run ``request`` would reuse, before its own run exists (blocking):
+    for refusing a live source before anything is touched."""
+    if request.reuse is False:
+        return None
+    if isinstance(request.reuse, Path):
+        return request.reuse
+    return _latest_prepared_run(request.output_root, request.name, None)[0]
+
+
+def _latest_prepared_run(output_root: Path, name: str, own: Path | None) -> tuple[Path | None, list[Path]]:
     """The latest run of request ``name`` (not ``own``) that queued its tasks,
     and the later runs skipped because they did not (blocking: call it in a
     thread). Runs are ordered, and eligible, as for :func:`latest_run`."""
     latest = latest_run(output_root, name, own)
     if latest is None:
         return None, []
-    own = Path(own).resolve()
+    own = Path(own).resolve() if own is not None else None
     names = sorted(
         (e.name for e in latest.parent.iterdir() if e.is_dir() and RUN_ID_PATTERN.fullmatch(e.name)),
         reverse=True,
