@@ -88,6 +88,8 @@ class RequestRun:
     late: list[TaskRecord] = attrs.Factory(list)
     #: Called after each record is saved (the scheduler's wake-up).
     on_saved: Any = lambda: None
+    #: (record counts, metrics, notes) of the last aggregate, see ``_write_results``.
+    _aggregated: Any = None
     #: Prefix of every Environment session name of this run (``run_info.json`` "tag").
     tag: str = attrs.Factory(new_run_tag)
 
@@ -317,17 +319,23 @@ class RequestRun:
 
     async def finalize(self, status: str | None = None) -> None:
         """Write metrics, summary and the terminal status. ``status`` overrides
-        the derived one (``timed_out`` or ``cancelled``)."""
+        the derived one (``timed_out`` or ``cancelled``).
+
+        ``finalized`` is set only once the terminal status is written, so a
+        finalize that a deadline or cancellation cut short is done again by
+        the caller's cleanup (with the terminal status): no run stays
+        ``running``. The count is taken once (``tallied``)."""
         if self.finalized or self.store is None:
             return
-        self.finalized = True
-        # Normally nothing is on its way any more (a request drains only then);
-        # after a deadline this waits within the caller's grace. A record still
-        # queued is a result all the same: the store's close writes it.
-        await self.wait_saved()
-        self.tallied = True
-        for record in self.saving.values():
-            self._count(record)
+        if not self.tallied:
+            # Normally nothing is on its way any more (a request drains only
+            # then); after a deadline this waits within the caller's grace. A
+            # record still queued is a result all the same: the store's close
+            # writes it.
+            await self.wait_saved()
+            self.tallied = True
+            for record in self.saving.values():
+                self._count(record)
         if status is None:
             status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
         self.status = status
@@ -340,9 +348,15 @@ class RequestRun:
             finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
             self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
         await self._write_results()
+        self.finalized = True
         self.store.event("run_finished", status=status)
         log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
-        remove_json_log(self.store.run_dir / "log.jsonl")
+        self.close_log()
+
+    def close_log(self) -> None:
+        """Detach the run's JSON log from the process-wide logger (idempotent)."""
+        if self.store is not None:
+            remove_json_log(self.store.run_dir / "log.jsonl")
 
     async def recount_late(self) -> None:
         """After a deadline or cancellation, once the request's tasks have
@@ -377,14 +391,23 @@ class RequestRun:
         benchmark = self.benchmark
         metric_names = benchmark.metrics if benchmark is not None else ()
         strategy = self.request.execution.attempts.strategy
-        metrics = None
-        if benchmark is not None:
-            try:
-                metrics = benchmark.aggregate_metrics(records)
-            except Exception as exc:  # noqa: BLE001 - keep the standard metrics
-                notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
-        if metrics is None:
-            metrics = compute_metrics(tuple(metric_names), records, strategy)
+        # A finalize cut short by the deadline is done again in the grace:
+        # the benchmark's (maybe slow) aggregate is not run twice on the same records.
+        key = (len(records), len(self.unsaved), len(self.unfinished))
+        cached = self._aggregated
+        if cached is not None and cached[0] == key:
+            metrics, aggregate_notes = cached[1], cached[2]
+        else:
+            metrics, aggregate_notes = None, []
+            if benchmark is not None:
+                try:
+                    metrics = benchmark.aggregate_metrics(records)
+                except Exception as exc:  # noqa: BLE001 - keep the standard metrics
+                    aggregate_notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
+            if metrics is None:
+                metrics = compute_metrics(tuple(metric_names), records, strategy)
+            self._aggregated = (key, metrics, aggregate_notes)
+        notes += aggregate_notes
         self.metrics = metrics
         self.publish_progress(terminal=status in ("timed_out", "cancelled"))
         summary = render_summary(self.request.name, self.store.run_dir, metrics, records, status)

@@ -275,4 +275,5 @@ class Scheduler:
             if run.tallied:
                 with trio.move_on_at(self.grace.deadline(), shield=True):
                     await run.recount_late()
+            run.close_log()
             closed.set()
