@@ -125,6 +125,12 @@ def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             metavar="[RUN_DIR]",
             help="Reuse finished results: of the latest run of each request, or of RUN_DIR.",
         ),
+        click.option(
+            "--reuse-anyway",
+            is_flag=True,
+            default=False,
+            help="With --reuse: reuse the source run even if it is another experiment (recorded in run_info.json).",
+        ),
         click.option("--timeout-seconds", type=float, help="Overall deadline of the orchestration."),
         click.option("--task-concurrency", type=int, help="Number of tasks run at once."),
         click.option("--output-root", type=click.Path(path_type=Path), help="Where run directories go."),
@@ -141,11 +147,15 @@ def _apply_cli(
     timeout_seconds: float | None,
     task_concurrency: int | None,
     output_root: Path | None,
+    reuse_anyway: bool = False,
 ) -> Orchestration:
     """Command-line flags win over the config."""
     changes: dict[str, Any] = {}
     if reuse is not None:
         changes["reuse"] = True if reuse == _LATEST else Path(reuse)
+    if reuse_anyway:
+        changes["reuse_anyway"] = True
+        changes.setdefault("reuse", True)
     if output_root is not None:
         changes["output_root"] = output_root
     if changes:
@@ -190,7 +200,9 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
 @click.pass_context
 def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     """Run one request described by flags."""
-    flags = {k: options.pop(k) for k in ("reuse", "timeout_seconds", "task_concurrency", "output_root")}
+    flags = {
+        k: options.pop(k) for k in ("reuse", "reuse_anyway", "timeout_seconds", "task_concurrency", "output_root")
+    }
     data = {"plugins": list(options.pop("plugins")), "requests": [_request_from_flags(**options)]}
     orchestration = _apply_cli(build_orchestration(data, overrides, base_dir=Path.cwd()), **flags)
     preflight(orchestration, Path.cwd())
