@@ -137,8 +137,11 @@ async def _launch(orchestration: Orchestration, show_progress: bool) -> Orchestr
         # still gets a run directory with its terminal state (SPEC 7).
         with trio.move_on_at(grace.deadline(), shield=True):
             for run in runs:
-                if run.store is None:
-                    await _persist_unstarted(run, terminal_status())
+                if run.store is None and run.status is None:
+                    try:
+                        await _persist_unstarted(run, terminal_status())
+                    except Exception as exc:  # noqa: BLE001 - one request's disk, not the others'
+                        run.fail(exc, "could not create the run directory")
     results = [run.result() for run in runs]
     for run in runs:
         run.release()

@@ -21,6 +21,7 @@ import trio
 from .. import _registry
 from .._convert import unstructure
 from .._logging import add_json_log, get_logger, remove_json_log
+from .._redact import redact
 from .._store import compute_metrics, render_summary
 from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
@@ -30,9 +31,21 @@ from ..runtime._values import RunRequest, TaskSpec
 from ._context import GraceClock
 from ._reuse import PendingTask, ReusePlan, plan_reuse
 
-__all__ = ["PendingTask", "RequestRun"]
+__all__ = ["PendingTask", "RequestRun", "failure_line"]
 
 log = get_logger("agentcompass.request")
+
+
+#: Failures of one request noted in its ``run_info.json`` (the rest are counted).
+MAX_FAILURE_NOTES = 5
+
+
+def failure_line(exc: BaseException) -> str:
+    """One redacted line for an error: the first leaf of a group, its type and message."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 @attrs.define(eq=False)
@@ -88,6 +101,10 @@ class RequestRun:
     late: list[TaskRecord] = attrs.Factory(list)
     #: Called after each record is saved (the scheduler's wake-up).
     on_saved: Any = lambda: None
+    #: Called after ``fail`` dropped the pending tasks (the scheduler's wake-up).
+    on_failed: Any = lambda: None
+    #: Unclassified failures so far (see ``fail``).
+    failures: int = 0
     #: (record counts, metrics, notes) of the last aggregate, see ``_write_results``.
     _aggregated: Any = None
     #: Prefix of every Environment session name of this run (``run_info.json`` "tag").
@@ -139,6 +156,35 @@ class RequestRun:
         self.prepared = True
         self.publish_progress()
 
+    def fail(self, exc: BaseException, where: str) -> None:
+        """An error no row of SPEC section 6 classifies (a full disk, a
+        provider rejecting a resumed attempt's plan) fails this request, and
+        only it: status ``failed``, the error in ``run_info.json`` and on the
+        console as one line. Its pending tasks are dropped (they count as
+        unfinished); tasks already running finish on their own."""
+        self.fail_with(f"{where}: {failure_line(exc)}")
+
+    def fail_with(self, line: str) -> None:
+        """:meth:`fail` with the error already made one line. Only the first
+        failure goes to the console; the others are in the notes."""
+        first = self.error is None
+        self.status = "failed"
+        self.error = self.error or line
+        self.failures += 1
+        if self.failures <= MAX_FAILURE_NOTES:
+            self.notes.append(line)
+        elif self.failures == MAX_FAILURE_NOTES + 1:
+            self.notes.append("more failures followed (see log.jsonl)")
+        dropped = len(self.pending)
+        self.pending.clear()
+        if not self.prepared:
+            self.prepared = True
+        if first:
+            log.error("request_failed", request=self.request.name, error=line)
+        if dropped:
+            self.notes.append(f"{dropped} task(s) were not started after the request failed")
+        self.on_failed()
+
     # -- results -------------------------------------------------------------
 
     def _count(self, record: TaskRecord) -> None:
@@ -174,7 +220,8 @@ class RequestRun:
             # would run it again.
             attempts.discard(record.attempt)
             line = f"could not write a checkpoint of task {task_id!r}: {error}".splitlines()[0]
-            log.warning("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
+            # Not a failure by itself (the record holds the attempt); only in the run's log.
+            log.info("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
         elif not self.tallied and not self.store.closed:
             self.store.event(
                 "attempt_finished", task=task_id, attempt=record.attempt, status=record.status, retries=record.retries
@@ -220,7 +267,7 @@ class RequestRun:
             self.all_saved.set()
         if error is not None:
             line = f"could not write the record of task {record.task_id!r}: {error}".splitlines()[0]
-            log.error("record_not_written", request=self.request.name, task=record.task_id, error=line)
+            log.info("record_not_written", request=self.request.name, task=record.task_id, error=line)
         if self.tallied or self.store.closed:
             # After a deadline, finalize counted what was still on its way;
             # a task that finished while the request unwound is counted by
@@ -234,8 +281,7 @@ class RequestRun:
             # Not on disk, so not finished: it counts as unavailable and a
             # --reuse run runs it again. The request cannot succeed.
             self.unsaved.append(record)
-            self.status = "failed"
-            self.error = self.error or line
+            self.fail_with(line)
         else:
             self._count(record)
             event = self.store.event
@@ -336,17 +382,21 @@ class RequestRun:
             self.tallied = True
             for record in self.saving.values():
                 self._count(record)
+        failure = self.store.failure
+        if failure is not None and self.status != "failed":
+            self.status = "failed"
+            self.error = self.error or failure
+            log.error("request_failed", request=self.request.name, error=failure)
         if status is None:
             status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
         self.status = status
-        if status in ("timed_out", "cancelled"):
-            # Tasks that never finished still count: as unavailable (no
-            # valid value), so a partial run never reads like a full score.
-            # Every selected task without a record, not only those pending or
-            # active now: a task cancelled with nothing to clean up may have
-            # unwound already.
-            finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
-            self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
+        # Tasks that never finished still count: as unavailable (no valid
+        # value), so a partial run never reads like a full score. Every
+        # selected task without a record, not only those pending or active
+        # now: a task cancelled with nothing to clean up may have unwound
+        # already, a failed request drops its pending ones.
+        finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
+        self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
         await self._write_results()
         self.finalized = True
         self.store.event("run_finished", status=status)

@@ -25,7 +25,7 @@ from .._store import open_run_store
 from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord
 from ._context import GraceClock
-from ._request import RequestRun
+from ._request import RequestRun, failure_line
 
 __all__ = ["Scheduler"]
 
@@ -115,6 +115,7 @@ class Scheduler:
         self._saved = {run.index: trio.lowlevel.ParkingLot() for run in runs}
         for run in runs:
             run.on_saved = functools.partial(self._on_saved, self._saved[run.index])
+            run.on_failed = self._on_failed
 
     # -- dispatch --------------------------------------------------------------
 
@@ -166,6 +167,10 @@ class Scheduler:
                     self.grants,
                     self._reporters[run.index],
                 )
+            except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
+                run.checkpointed.pop(pending.task.task_id, None)
+                run.fail(exc, f"task {pending.task.task_id!r}")
+            else:
                 run.complete(record, pending, run.checkpointed.pop(pending.task.task_id, set()))
             finally:
                 run.active -= 1
@@ -181,6 +186,13 @@ class Scheduler:
         # One record saved makes room for one waiting worker (waking them
         # all would only send the rest back to wait, at a cost per worker).
         lot.unpark()
+        self._check_drained()
+
+    def _on_failed(self) -> None:
+        # A failed request dropped its pending tasks: the next request may
+        # start preparing, and the failed one may have drained.
+        self._progress.unpark_all()
+        self._work.unpark_all()
         self._check_drained()
 
     def _check_drained(self) -> None:
@@ -212,6 +224,17 @@ class Scheduler:
             self.all_prepared = True
             self._work.unpark_all()
 
+    async def _finalize_failed(self, run: RequestRun) -> None:
+        """Write what a failed request can (its terminal status first of all)
+        once its running tasks drained; a write that fails again is only noted."""
+        self._check_drained()
+        await run.drained.wait()
+        try:
+            await run.finalize("failed")
+        except Exception as exc:  # noqa: BLE001 - the request has failed already
+            # The request_failed line said why; this goes to the run's log only.
+            log.info("request_not_finalized", request=run.request.name, error=failure_line(exc))
+
     async def _hold_store(
         self, run: RequestRun, closed: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -237,23 +260,39 @@ class Scheduler:
         """The request scope: owns the run directory from creation to finalize."""
         request = run.request
         closed = trio.Event()
+        started = False
         try:
             # Shielded: trio reparents a started task only when the caller
             # is not cancelled; a deadline passing during the (short) open
             # would otherwise leave the holder waiting here for ``closed``.
-            with trio.CancelScope(shield=True):
-                store = await nursery.start(self._hold_store, run, closed)
+            try:
+                with trio.CancelScope(shield=True):
+                    store = await nursery.start(self._hold_store, run, closed)
+            except Exception as exc:  # noqa: BLE001 - no run directory: this request fails, no other
+                run.fail(exc, "could not create the run directory")
+                task_status.started()
+                return
             try:
                 await run.prepare(store)
                 self._reporters[run.index]._bind()
+                started = True
                 task_status.started()
                 await run.drained.wait()
                 await run.finalize()
+            except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
+                run.fail(exc, "request")
+                if not started:
+                    started = True
+                    task_status.started()
+                await self._finalize_failed(run)
             except BaseException:
                 # Deadline or cancellation: persist the terminal state of what
                 # finished, within the grace window, then keep unwinding.
                 with trio.move_on_at(self.grace.deadline(), shield=True):
-                    await run.finalize(self.terminal_status())
+                    try:
+                        await run.finalize(self.terminal_status())
+                    except Exception as exc:  # noqa: BLE001 - the cancellation is what propagates
+                        run.fail(exc, "finalize")
                 raise
             finally:
                 forget = getattr(self.executor, "forget", None)

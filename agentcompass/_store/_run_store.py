@@ -240,6 +240,15 @@ class RunStore:
     _fresh: bool = False
     _saved_severity: dict[str, str] = attrs.Factory(dict)
     _checkpointed: dict[str, set[int]] = attrs.Factory(dict)
+    _failure: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """The first error of a write nobody waited for (``progress.jsonl``,
+        ``progress.json``), as one line; None while there was none. Such a
+        write is dropped, not retried: the request fails instead (its owner
+        reads this when it finalizes)."""
+        return self._failure
 
     @property
     def closed(self) -> bool:
@@ -567,6 +576,11 @@ class RunStore:
         text = _encode(lines)
         try:
             await to_store_thread(self._write_progress_sync, text, snapshot)
+        except OSError as exc:
+            # A full or failing disk: the lines are lost, the request fails
+            # (see ``failure``), and the actor goes on.
+            if self._failure is None:
+                self._failure = f"could not write progress: {exc}".splitlines()[0]
         except BaseException:
             # Cancelled before the thread started: keep it for the final flush.
             self._lines[:0] = lines
