@@ -298,8 +298,8 @@ def _execute(orchestration: Orchestration, config_dir: Path) -> int:
 async def _launch_main(
     engine_launch: Any, orchestration: Orchestration, kwargs: dict[str, Any]
 ) -> tuple[Any, int | None]:
-    """``launch`` inside a cancel scope that the first SIGINT, SIGTERM or
-    SIGHUP cancels; returns the result and the signal that stopped the run.
+    """``launch``, stopped (its ``stop`` event) by the first SIGINT, SIGTERM
+    or SIGHUP; returns the result and the signal that stopped the run.
 
     The engine then runs its own cleanup, bounded by the grace; the watcher
     keeps running through it so a second signal (of any of the three) ends
@@ -307,7 +307,7 @@ async def _launch_main(
     """
     stopped_by: int | None = None
     result = None
-    run_scope = trio.CancelScope()
+    stop = trio.Event()
 
     async def watch(signals: Any) -> None:
         nonlocal stopped_by
@@ -323,14 +323,13 @@ async def _launch_main(
             else:
                 message = f"interrupted by {signal.Signals(signum).name}: cleaning up (send it again to exit now)"
             print(message, file=sys.stderr, flush=True)
-            run_scope.cancel()
+            stop.set()
 
     with trio.open_signal_receiver(*_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, signals)
             try:
-                with run_scope:
-                    result = await engine_launch(orchestration, **kwargs)
+                result = await engine_launch(orchestration, stop=stop, **kwargs)
             finally:
                 nursery.cancel_scope.cancel()
     return result, stopped_by

@@ -85,11 +85,16 @@ async def launch(
     *,
     config_dir: Path | None = None,
     show_progress: bool = False,
+    stop: trio.Event | None = None,
 ) -> OrchestrationResult:
     """Run every request of ``orchestration`` and return how it ended.
 
     ``show_progress`` renders progress on stderr: a live table on a TTY,
     plain periodic lines otherwise (``compass launch`` turns it on).
+    Setting ``stop`` stops the run as a cancellation does (cleanup within
+    the grace, unfinished requests ``cancelled``), but ``launch`` then
+    returns the result instead of raising (``compass launch`` sets it on
+    the first SIGINT, SIGTERM or SIGHUP).
 
     Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
     rejects the configuration.
@@ -100,10 +105,10 @@ async def launch(
     # it still alive, the first allocation after would walk it all in one
     # collection (7-13 ms at 2,000 tasks, on the way out of every launch).
     with relaxed_collection():  # see agentcompass._gc
-        return await _launch(orchestration, show_progress)
+        return await _launch(orchestration, show_progress, stop)
 
 
-async def _launch(orchestration: Orchestration, show_progress: bool) -> OrchestrationResult:
+async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.Event | None) -> OrchestrationResult:
     grants = _LocalGrants()
     for provider, limits in orchestration.providers.items():
         for note in grants.registry.configure(provider, limits.capacity, limits.open_qps):
@@ -120,17 +125,40 @@ async def _launch(orchestration: Orchestration, show_progress: bool) -> Orchestr
     scheduler = Scheduler(
         runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
     )
+    work_scope = trio.CancelScope()
+    timed_out = finished = False
+
+    async def watch_for_shutdown() -> None:
+        """Start the shutdown explicitly: fix the grace deadline, then cancel
+        the work, at the orchestration deadline or on ``stop``; fix it too
+        when the caller's cancel scope cancels us."""
+        nonlocal timed_out
+        try:
+            with trio.move_on_at(deadline):
+                if stop is None:
+                    await trio.sleep_forever()
+                await stop.wait()
+            timed_out = not (stop is not None and stop.is_set())
+            grace.begin()
+            work_scope.cancel()
+        except trio.Cancelled:
+            if not work_scope.cancel_called and not finished:
+                grace.begin()  # the caller's cancellation: shutdown starts now
+            raise
+
     try:
         async with trio.open_nursery() as display_nursery:
             if show_progress:
                 from .._progress import ProgressDisplay
 
                 display_nursery.start_soon(ProgressDisplay(runs).run)
-            with trio.move_on_at(deadline) as deadline_scope:
+            display_nursery.start_soon(watch_for_shutdown)
+            with work_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(scheduler.prepare_all, nursery)
                     for _ in range(orchestration.task_concurrency):
                         nursery.start_soon(scheduler.worker)
+            finished = True
             display_nursery.cancel_scope.cancel()
     finally:
         # A request the deadline or a cancellation stopped before it started
@@ -145,7 +173,10 @@ async def _launch(orchestration: Orchestration, show_progress: bool) -> Orchestr
     results = [run.result() for run in runs]
     for run in runs:
         run.release()
-    status, exit_code = _overall(results, deadline_scope.cancelled_caught)
+    if stop is not None and stop.is_set() and not timed_out:
+        status, exit_code = "cancelled", 130
+    else:
+        status, exit_code = _overall(results, timed_out and work_scope.cancelled_caught)
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
 
 

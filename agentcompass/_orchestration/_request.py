@@ -160,8 +160,8 @@ class RequestRun:
         """An error no row of SPEC section 6 classifies (a full disk, a
         provider rejecting a resumed attempt's plan) fails this request, and
         only it: status ``failed``, the error in ``run_info.json`` and on the
-        console as one line. Its pending tasks are dropped (they count as
-        unfinished); tasks already running finish on their own."""
+        console as one line. Its other tasks still run: their results may
+        well be sound (a task that cannot be written counts as unavailable)."""
         self.fail_with(f"{where}: {failure_line(exc)}")
 
     def fail_with(self, line: str) -> None:
@@ -175,14 +175,10 @@ class RequestRun:
             self.notes.append(line)
         elif self.failures == MAX_FAILURE_NOTES + 1:
             self.notes.append("more failures followed (see log.jsonl)")
-        dropped = len(self.pending)
-        self.pending.clear()
         if not self.prepared:
             self.prepared = True
         if first:
             log.error("request_failed", request=self.request.name, error=line)
-        if dropped:
-            self.notes.append(f"{dropped} task(s) were not started after the request failed")
         self.on_failed()
 
     # -- results -------------------------------------------------------------
