@@ -182,7 +182,7 @@ async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.
 
 async def _persist_unstarted(run: RequestRun, status: str) -> None:
     request = run.request
-    async with open_run_store(request.output_root, request.name) as store:
+    async with open_run_store(request.output_root, request.name, close_deadline=run.grace.deadline) as store:
         run.store = store
         run.started_at = time.time()
         run.started_clock = trio.current_time()

@@ -9,6 +9,7 @@ its run directory, through its :class:`RunStore`.
 from __future__ import annotations
 
 import collections
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -359,7 +360,7 @@ class RequestRun:
             info["notes"] = notes
         return info
 
-    async def finalize(self, status: str | None = None) -> None:
+    async def finalize(self, status: str | None = None, save_deadline: float | None = None) -> None:
         """Write metrics, summary and the terminal status. ``status`` overrides
         the derived one (``timed_out`` or ``cancelled``).
 
@@ -373,8 +374,11 @@ class RequestRun:
             # Normally nothing is on its way any more (a request drains only
             # then); after a deadline this waits within the caller's grace. A
             # record still queued is a result all the same: the store's close
-            # writes it.
-            await self.wait_saved()
+            # writes it. ``save_deadline`` (shutdown) keeps part of the grace
+            # for the writes below: a record that never lands (a hung disk)
+            # must not leave the run ``running``.
+            with trio.move_on_at(math.inf if save_deadline is None else save_deadline):
+                await self.wait_saved()
             self.tallied = True
             for record in self.saving.values():
                 self._count(record)

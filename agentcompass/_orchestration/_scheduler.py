@@ -169,7 +169,13 @@ class Scheduler:
                 )
             except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
                 run.checkpointed.pop(pending.task.task_id, None)
-                run.fail(exc, f"task {pending.task.task_id!r}")
+                if run.tallied:
+                    # After a deadline or cancellation the request's terminal
+                    # state is taken (its store may be closed): the task is
+                    # unfinished, as in a crash.
+                    log.info("late_task_error", request=run.request.name, error=failure_line(exc))
+                else:
+                    run.fail(exc, f"task {pending.task.task_id!r}")
             else:
                 run.complete(record, pending, run.checkpointed.pop(pending.task.task_id, set()))
             finally:
@@ -249,8 +255,10 @@ class Scheduler:
         request unwinds; the request scope closes it (``closed``) on every way out.
         """
         request = run.request
+        # Unbounded only until ``closed``, which the request scope sets on
+        # every way out; the store's close is bounded by the grace.
         with trio.CancelScope(shield=True):
-            async with open_run_store(request.output_root, request.name) as store:
+            async with open_run_store(request.output_root, request.name, close_deadline=self.grace.deadline) as store:
                 task_status.started(store)
                 await closed.wait()
 
@@ -288,9 +296,11 @@ class Scheduler:
             except BaseException:
                 # Deadline or cancellation: persist the terminal state of what
                 # finished, within the grace window, then keep unwinding.
-                with trio.move_on_at(self.grace.deadline(), shield=True):
+                limit = self.grace.deadline()
+                with trio.move_on_at(limit, shield=True):
                     try:
-                        await run.finalize(self.terminal_status())
+                        now = trio.current_time()
+                        await run.finalize(self.terminal_status(), save_deadline=now + (limit - now) / 2)
                     except Exception as exc:  # noqa: BLE001 - the cancellation is what propagates
                         run.fail(exc, "finalize")
                 raise
@@ -303,9 +313,8 @@ class Scheduler:
             # every task of the request has unwound: their sessions' journal
             # lines (a close, or an open that could not be interrupted) and
             # the records of tasks that finished in a cleanup are still
-            # written. Not bounded by the grace: the orchestration's nursery
-            # waits for those workers all the same.
-            with trio.CancelScope(shield=True):
+            # written, within the grace (their own cleanups end by then too).
+            with trio.move_on_at(self.grace.deadline(), shield=True):
                 while run.active:
                     await run.idle.park()
             # The store commits what is queued as it closes; a record still

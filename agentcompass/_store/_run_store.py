@@ -14,8 +14,9 @@ with two actor tasks: the progress actor (``progress.jsonl`` lines in batches,
 ``progress.json`` at most every :data:`PROGRESS_INTERVAL` seconds) and the
 group committer (:mod:`._group_commit`), through which every durable write
 goes: records, checkpoints, retries, session journal lines, JSON and text
-files. Closing flushes both within :data:`CLOSE_GRACE_SECONDS`, shielded, so
-a cancelled caller loses no event.
+files. Closing flushes both, shielded, until the caller's close deadline
+(the cleanup grace), so a cancelled caller loses no event unless the disk
+stalls past it.
 
 Per-record work is kept small because the runtime persists thousands of
 records per second: task keys and paths are cached, an attempt serialized for
@@ -768,15 +769,22 @@ def _open_journal(path: Path) -> int:
 
 @asynccontextmanager
 async def open_run_store(
-    output_root: Path, request_name: str, run_id: str | None = None
+    output_root: Path,
+    request_name: str,
+    run_id: str | None = None,
+    *,
+    close_deadline: Callable[[], float] | None = None,
 ) -> AsyncIterator[RunStore]:
     """Create (or reopen) ``<output_root>/<request_name>/<run_id>/`` and write to it.
 
     ``run_id`` defaults to :func:`new_run_id`. Reopening an existing run id is
     allowed (e.g. to journal reaped sessions); a second writer of the same
     directory, in any process, gets ``RuntimeError``. On exit every queued
-    write and event is flushed, shielded for at most
-    :data:`CLOSE_GRACE_SECONDS` even when the caller is cancelled.
+    write and event is flushed, shielded even when the caller is cancelled,
+    until ``close_deadline()`` (the orchestration's cleanup grace; default
+    :data:`CLOSE_GRACE_SECONDS` from the exit). Past it, the writer process
+    is killed and what was not written is lost, as in a crash (the next
+    ``--reuse`` recovers from that).
     """
     store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
     _OPEN_STORES.add(store)
@@ -790,13 +798,22 @@ async def open_run_store(
                 yield store
             finally:
                 # Actors stop between batches (a batch in a thread always
-                # finishes); _close() then commits what is left, shielded.
+                # finishes, one in the writer process by the close deadline);
+                # _close() then commits what is left, shielded.
+                if close_deadline is not None:
+                    store._committer.set_deadline(close_deadline())
                 nursery.cancel_scope.cancel()
     finally:
+        if close_deadline is not None:
+            limit = close_deadline()
+            store._committer.set_deadline(limit)
+        else:
+            limit = trio.current_time() + CLOSE_GRACE_SECONDS
         try:
-            with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
+            with trio.move_on_at(limit, shield=True):
                 await store._close()
-            await store._committer.stop_writer(WRITER_STOP_SECONDS)
+            remaining = max(0.0, limit - trio.current_time())
+            await store._committer.stop_writer(min(WRITER_STOP_SECONDS, remaining))
         finally:
             _OPEN_STORES.discard(store)
             store._release()

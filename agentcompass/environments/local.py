@@ -337,8 +337,11 @@ class LocalSession(EnvironmentSession):
         if self._removed:
             return
         root = str(self._root)
-        await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True)
-        await trio.to_thread.run_sync(_remove_sandbox, root)
+        # Abandoned if the caller's grace runs out (a stalled disk, a process
+        # that will not die): killing and removing are safe to leave running,
+        # and an interrupted close is finished by another close or by reap.
+        await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(_remove_sandbox, root, abandon_on_cancel=True)
         self._removed = True
 
 

@@ -26,7 +26,7 @@ def _run_info(run_dir: str) -> dict:
 
 
 async def test_a_provider_rejecting_a_resumed_attempts_plan_fails_only_its_request(
-    autojump_clock, tmp_path: Path
+    tmp_path: Path
 ) -> None:
     a = fake_request("a", log="a", benchmark=BENCH, output_root=tmp_path)
     first = await agentcompass.launch(Orchestration([a]))

@@ -58,7 +58,7 @@ DIFFERENT = [
 
 @pytest.mark.parametrize(("field", "change"), DIFFERENT)
 async def test_another_experiment_reuses_nothing_and_says_which_field_differs(
-    autojump_clock, tmp_path: Path, field: str, change
+    tmp_path: Path, field: str, change
 ) -> None:
     base = _base(tmp_path)
     await _launch(base)
@@ -81,7 +81,7 @@ ALLOWED = [
 
 
 @pytest.mark.parametrize("change", ALLOWED)
-async def test_the_same_experiment_with_other_settings_is_reused(autojump_clock, tmp_path: Path, change) -> None:
+async def test_the_same_experiment_with_other_settings_is_reused(tmp_path: Path, change) -> None:
     base = _base(tmp_path)
     await _launch(base)
     ran = _runs()
@@ -91,7 +91,7 @@ async def test_the_same_experiment_with_other_settings_is_reused(autojump_clock,
     assert _runs() == ran
 
 
-async def test_reuse_anyway_reuses_another_experiment_and_records_it(autojump_clock, tmp_path: Path) -> None:
+async def test_reuse_anyway_reuses_another_experiment_and_records_it(tmp_path: Path) -> None:
     base = _base(tmp_path)
     await _launch(base)
     ran = _runs()
