@@ -37,3 +37,10 @@ from ._values import ProviderLimits as ProviderLimits
 from ._values import RunRequest as RunRequest
 from ._values import Secret as Secret
 from ._values import TaskSpec as TaskSpec
+from .._models import ChatClient as ChatClient
+from .._models import ChatReply as ChatReply
+from .._models import ModelError as ModelError
+from .._models import ModelUsage as ModelUsage
+from .._models import ToolCall as ToolCall
+from .._models import chat_client as chat_client
+from .._models import open_model_clients as open_model_clients
