@@ -131,7 +131,9 @@ class ChatClient:
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout):
                 raise self._error("fatal", "model_unreachable", f"could not connect ({_name(exc)})") from None
-            raise self._error("error", "model_timeout", f"no reply within {self.model_timeout()} ({_name(exc)})") from None
+            raise self._error(
+                "error", "model_timeout", f"no reply within {self.model_timeout()} ({_name(exc)})"
+            ) from None
         except (httpx.TransportError, httpx.DecodingError) as exc:
             raise self._error("fatal", "model_unreachable", f"connection failed ({_name(exc)}: {exc})") from None
         if response.status_code >= 400:
@@ -178,7 +180,7 @@ class ChatClient:
         content = message.get("content")
         if content is not None and not isinstance(content, str):
             raise self._error("error", "no_valid_output", "the reply's content is not text")
-        calls = []
+        calls: list[ToolCall] = []
         for raw in message.get("tool_calls") or ():
             function = raw.get("function") if isinstance(raw, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -198,7 +200,10 @@ class ChatClient:
         return ChatReply(
             content=content,
             tool_calls=tuple(calls),
-            usage={"prompt_tokens": _count(usage.get("prompt_tokens")), "completion_tokens": _count(usage.get("completion_tokens"))},
+            usage={
+                "prompt_tokens": _count(usage.get("prompt_tokens")),
+                "completion_tokens": _count(usage.get("completion_tokens")),
+            },
             finish_reason=choice.get("finish_reason"),
             message=out,
         )

@@ -35,7 +35,9 @@ __all__ = ["DEFAULT_TIMEOUT_SECONDS", "ModelClients", "chat_client", "open_model
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
-_current: contextvars.ContextVar[ModelClients | None] = contextvars.ContextVar("agentcompass_model_clients", default=None)
+_current: contextvars.ContextVar[ModelClients | None] = contextvars.ContextVar(
+    "agentcompass_model_clients", default=None
+)
 
 
 class ModelClients:

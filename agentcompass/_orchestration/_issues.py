@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 import attrs
+
 from .._redact import redact
 from ..runtime._errors import IssueError
 from ..runtime._results import Issue, Phase

@@ -116,7 +116,9 @@ class QABenchmark(HarnessFreeBenchmark):
             with trio.fail_after(budget.timeout_seconds if budget.timeout_seconds is not None else float("inf")):
                 reply = await client.chat(messages)
         except trio.TooSlowError:
-            raise IssueError("error", "model_timeout", f"no answer within the run budget of {budget.timeout_seconds:g}s") from None
+            raise IssueError(
+                "error", "model_timeout", f"no answer within the run budget of {budget.timeout_seconds:g}s"
+            ) from None
         except ModelError as exc:
             return RunResult(trajectory=trajectory, usage=usage.to_dict(), issues=[exc.to_issue("run")])
         took = trio.current_time() - start
@@ -131,7 +133,9 @@ class QABenchmark(HarnessFreeBenchmark):
                 "duration_seconds": round(took, 6),
             }
         )
-        return RunResult(output=reply.content, trajectory=trajectory, usage=usage.to_dict(), timings={"model": round(took, 6)})
+        return RunResult(
+            output=reply.content, trajectory=trajectory, usage=usage.to_dict(), timings={"model": round(took, 6)}
+        )
 
     async def evaluate(
         self, prepared: PreparedTask, run_result: RunResult, env: EnvironmentSession | None, request: RunRequest

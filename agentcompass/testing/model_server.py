@@ -208,6 +208,17 @@ class ModelServer:
         self.connections = 0
         self.closed_connections = 0
         self.base_url = ""
+        self._changed = trio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[ModelServer], bool]) -> None:
+        """Return once ``predicate(server)`` holds (checked after every request
+        and connection event); the caller bounds the wait."""
+        while not predicate(self):
+            await self._changed.wait()
 
     def _reply_for(self, request: RecordedRequest) -> Reply:
         if request.method != "POST" or not request.path.rstrip("/").endswith("/chat/completions"):
@@ -238,9 +249,11 @@ class ModelServer:
                 if request is None:
                     return
                 self.requests.append(request)
+                self._notify()
                 reply = self._reply_for(request)
                 if reply.delay and await self._client_left_during(stream, reply.delay):
                     self.aborted += 1
+                    self._notify()
                     return
                 await self._send(conn, stream, request, reply)
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
@@ -249,9 +262,10 @@ class ModelServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             return
         finally:
-            self.closed_connections += 1
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
+            self.closed_connections += 1
+            self._notify()
 
     async def _read_request(self, conn: h11.Connection, stream: trio.SocketStream) -> RecordedRequest | None:
         head: h11.Request | None = None
@@ -285,7 +299,9 @@ class ModelServer:
             raise h11.ProtocolError("unexpected data while a reply is pending")
         return False
 
-    async def _send(self, conn: h11.Connection, stream: trio.SocketStream, request: RecordedRequest, reply: Reply) -> None:
+    async def _send(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: RecordedRequest, reply: Reply
+    ) -> None:
         if reply.echo_headers:
             payload = json.dumps({"error": {"message": "echo", "headers": request.headers}}).encode()
         elif isinstance(reply.body, bytes):
@@ -357,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m agentcompass.testing.model_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m agentcompass.testing.model_server", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--script", help="JSON script file (default: every request gets a short text reply)")
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
     args = parser.parse_args(argv)

@@ -96,7 +96,9 @@ async def test_read_timeout_is_error_model_timeout():
 
 
 async def test_reply_text_tool_calls_usage_and_request_shape():
-    server = ModelServer([text("hello", prompt_tokens=11, completion_tokens=3), tool_call("bash", {"command": "ls"}, call_id="c1")])
+    server = ModelServer(
+        [text("hello", prompt_tokens=11, completion_tokens=3), tool_call("bash", {"command": "ls"}, call_id="c1")]
+    )
     async with hang_guard(20), trio.open_nursery() as nursery:
         url = await nursery.start(server.serve)
         async with open_model_clients(4):
@@ -104,7 +106,11 @@ async def test_reply_text_tool_calls_usage_and_request_shape():
             first = await client.chat(MESSAGES)
             second = await client.chat(MESSAGES, tools=[{"type": "function", "function": {"name": "bash"}}], seed=3)
         nursery.cancel_scope.cancel()
-    assert (first.content, first.tool_calls, first.usage) == ("hello", (), {"prompt_tokens": 11, "completion_tokens": 3})
+    assert (first.content, first.tool_calls, first.usage) == (
+        "hello",
+        (),
+        {"prompt_tokens": 11, "completion_tokens": 3},
+    )
     assert second.content is None
     assert [(c.id, c.name, c.arguments) for c in second.tool_calls] == [("c1", "bash", '{"command": "ls"}')]
     assert second.message["tool_calls"][0]["function"]["name"] == "bash"
@@ -145,12 +151,10 @@ async def test_cancelling_a_call_mid_request_closes_its_connection():
             with trio.CancelScope() as scope:
                 async with trio.open_nursery() as calls:
                     calls.start_soon(client.chat, MESSAGES)
-                    while not server.requests:  # the request reached the server
-                        await trio.sleep(0.01)
+                    await server.wait_until(lambda s: bool(s.requests))  # the request reached the server
                     scope.cancel()
             # The server sees the client close the connection while the reply is pending.
-            while server.aborted == 0:
-                await trio.sleep(0.01)
+            await server.wait_until(lambda s: s.aborted == 1)
             assert server.closed_connections == 1
             # The pool (of one connection) is usable again: a new connection serves the next call.
             reply = await client.chat(MESSAGES)
@@ -168,7 +172,5 @@ async def test_closing_the_pool_closes_the_http_clients():
         assert client.http.is_closed
         with pytest.raises(RuntimeError):
             await client.http.post(url + "/chat/completions", json={})
-        while server.closed_connections < 1:  # its keep-alive connection was closed too
-            await trio.sleep(0.01)
+        await server.wait_until(lambda s: s.closed_connections == 1)  # its keep-alive connection too
         nursery.cancel_scope.cancel()
-
