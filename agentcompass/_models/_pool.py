@@ -30,6 +30,7 @@ from .._redact import register_secret
 from ..runtime._errors import ConfigError
 from ..runtime._values import ModelSpec
 from ._client import ChatClient
+from ._transport import pooled_transport
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "ModelClients", "chat_client", "open_model_clients"]
 
@@ -65,7 +66,7 @@ class ModelClients:
             timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
             http = httpx.AsyncClient(
                 timeout=httpx.Timeout(timeout),
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                transport=pooled_transport(size),
                 # No proxy from the environment: an endpoint is reached as configured.
                 trust_env=False,
             )

@@ -8,7 +8,7 @@ import sys
 
 import attrs
 import pytest
-from _support import details, launch, react_request, retries, serving
+from _model_support import details, launch, react_request, retries, serving
 
 from agentcompass import ExecutionSpec
 from agentcompass.testing.model_server import episode, error, text, tool_call
