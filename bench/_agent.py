@@ -30,18 +30,20 @@ import agentcompass
 import agentcompass.testing  # registers noop-bench
 from agentcompass import ComponentRef, ModelSpec, Orchestration, RunRequest
 
-__all__ = ["agent_bound", "start_model_server"]
+__all__ = ["agent_bound", "agent_rows", "inspect_agent", "start_model_server"]
 
 
-def start_model_server(root: Path, steps: int, latency: float) -> tuple[subprocess.Popen[str], str]:
+def start_model_server(
+    root: Path, steps: int, latency: float, bash_argument: str = "command"
+) -> tuple[subprocess.Popen[str], str]:
     """A model server process whose every conversation is ``steps`` bash
     calls of ``true`` then ``submit``, each reply after ``latency``; and its URL."""
     script = {
         "delay": latency,
-        "default": [{"tool_call": {"name": "bash", "arguments": {"command": "true"}}}] * steps
+        "default": [{"tool_call": {"name": "bash", "arguments": {bash_argument: "true"}}}] * steps
         + [{"tool_call": {"name": "submit", "arguments": {"answer": "done"}}}],
     }
-    path = Path(root) / "agent-script.json"
+    path = Path(root) / f"agent-script-{bash_argument}.json"
     path.write_text(json.dumps(script))
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentcompass.testing.model_server", "--script", str(path)],
@@ -108,3 +110,65 @@ def agent_bound(
         "cpu_ms_per_call": own / max(calls, 1) * 1e3,
         "children_cpu_ms_per_call": kids / max(calls, 1) * 1e3,
     }
+
+
+def inspect_agent(python: Path, ours: dict[str, Any], root: Path, scale: float = 1.0) -> dict[str, Any]:
+    """Inspect AI's ``react`` on the same workload (same server script, its own
+    bash argument name ``cmd``), in the Inspect venv's ``python``."""
+    n = max(10, int(ours["tasks"] * scale))
+    c, steps, latency = int(ours["concurrency"]), int(ours["steps"]), float(ours["latency_s"])
+    server, url = start_model_server(Path(root), steps, latency, bash_argument="cmd")
+    try:
+        done = subprocess.run(
+            [str(python), str(Path(__file__).with_name("_inspect_agent_worker.py")), str(n), str(c), url, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"inspect agent worker failed ({done.returncode}): {tail}")
+    theirs = json.loads(lines[-1])
+    calls = n * (steps + 1)
+    ideal = math.ceil(n / c) * (steps + 1) * latency
+    theirs.update(
+        ideal_s=ideal,
+        wall_over_ideal=theirs["wall_s"] / ideal,
+        cpu_ms_per_call=theirs["cpu_s"] / calls * 1e3,
+        ratio_wall=(theirs["wall_s"] / ideal) / ours["wall_over_ideal"],
+    )
+    return theirs
+
+
+def agent_rows(results: dict[str, Any], row: Any) -> list[dict[str, Any]]:
+    """The agent-bound rows of the report (``row`` is the report's row maker)."""
+    rows = []
+    r = results.get("agent")
+    if r and "error" not in r:
+        ratio, cpu = r["wall_over_ideal"], r["cpu_ms_per_call"]
+        rows.append(row("agent-bound", "wall / ideal", ratio, "<= 1.5", ratio <= 1.5, "{:.2f}"))
+        rows.append(row("agent-bound", "runtime CPU ms per model call", cpu, "<= 1", cpu <= 1, "{:.2f}"))
+        rows.append(
+            row(
+                "agent-bound",
+                "tools' bash CPU ms per model call",
+                r["children_cpu_ms_per_call"],
+                "(context)",
+                None,
+                "{:.2f}",
+            )
+        )
+    i = (results.get("inspect") or {}).get("agent")
+    if i and "ratio_wall" in i:
+        rows.append(row("agent-bound", "x Inspect AI wall", i["ratio_wall"], ">= 20", i["ratio_wall"] >= 20, "{:.1f}"))
+        rows.append(row("agent-bound", "Inspect AI wall / ideal", i["wall_over_ideal"], "(context)", None, "{:.2f}"))
+        rows.append(
+            row("agent-bound", "Inspect AI CPU ms per model call", i["cpu_ms_per_call"], "(context)", None, "{:.1f}")
+        )
+    elif i:
+        rows.append(row("agent-bound", "x Inspect AI wall", None, ">= 20", None))
+    return rows

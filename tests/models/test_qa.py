@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _model_support import QA, KEY, details, launch, model, retries, serving
+from _model_support import KEY, QA, details, launch, model, retries, serving
 
 from agentcompass import ComponentError, ComponentRef, ExecutionSpec, ModelSpec, RunRequest, Secret
 from agentcompass.benchmarks.qa import QABenchmark, normalize_answer
