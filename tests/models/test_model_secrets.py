@@ -52,7 +52,9 @@ async def test_echoed_authorization_reaches_no_file(tmp_path):
 
 
 async def test_the_cli_run_leaks_the_key_nowhere(tmp_path):
-    script = episode([tool_call("bash", {"command": "true"}), echo_headers(500)])
+    # The agent prints the key from its environment (the tool output reaches the
+    # trajectory), then the server echoes the Authorization header into an error.
+    script = episode([tool_call("bash", {"command": 'echo "key=$AC_MODEL_KEY"'}), echo_headers(500)])
     async with serving(script) as server:
         config = {
             "orchestration": {"task_concurrency": 2},
@@ -86,6 +88,13 @@ async def test_the_cli_run_leaks_the_key_nowhere(tmp_path):
         assert not any(s.encode() in stream for s in FORBIDDEN)
     assert leaks(tmp_path / "runs") == [] and file_count(tmp_path / "runs") > 5
     assert KEY not in path.read_text()
+    # Both leaks were really on their way: the echoed header and the tool output, masked.
+    (run_dir,) = (tmp_path / "runs" / "secret-scan").iterdir()
+    for record in details(run_dir).values():
+        (issue,) = record["attempts"][0]["issues"]
+        assert "authorization" in issue["message"] and "**********" in issue["message"]
+        tool = record["attempts"][0]["run_result"]["trajectory"][3]
+        assert tool["role"] == "tool" and tool["content"] == "key=**********\n"
 
 
 async def test_a_successful_episode_keeps_the_key_out_of_the_plan_and_run_info(tmp_path):
