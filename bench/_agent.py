@@ -115,6 +115,7 @@ def agent_bound(
 def inspect_agent(python: Path, ours: dict[str, Any], root: Path, scale: float = 1.0) -> dict[str, Any]:
     """Inspect AI's ``react`` on the same workload (same server script, its own
     bash argument name ``cmd``), in the Inspect venv's ``python``."""
+    _ensure_openai(python)
     n = max(10, int(ours["tasks"] * scale))
     c, steps, latency = int(ours["concurrency"]), int(ours["steps"]), float(ours["latency_s"])
     server, url = start_model_server(Path(root), steps, latency, bash_argument="cmd")
@@ -142,6 +143,12 @@ def inspect_agent(python: Path, ours: dict[str, Any], root: Path, scale: float =
         ratio_wall=(theirs["wall_s"] / ideal) / ours["wall_over_ideal"],
     )
     return theirs
+
+
+def _ensure_openai(python: Path) -> None:
+    """Inspect's OpenAI-compatible provider needs the ``openai`` package in its venv."""
+    if subprocess.run([str(python), "-c", "import openai"], capture_output=True).returncode != 0:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "openai"], check=True, capture_output=True, timeout=900)
 
 
 def agent_rows(results: dict[str, Any], row: Any) -> list[dict[str, Any]]:
