@@ -132,15 +132,17 @@ class ChatClient:
             if isinstance(exc, httpx.ConnectTimeout):
                 raise self._error("fatal", "model_unreachable", f"could not connect ({_name(exc)})") from None
             raise self._error(
-                "error", "model_timeout", f"no reply within {self.model_timeout()} ({_name(exc)})"
+                "error", "model_timeout", f"no reply within {self._timeout_text()} ({_name(exc)})"
             ) from None
-        except (httpx.TransportError, httpx.DecodingError) as exc:
+        except httpx.TransportError as exc:
             raise self._error("fatal", "model_unreachable", f"connection failed ({_name(exc)}: {exc})") from None
+        except httpx.DecodingError:
+            raise self._error("error", "no_valid_output", "the reply's body could not be decoded") from None
         if response.status_code >= 400:
             raise self._status_error(response)
         return self._parse(response)
 
-    def model_timeout(self) -> str:
+    def _timeout_text(self) -> str:
         timeout = self.model.timeout_seconds
         return "the timeout" if timeout is None else f"{timeout:g}s"
 

@@ -13,7 +13,8 @@ two ModelSpecs that differ only in name or ``params`` share one connection
 pool. The pool size is the spec's ``max_connections``, else the
 orchestration's ``task_concurrency`` (so the tasks that use it never queue
 for a connection); ``timeout_seconds`` bounds each call (``None``: 600 s,
-as the OpenAI SDK's default).
+as the OpenAI SDK's default). An executor that runs tasks in a process of
+its own (SPEC 11) opens a pool there with :func:`open_model_clients`.
 """
 
 from __future__ import annotations

@@ -173,3 +173,22 @@ async def test_closing_the_pool_closes_the_http_clients():
             await client.http.post(url + "/chat/completions", json={})
         await server.wait_until(lambda s: s.closed_connections == 1)  # its keep-alive connection too
         nursery.cancel_scope.cancel()
+
+
+async def test_the_pool_holds_at_most_max_connections_and_reuses_them():
+    server = ModelServer([text(str(i)).after(0.05) for i in range(6)])
+    async with hang_guard(20), trio.open_nursery() as nursery:
+        url = await nursery.start(server.serve)
+        async with open_model_clients(16):
+            client = chat_client(spec(url, max_connections=2))
+            replies = []
+
+            async def call():
+                replies.append((await client.chat(MESSAGES)).content)
+
+            async with trio.open_nursery() as calls:
+                for _ in range(6):
+                    calls.start_soon(call)
+        nursery.cancel_scope.cancel()
+    assert sorted(replies) == [str(i) for i in range(6)]
+    assert server.connections == 2  # six calls, two connections, each reused
