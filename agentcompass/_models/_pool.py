@@ -66,14 +66,15 @@ class ModelClients:
             size = model.max_connections or self.default_max_connections
             timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
             http = httpx.AsyncClient(
+                # The endpoint's key is part of its identity: the header belongs to its client.
+                headers={"Authorization": f"Bearer {key}"} if key else None,
                 timeout=httpx.Timeout(timeout),
                 transport=pooled_transport(size),
                 # No proxy from the environment: an endpoint is reached as configured.
                 trust_env=False,
             )
             self._http[endpoint] = http
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return ChatClient(model, http, model.base_url.rstrip("/") + "/chat/completions", headers)
+        return ChatClient(model, http, httpx.URL(model.base_url.rstrip("/") + "/chat/completions"))
 
     async def aclose(self) -> None:
         """Close every client (idempotent). The caller bounds it (the grace)."""

@@ -11,6 +11,7 @@ import pytest
 from _model_support import details, launch, react_request, retries, serving
 
 from agentcompass import ExecutionSpec
+from agentcompass.testing import hang_guard
 from agentcompass.testing.model_server import episode, error, text, tool_call
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash tasks")
@@ -26,6 +27,9 @@ HELLO_EPISODE = [
 async def test_a_multi_step_episode_solves_a_task_through_real_bash_calls(tmp_path):
     async with serving(episode(HELLO_EPISODE)) as server:
         result, run_dir = await launch(react_request(server, tmp_path, ["hello-file"]))
+        # launch closed the shared client on its way out: its keep-alive connection too.
+        with hang_guard(10):
+            await server.wait_until(lambda s: s.connections == s.closed_connections == 1)
     assert result.status == "succeeded"
     record = details(run_dir)["hello-file"]
     attempt = record["attempts"][0]
