@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import attrs
 import pytest
 import trio
 
@@ -192,3 +193,16 @@ async def test_the_pool_holds_at_most_max_connections_and_reuses_them():
         nursery.cancel_scope.cancel()
     assert sorted(replies) == [str(i) for i in range(6)]
     assert server.connections == 2  # six calls, two connections, each reused
+
+
+async def test_the_endpoint_client_keeps_no_cookies():
+    with_cookie = attrs.evolve(text("a"), headers={"Set-Cookie": "session=abc; Path=/"})
+    server2 = ModelServer([with_cookie, text("b")])
+    async with hang_guard(20), trio.open_nursery() as nursery:
+        url = await nursery.start(server2.serve)
+        async with open_model_clients(2):
+            client = chat_client(spec(url))
+            await client.chat(MESSAGES)
+            await client.chat(MESSAGES)
+        nursery.cancel_scope.cancel()
+    assert "cookie" not in server2.requests[1].headers
