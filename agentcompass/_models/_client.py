@@ -44,6 +44,7 @@ import httpx
 
 from .._redact import redact
 from ..runtime._errors import IssueError
+from ..runtime._results import Issue, Phase, Severity
 from ..runtime._values import ModelSpec
 
 __all__ = ["ChatClient", "ChatReply", "ModelError", "ToolCall"]
@@ -59,11 +60,12 @@ class ModelError(IssueError):
     backoff to it, within ``retry_max_delay_seconds``.
     """
 
-    def __init__(self, severity: Any, code: str, message: str, retry_after: float | None = None):
+    def __init__(self, severity: Severity, code: str, message: str, retry_after: float | None = None):
         super().__init__(severity, code, message)
         self.retry_after = retry_after
 
-    def to_issue(self, phase: Any) -> Any:
+    def to_issue(self, phase: Phase) -> Issue:
+        """The Issue of this failure in ``phase`` (a harness returns it with its partial result)."""
         issue = super().to_issue(phase)
         return attrs.evolve(issue, retry_after_seconds=self.retry_after) if self.retry_after is not None else issue
 
@@ -146,7 +148,7 @@ class ChatClient:
         timeout = self.model.timeout_seconds
         return "the timeout" if timeout is None else f"{timeout:g}s"
 
-    def _error(self, severity: str, code: str, detail: str, retry_after: float | None = None) -> ModelError:
+    def _error(self, severity: Severity, code: str, detail: str, retry_after: float | None = None) -> ModelError:
         secrets = [self.model.api_key] if self.model.api_key else []
         message = redact(f"{self.where}: {detail}", secrets).replace("\n", " ")
         return ModelError(severity, code, message, retry_after)
