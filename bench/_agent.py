@@ -10,7 +10,10 @@ close it gets. The server runs in a process of its own, so its CPU is not
 counted; the tools' own ``bash`` processes are reported beside it.
 
 The benchmark is ``noop-bench`` (no files to prepare or score), so what is
-measured is the model path and the tool calls, not a verifier.
+measured is the model path and the tool calls, not a verifier. A second run
+of the same episodes in ``noop-env`` (no process, no sandbox directory) is
+reported beside it: the client, harness, engine and store without the
+``local`` environment's share.
 """
 
 from __future__ import annotations
@@ -58,12 +61,13 @@ def start_model_server(
     return proc, url
 
 
-def _request(root: Path, tasks: int, url: str, name: str) -> RunRequest:
+def _request(root: Path, tasks: int, url: str, name: str, environment: str = "local") -> RunRequest:
+    config = {"root": str(root / "sandboxes")} if environment == "local" else {}
     return RunRequest(
         name=name,
         benchmark=ComponentRef("noop-bench", {"tasks": tasks}),
         harness=ComponentRef("react", {"max_steps": 20}),
-        environment=ComponentRef("local", {"root": str(root / "sandboxes")}),
+        environment=ComponentRef(environment, config),
         model=ModelSpec("scripted", base_url=url),
         output_root=root,
     )
@@ -90,6 +94,14 @@ def agent_bound(
         )
         wall = time.perf_counter() - t0
         own, kids = _usage(resource.RUSAGE_SELF) - own0, _usage(resource.RUSAGE_CHILDREN) - kids0
+        # Context: the same episodes with a no-op environment (no process
+        # spawned, no sandbox directory): the model path and engine alone.
+        own1 = _usage(resource.RUSAGE_SELF)
+        noop = trio.run(
+            agentcompass.launch,
+            Orchestration([_request(root, tasks, url, "agent-noop-env", "noop-env")], task_concurrency=concurrency),
+        )
+        noop_own = _usage(resource.RUSAGE_SELF) - own1
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -109,6 +121,8 @@ def agent_bound(
         "wall_over_ideal": wall / ideal,
         "cpu_ms_per_call": own / max(calls, 1) * 1e3,
         "children_cpu_ms_per_call": kids / max(calls, 1) * 1e3,
+        "noop_env_status": noop.status,
+        "noop_env_cpu_ms_per_call": noop_own / max(calls, 1) * 1e3,
     }
 
 
@@ -148,7 +162,9 @@ def inspect_agent(python: Path, ours: dict[str, Any], root: Path, scale: float =
 def _ensure_openai(python: Path) -> None:
     """Inspect's OpenAI-compatible provider needs the ``openai`` package in its venv."""
     if subprocess.run([str(python), "-c", "import openai"], capture_output=True).returncode != 0:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "openai"], check=True, capture_output=True, timeout=900)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "openai"], check=True, capture_output=True, timeout=900
+        )
 
 
 def agent_rows(results: dict[str, Any], row: Any) -> list[dict[str, Any]]:
@@ -169,6 +185,9 @@ def agent_rows(results: dict[str, Any], row: Any) -> list[dict[str, Any]]:
                 "{:.2f}",
             )
         )
+        if r.get("noop_env_cpu_ms_per_call") is not None:
+            metric = "same, no-op environment: runtime CPU ms per model call"
+            rows.append(row("agent-bound", metric, r["noop_env_cpu_ms_per_call"], "(context)", None, "{:.2f}"))
     i = (results.get("inspect") or {}).get("agent")
     if i and "ratio_wall" in i:
         rows.append(row("agent-bound", "x Inspect AI wall", i["ratio_wall"], ">= 20", i["ratio_wall"] >= 20, "{:.1f}"))

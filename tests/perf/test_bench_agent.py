@@ -25,12 +25,18 @@ def test_agent_bound_runs_every_model_call(tmp_path: Path) -> None:
     assert result["model_calls"] == result["expected_calls"] == 12
     assert result["ideal_s"] == pytest.approx(2 * 3 * 0.01)
     assert result["wall_over_ideal"] > 1 and result["cpu_ms_per_call"] > 0
+    assert result["noop_env_status"] == "succeeded" and result["noop_env_cpu_ms_per_call"] > 0
 
 
 def test_agent_rows() -> None:
     rows = targets(
         {
-            "agent": {"wall_over_ideal": 1.3, "cpu_ms_per_call": 1.4, "children_cpu_ms_per_call": 0.9},
+            "agent": {
+                "wall_over_ideal": 1.3,
+                "cpu_ms_per_call": 1.4,
+                "children_cpu_ms_per_call": 0.9,
+                "noop_env_cpu_ms_per_call": 0.8,
+            },
             "inspect": {"agent": {"ratio_wall": 25.0, "wall_over_ideal": 32.5, "cpu_ms_per_call": 30.0}},
         }
     )
@@ -38,4 +44,6 @@ def test_agent_rows() -> None:
     assert met[("agent-bound", "wall / ideal")] is True
     assert met[("agent-bound", "runtime CPU ms per model call")] is False
     assert met[("agent-bound", "x Inspect AI wall")] is True
-    assert "| agent-bound | x Inspect AI wall | 25.0 | >= 20 | yes |" in render_table(rows)
+    table = render_table(rows)
+    assert "| agent-bound | x Inspect AI wall | 25.0 | >= 20 | yes |" in table
+    assert "| agent-bound | same, no-op environment: runtime CPU ms per model call | 0.80 | (context) |  |" in table
