@@ -2,7 +2,7 @@
 
 A config is a YAML mapping with three keys, all optional but ``requests``::
 
-    plugins: [my_plugins.py, some.module]     # .py paths are relative to the config file
+    plugins: [my_plugins.py, some.module]     # file paths are relative to the config file
     orchestration: {task_concurrency: 4, timeout_seconds: 3600,
                     cleanup_grace_seconds: 30, providers: {local: {capacity: 8, open_qps: 2}}}
     requests: [{name: smoke, benchmark: {id: terminal, config: {path: tasks}}, ...}]
@@ -15,18 +15,25 @@ A config is a YAML mapping with three keys, all optional but ``requests``::
    Secret positions are the exception: ``model.api_key`` and, inside a
    component's ``config`` at any depth, the keys ``token``, ``api_key``,
    ``password`` and ``secret``. There a whole-value ``${VAR}`` is kept as a
-   reference (the variable must be set) and becomes a ``Secret`` that reads
-   the variable and serializes as ``${VAR}``; any other string becomes a
-   ``Secret`` holding its (expanded) value.
+   reference and becomes a ``Secret`` that reads the variable and
+   serializes as ``${VAR}``; any other string becomes a ``Secret`` holding
+   its (expanded) value. A component-config reference must be set at load;
+   a ``model.api_key`` reference only when the request's harness (or
+   harness-free benchmark) calls the model (``uses_model``), which
+   :func:`preflight` checks: the ``oracle`` demo needs no API key.
 3. The converter structures the data; unknown keys and wrong types are
    errors naming the key path, e.g. ``unknown key 'max_retriez' @ requests[0].execution``.
-
-``output_root`` and component paths stay relative to the working directory;
-only ``plugins:`` paths are resolved against the config file's directory.
+4. Relative paths written in the file resolve against the file's directory:
+   ``plugins`` entries, ``output_root``, ``reuse`` and every component config
+   field typed ``pathlib.Path`` in the component's ``Config`` class (so the
+   config's plugins are imported here, to know those classes). The default
+   ``output_root`` (``runs``) and paths from the command line stay relative
+   to the current directory.
 
 :func:`preflight` is everything that can be checked before any task runs:
-plugins, component ids and configs, harness compatibility and value ranges.
-It opens no environment and loads no task.
+plugins, component ids and configs, harness compatibility, value ranges and
+each benchmark's own check of its data (``BaseBenchmark.preflight``). It
+opens no environment and writes nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ import attrs
 import yaml
 
 from . import _registry
-from ._convert import _ENV_REF, SECRET_CONFIG_KEYS, structure
+from ._convert import _ENV_REF, SECRET_CONFIG_KEYS, resolve_paths, structure
 from ._redact import register_secret
 from .runtime._components import HarnessFreeBenchmark
 from .runtime._errors import ComponentError, ConfigError
@@ -134,8 +141,11 @@ def build_orchestration(
     if not data.get("requests"):
         raise ConfigError("no requests: the config needs a non-empty 'requests' list")
     requests = structure(data["requests"], list[RunRequest], root="requests")
-    plugins = structure(data.get("plugins") or [], list[str], root="plugins")
-    return attrs.evolve(orchestration, requests=requests, plugins=[_plugin_path(p, base_dir) for p in plugins])
+    plugins = [_plugin_path(p, base_dir) for p in structure(data.get("plugins") or [], list[str], root="plugins")]
+    if base_dir is not None:
+        _registry.load_plugins(plugins, base_dir)  # their Config classes say which values are paths
+        requests = [_resolve_request_paths(r, raw, base_dir) for r, raw in zip(requests, data["requests"], strict=True)]
+    return attrs.evolve(orchestration, requests=requests, plugins=plugins)
 
 
 def _plugin_path(entry: str, base_dir: Path | None) -> str:
@@ -143,6 +153,37 @@ def _plugin_path(entry: str, base_dir: Path | None) -> str:
     if base_dir is None or not (entry.endswith(".py") or "/" in entry) or Path(entry).is_absolute():
         return entry
     return str((base_dir / entry).resolve())
+
+
+def _relative_to(path: Path, base_dir: Path) -> Path:
+    return path if path.is_absolute() else Path(os.path.abspath(base_dir / path))
+
+
+def _resolve_request_paths(request: RunRequest, raw: Any, base_dir: Path) -> RunRequest:
+    """Resolve the paths ``request`` was given in the file against ``base_dir``."""
+    changes: dict[str, Any] = {}
+    if isinstance(raw, dict) and "output_root" in raw:  # the default ``runs`` stays cwd-relative
+        changes["output_root"] = _relative_to(request.output_root, base_dir)
+    if isinstance(request.reuse, Path):
+        changes["reuse"] = _relative_to(request.reuse, base_dir)
+    for kind in _COMPONENT_FIELDS:
+        ref = getattr(request, kind)
+        if ref.id != "none":
+            changes[kind] = _resolve_ref_paths(kind, ref, base_dir)
+    for field in _COMPONENT_LISTS:
+        kind = field[:-1]
+        changes[field] = [_resolve_ref_paths(kind, ref, base_dir) for ref in getattr(request, field)]
+    return attrs.evolve(request, **changes)
+
+
+def _resolve_ref_paths(kind: str, ref: ComponentRef, base_dir: Path) -> ComponentRef:
+    try:
+        cls = _registry.resolve(kind, ref.id)
+    except ComponentError:
+        return ref  # preflight names the unknown id
+    if cls.Config is None:
+        return ref
+    return attrs.evolve(ref, config=resolve_paths(ref.config, cls.Config, base_dir))
 
 
 # ---------------------------------------------------------------- --set overrides
@@ -256,8 +297,14 @@ def _expand_request(request: Any, where: str) -> Any:
     out = {}
     for key, value in request.items():
         path = f"{where}.{key}"
-        if key == "model":
-            out[key] = _expand(value, path, frozenset({"api_key"}), deep=False)
+        if key == "model" and isinstance(value, dict):
+            # A whole ``${VAR}`` api_key is checked by preflight, only if a model is called.
+            out[key] = {
+                k: v if k == "api_key" and isinstance(v, str) and _ENV_REF.match(v) else _expand(v, f"{path}.{k}")
+                for k, v in value.items()
+            }
+            if isinstance(value.get("api_key"), str) and not _ENV_REF.match(value["api_key"]):
+                out[key]["api_key"] = _expand_string(value["api_key"], f"{path}.api_key")
         elif key in _COMPONENT_FIELDS:
             out[key] = _expand_component(value, path)
         elif key in _COMPONENT_LISTS and isinstance(value, list):
@@ -330,9 +377,12 @@ def preflight(orchestration: Orchestration, config_dir: Path | None = None) -> N
 
     Loads ``plugins``, then checks the orchestration settings and every
     request (names, component ids and configs, harness compatibility, value
-    ranges). Raises :class:`ConfigError` / :class:`ComponentError` with one
-    line naming the request and key. Registers every secret of the requests
-    for redaction. Opens no environment and loads no task.
+    ranges, a ``${VAR}`` model key that will be used, and the benchmark's own
+    :meth:`~agentcompass.BaseBenchmark.preflight`). Raises
+    :class:`ConfigError` / :class:`ComponentError` with one line naming the
+    request and key. Registers every secret of the requests for redaction.
+    Opens no environment and writes nothing; it may read the benchmark's
+    data (blocking), so ``launch`` runs it in a worker thread.
     """
     _registry.load_plugins(list(orchestration.plugins), config_dir)
     check_orchestration(orchestration)
@@ -435,6 +485,7 @@ def _check_model(model: ModelSpec) -> None:
 
 def _check_components(request: RunRequest) -> None:
     benchmark = _build("benchmark", request.benchmark, "")
+    harness: Any = None
     harness_free = isinstance(benchmark, HarnessFreeBenchmark)
     if request.harness.id == "none":
         if request.harness.config:
@@ -450,11 +501,33 @@ def _check_components(request: RunRequest) -> None:
                 f"benchmark {request.benchmark.id!r} runs its own inference loop: set harness: none "
                 f"(not {request.harness.id!r})"
             )
-        _build("harness", request.harness, "")
+        harness = _build("harness", request.harness, "")
     _build("environment", request.environment, "")
     for kind, refs in (("recipe", request.recipes), ("analyzer", request.analyzers)):
         for j, ref in enumerate(refs):
             _build(kind, ref, f"{kind}s[{j}]: ")
+    _check_model_key(request, harness if request.harness.id != "none" else benchmark)
+    _benchmark_preflight(benchmark, request)
+
+
+def _check_model_key(request: RunRequest, caller: Any) -> None:
+    """A ``${VAR}`` model key must be set when the harness (or harness-free
+    benchmark) calls the model; otherwise nothing will ever send it."""
+    key = request.model.api_key if request.model is not None else None
+    if key is None or key.env_var is None or not getattr(caller, "uses_model", True):
+        return
+    if os.environ.get(key.env_var) is None:
+        raise ConfigError(f"environment variable {key.env_var} is not set @ model.api_key")
+
+
+def _benchmark_preflight(benchmark: Any, request: RunRequest) -> None:
+    where = f"benchmark {request.benchmark.id!r}"
+    try:
+        benchmark.preflight(request)
+    except ConfigError as exc:
+        raise ComponentError(f"{where}: {_one_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a failing check is a config error naming the benchmark
+        raise ComponentError(f"{where}: preflight failed: {type(exc).__name__}: {_one_line(exc)}") from None
 
 
 def _build(kind: str, ref: ComponentRef, prefix: str) -> Any:

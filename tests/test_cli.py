@@ -250,7 +250,7 @@ def test_run_builds_one_request(workdir: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--api-key-env", "CLI_UNSET_KEY"), "environment variable CLI_UNSET_KEY is not set @ requests[0].model.api_key"),
+        (("--api-key-env", "CLI_UNSET_KEY"), "environment variable CLI_UNSET_KEY is not set @ model.api_key"),
         (("--benchmark-config", "{oops"), "--benchmark-config is not valid JSON"),
         (("--harness", "none"), "harness 'none' needs a harness-free benchmark"),
         (("--k", "0"), "execution.attempts.k must be an integer >= 1, got 0"),

@@ -171,7 +171,9 @@ async def test_oracle_on_smoke_task(task_id: str, tmp_path: Path):
     prepared, run_result, evaluation = await run_oracle(task, request, tmp_path)
 
     assert prepared.input == {"instruction": task.data["instruction"]}
-    assert run_result.issues == [] and run_result.artifacts["exit_code"] == 0
+    assert run_result.issues == [] and run_result.artifacts["harness_command"]["exit_code"] == 0
+    verifier = run_result.artifacts["verifier"]
+    assert verifier["exit_code"] is not None and isinstance(verifier["stdout"], str)
     if task_id == WRONG_SOLUTION:
         assert evaluation.values == {"reward": 0.0, "passed": False} and evaluation.issues == []
     elif task_id == NO_REWARD:
@@ -276,4 +278,5 @@ async def test_oracle_timeout_is_an_error(tmp_path: Path):
     [task] = await load(tmp_path / "tasks")
     _, run_result, _ = await run_oracle(task, request_for(tmp_path / "tasks"), tmp_path, budget=RunBudget(0.5))
     assert [(i.severity, i.phase, i.code) for i in run_result.issues] == [("error", "run", "harness_timeout")]
-    assert run_result.output == "working\n" and run_result.artifacts["exit_code"] == 124
+    assert run_result.output == "working\n"
+    assert run_result.artifacts["harness_command"] == {"exit_code": None, "stdout": "working\n", "stderr": ""}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,8 @@ async def launch(
     Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
     rejects the configuration.
     """
-    preflight(orchestration, config_dir)
+    # A benchmark's preflight may read its whole data set: off the Trio thread.
+    await trio.to_thread.run_sync(partial(preflight, orchestration, config_dir))
     # The runs' per-task state (every finished record, kept for metrics) is
     # freed before the thresholds come back (see RequestRun.release): with
     # it still alive, the first allocation after would walk it all in one
