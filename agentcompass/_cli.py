@@ -34,6 +34,7 @@ import trio
 from . import _registry
 from ._config import build_orchestration, load_config, preflight
 from ._convert import structure
+from ._describe import describe_lines
 from ._logging import configure_logging
 from ._redact import redact
 from ._store._run_store import write_journals_now
@@ -87,13 +88,37 @@ def cli(log_level: str) -> None:
 
 @cli.command("list")
 @click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
-def list_command(plugins: Sequence[str]) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="Also show each component's config keys.")
+def list_command(plugins: Sequence[str], verbose: bool) -> None:
     """Show every registered component: kind, id and origin."""
     _registry.load_plugins(list(plugins), Path.cwd())
-    rows = [("KIND", "ID", "ORIGIN")] + [(r.kind, r.id, r.origin) for r in _registry.registered()]
+    registrations = _registry.registered()
+    rows = [("KIND", "ID", "ORIGIN")] + [(r.kind, r.id, r.origin) for r in registrations]
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
-    for kind, component_id, origin in rows:
-        click.echo(f"{kind:<{widths[0]}}  {component_id:<{widths[1]}}  {origin}")
+    click.echo(f"{rows[0][0]:<{widths[0]}}  {rows[0][1]:<{widths[1]}}  {rows[0][2]}")
+    for reg in registrations:
+        click.echo(f"{reg.kind:<{widths[0]}}  {reg.id:<{widths[1]}}  {reg.origin}")
+        if verbose:
+            for line in describe_lines(reg.kind, reg.id, reg.cls, reg.origin, indent="    "):
+                click.echo(line)
+
+
+@cli.command()
+@click.argument("component_id")
+@click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
+def describe(component_id: str, plugins: Sequence[str]) -> None:
+    """Show a component's description, metrics and config keys."""
+    _registry.load_plugins(list(plugins), Path.cwd())
+    found = [r for r in _registry.registered() if r.id == component_id]
+    if not found:
+        known = ", ".join(sorted({r.id for r in _registry.registered()}))
+        raise ConfigError(f"no component with id {component_id!r} (registered: {known})")
+    for i, reg in enumerate(found):
+        if i:
+            click.echo("")
+        click.echo(f"{reg.kind} {reg.id!r} from {reg.origin}")
+        for line in describe_lines(reg.kind, reg.id, reg.cls, reg.origin, indent="  "):
+            click.echo(line)
 
 
 @cli.command()

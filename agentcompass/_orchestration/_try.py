@@ -27,11 +27,11 @@ from typing import Any
 import attrs
 import trio
 
+from .._logging import debug_enabled, get_logger
 from ..runtime._components import HarnessFreeBenchmark
 from ..runtime._errors import ComponentError, IssueError
 from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
 from ..runtime._values import ExecutionPlan, PreparedTask, TaskSpec
-from .._logging import debug_enabled, get_logger
 from ._context import RequestContext
 from ._issues import classify, redact_issue
 from ._session import GuardedSession, TrackedSession, run_cleanup

@@ -95,7 +95,10 @@ _FileList = list[tuple[str, bytes, bool]]
 
 @register
 class TerminalBenchmark(BaseBenchmark):
-    """Benchmark ``terminal`` (see the module docstring)."""
+    """Harbor / Terminal-Bench task directories, scored by each task's tests/test.sh.
+
+    See the module docstring for the layout and what each phase does.
+    """
 
     id: ClassVar[str] = "terminal"
     metrics: ClassVar[tuple[str, ...]] = ("reward", "passed")
@@ -103,10 +106,10 @@ class TerminalBenchmark(BaseBenchmark):
 
     @attrs.frozen
     class Config:
-        #: Directory of task directories (the task id is the directory name).
-        path: Path
-        #: Where the verifier runs: the task sandbox (reuse), a new one (fresh) or nowhere (none).
-        eval_mode: Literal["reuse", "none", "fresh"] = "reuse"
+        path: Path = attrs.field(metadata={"doc": "directory of task directories (task id = directory name)"})
+        eval_mode: Literal["reuse", "none", "fresh"] = attrs.field(
+            default="reuse", metadata={"doc": "where test.sh runs: the task sandbox, a new one, or nowhere"}
+        )
 
     def preflight(self, request: RunRequest) -> None:
         """Load every task directory (layout, ``task.toml``) and check ``task_ids``."""

@@ -44,7 +44,10 @@ class OracleSession:
 
 @register
 class OracleHarness(BaseHarness):
-    """Harness ``oracle`` (see the module docstring)."""
+    """Runs the task's reference solution (solution/solve.sh) instead of an agent.
+
+    See the module docstring for its outcomes.
+    """
 
     id: ClassVar[str] = "oracle"
     uses_model: ClassVar[bool] = False
