@@ -297,14 +297,8 @@ def _expand_request(request: Any, where: str) -> Any:
     out = {}
     for key, value in request.items():
         path = f"{where}.{key}"
-        if key == "model" and isinstance(value, dict):
-            # A whole ``${VAR}`` api_key is checked by preflight, only if a model is called.
-            out[key] = {
-                k: v if k == "api_key" and isinstance(v, str) and _ENV_REF.match(v) else _expand(v, f"{path}.{k}")
-                for k, v in value.items()
-            }
-            if isinstance(value.get("api_key"), str) and not _ENV_REF.match(value["api_key"]):
-                out[key]["api_key"] = _expand_string(value["api_key"], f"{path}.api_key")
+        if key == "model":
+            out[key] = _expand_model(value, path)
         elif key in _COMPONENT_FIELDS:
             out[key] = _expand_component(value, path)
         elif key in _COMPONENT_LISTS and isinstance(value, list):
@@ -312,6 +306,17 @@ def _expand_request(request: Any, where: str) -> Any:
         else:
             out[key] = _expand(value, path)
     return out
+
+
+def _expand_model(model: Any, where: str) -> Any:
+    """Expand a model mapping, keeping a whole ``${VAR}`` api_key as a reference:
+    preflight checks it is set, and only when the request calls a model."""
+    if not isinstance(model, dict):
+        return _expand(model, where)
+    return {
+        k: v if k == "api_key" and isinstance(v, str) and _ENV_REF.match(v) else _expand(v, f"{where}.{k}")
+        for k, v in model.items()
+    }
 
 
 def _expand_component(ref: Any, where: str) -> Any:
