@@ -55,11 +55,13 @@ def _fields(run: Any, now: float) -> dict[str, Any]:
 
 
 def progress_line(run: Any, now: float) -> str:
-    """One plain progress line for a request."""
+    """One plain progress line for a request (retries, errors and invalidated when not 0)."""
     f = _fields(run, now)
+    # Zero counts are left out, so that a line usually fits 80 columns.
+    counts = "".join(f", {f[key]} {key}" for key in ("retries", "errors", "invalidated") if f[key])
     return (
-        f"[{f['name']}] {f['done']}/{f['total']} done, {f['active']} active, {f['retries']} retries, "
-        f"{f['errors']} errors, {f['invalidated']} invalidated, {f['rate']:.1f} tasks/s, ETA {f['eta']} ({f['status']})"
+        f"[{f['name']}] {f['done']}/{f['total']} done, {f['active']} active{counts}, "
+        f"{f['rate']:.1f} tasks/s, ETA {f['eta']} ({f['status']})"
     )
 
 
