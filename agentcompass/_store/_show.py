@@ -82,15 +82,15 @@ def render_run_table(loaded: LoadedRun, metrics: dict[str, Any] | None) -> str:
     ]
     for task_id, attempts in sorted(loaded.checkpoints.items()):
         ordered = [attempts[n] for n in sorted(attempts)]
-        counts: dict[str, int] = {}
+        by_status: dict[str, int] = {}
         for a in ordered:
-            counts[a.status] = counts.get(a.status, 0) + 1
+            by_status[a.status] = by_status.get(a.status, 0) + 1
         rows.append(
             [
                 task_id,
                 "",
                 "unfinished",
-                ", ".join(f"{n} {status}" for status, n in counts.items()) or MISSING,
+                ", ".join(f"{n} {status}" for status, n in by_status.items()) or MISSING,
                 ", ".join(fmt_value(a.values.get(primary)) for a in ordered) if primary else MISSING,
                 "",
             ]
