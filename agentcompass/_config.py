@@ -52,7 +52,7 @@ import yaml
 from . import _registry
 from ._convert import _ENV_REF, SECRET_CONFIG_KEYS, resolve_paths, structure
 from ._redact import register_secret
-from .runtime._components import HarnessFreeBenchmark
+from .runtime._components import BaseBenchmark, HarnessFreeBenchmark
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._values import (
     ComponentRef,
@@ -66,6 +66,8 @@ from .runtime._values import (
 __all__ = [
     "apply_override",
     "build_orchestration",
+    "check_data",
+    "has_data_checks",
     "load_config",
     "preflight",
     "validate_request",
@@ -124,9 +126,11 @@ def build_orchestration(
     data: dict[str, Any], overrides: Sequence[str] = (), base_dir: Path | None = None
 ) -> Orchestration:
     """Structure config ``data`` (the parsed YAML) after overrides and ``${VAR}`` expansion."""
+    written = copy.deepcopy(data.get("requests"))  # as in the file: --set values are the command line's
     data = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
+    given = copy.deepcopy(data.get("requests"))
     unknown = [k for k in data if k not in TOP_LEVEL_KEYS]
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} @ top level (expected {', '.join(TOP_LEVEL_KEYS)})")
@@ -144,7 +148,10 @@ def build_orchestration(
     plugins = [_plugin_path(p, base_dir) for p in structure(data.get("plugins") or [], list[str], root="plugins")]
     if base_dir is not None:
         _registry.load_plugins(plugins, base_dir)  # their Config classes say which values are paths
-        requests = [_resolve_request_paths(r, raw, base_dir) for r, raw in zip(requests, data["requests"], strict=True)]
+        requests = [
+            _resolve_request_paths(r, _FromFile(_item(written, i), _item(given, i)), base_dir)
+            for i, r in enumerate(requests)
+        ]
     return attrs.evolve(orchestration, requests=requests, plugins=plugins)
 
 
@@ -159,31 +166,68 @@ def _relative_to(path: Path, base_dir: Path) -> Path:
     return path if path.is_absolute() else Path(os.path.abspath(base_dir / path))
 
 
-def _resolve_request_paths(request: RunRequest, raw: Any, base_dir: Path) -> RunRequest:
-    """Resolve the paths ``request`` was given in the file against ``base_dir``."""
+def _item(items: Any, index: int) -> Any:
+    return items[index] if isinstance(items, list) and index < len(items) else None
+
+
+@attrs.frozen
+class _FromFile:
+    """One raw request as written in the file and as given (after ``--set``):
+    a value is the file's when both agree, else the command line's."""
+
+    written: Any
+    given: Any
+
+    def from_file(self, *keys: str | int) -> bool:
+        value = _lookup(self.written, keys)
+        return value is not _MISSING and value == _lookup(self.given, keys)
+
+
+_MISSING = object()
+
+
+def _lookup(node: Any, keys: tuple[str | int, ...]) -> Any:
+    for key in keys:
+        if isinstance(node, dict) and isinstance(key, str) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+            node = node[key]
+        else:
+            return _MISSING
+    return node
+
+
+def _resolve_request_paths(request: RunRequest, raw: _FromFile, base_dir: Path) -> RunRequest:
+    """Resolve the paths ``request`` was given in the file against ``base_dir``
+    (values given on the command line stay relative to the current directory)."""
     changes: dict[str, Any] = {}
-    if isinstance(raw, dict) and "output_root" in raw:  # the default ``runs`` stays cwd-relative
+    if raw.from_file("output_root"):  # the default ``runs`` stays cwd-relative
         changes["output_root"] = _relative_to(request.output_root, base_dir)
-    if isinstance(request.reuse, Path):
+    if isinstance(request.reuse, Path) and raw.from_file("reuse"):
         changes["reuse"] = _relative_to(request.reuse, base_dir)
     for kind in _COMPONENT_FIELDS:
         ref = getattr(request, kind)
         if ref.id != "none":
-            changes[kind] = _resolve_ref_paths(kind, ref, base_dir)
+            changes[kind] = _resolve_ref_paths(kind, ref, base_dir, lambda key, k=kind: raw.from_file(k, "config", key))
     for field in _COMPONENT_LISTS:
         kind = field[:-1]
-        changes[field] = [_resolve_ref_paths(kind, ref, base_dir) for ref in getattr(request, field)]
+        changes[field] = [
+            _resolve_ref_paths(kind, ref, base_dir, lambda key, f=field, j=j: raw.from_file(f, j, "config", key))
+            for j, ref in enumerate(getattr(request, field))
+        ]
     return attrs.evolve(request, **changes)
 
 
-def _resolve_ref_paths(kind: str, ref: ComponentRef, base_dir: Path) -> ComponentRef:
+def _resolve_ref_paths(kind: str, ref: ComponentRef, base_dir: Path, from_file: Any) -> ComponentRef:
     try:
         cls = _registry.resolve(kind, ref.id)
     except ComponentError:
         return ref  # preflight names the unknown id
     if cls.Config is None:
         return ref
-    return attrs.evolve(ref, config=resolve_paths(ref.config, cls.Config, base_dir))
+    resolved = resolve_paths(ref.config, cls.Config, base_dir)
+    config = {key: value if from_file(key) else ref.config[key] for key, value in resolved.items()}
+    return attrs.evolve(ref, config=config)
 
 
 # ---------------------------------------------------------------- --set overrides
@@ -377,7 +421,7 @@ def _getenv(name: str, where: str) -> str:
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def preflight(orchestration: Orchestration, config_dir: Path | None = None) -> None:
+def preflight(orchestration: Orchestration, config_dir: Path | None = None, *, data: bool = True) -> None:
     """Check everything that can be checked before any task runs.
 
     Loads ``plugins``, then checks the orchestration settings and every
@@ -386,15 +430,16 @@ def preflight(orchestration: Orchestration, config_dir: Path | None = None) -> N
     :meth:`~agentcompass.BaseBenchmark.preflight`). Raises
     :class:`ConfigError` / :class:`ComponentError` with one line naming the
     request and key. Registers every secret of the requests for redaction.
-    Opens no environment and writes nothing; it may read the benchmark's
-    data (blocking), so ``launch`` runs it in a worker thread.
+    Opens no environment and writes nothing. ``data=False`` leaves out the
+    benchmarks' own checks, which may read whole data sets (blocking):
+    ``launch`` runs those with :func:`check_data` in a worker thread.
     """
     _registry.load_plugins(list(orchestration.plugins), config_dir)
     check_orchestration(orchestration)
     seen: set[str] = set()
     for i, request in enumerate(orchestration.requests):
         where = f"requests[{i}] {request.name!r}"
-        validate_request(request, where)
+        validate_request(request, where, data=data)
         if request.name in seen:
             raise ConfigError(f"{where}: duplicate request name (names must be unique)")
         seen.add(request.name)
@@ -416,8 +461,9 @@ def check_orchestration(orchestration: Orchestration) -> None:
         _check_number(limits.open_qps, f"{key}.open_qps", positive=False)
 
 
-def validate_request(request: RunRequest, where: str) -> None:
-    """Check one request; errors start with ``where`` (e.g. ``requests[1] 'smoke'``)."""
+def validate_request(request: RunRequest, where: str, *, data: bool = True) -> None:
+    """Check one request; errors start with ``where`` (e.g. ``requests[1] 'smoke'``).
+    ``data=False`` leaves out the benchmark's own check (see :func:`check_data`)."""
     try:
         _check_name(request.name)
         _check_execution(request.execution)
@@ -426,9 +472,32 @@ def validate_request(request: RunRequest, where: str) -> None:
             _check_model(request.model)
         if isinstance(request.reuse, Path) and not request.reuse.is_dir():
             raise ConfigError(f"reuse: run directory not found: {request.reuse}")
-        _check_components(request)
+        benchmark = _check_components(request)
+        if data:
+            _benchmark_preflight(benchmark, request)
     except ConfigError as exc:
         raise type(exc)(f"{where}: {exc}") from None
+
+
+def has_data_checks(orchestration: Orchestration) -> bool:
+    """Whether a request's benchmark has a check of its own (``preflight`` overridden)."""
+    for request in orchestration.requests:
+        cls = _registry.resolve("benchmark", request.benchmark.id)
+        if getattr(cls, "preflight", None) is not BaseBenchmark.preflight:
+            return True
+    return False
+
+
+def check_data(orchestration: Orchestration) -> None:
+    """Each benchmark's own check of its data (``BaseBenchmark.preflight``),
+    after :func:`preflight` with ``data=False``. Blocking: it may read a
+    whole data set, so ``launch`` calls it in a worker thread."""
+    for i, request in enumerate(orchestration.requests):
+        benchmark = _build("benchmark", request.benchmark, "")
+        try:
+            _benchmark_preflight(benchmark, request)
+        except ConfigError as exc:
+            raise type(exc)(f"requests[{i}] {request.name!r}: {exc}") from None
 
 
 def _check_name(name: str) -> None:
@@ -488,7 +557,7 @@ def _check_model(model: ModelSpec) -> None:
         _check_int(model.max_connections, "model.max_connections", minimum=1)
 
 
-def _check_components(request: RunRequest) -> None:
+def _check_components(request: RunRequest) -> Any:
     benchmark = _build("benchmark", request.benchmark, "")
     harness: Any = None
     harness_free = isinstance(benchmark, HarnessFreeBenchmark)
@@ -512,7 +581,7 @@ def _check_components(request: RunRequest) -> None:
         for j, ref in enumerate(refs):
             _build(kind, ref, f"{kind}s[{j}]: ")
     _check_model_key(request, harness if request.harness.id != "none" else benchmark)
-    _benchmark_preflight(benchmark, request)
+    return benchmark
 
 
 def _check_model_key(request: RunRequest, caller: Any) -> None:

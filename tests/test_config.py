@@ -467,3 +467,64 @@ def test_build_orchestration_does_not_modify_its_input() -> None:
     data: dict[str, Any] = {"requests": [{"name": "a", "benchmark": "cfg-bench", "environment": "cfg-env"}]}
     build_orchestration(data, ["requests[0].name=b"])
     assert data["requests"][0]["name"] == "a"
+
+
+# ---------------------------------------------------------------- paths relative to the config file
+
+
+@attrs.frozen
+class _Inner:
+    data: Path
+    label: str = "x"
+
+
+@attrs.frozen
+class _PathsConfig:
+    root: Path
+    extra: Path | None = None
+    more: list[Path] = attrs.Factory(list)
+    inner: _Inner | None = None
+    name: str = "tasks"
+
+
+@_registry.register
+class CfgPathsBenchmark(BaseBenchmark):
+    id = "cfg-paths"
+    Config: ClassVar[type | None] = _PathsConfig
+
+
+PATHS = """
+requests:
+  - name: paths
+    benchmark:
+      id: cfg-paths
+      config: {root: data, extra: /abs/x, more: [a, ../b], inner: {data: in, label: keep}, name: not-a-path}
+    harness: cfg-harness
+    environment: cfg-env
+    output_root: out
+    reuse: old/run
+"""
+
+
+def test_paths_in_a_file_resolve_against_its_directory(tmp_path: Path) -> None:
+    sub = tmp_path / "conf"
+    sub.mkdir()
+    request = load_config(write(sub, PATHS)).requests[0]
+    assert request.benchmark.config == {
+        "root": str(sub / "data"),
+        "extra": "/abs/x",
+        "more": [str(sub / "a"), str(tmp_path / "b")],
+        "inner": {"data": str(sub / "in"), "label": "keep"},
+        "name": "not-a-path",
+    }
+    assert request.output_root == sub / "out"
+    assert request.reuse == sub / "old" / "run"
+
+
+def test_default_output_root_and_command_line_values_stay_relative(tmp_path: Path) -> None:
+    text = PATHS.replace("    output_root: out\n", "")
+    request = load_config(write(tmp_path, text), ["benchmark.config.root=mine", "reuse=cli/run"]).requests[0]
+    assert request.output_root == Path("runs")
+    assert request.benchmark.config["root"] == "mine"  # --set is the command line: cwd-relative
+    assert request.benchmark.config["more"][0] == str(tmp_path / "a")  # still from the file
+    assert request.reuse == Path("cli/run")
