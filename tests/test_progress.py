@@ -61,3 +61,25 @@ async def test_live_table_on_a_tty(autojump_clock, tmp_path):
         await display.run()
     text = stream.getvalue()
     assert "live" in text and "0/10" in text and "retries" in text
+
+
+def test_rate_and_eta_count_only_tasks_run_in_this_process():
+    from types import SimpleNamespace
+
+    from agentcompass._progress import progress_line
+
+    # 10 tasks: 6 reused from an earlier run, 2 run here in 4 s, 2 left.
+    run = SimpleNamespace(
+        request=SimpleNamespace(name="r"),
+        records=[object()] * 8,
+        reuse=SimpleNamespace(reused=[object()] * 6),
+        prepared=True,
+        started_clock=0.0,
+        total=10,
+        active=2,
+        retries=0,
+        counts={"fatal": 1, "error": 0, "warning": 0},
+        status=None,
+    )
+    line = progress_line(run, now=4.0)
+    assert line == "[r] 8/10 done, 2 active, 1 invalidated, 0.5 tasks/s, ETA 4s (running)"
