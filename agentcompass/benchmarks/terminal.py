@@ -62,11 +62,20 @@ from typing import Any, ClassVar, Literal
 import attrs
 import trio
 
-from .._registry import register
-from ..runtime._components import BaseBenchmark, EnvironmentSession
-from ..runtime._errors import ComponentError, IssueError
-from ..runtime._results import Evaluation, ExecResult, Issue, RunResult
-from ..runtime._values import PreparedTask, RunRequest, TaskSpec
+from agentcompass import (
+    BaseBenchmark,
+    ComponentError,
+    EnvironmentSession,
+    Evaluation,
+    ExecResult,
+    Issue,
+    IssueError,
+    PreparedTask,
+    RunRequest,
+    RunResult,
+    TaskSpec,
+    register,
+)
 
 __all__ = ["TAIL_BYTES", "TerminalBenchmark", "command_output", "output_tail"]
 

@@ -21,11 +21,18 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._registry import register
-from ..benchmarks.terminal import command_output
-from ..runtime._components import BaseHarness, EnvironmentSession
-from ..runtime._results import Issue, RunBudget, RunResult
-from ..runtime._values import ExecutionPlan, ModelSpec, PreparedTask
+from agentcompass import (
+    BaseHarness,
+    EnvironmentSession,
+    ExecutionPlan,
+    Issue,
+    ModelSpec,
+    PreparedTask,
+    RunBudget,
+    RunResult,
+    register,
+)
+from agentcompass.benchmarks.terminal import command_output
 
 __all__ = ["OracleHarness"]
 
