@@ -131,7 +131,7 @@ def fatal_count(metrics: dict[str, Any], records: Sequence[TaskRecord]) -> int:
 
 def no_score_sentence(count: int) -> str:
     return (
-        f"No official score: {count} task(s) ended FATAL (infrastructure failure); "
+        f"No official score: {count} task(s) invalidated (a FATAL left: the infrastructure failed); "
         "reference values exclude them."
     )
 
