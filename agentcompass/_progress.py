@@ -1,8 +1,9 @@
 """The progress display of ``compass launch``.
 
 On a TTY a live ``rich`` table (one row per request: tasks done / total,
-active, retries, errors (tasks with an ERROR left), invalidated (tasks with
-a FATAL left), rate, ETA), redrawn a few times a second. Rate and ETA count
+active (``act``), retries, errors (``err``: tasks with an ERROR left),
+invalidated (``invalid``: tasks with a FATAL left), rate, ETA), redrawn a
+few times a second. Rate and ETA count
 only the tasks run in this process, not results a ``--reuse`` copied. Anywhere
 else, one plain line per request every ``interval`` seconds on stderr, so
 logs and CI output stay readable and stdout keeps only the results.
@@ -96,11 +97,15 @@ class ProgressDisplay:
             print(line, file=self.stream, flush=True)
 
     def _table(self) -> Any:
+        from rich import box
         from rich.table import Table
 
-        table = Table(title="agentcompass", expand=False)
-        for column in ("request", "done", "active", "retries", "errors", "invalidated", "rate", "ETA", "status"):
-            table.add_column(column, justify="left" if column in ("request", "status") else "right")
+        # Short headers and a light box, so a request name of ~20 characters fits 80 columns.
+        table = Table(
+            title="agentcompass", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
+        )
+        for column in ("request", "done", "act", "retry", "err", "invalid", "rate", "ETA", "status"):
+            table.add_column(column, justify="left" if column in ("request", "status") else "right", no_wrap=True)
         now = trio.current_time()
         for run in self.runs:
             f = _fields(run, now)

@@ -139,8 +139,10 @@ def _rich(
         table = Table(*metric_header, box=None, pad_edge=False, header_style="bold")
         for row in metric_rows:
             table.add_row(*row)
+        console.print()
         console.print(table)
     if task_rows:
+        console.print()
         table = Table(*task_header, box=None, pad_edge=False, header_style="bold", title=f"not passing ({failing})",
                       title_justify="left")
         for row in task_rows:
@@ -148,6 +150,7 @@ def _rich(
         console.print(table)
         if more:
             console.print(f"... and {more} more (see the full summary)", markup=False, highlight=False)
+    console.print()
     for line in footer:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return console.export_text(styles=True).rstrip("\n")
