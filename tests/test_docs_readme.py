@@ -43,3 +43,19 @@ def test_embedding_example_runs(tmp_path: Path) -> None:
     first, second = proc.stdout.splitlines()
     assert first.startswith("succeeded ['runs/terminal-smoke-oracle/")
     assert second == "succeeded 1.0"
+
+
+def test_config_example_validates_without_an_api_key(tmp_path: Path) -> None:
+    # Saved in examples/ as the comment says; the oracle harness calls no model.
+    [config] = [b for b in re.findall(r"```yaml\n(.*?)```", README.read_text(encoding="utf-8"), re.S) if "requests:" in b]
+    (tmp_path / "examples").mkdir()
+    shutil.copytree(REPO / "benchmarks_data", tmp_path / "benchmarks_data")
+    (tmp_path / "examples" / "my_plugins.py").write_text("")
+    (tmp_path / "examples" / "config.yaml").write_text(config, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentcompass._cli", "validate", "examples/config.yaml"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, "ok: 1 request(s)"), proc.stderr
