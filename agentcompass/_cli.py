@@ -8,8 +8,12 @@ are loaded and preflighted before the engine is started. Exit codes of
 timed out, 2 invalid config or usage, 130 interrupted.
 
 Only the CLI installs signal handling: the first Ctrl-C cancels the run,
-whose cleanup then gets the orchestration's grace window; a second Ctrl-C
-exits at once with 130.
+whose cleanup then gets the orchestration's grace window, and then prints
+each interrupted run directory and the exact command (this one, with
+``--reuse``) that resumes it; a second Ctrl-C exits at once with 130.
+
+When a run ends, each request gets a compact report that fits 80 columns
+(see ``_report``); the full one is the run's ``summary.md``.
 
 ``--reuse`` takes an optional value, so put it after the config path:
 ``compass launch config.yaml --reuse`` (latest run) or ``--reuse RUN_DIR``.
