@@ -36,12 +36,21 @@ from typing import Any, ClassVar, Literal
 import attrs
 import trio
 
-from .._registry import register
-from ..runtime import ModelError, ModelUsage, chat_client
-from ..runtime._components import EnvironmentSession, HarnessFreeBenchmark
-from ..runtime._errors import ComponentError, IssueError
-from ..runtime._results import Evaluation, RunBudget, RunResult
-from ..runtime._values import ModelSpec, PreparedTask, RunRequest, TaskSpec
+from agentcompass import (
+    ComponentError,
+    EnvironmentSession,
+    Evaluation,
+    HarnessFreeBenchmark,
+    IssueError,
+    ModelSpec,
+    PreparedTask,
+    RunBudget,
+    RunRequest,
+    RunResult,
+    TaskSpec,
+    register,
+)
+from agentcompass.runtime import ModelError, ModelUsage, chat_client
 
 __all__ = ["QABenchmark", "normalize_answer"]
 
@@ -75,9 +84,11 @@ class QABenchmark(HarnessFreeBenchmark):
 
     @attrs.frozen
     class Config:
-        path: str
-        scoring: Literal["exact", "judge"] = "exact"
-        judge: ModelSpec | None = None
+        path: Path = attrs.field(metadata={"doc": "JSONL file of id, question, answer, optional category"})
+        scoring: Literal["exact", "judge"] = attrs.field(
+            default="exact", metadata={"doc": "normalized exact match, or an LLM judge"}
+        )
+        judge: ModelSpec | None = attrs.field(default=None, metadata={"doc": "the judge model (required for judge)"})
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
@@ -86,6 +97,15 @@ class QABenchmark(HarnessFreeBenchmark):
         judge = self.options.judge
         if judge is not None and (judge.api != "openai-chat" or not judge.base_url):
             raise ComponentError("benchmark 'qa': the judge needs api 'openai-chat' and a base_url")
+
+    def preflight(self, request: RunRequest) -> None:
+        """The question file loads and has every id of ``task_ids``."""
+        tasks = _load(Path(self.options.path))
+        if request.task_ids:
+            known = {t.task_id for t in tasks}
+            missing = [t for t in request.task_ids if t not in known]
+            if missing:
+                raise ComponentError(f"task_ids: no question {missing[0]!r}")
 
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         """Every question of the JSONL file; a malformed line is a :class:`ComponentError` naming it."""
@@ -174,7 +194,7 @@ def _verdict(text: str) -> bool:
 
 
 def _load(path: Path) -> list[TaskSpec]:
-    where = f"benchmark 'qa': {path}"
+    where = f"path: {path}"
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:

@@ -42,12 +42,19 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from .._registry import register
-from ..runtime import ChatClient, ModelError, ModelUsage, ToolCall, chat_client
-from ..runtime._components import BaseHarness, EnvironmentSession
-from ..runtime._errors import IssueError
-from ..runtime._results import Issue, RunBudget, RunResult
-from ..runtime._values import ExecutionPlan, ModelSpec, PreparedTask
+from agentcompass import (
+    BaseHarness,
+    EnvironmentSession,
+    ExecutionPlan,
+    Issue,
+    IssueError,
+    ModelSpec,
+    PreparedTask,
+    RunBudget,
+    RunResult,
+    register,
+)
+from agentcompass.runtime import ChatClient, ModelError, ModelUsage, ToolCall, chat_client
 
 __all__ = ["ReactHarness"]
 
@@ -115,10 +122,20 @@ class ReactHarness(BaseHarness):
 
     @attrs.frozen
     class Config:
-        max_steps: int = attrs.field(default=30, validator=attrs.validators.ge(1))
-        system_prompt: str | None = None
-        tool_timeout_seconds: float = attrs.field(default=60, validator=attrs.validators.gt(0))
-        max_output_chars: int = attrs.field(default=10000, validator=attrs.validators.ge(1))
+        max_steps: int = attrs.field(
+            default=30, validator=attrs.validators.ge(1), metadata={"doc": "model calls per episode before giving up"}
+        )
+        system_prompt: str | None = attrs.field(
+            default=None, metadata={"doc": "the system message (a built-in one if unset)"}
+        )
+        tool_timeout_seconds: float = attrs.field(
+            default=60, validator=attrs.validators.gt(0), metadata={"doc": "bound of one bash call"}
+        )
+        max_output_chars: int = attrs.field(
+            default=10000,
+            validator=attrs.validators.ge(1),
+            metadata={"doc": "a tool result is cut to this, with a marker"},
+        )
 
     async def start_session(
         self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, plan: ExecutionPlan

@@ -31,7 +31,9 @@ def test_a_script_file_picks_the_episode_by_the_first_user_message():
     script = load_script(
         {
             "delay": 0.5,
-            "episodes": [{"match": "alpha", "steps": [{"text": "a1"}, {"status": 429, "headers": {"Retry-After": "2"}}]}],
+            "episodes": [
+                {"match": "alpha", "steps": [{"text": "a1"}, {"status": 429, "headers": {"Retry-After": "2"}}]}
+            ],
             "default": [{"malformed": "{", "delay": 0}],
         }
     )

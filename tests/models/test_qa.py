@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 from _model_support import KEY, QA, details, launch, model, retries, serving
 
@@ -59,7 +60,10 @@ async def test_exact_scoring_with_usage_and_categories(tmp_path):
     assert records["q2"]["attempts"][0]["values"] == {"correct": False}
     trajectory = records["q1"]["attempts"][0]["run_result"]["trajectory"]
     assert [m["role"] for m in trajectory] == ["system", "user", "assistant"]
-    assert trajectory[2]["content"] == "paris." and trajectory[2]["usage"] == {"prompt_tokens": 7, "completion_tokens": 2}
+    assert trajectory[2]["content"] == "paris." and trajectory[2]["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 2,
+    }
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["series"]["correct"]["value"] == 0.5
     assert metrics["categories"]["geo"]["series"]["correct"]["value"] == 1.0
@@ -111,7 +115,9 @@ async def test_judge_failure_is_fatal_and_retried_without_rerunning_the_model(tm
     record = details(run_dir)["q1"]
     assert record["_dir"] == "normal" and record["attempts"][0]["values"] == {"correct": True}
     (discarded,) = retries(run_dir)
-    assert [(i["severity"], i["code"], i["phase"]) for i in discarded["issues"]] == [("fatal", "judge_failed", "evaluate")]
+    assert [(i["severity"], i["code"], i["phase"]) for i in discarded["issues"]] == [
+        ("fatal", "judge_failed", "evaluate")
+    ]
     assert discarded["scope"] == "evaluation"  # only the scoring ran again
     assert [r.json["model"] for r in server.requests] == ["scripted-model", "judge", "judge"]
 
@@ -140,7 +146,11 @@ def test_config_errors_name_the_problem(tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("", "no questions"), ("{not json}\n", ":1: not a JSON object"), ('{"id": "a", "question": "q"}\n', "missing key 'answer'")],
+    [
+        ("", "no questions"),
+        ("{not json}\n", ":1: not a JSON object"),
+        ('{"id": "a", "question": "q"}\n', "missing key 'answer'"),
+    ],
 )
 async def test_bad_question_files_are_component_errors(tmp_path, content, message):
     path = tmp_path / "q.jsonl"
@@ -152,3 +162,12 @@ async def test_bad_question_files_are_component_errors(tmp_path, content, messag
 async def test_the_bundled_question_set_loads():
     tasks = await QABenchmark({"path": str(QA)}).load_tasks(None)
     assert len(tasks) >= 10 and all(t.category for t in tasks)
+
+
+def test_preflight_checks_the_file_and_the_task_ids(tmp_path):
+    path = write_questions(tmp_path)
+    request = RunRequest("qa", ComponentRef("qa", {"path": str(path)}), ComponentRef("local"), task_ids=["q1", "nope"])
+    with pytest.raises(ComponentError, match="task_ids: no question 'nope'"):
+        QABenchmark({"path": str(path)}).preflight(request)
+    with pytest.raises(ComponentError, match="cannot read"):
+        QABenchmark({"path": str(tmp_path / "missing.jsonl")}).preflight(attrs.evolve(request, task_ids=None))
