@@ -77,7 +77,10 @@ def normalize_answer(text: str) -> str:
 
 @register
 class QABenchmark(HarnessFreeBenchmark):
-    """Benchmark ``qa`` (see the module docstring)."""
+    """Questions answered by the request's model, scored by exact match or an LLM judge.
+
+    See the module docstring for the file format, the run and the scoring.
+    """
 
     id: ClassVar[str] = "qa"
     metrics: ClassVar[tuple[str, ...]] = ("correct",)

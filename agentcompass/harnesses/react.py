@@ -116,7 +116,10 @@ class _Episode:
 
 @register
 class ReactHarness(BaseHarness):
-    """Harness ``react`` (see the module docstring)."""
+    """A tool-calling agent on the request's model: ``bash`` in the task Environment, then ``submit``.
+
+    See the module docstring for the loop, its outcomes and the trajectory.
+    """
 
     id: ClassVar[str] = "react"
 
