@@ -190,3 +190,13 @@ async def test_react_without_a_model_is_a_setup_failure(tmp_path):
         _, run_dir = await launch(attrs.evolve(request, model=None))
     issues = details(run_dir)["hello-file"]["attempts"][0]["issues"]
     assert [(i["severity"], i["code"]) for i in issues] == [("fatal", "setup_failed")]
+
+
+async def test_the_orchestration_deadline_cancels_an_in_flight_model_call(tmp_path):
+    async with serving(episode([text("too late").after(30)])) as server:
+        result, run_dir = await launch(react_request(server, tmp_path, ["hello-file"]), timeout_seconds=1)
+        # The call was cut off mid-request and its connection closed, within the run's grace.
+        with hang_guard(10):
+            await server.wait_until(lambda s: s.aborted == 1 and s.closed_connections == s.connections == 1)
+    assert result.status == "timed_out" and len(server.requests) == 1
+    assert json.loads((run_dir / "run_info.json").read_text())["status"] == "timed_out"
