@@ -110,16 +110,20 @@ async def test_max_steps_is_error_harness_max_iterations_with_the_trajectory(tmp
 
 
 async def test_the_run_budget_is_error_harness_timeout_keeping_the_partial_trajectory(tmp_path):
-    # Each model reply takes 0.4 s; the budget of 1 s ends the episode during its third call.
+    # Each model reply takes 0.4 s; the budget of 1 s ends the episode in its
+    # third call (or, on a slow host, in a tool call just before it).
     async with serving(episode([tool_call("bash", {"command": "true"})], delay=0.4)) as server:
         request = react_request(server, tmp_path, ["hello-file"], execution=ExecutionSpec(run_timeout_seconds=1))
         _, run_dir = await launch(request)
     attempt = details(run_dir)["hello-file"]["attempts"][0]
     assert [(i["severity"], i["code"]) for i in attempt["issues"]] == [("error", "harness_timeout")]
-    trajectory = attempt["run_result"]["trajectory"]
-    assert [m["role"] for m in trajectory] == ["system", "user"] + ["assistant", "tool"] * 2
-    assert attempt["run_result"]["usage"]["calls"] == 2
-    assert len(server.requests) == 3 and server.aborted == 1  # the third call was cut off
+    roles = [m["role"] for m in attempt["run_result"]["trajectory"]]
+    steps = roles.count("assistant")
+    assert 1 <= steps <= 2 and roles[:4] == ["system", "user", "assistant", "tool"]
+    assert attempt["run_result"]["usage"]["calls"] == steps
+    # Every call the server saw is in the trajectory, but one cut off in flight.
+    assert len(server.requests) == steps + server.aborted and server.aborted <= 1
+    assert attempt["values"] == {"reward": 0.0, "passed": False}
 
 
 async def test_tool_output_is_truncated_with_a_marker_and_tool_timeouts_reach_the_model(tmp_path):
