@@ -12,7 +12,7 @@ from typing import Any
 from ._format import (
     METRIC_COLUMNS,
     MISSING,
-    attempt_statuses,
+    attempt_counts,
     attempt_values,
     fatal_count,
     fmt_metric,
@@ -62,8 +62,8 @@ def render_run_table(
         f"Run:    {loaded.run_dir}",
         f"Status: {status}",
         (
-            f"Tasks:  {len(records)} finished (fatal {counts['fatal']}, error {counts['error']},"
-            f" normal {counts['normal']}), {unfinished} unfinished"
+            f"Tasks:  {len(records)} finished ({counts['fatal']} invalidated, {counts['error']} with errors,"
+            f" {counts['normal']} normal), {unfinished} unfinished"
         ),
     ]
     if status == "interrupted":
@@ -102,7 +102,7 @@ def render_run_table(
             r.task_id,
             r.category or "",
             r.severity,
-            attempt_statuses(r),
+            attempt_counts(r),
             attempt_values(r, primary),
             issue_text(worst_issue(r), 80),
         ]
@@ -110,12 +110,15 @@ def render_run_table(
     ]
     for task_id, attempts in sorted(loaded.checkpoints.items()):
         ordered = [attempts[n] for n in sorted(attempts)]
+        by_status: dict[str, int] = {}
+        for a in ordered:
+            by_status[a.status] = by_status.get(a.status, 0) + 1
         rows.append(
             [
                 task_id,
                 "",
                 "unfinished",
-                ", ".join(a.status for a in ordered) or MISSING,
+                ", ".join(f"{n} {status}" for status, n in by_status.items()) or MISSING,
                 ", ".join(fmt_value(a.values.get(primary)) for a in ordered) if primary else MISSING,
                 "",
             ]

@@ -95,8 +95,10 @@ class LocalEnvironment(BaseEnvironment):
 
     @attrs.frozen
     class Config:
-        root: str | None = None
-        max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
+        root: Path | None = attrs.field(default=None, metadata={"doc": "where sandbox directories go (system temp)"})
+        max_output_bytes: int = attrs.field(
+            default=1048576, validator=attrs.validators.gt(0), metadata={"doc": "exec output kept per stream"}
+        )
 
     def build_config(self, plan: ExecutionPlan) -> Any:
         """Return the ``open`` config; reject a plan with any non-``full`` phase
@@ -385,7 +387,7 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _make_sandbox(root: str | None, name: str) -> str:
+def _make_sandbox(root: str | Path | None, name: str) -> str:
     """Blocking: make a sandbox directory (named after the session) with its
     subdirectories and marker."""
     if root is not None:
@@ -394,8 +396,8 @@ def _make_sandbox(root: str | None, name: str) -> str:
     try:
         marker = {"provider": "local", "name": name, "pid": os.getpid(), "created": time.time()}
         Path(path, MARKER_FILE).write_text(json.dumps(marker))
-        for name in SUBDIRS:
-            os.mkdir(os.path.join(path, name))
+        for sub in SUBDIRS:
+            os.mkdir(os.path.join(path, sub))
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -453,7 +455,7 @@ def _reap_sandbox(root: str) -> None:
     _remove_sandbox(root)
 
 
-def _sweep(root: str | None, tag: str) -> None:
+def _sweep(root: str | Path | None, tag: str) -> None:
     """Blocking: what :meth:`LocalEnvironment.sweep` does."""
     base = root if root is not None else tempfile.gettempdir()
     prefix = f"{DIR_PREFIX}{tag}"
