@@ -63,7 +63,7 @@ def test_show_of_a_killed_run_says_interrupted_and_counts_unfinished_tasks(tmp_p
     proc = _compass(tmp_path, "show", str(run_dir))
     assert proc.returncode == 0, proc.stderr
     assert "Status: interrupted" in proc.stdout, proc.stdout
-    assert f"0 finished (fatal 0, error 0, normal 0), {TASKS} unfinished" in proc.stdout
+    assert f"0 finished (0 invalidated, 0 with errors, 0 normal), {TASKS} unfinished" in proc.stdout
     assert "--reuse" in proc.stdout
     assert "Status: running" not in proc.stdout
 
