@@ -1,0 +1,129 @@
+"""A small read-only HTTP/1.1 server for the viewer, on Trio streams and h11.
+
+It answers ``GET`` and ``HEAD`` of the :class:`~._site.Site`'s paths and
+nothing else, listens on loopback only, and refuses a ``Host`` other than
+the loopback address it serves (so a web page that rebinds a DNS name to
+127.0.0.1 cannot read results). Reads of run directories run in a worker
+thread, one at a time (the site's caches are not shared between threads).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from urllib.parse import unquote, urlsplit
+
+import h11
+import trio
+
+from ._site import Site
+
+__all__ = ["serve"]
+
+_MAX_REQUEST = 16 * 1024
+_IDLE_SECONDS = 60  # a keep-alive connection nobody uses is closed
+_SECURITY_HEADERS = [
+    (b"X-Content-Type-Options", b"nosniff"),
+    (b"Referrer-Policy", b"no-referrer"),
+    (b"Content-Security-Policy",
+     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'"),
+]
+
+
+async def serve(
+    site: Site,
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``site`` until cancelled; ``task_status.started`` gets the URL."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    hosts = {f"{host}:{bound}".encode(), f"localhost:{bound}".encode()}
+    limiter = trio.CapacityLimiter(1)
+    task_status.started(f"http://{host}:{bound}/")
+    await trio.serve_listeners(partial(_connection, site, hosts, limiter), listeners)
+
+
+async def _connection(site: Site, hosts: set[bytes], limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_REQUEST)
+    try:
+        while True:
+            event = await _next_event(conn, stream)
+            if event is None:
+                return
+            await _respond(site, hosts, limiter, conn, stream, event)
+            if not _request_ended(conn) or conn.our_state is not h11.DONE:
+                return  # a body the viewer does not read, or a closing peer
+            conn.start_next_cycle()
+    except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    finally:
+        with trio.move_on_after(1, shield=True):
+            await stream.aclose()
+
+
+async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> h11.Request | None:
+    """The next request, or None when the peer closes or stays idle too long."""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            with trio.move_on_after(_IDLE_SECONDS):
+                conn.receive_data(await stream.receive_some(_MAX_REQUEST))
+                continue
+            return None
+        if isinstance(event, h11.Request):
+            return event
+        return None
+
+
+def _request_ended(conn: h11.Connection) -> bool:
+    """Consume the (empty) body of a GET; False if there is more to read."""
+    while conn.their_state is h11.SEND_BODY:
+        event = conn.next_event()
+        if event is h11.NEED_DATA or event is h11.PAUSED:
+            return False
+    return conn.their_state is h11.DONE
+
+
+async def _respond(
+    site: Site,
+    hosts: set[bytes],
+    limiter: trio.CapacityLimiter,
+    conn: h11.Connection,
+    stream: trio.SocketStream,
+    request: h11.Request,
+) -> None:
+    headers = dict(request.headers)
+    path = unquote(urlsplit(request.target.decode("latin-1")).path).lstrip("/")
+    found = None
+    if request.method not in (b"GET", b"HEAD"):
+        status, body, media = 405, b"read-only viewer\n", "text/plain; charset=utf-8"
+    elif headers.get(b"host") not in hosts:
+        status, body, media = 403, b"unexpected Host header\n", "text/plain; charset=utf-8"
+    elif ".." in path.split("/"):
+        status, body, media = 404, b"not found\n", "text/plain; charset=utf-8"
+    else:
+        found = await trio.to_thread.run_sync(site.get, path, limiter=limiter)
+        if found is None:
+            status, body, media = 404, b"not found\n", "text/plain; charset=utf-8"
+        else:
+            status, (body, media) = 200, found
+    response_headers = [
+        (b"Content-Type", media.encode()),
+        (b"Content-Length", str(len(body)).encode()),
+        (b"Cache-Control", b"no-store"),
+        *_SECURITY_HEADERS,
+    ]
+    if status == 405:
+        response_headers.append((b"Allow", b"GET, HEAD"))
+    await _send(conn, stream, h11.Response(status_code=status, headers=response_headers))
+    if request.method != b"HEAD":
+        await _send(conn, stream, h11.Data(data=body))
+    await _send(conn, stream, h11.EndOfMessage())
+
+
+async def _send(conn: h11.Connection, stream: trio.SocketStream, event: h11.Event) -> None:
+    data = conn.send(event)
+    if data:
+        await stream.send_all(data)
