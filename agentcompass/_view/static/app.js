@@ -492,10 +492,13 @@ function discardedPanel(tries) {
   if (!tries.length) return panel("Discarded tries", h("p", { class: "muted" }, "None."));
   return panel(`Discarded tries (${tries.length})`, h("div", { id: "discarded" }, tries.map((t) => {
     const d = t.data || {};
-    const issues = d.issues || (d.record && d.record.issues) || [];
-    const summary = [`try ${t.try}`, d.stage, d.scope, d.delay !== undefined ? `waited ${secs(d.delay)}` : null,
-      d.matched_pattern ? `matched ${d.matched_pattern}` : null].filter(Boolean).join(" · ");
-    return h("details", null, h("summary", null, summary, " ", issues.map((it) => h("span", { class: "badge b-warn" }, `${it.severity}:${it.code}`))), jsonBlock(d));
+    const delay = d.delay_seconds ?? d.delay;
+    const summary = [`try ${t.try}`, d.stage && `stage ${d.stage}`, d.scope && `retried the ${d.scope}`,
+      delay !== undefined ? `waited ${secs(delay)}` : null, d.matched_pattern ? `matched ${d.matched_pattern}` : null].filter(Boolean).join(" · ");
+    return h("div", { class: "discarded" }, h("div", null, summary),
+      h("ul", null, (d.issues || []).map((it) => h("li", null, badge(it.severity), " ", h("span", { class: "mono" }, it.code), " ", it.message))),
+      d.timings ? phaseBars(d.timings) : null,
+      h("details", null, h("summary", null, "diagnostics and plan"), jsonBlock(d)));
   })));
 }
 
@@ -568,7 +571,11 @@ async function showCompare(indices) {
   indices = indices.filter((i) => i >= 0 && i < runs.length);
   if (indices.length < 2) { setMain(h("p", null, "Pick two or more runs on the ", h("a", { href: "#/" }, "runs page"), ".")); ready("compare"); return; }
   setMain(h("p", { class: "muted" }, "Loading runs…"));
-  const datas = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { cache: false })));
+  const loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { cache: false })));
+  // Oldest first: "better" and "worse" read as the change from the first run to the last.
+  const order = loaded.map((d, k) => k).sort((a, b) => compare(loaded[a].header.started_at, loaded[b].header.started_at) || compare(loaded[a].header.run_id, loaded[b].header.run_id));
+  const datas = order.map((k) => loaded[k]);
+  indices = order.map((k) => indices[k]);
   const benchmarks = new Set(datas.map((d) => d.header.benchmark));
   const primary = datas[0].primary;
   const label = (k) => `${datas[k].header.name} · ${datas[k].header.run_id}`;
