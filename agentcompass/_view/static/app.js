@@ -55,7 +55,7 @@ function h(tag, attrs, ...children) {
   return el;
 }
 const $main = () => document.getElementById("main");
-function setMain(...nodes) { const m = $main(); m.replaceChildren(...nodes); m.removeAttribute("data-ready"); return m; }
+function setMain(...nodes) { const m = $main(); m.replaceChildren(...nodes.flat().filter((n) => n !== null && n !== undefined && n !== false)); m.removeAttribute("data-ready"); return m; }
 function ready(view) { const m = $main(); m.dataset.view = view; m.dataset.ready = "1"; window.compassReady = performance.now(); }
 function crumbs(...items) {
   const c = document.getElementById("crumbs");
@@ -523,6 +523,7 @@ function renderTrajectory(container, i, key, attempt, steps, chunks) {
         chunk += 1;
       }
       const batch = buffer.splice(0, BATCH);
+      if (!shown) window.compassFirstMessages = performance.now();
       const frag = document.createDocumentFragment();
       for (const m of batch) frag.appendChild(message(m, shown++, toolNames));
       list.appendChild(frag);
@@ -578,7 +579,7 @@ async function showCompare(indices) {
   indices = order.map((k) => indices[k]);
   const benchmarks = new Set(datas.map((d) => d.header.benchmark));
   const primary = datas[0].primary;
-  const label = (k) => `${datas[k].header.name} · ${datas[k].header.run_id}`;
+  const label = (k) => datas[k].header.run_id;
   const headRow = (first) => h("tr", null, h("th", null, first), datas.map((d, k) => h("th", { class: "num" }, h("a", { href: runHref(indices[k]) }, label(k)))));
   const series = [...new Set(datas.flatMap((d) => d.series))];
   const val = (s) => (s ? (s.value ?? s.reference_value) : null);
@@ -637,6 +638,7 @@ async function showCompare(indices) {
   changedOnly.addEventListener("change", apply);
   text.addEventListener("input", apply);
   setMain(h("h1", null, "Compare runs"),
+    h("p", null, "Oldest first: ", datas.map((d, k) => h("span", null, k ? " → " : "", h("a", { href: runHref(indices[k]) }, `${d.header.name} · ${d.header.run_id}`), " ", badge(d.header.status)))),
     benchmarks.size > 1 ? h("p", { class: "badge b-warn" }, "These runs are of different benchmarks: " + [...benchmarks].join(", ")) : null,
     h("div", { class: "cards" }, card("tasks", fmt(rows.length), "in any run"), card("changed outcome", fmt(rows.filter((r) => r.changed).length), `${improved} better · ${regressed} worse`)),
     h("div", { class: "grid2" }, panel("Metrics", seriesTable), panel("By category", catTable)),
