@@ -412,14 +412,19 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
         return
 
     async def serve_until_interrupted() -> None:
-        async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve, Site(runs, live=True), port)
-            click.echo(f"serving {len(runs)} run(s) at {url} (Ctrl-C to stop)")
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                try:
+                    url = await nursery.start(serve, Site(runs, live=True), port)
+                except OSError as exc:
+                    raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+                click.echo(f"serving {len(runs)} run(s) at {url} (Ctrl-C to stop)")
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
 
-    try:
-        trio.run(serve_until_interrupted)
-    except KeyboardInterrupt:
-        click.echo("stopped", err=True)
+    trio.run(serve_until_interrupted)
+    click.echo("stopped", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -87,6 +87,7 @@ class RunData:
         self._rows: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # file -> (stat, row)
         self._records: OrderedDict[str, tuple[tuple[int, int], dict[str, Any]]] = OrderedDict()
         self._progress: tuple[tuple[int, int], dict[str, Any]] | None = None
+        self._files: tuple[tuple[tuple[int, int] | None, ...], dict[str, str]] | None = None
 
     # ------------------------------------------------------------ run page
 
@@ -176,7 +177,18 @@ class RunData:
             return None
 
     def _detail_files(self) -> dict[str, str]:
-        """Task key -> path of its countable record (the newest if two)."""
+        """Task key -> path of its countable record (the newest if two).
+
+        Cached until one of the ``details/<severity>`` directories changes
+        (the store renames records into them, which updates their mtime)."""
+        stamp = tuple(_stat_key(str(self.run_dir / "details" / s)) for s in _SEVERITIES)
+        if self._files is not None and self._files[0] == stamp:
+            return self._files[1]
+        files = self._scan_details()
+        self._files = (stamp, files)
+        return files
+
+    def _scan_details(self) -> dict[str, str]:
         files: dict[str, str] = {}
         for severity in _SEVERITIES:
             try:

@@ -41,8 +41,11 @@ async def serve(
     bound = listeners[0].socket.getsockname()[1]
     hosts = {f"{host}:{bound}".encode(), f"localhost:{bound}".encode()}
     limiter = trio.CapacityLimiter(1)
-    task_status.started(f"http://{host}:{bound}/")
-    await trio.serve_listeners(partial(_connection, site, hosts, limiter), listeners)
+    async with trio.open_nursery() as nursery:
+        # Reading thousands of records takes seconds: start now, not on the first request.
+        nursery.start_soon(partial(trio.to_thread.run_sync, site.warm, limiter=limiter))
+        task_status.started(f"http://{host}:{bound}/")
+        await trio.serve_listeners(partial(_connection, site, hosts, limiter), listeners)
 
 
 async def _connection(site: Site, hosts: set[bytes], limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:

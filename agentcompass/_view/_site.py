@@ -60,6 +60,11 @@ class Site:
         ident, value = data
         return _script(ident, value), _JS
 
+    def warm(self) -> None:
+        """Read every run's records once, so the first page load finds them cached."""
+        for run in self.runs:
+            run.run()
+
     def paths(self) -> Iterator[str]:
         """Every path :meth:`get` answers, for writing the site to disk."""
         yield from _STATIC

@@ -511,11 +511,13 @@ function renderTrajectory(container, i, key, attempt, steps, chunks) {
   const list = h("div", { class: "messages" });
   const status = h("div", { class: "sentinel", id: "trajectory-more" });
   container.replaceChildren(list, status);
-  let chunk = 0, buffer = [], shown = 0, busy = false, stopped = false;
+  let chunk = 0, buffer = [], shown = 0, busy = false, again = false, stopped = false;
   const toolNames = new Map();
   async function more() {
-    if (busy || stopped) return;
+    if (stopped) return;
+    if (busy) { again = true; return; }
     busy = true;
+    again = false;
     try {
       if (!buffer.length && chunk < chunks) {
         status.textContent = "loading…";
@@ -534,13 +536,21 @@ function renderTrajectory(container, i, key, attempt, steps, chunks) {
     } finally {
       busy = false;
     }
-    if (!stopped && shown < steps && nearBottom()) requestAnimationFrame(more);
+    if (!stopped && shown < steps && (again || nearBottom())) requestAnimationFrame(more);
   }
   function nearBottom() { return status.getBoundingClientRect().top < window.innerHeight + 800; }
   const observer = new IntersectionObserver((entries) => { if (entries.some((e) => e.isIntersecting)) more(); }, { rootMargin: "800px" });
   observer.observe(status);
+  // Scrolling also asks: the observer reports only changes of visibility.
+  let queued = false;
+  const onScroll = () => {
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => { queued = false; if (nearBottom()) more(); });
+  };
+  window.addEventListener("scroll", onScroll, { passive: true });
   more();
-  return () => { stopped = true; observer.disconnect(); };
+  return () => { stopped = true; observer.disconnect(); window.removeEventListener("scroll", onScroll); };
 }
 
 function message(m, index, toolNames) {
