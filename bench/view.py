@@ -130,7 +130,7 @@ async def measure(run_dir: Path, out_dir: Path, profile: Path, scrolls: int) -> 
             report["rows_in_dom"] = len(await browser.find_all("#task-table .vt-row"))
             report["filter_ms"] = round(await browser.execute("""
                 const input = document.querySelector('input[name=text]'); const t0 = performance.now();
-                input.value = 'task-0012'; input.dispatchEvent(new Event('input'));
+                input.value = 'task-00001'; input.dispatchEvent(new Event('input'));
                 return performance.now() - t0;"""), 1)
             report["filter_result"] = await browser.text("#task-count")
             report["sort_ms"] = round(await browser.execute("""

@@ -88,7 +88,8 @@ class Browser:
         return str(await self._call("GET", f"/element/{await self.find(css)}/text"))
 
     async def screenshot(self, path: Path) -> Path:
-        path.write_bytes(base64.b64decode(await self._call("GET", "/screenshot")))
+        data = base64.b64decode(await self._call("GET", "/screenshot"))
+        await trio.to_thread.run_sync(path.write_bytes, data)
         return path
 
     async def wait_for(self, expression: str, *args: Any, interval: float = 0.05) -> Any:

@@ -4,22 +4,30 @@ real demo run, the viewer served on a loopback port, and headless Chromium."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from view_helpers import (
+    COMPASS,
+    LEAKY_KEY,
+    ROOT,
+    agent_trajectory,
+    attempt,
+    issue,
+    metrics_for,
+    task,
+    write_json,
+    write_run,
+)
 
 from agentcompass._view import Site, find_runs, serve
 from agentcompass._view._browser import Browser, browser_missing, open_browser
 
-from view_helpers import COMPASS, LEAKY_KEY, ROOT, agent_trajectory, attempt, issue, metrics_for, task, write_json, write_run
 
 @pytest.fixture
 def agent_run(tmp_path: Path) -> Path:

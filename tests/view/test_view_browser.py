@@ -5,18 +5,14 @@ Each test saves screenshots of the pages it saw under its temp directory."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import trio
-
-from agentcompass._view import CHUNK_STEPS
-from agentcompass._view._browser import Browser
-
 from view_helpers import (
     COMPASS,
     LEAKY_KEY,
     agent_trajectory,
+    append_events,
     attempt,
     metrics_for,
     task,
@@ -24,6 +20,9 @@ from view_helpers import (
     write_json,
     write_run,
 )
+
+from agentcompass._view import CHUNK_STEPS
+from agentcompass._view._browser import Browser
 
 HANG_GUARD = 120
 
@@ -139,7 +138,8 @@ async def test_compare_two_runs_per_task_and_category(viewer, browser: Browser, 
 
 async def test_static_pages_open_from_disk(agent_run: Path, browser: Browser, tmp_path: Path) -> None:
     out = tmp_path / "site"
-    subprocess.run([COMPASS, "view", str(agent_run), "--out", str(out)], check=True, capture_output=True, timeout=60)
+    with trio.fail_after(60):
+        await trio.run_process([COMPASS, "view", str(agent_run), "--out", str(out)], capture_stdout=True, capture_stderr=True)
     with trio.fail_after(HANG_GUARD):
         await browser.goto((out / "index.html").as_uri() + "#/run/0")
         await wait_ready(browser, "run")
@@ -211,9 +211,8 @@ async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, t
                    task("second", attempt(values={"reward": 0.0}, status="run_error",
                                           issues=[{"severity": "error", "phase": "run", "code": "harness_timeout", "message": "x"}]),
                         severity="error"))
-        with open(run_dir / "progress.jsonl", "a") as f:
-            f.write(json.dumps({"event": "task_finished", "t": 2.0, "task": "second"}) + "\n")
-            f.write(json.dumps({"event": "task_started", "t": 2.1, "task": "third"}) + "\n")
+        append_events(run_dir, [{"event": "task_finished", "t": 2.0, "task": "second"},
+                                {"event": "task_started", "t": 2.1, "task": "third"}])
         await browser.wait_for("document.querySelector('#task-count').textContent === '1 of 3 tasks'")
         rows = await browser.execute("return [...document.querySelectorAll('#task-table .vt-row > div:first-child')].map(c => c.textContent)")
         assert rows == ["third"]

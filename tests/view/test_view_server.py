@@ -11,10 +11,9 @@ from pathlib import Path
 
 import httpx
 import trio
+from view_helpers import COMPASS, LEAKY_KEY, agent_trajectory, attempt, run_dir_state, task, write_run
 
 from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
-
-from view_helpers import COMPASS, LEAKY_KEY, agent_trajectory, attempt, run_dir_state, task, write_run
 
 
 def _data(body: bytes) -> object:
@@ -109,9 +108,10 @@ async def test_viewer_never_writes_to_a_run_directory(agent_run: Path, viewer, t
                 assert (await client.get("/" + path)).status_code == 200
     assert write_site(Site(find_runs([agent_run]), live=False), tmp_path / "site") > 0
     assert run_dir_state(agent_run) == before
-    inside = subprocess.run([COMPASS, "view", str(agent_run), "--out", str(agent_run / "site")],
-                            capture_output=True, text=True, timeout=60)
-    assert inside.returncode == 2 and "never writes there" in inside.stderr
+    with trio.fail_after(60):
+        inside = await trio.run_process([COMPASS, "view", str(agent_run), "--out", str(agent_run / "site")],
+                                        check=False, capture_stdout=True, capture_stderr=True)
+    assert inside.returncode == 2 and b"never writes there" in inside.stderr
     assert run_dir_state(agent_run) == before
 
 

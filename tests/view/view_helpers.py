@@ -88,6 +88,12 @@ def write_run(
     return run_dir
 
 
+def append_events(run_dir: Path, events: list[dict[str, Any]]) -> None:
+    """What the runtime does as a run goes on: new lines in ``progress.jsonl``."""
+    with open(run_dir / "progress.jsonl", "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(e) + "\n" for e in events)
+
+
 def task(task_id: str, *attempts: dict[str, Any], category: str | None = None, severity: str = "normal") -> dict[str, Any]:
     return {"task_id": task_id, "category": category, "attempts": list(attempts), "severity": severity}
 
