@@ -19,7 +19,7 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHUNK_STEPS", "RunData", "find_runs"]
+__all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
 
 #: Messages per trajectory chunk: small enough to parse and render in a frame.
 CHUNK_STEPS = 500
@@ -97,8 +97,10 @@ class RunData:
         request = info.get("request") or {}
         live = self._live()
         status = info.get("status") or ("running" if live["running"] else "unknown")
-        if status == "running" and not live["running"]:
-            status = "interrupted"
+        if status == "running":
+            alive = writer_alive(self.run_dir)
+            if alive is False or (alive is None and not live["running"]):
+                status = "interrupted"  # its process died: it will never finish
         return {
             "name": request.get("name") or self.run_dir.parent.name,
             "run_id": self.run_dir.name,
@@ -124,6 +126,7 @@ class RunData:
         primary = series[0] if series else None
         strategy = ((info.get("request") or {}).get("execution") or {}).get("attempts", {}).get("strategy", "avg")
         live = self._live()
+        header = self.header()
         tasks = []
         issue_counts: Counter[str] = Counter()
         usage: Counter[str] = Counter()
@@ -144,16 +147,16 @@ class RunData:
             ])
         for task_id in live["active"]:
             if task_id not in done:
-                tasks.append([task_id, None, live["categories"].get(task_id), "running", ["running"],
-                              None, [], 0, 0, 0.0])
+                state = "running" if header["status"] == "running" else "unfinished"
+                tasks.append([task_id, None, None, state, [state], None, [], 0, 0, 0.0])
         return {
-            "header": self.header(),
+            "header": header,
             "request": info.get("request"),
             "versions": info.get("versions"),
             "notes": info.get("notes"),
             "metrics": metrics,
             "progress": progress,
-            "live": {"running": live["running"], "events": live["events"], "last": live["last"]},
+            "live": {"running": header["status"] == "running", "events": live["events"], "last": live["last"]},
             "series": series,
             "primary": primary,
             "strategy": strategy,
@@ -230,7 +233,7 @@ class RunData:
         path = str(self.run_dir / "progress.jsonl")
         stat = _stat_key(path)
         if stat is None:
-            return {"running": False, "active": [], "categories": {}, "events": 0, "last": None}
+            return {"running": False, "active": [], "events": 0, "last": None}
         if self._progress is not None and self._progress[0] == stat:
             return self._progress[1]
         started: dict[str, None] = {}
@@ -258,7 +261,6 @@ class RunData:
         live = {
             "running": running,
             "active": [t for t in started if t not in finished],
-            "categories": {},
             "events": events,
             "last": last,
         }
@@ -346,6 +348,21 @@ class RunData:
                     continue
                 tries.append({"attempt": int(match.group(1)), "try": name[: -len(".json")], "data": data})
         return tries
+
+
+def writer_alive(run_dir: Path) -> bool | None:
+    """Whether a process holds the run directory's writer lock (the store's
+    ``flock``), read from ``/proc/locks`` so the viewer never takes a lock
+    itself; None where that cannot be told (no ``/proc/locks``)."""
+    try:
+        st = os.stat(run_dir)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == ident
+               for fields in (line.split() for line in lines))
 
 
 def _files(path: Path) -> list[Path]:

@@ -19,6 +19,7 @@ from view_helpers import (
     wait_ready,
     write_json,
     write_run,
+    writer_lock,
 )
 
 from agentcompass._view import CHUNK_STEPS
@@ -196,7 +197,7 @@ async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, t
         {"event": "task_started", "t": 1.1, "task": "first"}, {"event": "task_finished", "t": 1.2, "task": "first"},
         {"event": "task_started", "t": 1.3, "task": "second"},
     ])
-    with trio.fail_after(HANG_GUARD):
+    with trio.fail_after(HANG_GUARD), writer_lock(run_dir):
         url = await viewer([run_dir])
         await browser.goto(url + "#/run/0")
         await wait_ready(browser, "run")

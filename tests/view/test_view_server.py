@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import trio
-from view_helpers import COMPASS, LEAKY_KEY, agent_trajectory, attempt, run_dir_state, task, write_run
+from view_helpers import COMPASS, LEAKY_KEY, agent_trajectory, attempt, run_dir_state, task, write_run, writer_lock
 
 from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
 
@@ -113,6 +113,20 @@ async def test_viewer_never_writes_to_a_run_directory(agent_run: Path, viewer, t
                                         check=False, capture_stdout=True, capture_stderr=True)
     assert inside.returncode == 2 and b"never writes there" in inside.stderr
     assert run_dir_state(agent_run) == before
+
+
+def test_a_running_run_whose_writer_died_shows_interrupted(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [task("first", attempt())], status="running",
+                        events=[{"event": "run_started", "t": 1.0}, {"event": "task_started", "t": 1.1, "task": "first"},
+                                {"event": "task_finished", "t": 1.2, "task": "first"}, {"event": "task_started", "t": 1.3, "task": "second"}])
+    site = Site([run_dir], live=True)
+    with writer_lock(run_dir):
+        alive = _data(site.get("data/0/run.js")[0])  # type: ignore[index]
+    dead = _data(site.get("data/0/run.js")[0])  # type: ignore[index]
+    assert (alive["header"]["status"], alive["live"]["running"]) == ("running", True)  # type: ignore[index]
+    assert (dead["header"]["status"], dead["live"]["running"]) == ("interrupted", False)  # type: ignore[index]
+    assert [t[3] for t in alive["tasks"]] == ["normal", "running"]  # type: ignore[index]
+    assert [t[3] for t in dead["tasks"]] == ["normal", "unfinished"]  # type: ignore[index]
 
 
 def test_find_runs_takes_run_request_and_root_directories(tmp_path: Path) -> None:

@@ -3,9 +3,12 @@ and verifier output in the agreed formats), and small helpers for the viewer's t
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +89,17 @@ def write_run(
     ]
     (run_dir / "progress.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines), encoding="utf-8")
     return run_dir
+
+
+@contextlib.contextmanager
+def writer_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory's writer lock, as the store does while its run is alive."""
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
 
 
 def append_events(run_dir: Path, events: list[dict[str, Any]]) -> None:

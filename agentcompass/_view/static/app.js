@@ -78,7 +78,7 @@ function when(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ")
 function statusClass(s) {
   if (["succeeded", "completed", "normal", "passed"].includes(s)) return "b-ok";
   if (["failed", "run_error", "eval_error", "run_error_or_eval_error", "fatal", "timed_out", "interrupted"].includes(s)) return "b-bad";
-  if (["error", "warning", "partial_failure", "cancelled"].includes(s)) return "b-warn";
+  if (["error", "warning", "partial_failure", "cancelled", "unfinished"].includes(s)) return "b-warn";
   if (s === "running") return "b-run";
   return "";
 }
