@@ -98,7 +98,7 @@ def _trajectory(steps: int) -> list[dict[str, Any]]:
 _LONG_TASKS = """
 window.__long = [];
 new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__long.push(e.duration); })
-  .observe({ type: "longtask", buffered: true });
+  .observe({ type: "longtask" });
 """
 
 

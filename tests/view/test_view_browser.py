@@ -61,6 +61,7 @@ async def test_demo_run_filter_to_failing_task_and_see_its_verifier_output(
         await browser.click("#task-table a.task-link")
         await wait_ready(browser, "attempt")
         assert "reverse-lines" in await browser.text("h1")
+        assert "exit code 0" in await browser.text("#command")  # the oracle's own command
         panel = await browser.text("#verifier")
         assert f"exit code {verifier['exit_code']}" in panel
         assert verifier["stdout"].strip().splitlines()[-1] in panel

@@ -386,9 +386,10 @@ function runSummary(i, data, pickCode) {
   const usage = (m && m.usage) || data.usage || {};
   const elapsed = p.elapsed ?? (hd.ended_at && hd.started_at ? hd.ended_at - hd.started_at : null);
   const fatal = data.tasks.filter((t) => t[3] === "fatal").length, error = data.tasks.filter((t) => t[3] === "error").length;
+  const unfinished = data.tasks.filter((t) => t[3] === "running" || t[3] === "unfinished").length;
   const cards = h("div", { class: "cards" },
     card("status", badge(hd.status), `${hd.benchmark || "?"} · ${hd.harness || "?"} · ${hd.environment || "?"}`),
-    card("tasks", fmt(p.total ?? data.tasks.length), `${fmt(p.completed ?? data.tasks.length)} done · ${fmt(p.active ?? 0)} active · ${fmt(p.pending ?? 0)} pending`),
+    card("tasks", fmt(p.total ?? data.tasks.length), `${fmt(p.completed ?? data.tasks.length - unfinished)} done · ${fmt(p.active ?? unfinished)} active · ${fmt(p.pending ?? 0)} pending`),
     card("severity", `${fatal} / ${error}`, "fatal / error tasks"),
     card("wall time", secs(elapsed), `started ${when(hd.started_at)}`),
     card("tokens", fmt((usage.prompt_tokens || 0) + (usage.completion_tokens || 0)), `${fmt(usage.prompt_tokens || 0)} prompt · ${fmt(usage.completion_tokens || 0)} completion · ${fmt(usage.calls || 0)} calls`),
@@ -477,7 +478,7 @@ function commandOutputs(artifacts) {
   const out = [];
   for (const [k, title] of Object.entries(COMMAND_TITLES)) if (isCommandOutput(artifacts[k])) out.push(commandPanel(title, k.replace("_", "-"), artifacts[k]));
   for (const [k, v] of Object.entries(artifacts)) if (!(k in COMMAND_TITLES) && isCommandOutput(v)) out.push(commandPanel(k, "artifact-" + k, v));
-  if (("exit_code" in artifacts) && !isCommandOutput(artifacts.verifier)) {
+  if ("exit_code" in artifacts) {
     // A harness that records its command's result at the top level (oracle).
     out.push(commandPanel("Harness output", "command", { exit_code: artifacts.exit_code, stdout: artifacts.stdout, stderr: artifacts.stderr }));
   }
