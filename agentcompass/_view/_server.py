@@ -89,6 +89,29 @@ def _request_ended(conn: h11.Connection) -> bool:
     return conn.their_state is h11.DONE
 
 
+_TEXT = "text/plain; charset=utf-8"
+
+
+async def _answer(
+    site: Site, hosts: set[bytes], limiter: trio.CapacityLimiter, request: h11.Request
+) -> tuple[int, bytes, str]:
+    """Status, body and media type for ``request``."""
+    if request.method not in (b"GET", b"HEAD"):
+        return 405, b"read-only viewer\n", _TEXT
+    if dict(request.headers).get(b"host") not in hosts:
+        return 403, b"unexpected Host header\n", _TEXT
+    path = unquote(urlsplit(request.target.decode("latin-1")).path).lstrip("/")
+    if ".." in path.split("/"):
+        return 404, b"not found\n", _TEXT
+    try:
+        found = await trio.to_thread.run_sync(site.get, path, limiter=limiter)
+    except Exception as exc:  # noqa: BLE001 - one unreadable file must not stop the server
+        return 500, f"cannot read {path}: {type(exc).__name__}\n".encode(), _TEXT
+    if found is None:
+        return 404, b"not found\n", _TEXT
+    return 200, found[0], found[1]
+
+
 async def _respond(
     site: Site,
     hosts: set[bytes],
@@ -97,30 +120,16 @@ async def _respond(
     stream: trio.SocketStream,
     request: h11.Request,
 ) -> None:
-    headers = dict(request.headers)
-    path = unquote(urlsplit(request.target.decode("latin-1")).path).lstrip("/")
-    found = None
-    if request.method not in (b"GET", b"HEAD"):
-        status, body, media = 405, b"read-only viewer\n", "text/plain; charset=utf-8"
-    elif headers.get(b"host") not in hosts:
-        status, body, media = 403, b"unexpected Host header\n", "text/plain; charset=utf-8"
-    elif ".." in path.split("/"):
-        status, body, media = 404, b"not found\n", "text/plain; charset=utf-8"
-    else:
-        found = await trio.to_thread.run_sync(site.get, path, limiter=limiter)
-        if found is None:
-            status, body, media = 404, b"not found\n", "text/plain; charset=utf-8"
-        else:
-            status, (body, media) = 200, found
-    response_headers = [
+    status, body, media = await _answer(site, hosts, limiter, request)
+    headers = [
         (b"Content-Type", media.encode()),
         (b"Content-Length", str(len(body)).encode()),
         (b"Cache-Control", b"no-store"),
         *_SECURITY_HEADERS,
     ]
     if status == 405:
-        response_headers.append((b"Allow", b"GET, HEAD"))
-    await _send(conn, stream, h11.Response(status_code=status, headers=response_headers))
+        headers.append((b"Allow", b"GET, HEAD"))
+    await _send(conn, stream, h11.Response(status_code=status, headers=headers))
     if request.method != b"HEAD":
         await _send(conn, stream, h11.Data(data=body))
     await _send(conn, stream, h11.EndOfMessage())

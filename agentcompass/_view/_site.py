@@ -63,7 +63,10 @@ class Site:
     def warm(self) -> None:
         """Read every run's records once, so the first page load finds them cached."""
         for run in self.runs:
-            run.run()
+            try:
+                run.run()
+            except Exception:  # noqa: BLE001, S112 - the page reports what it cannot read
+                continue
 
     def paths(self) -> Iterator[str]:
         """Every path :meth:`get` answers, for writing the site to disk."""

@@ -66,6 +66,18 @@ async def test_serves_pages_and_data_and_nothing_else(agent_run: Path, viewer) -
         assert rebound.startswith(b"HTTP/1.1 403") and b"terminal-react" not in rebound
 
 
+async def test_a_malformed_record_fails_its_request_not_the_server(tmp_path: Path, viewer) -> None:
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [task("good", attempt())])
+    (run_dir / "details" / "normal" / "bad.json").write_text(json.dumps({"task_id": "bad", "attempts": "oops"}))
+    with trio.fail_after(30):
+        url = await viewer([run_dir])
+        async with httpx.AsyncClient(base_url=url) as client:
+            broken = await client.get("/data/0/task/bad.js")
+            assert broken.status_code == 500 and broken.text == "cannot read data/0/task/bad.js: ValueError\n"
+            run = _data((await client.get("/data/0/run.js")).content)
+            assert [t[0] for t in run["tasks"]] == ["good"]  # type: ignore[index]
+
+
 async def test_trajectories_are_served_in_chunks(tmp_path: Path, viewer) -> None:
     trajectory = agent_trajectory(CHUNK_STEPS + 1)  # 2 + 2 * (CHUNK_STEPS + 1) messages: three chunks
     run_dir = write_run(tmp_path / "runs", "long", "20260101T000000.000Z-0001", [task("long", attempt(trajectory=trajectory))])
