@@ -283,6 +283,7 @@ class RunData:
             steps = len(trajectory)
             run_result["trajectory_steps"] = steps
             run_result["trajectory_chunks"] = (steps + CHUNK_STEPS - 1) // CHUNK_STEPS
+            run_result["trajectory_chunk_steps"] = CHUNK_STEPS
             run_result["tool_calls"] = sum(len(m.get("tool_calls") or []) for m in trajectory if isinstance(m, dict))
             attempt["run_result"] = run_result
             attempts.append(attempt)

@@ -190,6 +190,18 @@ async def test_long_trajectory_loads_and_renders_incrementally(viewer, browser: 
         assert len(await browser.find_all(".msg")) == total
         assert f"all {total:,} messages" == await browser.text("#trajectory-more")
 
+        # Jumping renders from any message without the ones before it.
+        await browser.click("#jump-end")
+        await browser.wait_for(f"document.querySelector('#trajectory').dataset.shown === '{total}'"
+                               f" && document.querySelector('#trajectory').dataset.first === '{total - 100}'")
+        numbers = await browser.execute("return [...document.querySelectorAll('.msg .meta span:nth-child(2)')].map(s => s.textContent)")
+        assert numbers[0] == f"#{total - 100}" and numbers[-1] == f"#{total - 1}" and len(numbers) == 100
+        await browser.type("input[name=jump]", "777")
+        await browser.click("#jump-go")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.first === '777'")
+        assert (await browser.text(".msg .meta span:nth-child(2)")) == "#777"
+        await browser.screenshot(tmp_path / "long-trajectory.png")
+
 
 async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, tmp_path: Path) -> None:
     done = task("first", attempt())

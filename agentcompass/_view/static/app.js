@@ -462,7 +462,7 @@ async function showAttempt(i, key, attemptIndex) {
   sections.push(panel(`Trajectory (${fmt(rr.trajectory_steps || 0)} messages)`, traj));
   setMain(...sections);
   ready("attempt");
-  stopCurrent = renderTrajectory(traj, i, key, attempt.attempt, rr.trajectory_steps || 0, rr.trajectory_chunks || 0);
+  stopCurrent = renderTrajectory(traj, i, key, attempt.attempt, rr.trajectory_steps || 0, rr.trajectory_chunks || 0, rr.trajectory_chunk_steps || 500);
 }
 
 const COMMAND_TITLES = { verifier: "Verifier", harness_command: "Harness command" };
@@ -505,40 +505,67 @@ function discardedPanel(tries) {
 
 // The trajectory renders in batches as the reader scrolls: chunks of the
 // file load on demand and a sentinel below the last message asks for more,
-// so a 100,000-message attempt opens as fast as a ten-message one.
+// so a 100,000-message attempt opens as fast as a ten-message one. "Jump"
+// starts the list at any message (the end, say) without loading the rest.
 const BATCH = 100;
-function renderTrajectory(container, i, key, attempt, steps, chunks) {
+function renderTrajectory(container, i, key, attempt, steps, chunks, chunkSteps) {
   if (!steps) { container.replaceChildren(h("p", { class: "muted" }, "No trajectory recorded (a harness without a model, or none kept).")); return () => {}; }
   const list = h("div", { class: "messages" });
   const status = h("div", { class: "sentinel", id: "trajectory-more" });
-  container.replaceChildren(list, status);
-  let chunk = 0, buffer = [], shown = 0, busy = false, again = false, stopped = false;
+  const target = h("input", { type: "number", name: "jump", min: 0, max: steps - 1, placeholder: "message #", "aria-label": "jump to message" });
+  const go = h("button", { class: "fold", type: "button", id: "jump-go" }, "jump");
+  const end = h("button", { class: "fold", type: "button", id: "jump-end" }, "last messages");
+  const start = h("button", { class: "fold", type: "button", id: "jump-start" }, "first messages");
+  container.replaceChildren(h("div", { class: "filters" }, start, end, target, go), list, status);
+  let chunk = 0, skip = 0, buffer = [], first = 0, shown = 0, busy = false, again = false, stopped = false, generation = 0;
   const toolNames = new Map();
   async function more() {
     if (stopped) return;
     if (busy) { again = true; return; }
     busy = true;
     again = false;
+    const mine = generation;
     try {
       if (!buffer.length && chunk < chunks) {
         status.textContent = "loading…";
-        buffer = await COMPASS.load(`${i}/traj/${key}/${attempt}-${chunk}`, { cache: false });
+        const loaded = await COMPASS.load(`${i}/traj/${key}/${attempt}-${chunk}`, { cache: false });
+        if (mine !== generation) return;
+        buffer = skip ? loaded.slice(skip) : loaded;
+        skip = 0;
         chunk += 1;
       }
       const batch = buffer.splice(0, BATCH);
-      if (!shown) window.compassFirstMessages = performance.now();
+      if (!window.compassFirstMessages) window.compassFirstMessages = performance.now();
       const frag = document.createDocumentFragment();
       for (const m of batch) frag.appendChild(message(m, shown++, toolNames));
       list.appendChild(frag);
+      container.dataset.first = first;
       container.dataset.shown = shown;
-      status.textContent = shown < steps ? `${shown.toLocaleString("en")} of ${steps.toLocaleString("en")} messages · scroll for more` : `all ${steps.toLocaleString("en")} messages`;
+      const range = first ? `messages ${first.toLocaleString("en")}–${(shown - 1).toLocaleString("en")}` : `${shown.toLocaleString("en")}`;
+      status.textContent = shown < steps ? `${range} of ${steps.toLocaleString("en")} messages · scroll for more`
+        : first ? `${range} of ${steps.toLocaleString("en")} messages` : `all ${steps.toLocaleString("en")} messages`;
     } catch (e) {
       status.textContent = "could not load more: " + e.message;
     } finally {
-      busy = false;
+      if (mine === generation) busy = false;
     }
     if (!stopped && shown < steps && (again || nearBottom())) requestAnimationFrame(more);
   }
+  function jump(n) {
+    n = Math.max(0, Math.min(steps - 1, Math.floor(n)));
+    generation += 1;
+    busy = false;
+    first = shown = n;
+    chunk = Math.floor(n / chunkSteps);
+    skip = n % chunkSteps;
+    buffer = [];
+    list.replaceChildren();
+    more();
+  }
+  go.addEventListener("click", () => { if (target.value !== "") jump(+target.value); });
+  target.addEventListener("keydown", (e) => { if (e.key === "Enter" && target.value !== "") jump(+target.value); });
+  end.addEventListener("click", () => jump(steps - BATCH));
+  start.addEventListener("click", () => jump(0));
   function nearBottom() { return status.getBoundingClientRect().top < window.innerHeight + 800; }
   const observer = new IntersectionObserver((entries) => { if (entries.some((e) => e.isIntersecting)) more(); }, { rootMargin: "800px" });
   observer.observe(status);
