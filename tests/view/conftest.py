@@ -33,7 +33,7 @@ from agentcompass._view._browser import Browser, browser_missing, open_browser
 def agent_run(tmp_path: Path) -> Path:
     """A react run of two tasks; the failing one has a retry and an ERROR."""
     trajectory = agent_trajectory(3, long_output=True)
-    trajectory.append({"role": "assistant", "content": f"The answer is 3. (key {LEAKY_KEY})", "tool_calls": [],
+    trajectory.append({"role": "assistant", "content": f"The answer is 3. (key {LEAKY_KEY}) <img src=x onerror=\"window.pwned=1\">", "tool_calls": [],
                        "step": 3, "usage": {"prompt_tokens": 140, "completion_tokens": 9}, "duration_seconds": 0.4})
     verifier = {"exit_code": 1, "stdout": "FAILED test_count: expected 3 got 2\n", "stderr": ""}
     tasks = [

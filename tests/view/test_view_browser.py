@@ -101,6 +101,9 @@ async def test_agent_run_shows_tool_calls_results_and_usage(
         assert "HTTP 503" in await browser.text("#discarded")
         assert "harness_max_iterations" in await browser.text("#issues")
         assert "FAILED test_count" in await browser.text("#verifier")
+        # Data is text, never markup: the model's "HTML" shows as written and runs nothing.
+        assert '<img src=x onerror="window.pwned=1">' in await browser.text(".msg:last-child pre")
+        assert await browser.execute("return window.pwned === undefined && !document.querySelector('#trajectory img')")
         html = await browser.execute("return document.documentElement.outerHTML")
         assert LEAKY_KEY not in html and "**********" in html
         await browser.screenshot(tmp_path / "agent-attempt.png")
