@@ -495,8 +495,11 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
               help="Port on 127.0.0.1 (0 picks a free one).")
 @click.option("--out", type=click.Path(path_type=Path), help="Write the pages as static files to DIR instead.")
 def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
-    """Browse runs: RUN_DIR is a run directory, a request's directory or an
-    output root (default: runs). Read-only; serves on 127.0.0.1 until Ctrl-C."""
+    """Browse runs in a web page (read-only).
+
+    RUN_DIR is a run directory, a request's directory or an output root
+    (default: runs). Serves on 127.0.0.1 until Ctrl-C, or writes the pages
+    as static files with --out."""
     from ._view import Site, find_runs, serve, write_site
 
     paths = list(run_dirs) or [Path("runs")]
