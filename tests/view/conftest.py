@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,17 @@ def demo_run(tmp_path: Path) -> Path:
     """A real ``make demo`` run (the oracle on the bundled terminal tasks)."""
     out = tmp_path / "demo"
     subprocess.run([COMPASS, "launch", str(ROOT / "examples" / "quickstart.yaml"), "--output-root", str(out)],
+                   check=True, cwd=ROOT, capture_output=True, timeout=120)
+    (run_dir,) = find_runs([out])
+    return run_dir
+
+
+@pytest.fixture
+def agent_demo_run(tmp_path: Path) -> Path:
+    """A real ``make demo-agent`` run: the react harness against the scripted model server."""
+    out = tmp_path / "demo-agent"
+    subprocess.run([sys.executable, "-m", "agentcompass.testing.model_server", "--script", str(ROOT / "examples" / "demo-agent.json"),
+                    "--", COMPASS, "launch", str(ROOT / "examples" / "demo-agent.yaml"), "--output-root", str(out)],
                    check=True, cwd=ROOT, capture_output=True, timeout=120)
     (run_dir,) = find_runs([out])
     return run_dir

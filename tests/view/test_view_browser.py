@@ -62,6 +62,30 @@ async def test_demo_run_filter_to_failing_task_and_see_its_verifier_output(
         await browser.screenshot(tmp_path / "demo-attempt.png")
 
 
+async def test_agent_demo_run_shows_the_agents_tool_calls(
+    agent_demo_run: Path, viewer, browser: Browser, tmp_path: Path
+) -> None:
+    (path,) = agent_demo_run.glob("details/*/hello-file.json")  # "normal" unless a slow host timed the agent out
+    record = json.loads(path.read_text())
+    trajectory = record["attempts"][0]["run_result"]["trajectory"]
+    expected = [(c["name"], json.loads(c["arguments"])) for m in trajectory for c in m.get("tool_calls") or []]
+    assert len(expected) >= 2
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([agent_demo_run])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        await browser.type("input[name=text]", "hello")
+        await browser.click("#task-table a.task-link")
+        await wait_ready(browser, "attempt")
+        await browser.wait_for(f"document.querySelector('#trajectory').dataset.shown === '{len(trajectory)}'")
+        calls = await browser.execute(
+            "return [...document.querySelectorAll('.tool-call')].map(c => [c.querySelector('.name').textContent, c.querySelector('pre').textContent])")
+        assert [(name, json.loads(args)) for name, args in calls] == expected
+        results = await browser.execute("return [...document.querySelectorAll('.msg.tool pre')].map(p => p.textContent)")
+        assert results == [m["content"] for m in trajectory if m["role"] == "tool"]
+        await browser.screenshot(tmp_path / "agent-demo-attempt.png")
+
+
 async def test_agent_run_shows_tool_calls_results_and_usage(
     agent_run: Path, viewer, browser: Browser, tmp_path: Path
 ) -> None:

@@ -516,7 +516,7 @@ function renderTrajectory(container, i, key, attempt, steps, chunks, chunkSteps)
   const go = h("button", { class: "fold", type: "button", id: "jump-go" }, "jump");
   const end = h("button", { class: "fold", type: "button", id: "jump-end" }, "last messages");
   const start = h("button", { class: "fold", type: "button", id: "jump-start" }, "first messages");
-  container.replaceChildren(h("div", { class: "filters" }, start, end, target, go), list, status);
+  container.replaceChildren(...(steps > BATCH ? [h("div", { class: "filters" }, start, end, target, go)] : []), list, status);
   let chunk = 0, skip = 0, buffer = [], first = 0, shown = 0, busy = false, again = false, stopped = false, generation = 0;
   const toolNames = new Map();
   async function more() {
