@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/compass launch examples/quickstart.yaml --output-root runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentcompass tests bench $(wildcard plugins)

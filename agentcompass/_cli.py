@@ -24,6 +24,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,37 @@ def _config_messages(exc: BaseException) -> list[str] | None:
     return None
 
 
+#: Entry-point group through which plugins add command groups to ``compass``
+#: (name: the command; value: ``module:attribute`` of a click command).
+CLI_ENTRY_POINT_GROUP = "agentcompass.cli"
+
+
+def _plugin_commands() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=CLI_ENTRY_POINT_GROUP)}
+
+
 class _Group(click.Group):
+    """The root group: built-in commands, then plugin commands, which are
+    imported only when named (``compass --help`` lists them without importing)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_plugin_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        ep = _plugin_commands().get(cmd_name)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # noqa: BLE001 - reported as one line naming the plugin
+            raise click.ClickException(f"plugin command {cmd_name!r} ({ep.value}) failed to import: {exc}") from None
+        if not isinstance(loaded, click.Command):
+            raise click.ClickException(f"plugin command {cmd_name!r} ({ep.value}) is not a click command")
+        return loaded
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
