@@ -51,6 +51,8 @@ _CANCEL_GRACE_SECONDS = 5.0
 #: stream (decoding with replacement characters can grow text up to 3 x).
 _OUTPUT_SLACK = 4
 _DEFAULT_MAX_OUTPUT = 1024 * 1024
+#: The free capacity of a server without a limit (so ties break on load).
+_UNLIMITED = 10**12
 
 
 def _fail(message: str) -> IssueError:
@@ -82,10 +84,11 @@ class _Server:
     down_until: float = -1.0
     failures: int = 0
 
-    def free(self) -> float:
-        if self.capacity is None or self.capacity == 0:
-            return float("inf") if self.capacity is None else 1e12 - self.load - self.pending
-        return self.capacity - self.load - self.pending
+    def free(self) -> int:
+        """Free capacity as far as we know: a server with no limit, or never
+        heard from, counts as very large, less what is open and opening there."""
+        capacity = self.capacity or _UNLIMITED
+        return capacity - self.load - self.pending
 
     def mark_down(self, retry_seconds: float) -> None:
         self.failures += 1

@@ -89,6 +89,8 @@ class SandboxServer:
     max_file_bytes: int = 256 * 1024 * 1024
     default_config: dict[str, Any] = attrs.Factory(dict)
     sessions: dict[str, _Hosted] = attrs.field(factory=dict, init=False)
+    #: Sessions opened since the server started (for operators and tests).
+    opened_total: int = attrs.field(default=0, init=False)
     _opening: int = attrs.field(default=0, init=False)
     _backends: dict[str, BaseEnvironment] = attrs.field(factory=dict, init=False)
     _ids: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -220,6 +222,7 @@ class SandboxServer:
                 self._opening -= 1
             hosted = _Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope())
             self.sessions[name] = hosted
+            self.opened_total += 1
             await ws.send_message(
                 p.encode({"type": "opened", "session": hosted.session_id, "handle": session.handle})
             )
