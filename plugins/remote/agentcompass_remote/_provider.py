@@ -113,6 +113,7 @@ class RemoteEnvironment(BaseEnvironment):
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
         self._servers = [_Server(url) for url in _urls(self.options.url)]
+        self._probe_lock = trio.Lock()
         token = self.options.token
         self._token = token.reveal() if isinstance(token, Secret) else ""
         max_output = self.options.provider_config.get("max_output_bytes", _DEFAULT_MAX_OUTPUT)
@@ -154,6 +155,8 @@ class RemoteEnvironment(BaseEnvironment):
             "policy": _policy(policy),
             **(config if isinstance(config, dict) else {}),
         }
+        if any(s.capacity is None and s.down_until < 0 for s in self._servers):
+            await self._probe()
         refusals: list[str] = []
         for server in self._order():
             server.pending += 1
@@ -164,6 +167,32 @@ class RemoteEnvironment(BaseEnvironment):
             if session is not None:
                 return session
         raise _fail(f"no server of the pool could open session {name!r}: " + "; ".join(refusals))
+
+    async def _probe(self) -> None:
+        """Learn the capacity and load of every server not heard from yet
+        (once, by the first open; concurrent opens wait for it), so that the
+        first opens too go where the most capacity is free."""
+        async with self._probe_lock:
+            unknown = [s for s in self._servers if s.capacity is None and s.down_until < 0]
+
+            async def probe(server: _Server) -> None:
+                try:
+                    with trio.fail_after(self.options.connect_timeout_seconds):
+                        conn, welcome = await self._connect(server.url)
+                except (ConnectionLost, p.ProtocolError, trio.TooSlowError):
+                    server.mark_down(self.options.retry_down_seconds)
+                    return
+                try:
+                    server.capacity, server.load = welcome["capacity"], welcome["load"]
+                    await conn.send({"type": "bye"})
+                except ConnectionLost:
+                    pass
+                finally:
+                    await conn.abort()
+
+            async with trio.open_nursery() as nursery:
+                for server in unknown:
+                    nursery.start_soon(probe, server)
 
     def _order(self) -> list[_Server]:
         """Servers to try, best first: those due to be tried again after a
@@ -295,6 +324,10 @@ def _reply_error(reply: dict[str, Any]) -> Exception:
     return IssueError(severity, str(reply.get("code") or "environment_failed"), message)
 
 
+class _SessionEnded(Exception):
+    """The server closed the session (a reap or sweep from elsewhere)."""
+
+
 class _Tail:
     """The last ``limit`` bytes received, plus how many came before them."""
 
@@ -353,7 +386,10 @@ class RemoteSession(EnvironmentSession):
                     view = memoryview(data)
                     for start in range(0, len(view), p.CHUNK):
                         await self._conn.send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
-                return await self._until_done(op, on_chunk)
+                reply = await self._until_done(op, on_chunk)
+            except _SessionEnded:
+                await self._conn.abort()
+                raise _fail(f"the server closed session {self._handle['name']} (reaped or swept)") from None
             except (ConnectionLost, p.ProtocolError) as exc:
                 await self._conn.abort()
                 self._env._lost(self._server)
@@ -361,8 +397,12 @@ class RemoteSession(EnvironmentSession):
             except BaseException:
                 await self._abandon(op)
                 raise
+        if reply["type"] == "error":
+            raise _reply_error(reply)
+        return reply
 
     async def _until_done(self, op: int, on_chunk: Any) -> dict[str, Any]:
+        """Replies of ``op`` up to its last one (``error`` included)."""
         while True:
             message = await self._conn.receive()
             if isinstance(message, bytes):
@@ -373,12 +413,9 @@ class RemoteSession(EnvironmentSession):
                 continue
             kind = message["type"]
             if kind == "closed":
-                await self._conn.abort()
-                raise _fail(f"the server closed session {self._handle['name']} (reaped or swept)")
+                raise _SessionEnded
             if message.get("id") != op:
                 raise p.ProtocolError(f"a reply for operation {message.get('id')!r} while waiting for {op}")
-            if kind == "error":
-                raise _reply_error(message)
             return message
 
     async def _abandon(self, op: int) -> None:
