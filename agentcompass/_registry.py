@@ -189,6 +189,10 @@ def build(kind: str, component_id: str, config: dict[str, Any]) -> Any:
         raise ComponentError(f"{kind} {component_id!r} could not be built: {_one_line(exc)}") from None
 
 
+#: The public name of :func:`build`.
+build_component = build
+
+
 def registered() -> list[Registration]:
     """Every registration, sorted by kind then id."""
     load_builtins()

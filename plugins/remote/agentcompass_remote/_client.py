@@ -129,7 +129,7 @@ class ClientConnection:
         if not data:
             await self.abort()
             raise ConnectionLost("the server closed the connection")
-        self._ws.receive_data(data)
+        self._ws.receive_data(bytes(data))
         return list(self._ws.events())
 
     async def _send_event(self, event: Any) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 import trio
+
 from agentcompass import ComponentError, ConfigError
 
 from ._server import SandboxServer, serve_sandboxes

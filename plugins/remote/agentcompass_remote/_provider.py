@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 import trio
+
 from agentcompass import (
     BaseEnvironment,
     ComponentError,
@@ -320,7 +321,9 @@ def _reply_error(reply: dict[str, Any]) -> Exception:
     errno = reply.get("errno")
     if isinstance(errno, int):
         return OSError(errno, message)
-    severity = reply.get("severity") if reply.get("severity") in ("fatal", "error", "warning") else "fatal"
+    severity: Literal["fatal", "error", "warning"] = "fatal"
+    if reply.get("severity") in ("error", "warning"):
+        severity = reply["severity"]
     return IssueError(severity, str(reply.get("code") or "environment_failed"), message)
 
 
@@ -458,10 +461,11 @@ class RemoteSession(EnvironmentSession):
 
         message = {"type": "exec", "cmd": cmd, "timeout": timeout, "cwd": cwd, "env": env}
         reply = await self._request(message, on_chunk)
-        if reply["type"] != "exit":
+        exit_code = reply.get("exit_code")
+        if reply["type"] != "exit" or not isinstance(exit_code, int):
             raise _fail(f"unexpected reply {reply['type']!r} to exec")
         return ExecResult(
-            exit_code=reply.get("exit_code"),
+            exit_code=exit_code,
             stdout=streams[p.STDOUT].text(),
             stderr=streams[p.STDERR].text(),
             timed_out=bool(reply.get("timed_out")),

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import trio
 import trio_websocket
+
 from agentcompass import BaseEnvironment, ComponentRef, EnvironmentSession, ExecutionPlan, IssueError, NetworkPolicy
 from agentcompass import build_component as _build_component
 

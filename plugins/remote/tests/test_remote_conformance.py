@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 from _remote_support import TOKEN, InProcess, start_in_process
-from agentcompass.testing import EnvironmentConformance, hang_guard
 from agentcompass_remote import RemoteEnvironment
+
+from agentcompass.testing import EnvironmentConformance, hang_guard
 
 
 @pytest.mark.parametrize("check", EnvironmentConformance.CHECKS)

@@ -8,13 +8,14 @@ import json
 import signal
 from pathlib import Path
 
-import agentcompass
 import pytest
 import trio
 from _remote_support import TOKEN, wait_for
+from agentcompass_remote import RemoteEnvironment
+
+import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, IssueError, NetworkPolicy, Orchestration, RunRequest
 from agentcompass.testing import hang_guard
-from agentcompass_remote import RemoteEnvironment
 
 
 async def test_a_killed_server_fails_its_sessions_and_is_used_again_once_restarted(spawn):

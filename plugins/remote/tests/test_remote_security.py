@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 import trio_websocket
-from _remote_support import TOKEN, InProcess, ask, hello, open_raw, processes_marked, start_in_process, wait_for
-from agentcompass import IssueError, NetworkPolicy
+from _remote_support import TOKEN, InProcess, ask, open_raw, processes_marked, start_in_process, wait_for
 from agentcompass_remote import RemoteEnvironment
+
+from agentcompass import IssueError, NetworkPolicy
 
 OPEN = {"type": "open", "name": "intruder", "provider": "local", "policy": {"mode": "full", "allow": []}}
 

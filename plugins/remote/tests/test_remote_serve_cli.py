@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, processes_marked, serve_command, wait_for
-from agentcompass import IssueError, NetworkPolicy
+from _remote_support import TOKEN, processes_marked, wait_for
 from agentcompass_remote import RemoteEnvironment
+
+from agentcompass import IssueError, NetworkPolicy
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,9 +11,10 @@ import pytest
 import trio
 import trio_websocket
 from _remote_support import TOKEN, InProcess, hello, processes_marked, start_in_process, wait_for
+from agentcompass_remote import RemoteEnvironment
+
 from agentcompass import IssueError, NetworkPolicy
 from agentcompass.environments.local import LocalEnvironment
-from agentcompass_remote import RemoteEnvironment
 
 
 def remote(url: str | list[str], **config: object) -> RemoteEnvironment:

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import agentcompass
 import pytest
 import trio
 from _remote_support import TOKEN, InProcess, start_in_process
+
+import agentcompass
 from agentcompass import ComponentRef, Orchestration, RunRequest
 from agentcompass.testing import hang_guard
 
