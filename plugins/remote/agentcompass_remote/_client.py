@@ -30,7 +30,7 @@ from ._protocol import MAX_MESSAGE_BYTES, ProtocolError, decode, encode
 
 __all__ = ["ClientConnection", "ConnectionLost", "parse_url"]
 
-_RECEIVE_BYTES = 256 * 1024
+_RECEIVE_BYTES = 1024 * 1024
 
 
 class ConnectionLost(Exception):

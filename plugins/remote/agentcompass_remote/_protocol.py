@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "CHUNK",
+    "OUTPUT_CHUNK",
     "HEADER",
     "MAX_MESSAGE_BYTES",
     "NAME_RE",
@@ -35,9 +36,12 @@ VERSION = 1
 #: Binary message prefix: operation id (u32), kind (u8).
 HEADER = struct.Struct("!IB")
 STDOUT, STDERR, FILE = 1, 2, 3
-#: Payload bytes per binary message: large enough for throughput, small
-#: enough that neither side holds much more than one chunk per stream.
+#: Payload bytes per binary message from the client (file data): well
+#: under the server's message limit.
 CHUNK = 256 * 1024
+#: Payload bytes per binary message from the server (output, file data):
+#: fewer, larger messages for throughput; the client accepts 4 MiB.
+OUTPUT_CHUNK = 1024 * 1024
 #: Largest message either side accepts by default (a chunk, a long command).
 MAX_MESSAGE_BYTES = 1024 * 1024
 #: Session names, as the runtime makes them.
@@ -67,7 +71,7 @@ def decode(text: str | bytes) -> dict[str, Any]:
 
 
 def pack_chunk(op: int, kind: int, data: bytes | memoryview) -> bytes:
-    return HEADER.pack(op, kind) + bytes(data)
+    return b"".join((HEADER.pack(op, kind), data))
 
 
 def unpack_chunk(message: bytes) -> tuple[int, int, bytes]:

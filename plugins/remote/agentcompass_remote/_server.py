@@ -361,15 +361,15 @@ async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[s
     result = await session.exec(cmd, timeout, cwd, env)
     for kind, text in ((p.STDOUT, result.stdout), (p.STDERR, result.stderr)):
         data = memoryview(text.encode("utf-8", errors="surrogateescape"))
-        for start in range(0, len(data), p.CHUNK):
-            await send(p.pack_chunk(op, kind, data[start : start + p.CHUNK]))
+        for start in range(0, len(data), p.OUTPUT_CHUNK):
+            await send(p.pack_chunk(op, kind, data[start : start + p.OUTPUT_CHUNK]))
     await send({"type": "exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out})
 
 
 async def _read(send: Any, op: int, session: EnvironmentSession, path: Any) -> None:
     data = memoryview(await session.read_file(p.check_path(path)))
-    for start in range(0, len(data), p.CHUNK):
-        await send(p.pack_chunk(op, p.FILE, data[start : start + p.CHUNK]))
+    for start in range(0, len(data), p.OUTPUT_CHUNK):
+        await send(p.pack_chunk(op, p.FILE, data[start : start + p.OUTPUT_CHUNK]))
     await send({"type": "done", "id": op, "size": len(data)})
 
 
