@@ -152,12 +152,10 @@ class SandboxServer:
             pass  # the client went away; its session (if any) is closed already
         except* p.ProtocolError as group:
             # A confused or hostile client: say why, and hang up.
-            with trio.move_on_after(1):
-                try:
-                    await ws.send_message(p.encode(_error(None, group.exceptions[0])))
-                    await ws.aclose(1008, "protocol error")
-                except trio_websocket.ConnectionClosed:
-                    pass
+            await _hang_up(ws, group.exceptions[0], 1008)
+        except* Exception as group:
+            # Whatever else failed serving this connection must not take the server down.
+            await _hang_up(ws, group.exceptions[0], 1011)
 
     def _authenticated(self, hello: str | bytes | None) -> bool:
         """Constant-time token check; any malformed hello is a plain refusal."""
@@ -201,7 +199,6 @@ class SandboxServer:
         if not isinstance(config, dict) or not isinstance(policies, dict):
             raise p.ProtocolError("provider_config and policies must be objects")
         policy = _policy(message.get("policy"))
-        backend = self._backend(config)
         plan = ExecutionPlan(
             task_id=str(message.get("task_id") or name),
             attempt=0,
@@ -215,6 +212,7 @@ class SandboxServer:
         hosted: _Hosted | None = None
         try:
             try:
+                backend = self._backend(config)  # a bad provider_config is this open's error
                 session = await _open(backend, backend.build_config(plan), policy, name)
             except Exception as exc:
                 await ws.send_message(p.encode(_error(None, exc)))
@@ -336,6 +334,15 @@ class SandboxServer:
             if sweep is not None:
                 await sweep(tag)
         return len(doomed)
+
+
+async def _hang_up(ws: trio_websocket.WebSocketConnection, exc: BaseException, code: int) -> None:
+    with trio.move_on_after(1):
+        try:
+            await ws.send_message(p.encode(_error(None, exc)))
+            await ws.aclose(code, "protocol error" if code == 1008 else "server error")
+        except trio_websocket.ConnectionClosed:
+            pass
 
 
 async def _open(backend: BaseEnvironment, config: Any, policy: NetworkPolicy, name: str) -> EnvironmentSession:

@@ -178,3 +178,27 @@ async def test_sweep_reports_a_server_it_cannot_reach_after_sweeping_the_others(
         assert server.server.sessions == {}
     finally:
         await session.close()
+
+
+async def test_a_bad_provider_config_fails_that_open_and_the_server_serves_on(server: InProcess):
+    with pytest.raises(IssueError) as failed:
+        await remote(server.url, provider_config={"bogus": 1}).open(None, NetworkPolicy())
+    assert (failed.value.severity, failed.value.code) == ("fatal", "environment_failed")
+    assert "bogus" in failed.value.message
+    session = await remote(server.url).open(None, NetworkPolicy())
+    try:
+        assert (await session.exec("echo ok")).stdout == "ok\n"
+    finally:
+        await session.close()
+    assert server.server.load == 0
+
+
+async def test_a_protocol_violation_is_answered_and_hung_up_on(server: InProcess):
+    async with trio_websocket.open_websocket_url(server.url) as ws:
+        await hello(ws)
+        await ws.send_message("not json")
+        reply = json.loads(await ws.get_message())
+        assert reply["type"] == "error" and reply["id"] is None and "not valid JSON" in reply["message"]
+        with pytest.raises(trio_websocket.ConnectionClosed):
+            await ws.get_message()
+    assert server.server.load == 0
