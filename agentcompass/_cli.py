@@ -68,8 +68,8 @@ def _plugin_commands() -> dict[str, Any]:
 
 
 class _Group(click.Group):
-    """The root group: built-in commands, then plugin commands, which are
-    imported only when named (``compass --help`` lists them without importing)."""
+    """The root group: built-in commands, then plugin commands, each
+    imported only when the command line needs it (its name, or ``--help``)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_plugin_commands()})

@@ -117,6 +117,10 @@ class RemoteEnvironment(BaseEnvironment):
         self._probe_lock = trio.Lock()
         token = self.options.token
         self._token = token.reveal() if isinstance(token, Secret) else ""
+        if not self._token:
+            where = f" ({token} is empty or unset)" if isinstance(token, Secret) and token.env_var else ""
+            raise ComponentError(f"environment 'remote' needs a token (config key 'token', e.g. '${{COMPASS_TOKEN}}'){where}")
+        self._inner: BaseEnvironment | None = None
         max_output = self.options.provider_config.get("max_output_bytes", _DEFAULT_MAX_OUTPUT)
         self._max_output = max_output if isinstance(max_output, int) and max_output > 0 else _DEFAULT_MAX_OUTPUT
 
@@ -124,15 +128,14 @@ class RemoteEnvironment(BaseEnvironment):
         """The open config: the plan's phase policies, which the server's
         provider checks before it opens. When that provider is installed here
         too, its ``build_config`` rejects an unenforceable plan now (preflight)."""
-        if not self._token:
-            raise ComponentError("environment 'remote' needs a token (config key 'token', e.g. '${COMPASS_TOKEN}')")
-        try:
-            inner = build_component("environment", self.options.provider, dict(self.options.provider_config))
-        except ComponentError as exc:
-            if "unknown environment id" not in str(exc):
-                raise
-        else:
-            inner.build_config(plan)
+        if self._inner is None:
+            try:
+                self._inner = build_component("environment", self.options.provider, dict(self.options.provider_config))
+            except ComponentError as exc:
+                if "unknown environment id" not in str(exc):
+                    raise
+        if self._inner is not None:
+            self._inner.build_config(plan)
         return {
             "task_id": plan.task_id,
             "policies": {
@@ -145,8 +148,6 @@ class RemoteEnvironment(BaseEnvironment):
     async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> RemoteSession:
         """Open a session on the best server of the pool (see the module
         docstring); ``name`` labels it on the server (invented when None)."""
-        if not self._token:
-            raise _fail("environment 'remote' has no token")
         name = name or f"remote-{secrets.token_hex(6)}"
         request = {
             "type": "open",

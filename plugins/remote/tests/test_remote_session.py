@@ -13,7 +13,7 @@ import trio_websocket
 from _remote_support import TOKEN, InProcess, hello, processes_marked, start_in_process, wait_for
 from agentcompass_remote import RemoteEnvironment
 
-from agentcompass import IssueError, NetworkPolicy
+from agentcompass import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
 from agentcompass.environments.local import LocalEnvironment
 
 
@@ -202,3 +202,22 @@ async def test_a_protocol_violation_is_answered_and_hung_up_on(server: InProcess
         with pytest.raises(trio_websocket.ConnectionClosed):
             await ws.get_message()
     assert server.server.load == 0
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ComponentError, match="needs a token"):
+        RemoteEnvironment({"url": "ws://127.0.0.1:1"})
+    with pytest.raises(ComponentError, match=r"\$\{NO_SUCH_TOKEN_VAR\} is empty or unset"):
+        RemoteEnvironment({"url": "ws://127.0.0.1:1", "token": "${NO_SUCH_TOKEN_VAR}"})
+    with pytest.raises(ComponentError, match="not a ws://host:port URL: 'http://x:1'"):
+        remote("http://x:1")
+    with pytest.raises(ComponentError, match="url lists a server twice"):
+        remote(["ws://a:1", "ws://a:1"])
+    with pytest.raises(ComponentError, match="url must be"):
+        remote([])
+
+
+def test_a_plan_the_served_provider_cannot_enforce_is_rejected_before_anything_runs():
+    plan = ExecutionPlan("t", 0, ComponentRef("remote"), run_network_policy=NetworkPolicy("none"))
+    with pytest.raises(ComponentError, match="cannot enforce network policy 'none'"):
+        remote("ws://127.0.0.1:1").build_config(plan)
