@@ -180,17 +180,12 @@ class RemoteEnvironment(BaseEnvironment):
             async def probe(server: _Server) -> None:
                 try:
                     with trio.fail_after(self.options.connect_timeout_seconds):
-                        conn, welcome = await self._connect(server.url)
+                        conn, welcome = await self._connect(server.url, {"type": "bye"})
                 except (ConnectionLost, p.ProtocolError, trio.TooSlowError):
                     server.mark_down(self.options.retry_down_seconds)
                     return
-                try:
-                    server.capacity, server.load = welcome["capacity"], welcome["load"]
-                    await conn.send({"type": "bye"})
-                except ConnectionLost:
-                    pass
-                finally:
-                    await conn.abort()
+                server.capacity, server.load = welcome["capacity"], welcome["load"]
+                await conn.abort()
 
             async with trio.open_nursery() as nursery:
                 for server in unknown:
@@ -208,7 +203,7 @@ class RemoteEnvironment(BaseEnvironment):
     async def _open_on(self, server: _Server, request: dict[str, Any], refusals: list[str]) -> RemoteSession | None:
         try:
             with trio.fail_after(self.options.connect_timeout_seconds):
-                conn, welcome = await self._connect(server.url)
+                conn, welcome = await self._connect(server.url, request)
         except (ConnectionLost, p.ProtocolError, trio.TooSlowError) as exc:
             server.mark_down(self.options.retry_down_seconds)
             refusals.append(f"{server.url}: {_reason(exc)}")
@@ -216,7 +211,6 @@ class RemoteEnvironment(BaseEnvironment):
         try:
             server.capacity, server.load = welcome["capacity"], welcome["load"]
             server.down_until, server.failures = -1.0, 0
-            await conn.send(request)
             reply = await conn.receive_json()
             kind = reply["type"]
             if kind == "opened":
@@ -239,11 +233,13 @@ class RemoteEnvironment(BaseEnvironment):
             await conn.abort()  # the server closes the half-made session when we hang up
             raise
 
-    async def _connect(self, url: str) -> tuple[ClientConnection, dict[str, Any]]:
-        """Connect and authenticate; return the connection and the server's welcome."""
+    async def _connect(self, url: str, then: dict[str, Any]) -> tuple[ClientConnection, dict[str, Any]]:
+        """Connect, authenticate and send ``then`` in the same write (the
+        server reads it only once the token checks out); return the
+        connection and the server's welcome."""
         conn = await ClientConnection.connect(url)
         try:
-            await conn.send({"type": "hello", "version": p.VERSION, "token": self._token})
+            await conn.send({"type": "hello", "version": p.VERSION, "token": self._token}, then)
             welcome = await conn.receive_json()
             if welcome.get("type") != "welcome" or welcome.get("version") != p.VERSION:
                 raise p.ProtocolError(f"the server answered {welcome.get('type')!r} (version {welcome.get('version')!r})")
@@ -258,11 +254,10 @@ class RemoteEnvironment(BaseEnvironment):
         """One request on a connection of its own (reap, sweep)."""
         try:
             with trio.fail_after(self.options.connect_timeout_seconds):
-                conn, _ = await self._connect(url)
+                conn, _ = await self._connect(url, request)
         except (ConnectionLost, p.ProtocolError, trio.TooSlowError) as exc:
             raise IssueError("warning", "cleanup_failed", f"sandbox server {url}: {_reason(exc)}") from None
         try:
-            await conn.send(request)
             reply = await conn.receive_json()
         except (ConnectionLost, p.ProtocolError) as exc:
             raise IssueError("warning", "cleanup_failed", f"sandbox server {url}: {_reason(exc)}") from None
@@ -385,10 +380,14 @@ class RemoteSession(EnvironmentSession):
             self._ops += 1
             op = self._ops
             try:
-                await self._conn.send({**message, "id": op})
-                if data is not None:
+                if data is None:
+                    await self._conn.send({**message, "id": op})
+                else:
+                    # The request and the first chunk go in one write.
                     view = memoryview(data)
-                    for start in range(0, len(view), p.CHUNK):
+                    first = [p.pack_chunk(op, p.FILE, view[: p.CHUNK])] if view else []
+                    await self._conn.send({**message, "id": op}, *first)
+                    for start in range(p.CHUNK, len(view), p.CHUNK):
                         await self._conn.send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
                 reply = await self._until_done(op, on_chunk)
             except _SessionEnded:
