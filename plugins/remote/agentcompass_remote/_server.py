@@ -90,8 +90,9 @@ class SandboxServer:
     max_file_bytes: int = 256 * 1024 * 1024
     default_config: dict[str, Any] = attrs.Factory(dict)
     sessions: dict[str, _Hosted] = attrs.field(factory=dict, init=False)
-    #: Sessions opened since the server started (for operators and tests).
+    #: Sessions opened since the server started, and the most open at once.
     opened_total: int = attrs.field(default=0, init=False)
+    peak_load: int = attrs.field(default=0, init=False)
     _opening: int = attrs.field(default=0, init=False)
     _backends: dict[str, BaseEnvironment] = attrs.field(factory=dict, init=False)
     _ids: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -208,6 +209,7 @@ class SandboxServer:
             evaluation_network_policy=_policy(policies.get("evaluation", message.get("policy"))),
         )
         self._opening += 1
+        self.peak_load = max(self.peak_load, self.load)
         session: EnvironmentSession | None = None
         hosted: _Hosted | None = None
         try:

@@ -12,13 +12,13 @@ import trio
 from _remote_support import TOKEN, InProcess, start_in_process
 
 import agentcompass
-from agentcompass import ComponentRef, Orchestration, RunRequest
+from agentcompass import ComponentRef, Orchestration, ProviderLimits, RunRequest
 from agentcompass.testing import hang_guard
 
 SMOKE = Path(__file__).resolve().parents[3] / "benchmarks_data" / "terminal-smoke"
 
 
-async def _run(tmp_path: Path, name: str, environment: ComponentRef) -> dict[str, Any]:
+async def _run(tmp_path: Path, name: str, environment: ComponentRef, **limits: ProviderLimits) -> dict[str, Any]:
     request = RunRequest(
         name=name,
         benchmark=ComponentRef("terminal", {"path": str(SMOKE)}),
@@ -27,7 +27,7 @@ async def _run(tmp_path: Path, name: str, environment: ComponentRef) -> dict[str
         output_root=tmp_path / "runs",
     )
     with hang_guard(240):
-        result = await agentcompass.launch(Orchestration([request], task_concurrency=4))
+        result = await agentcompass.launch(Orchestration([request], task_concurrency=4, providers=limits))
     assert result.status == "succeeded", result
     run_dir = Path(result.requests[0].run_dir)
     for path in run_dir.rglob("*"):
@@ -64,3 +64,12 @@ async def test_one_server_and_a_pool_of_three_score_like_local(
     assert all(s.server.opened_total > 0 for s in pool)  # the opens were spread over the pool
     for server in pool:
         assert await server.settled_count() == 0
+
+
+async def test_the_drivers_capacity_limit_applies_to_remote(nursery: trio.Nursery, tmp_path: Path):
+    served = await start_in_process(nursery, tmp_path / "limited")
+    environment = ComponentRef("remote", {"url": served.url, "token": TOKEN})
+    result = await _run(tmp_path, "limited", environment, remote=ProviderLimits(capacity=2))
+    assert len(result["details"]) == 12
+    # Four tasks at once, but never more than two sessions open or opening on the server.
+    assert served.server.opened_total == 12 and served.server.peak_load <= 2
