@@ -269,11 +269,13 @@ class RemoteEnvironment(BaseEnvironment):
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Close the session named in ``handle`` on its server if it is still
-        open (idempotent). Only servers of this provider's pool are asked."""
+        open, or else have the server's provider reap its sandbox (left by a
+        server that was killed, then restarted). Idempotent. Only servers of
+        this provider's pool are asked."""
         url, name = handle.get("url"), handle.get("name")
         if url not in {s.url for s in self._servers} or not isinstance(name, str):
             raise IssueError("warning", "cleanup_failed", f"not a session of this pool: {handle!r}")
-        await self._ask(url, {"type": "reap", "name": name})
+        await self._ask(url, {"type": "reap", "name": name, "handle": handle.get("inner")})
 
     async def sweep(self, tag: str) -> None:
         """Close every session whose name starts with ``tag`` on every server

@@ -142,7 +142,7 @@ class SandboxServer:
             if kind == "open":
                 await self._host(ws, first)
             elif kind == "reap":
-                found = await self._reap(str(first.get("name")))
+                found = await self._reap(str(first.get("name")), first.get("handle"))
                 await ws.send_message(p.encode({"type": "reaped", "found": found}))
             elif kind == "sweep":
                 count = await self._sweep(first.get("tag"))
@@ -315,13 +315,20 @@ class SandboxServer:
 
     # -- reap and sweep ------------------------------------------------------
 
-    async def _reap(self, name: str) -> bool:
+    async def _reap(self, name: str, handle: Any) -> bool:
+        """Close the live session ``name``; failing that, hand the provider's
+        handle to the provider's ``reap``: the sandbox of a session this
+        server hosted before it was killed and restarted. (The provider
+        destroys only what it recognises as its own, and an authenticated
+        client can run commands anyway.)"""
         hosted = self.sessions.get(name)
-        if hosted is None:
-            return False
-        hosted.scope.cancel()
-        await hosted.closed.wait()
-        return True
+        if hosted is not None:
+            hosted.scope.cancel()
+            await hosted.closed.wait()
+            return True
+        if isinstance(handle, dict):
+            await self._backend({}).reap(handle)
+        return False
 
     async def _sweep(self, tag: Any) -> int:
         if not isinstance(tag, str) or not p.NAME_RE.fullmatch(tag):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, wait_for
+from _remote_support import TOKEN, processes_marked, wait_for
 from agentcompass_remote import RemoteEnvironment
 
 import agentcompass
@@ -114,3 +114,25 @@ async def test_a_server_killed_during_a_run_is_retried_on_another_and_the_run_su
     for record in discarded:
         codes = {(i["severity"], i["code"]) for i in record["issues"]}
         assert ("fatal", "environment_failed") in codes, record
+
+
+async def test_reap_destroys_what_a_killed_server_left_once_it_is_back(spawn):
+    served = await spawn("crash")
+    env = RemoteEnvironment({"url": served.url, "token": TOKEN})
+    session = await env.open(None, NetworkPolicy(), "run-x-1")
+    handle = json.loads(json.dumps(session.handle))
+    sandbox = Path(handle["inner"]["path"])
+    await session.exec('sleep 1000 > /dev/null 2>&1 & echo started')
+    assert processes_marked(sandbox)
+    served.process.send_signal(signal.SIGKILL)
+    await served.process.wait()
+    assert sandbox.exists() and processes_marked(sandbox)  # what a crash leaves behind
+    with pytest.raises(IssueError) as unreachable:
+        await env.reap(handle)
+    assert (unreachable.value.severity, unreachable.value.code) == ("warning", "cleanup_failed")
+    await spawn("crash-again", served.port)
+    await env.reap(handle)
+    await env.reap(handle)  # idempotent
+    assert not sandbox.exists()
+    await wait_for(lambda: processes_marked(sandbox) == [], "the sandbox's processes to be gone", seconds=5)
+    await session.close()
