@@ -26,7 +26,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from ._protocol import MAX_MESSAGE_BYTES, ProtocolError, decode, encode
+from ._protocol import MAX_MESSAGE_BYTES, ProtocolError, decode, encode, set_keepalive
 
 __all__ = ["ClientConnection", "ConnectionLost", "parse_url"]
 
@@ -65,10 +65,9 @@ class ClientConnection:
         host, port, resource, tls = parse_url(url)
         try:
             stream: trio.abc.Stream
-            if tls:
-                stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl.create_default_context())
-            else:
-                stream = await trio.open_tcp_stream(host, port)
+            tcp = await trio.open_tcp_stream(host, port)
+            set_keepalive(tcp.socket)  # a server that vanished breaks the session's connection
+            stream = trio.SSLStream(tcp, ssl.create_default_context(), server_hostname=host) if tls else tcp
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc.strerror or exc}") from None
         conn = cls(stream)

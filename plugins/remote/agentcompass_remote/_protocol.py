@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import socket
 import struct
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "decode",
     "encode",
     "pack_chunk",
+    "set_keepalive",
     "unpack_chunk",
 ]
 
@@ -48,6 +50,24 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"[a-z0-9-]{1,40}")
 #: Absolute paths must stay under these roots (the Harbor task layout).
 ROOTS = ("/app", "/tests", "/logs", "/solution")
+
+
+#: TCP keepalive: first probe after this many idle seconds, then every
+#: interval, giving up after this many unanswered probes.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+
+def set_keepalive(sock: Any) -> None:
+    """Have the kernel probe an idle connection, so a peer that vanished
+    without a FIN or RST breaks it (the application does not need to ping)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+    ):
+        if hasattr(socket, name):  # Linux; elsewhere the system defaults apply
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 class ProtocolError(Exception):

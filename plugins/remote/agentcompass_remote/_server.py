@@ -408,18 +408,22 @@ async def serve_sandboxes(
 ) -> None:
     """Serve ``server`` on ``host:port`` until cancelled; ``nursery.start``
     returns the bound port (useful with port 0). Cancelling it closes every
-    session, each bounded by the server's grace."""
+    session, each bounded by the server's grace.
+
+    Connections use TCP keepalive, so a driver whose machine vanished without
+    closing its connections (power loss, a partition) is noticed within
+    about half a minute and its sessions closed like any other."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    for listener in listeners:
+        p.set_keepalive(listener.socket)  # accepted connections inherit it
+    ws_server = trio_websocket.WebSocketServer(
+        server.handle,
+        listeners,
+        max_message_size=server.max_message_bytes,
+        receive_buffer_size=p.CHUNK,
+        connect_timeout=server.auth_timeout,
+        disconnect_timeout=server.grace,
+    )
     async with trio.open_nursery() as nursery:
-        ws_server = await nursery.start(
-            lambda task_status: trio_websocket.serve_websocket(
-                server.handle,
-                host,
-                port,
-                None,
-                max_message_size=server.max_message_bytes,
-                connect_timeout=server.auth_timeout,
-                disconnect_timeout=server.grace,
-                task_status=task_status,
-            )
-        )
+        await nursery.start(ws_server.run)
         task_status.started(ws_server.port)

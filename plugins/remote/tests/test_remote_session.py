@@ -221,3 +221,20 @@ def test_a_plan_the_served_provider_cannot_enforce_is_rejected_before_anything_r
     plan = ExecutionPlan("t", 0, ComponentRef("remote"), run_network_policy=NetworkPolicy("none"))
     with pytest.raises(ComponentError, match="cannot enforce network policy 'none'"):
         remote("ws://127.0.0.1:1").build_config(plan)
+
+
+def test_keepalive_settings_are_inherited_by_accepted_connections():
+    import socket
+
+    from agentcompass_remote import _protocol
+
+    with socket.socket() as listener:
+        _protocol.set_keepalive(listener)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname()):
+            accepted, _ = listener.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == _protocol.KEEPALIVE_IDLE
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == _protocol.KEEPALIVE_COUNT
