@@ -383,14 +383,14 @@ class RemoteSession(EnvironmentSession):
             op = self._ops
             try:
                 if data is None:
-                    await self._conn.send({**message, "id": op})
+                    await self._send({**message, "id": op})
                 else:
                     # The request and the first chunk go in one write.
                     view = memoryview(data)
                     first = [p.pack_chunk(op, p.FILE, view[: p.CHUNK])] if view else []
-                    await self._conn.send({**message, "id": op}, *first)
+                    await self._send({**message, "id": op}, *first)
                     for start in range(p.CHUNK, len(view), p.CHUNK):
-                        await self._conn.send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
+                        await self._send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
                 reply = await self._until_done(op, on_chunk)
             except _SessionEnded:
                 await self._conn.abort()
@@ -405,6 +405,16 @@ class RemoteSession(EnvironmentSession):
         if reply["type"] == "error":
             raise _reply_error(reply)
         return reply
+
+    async def _send(self, *messages: dict[str, Any] | bytes) -> None:
+        """Send whole messages even when cancelled (briefly, shielded): a
+        write cut short would leave half a frame on the connection and lose
+        the session; a cancellation lands at the next receive instead."""
+        with trio.move_on_after(_CANCEL_GRACE_SECONDS, shield=True):
+            await self._conn.send(*messages)
+            return
+        await self._conn.abort()
+        raise ConnectionLost("a write to the server did not finish")
 
     async def _until_done(self, op: int, on_chunk: Any) -> dict[str, Any]:
         """Replies of ``op`` up to its last one (``error`` included)."""
