@@ -10,9 +10,10 @@ from typing import Any
 
 import trio
 from _remote_support import TOKEN, InProcess, processes_marked, wait_for
+from agentcompass_remote import RemoteEnvironment
+
 from agentcompass import NetworkPolicy
 from agentcompass.testing import hang_guard
-from agentcompass_remote import RemoteEnvironment
 
 MAX_STEPS = 500
 
