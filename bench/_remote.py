@@ -173,8 +173,19 @@ def remote_stream(root: Path, mib: int = 64) -> dict[str, Any]:
             finally:
                 await session.close()
 
+        cpu0 = time.process_time()
         wall, received = trio.run(main)
-    return {"mib": mib, "received_bytes": received, "wall_s": wall, "mib_per_s": mib / wall}
+        driver_cpu = time.process_time() - cpu0
+    server = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "mib": mib,
+        "received_bytes": received,
+        "wall_s": wall,
+        "mib_per_s": mib / wall,
+        # CPU seconds of each side (the server's includes its start and the warm-up exec).
+        "driver_cpu_s": driver_cpu,
+        "server_cpu_s": server.ru_utime + server.ru_stime,
+    }
 
 
 if __name__ == "__main__":  # a quick look: python -m bench._remote
