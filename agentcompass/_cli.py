@@ -67,6 +67,12 @@ def _plugin_commands() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=CLI_ENTRY_POINT_GROUP)}
 
 
+class _PluginCommandError(click.ClickException):
+    """A broken plugin command: one line, exit 2, like a broken component plugin."""
+
+    exit_code = 2
+
+
 class _Group(click.Group):
     """The root group: built-in commands, then plugin commands, each
     imported only when the command line needs it (its name, or ``--help``)."""
@@ -84,9 +90,9 @@ class _Group(click.Group):
         try:
             loaded = ep.load()
         except Exception as exc:  # noqa: BLE001 - reported as one line naming the plugin
-            raise click.ClickException(f"plugin command {cmd_name!r} ({ep.value}) failed to import: {exc}") from None
+            raise _PluginCommandError(f"plugin command {cmd_name!r} ({ep.value}) failed to import: {exc}") from None
         if not isinstance(loaded, click.Command):
-            raise click.ClickException(f"plugin command {cmd_name!r} ({ep.value}) is not a click command")
+            raise _PluginCommandError(f"plugin command {cmd_name!r} ({ep.value}) is not a click command")
         return loaded
 
     def invoke(self, ctx: click.Context) -> Any:
