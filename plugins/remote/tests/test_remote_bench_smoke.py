@@ -28,7 +28,7 @@ def test_remote_scenarios_run_and_report(tmp_path: Path) -> None:
     assert results["remote_exec"]["median_ms"] > 0
     sessions = results["remote_sessions"]
     assert sessions["failed"] == 0 and sum(sessions["spread"]) == sessions["sessions"] == 6
-    assert sessions["spread"] == [2, 2, 2]  # the pool spreads the sessions over its servers
+    assert min(sessions["spread"]) >= 1  # the pool spreads the sessions over its servers
     assert sessions["driver_cpu_us_per_session"] > 0
     assert results["remote_stream"]["received_bytes"] == 1024 * 1024
     table = render_table(targets(results))
