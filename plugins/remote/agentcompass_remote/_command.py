@@ -20,7 +20,10 @@ __all__ = ["sandbox"]
 
 @click.group()
 def sandbox() -> None:
-    """Serve sandboxes to drivers on other machines (the 'remote' provider)."""
+    """Host sandboxes for 'remote' drivers.
+
+    Serves sessions of a local provider to drivers on other machines, which
+    reach them through the 'remote' environment."""
 
 
 @sandbox.command()

@@ -98,18 +98,23 @@ class _Server:
 
 @register
 class RemoteEnvironment(BaseEnvironment):
-    """Provider ``remote`` (see the module docstring)."""
+    """Sandboxes on ``compass sandbox serve`` servers: one, or a pool where
+    each open goes to the server with the most free capacity."""
 
     id: ClassVar[str] = "remote"
 
     @attrs.frozen
     class Config:
-        url: Any
-        token: Secret | None = None
-        provider: str = "local"
-        provider_config: dict[str, Any] = attrs.Factory(dict)
-        connect_timeout_seconds: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
-        retry_down_seconds: float = attrs.field(default=2.0, validator=attrs.validators.ge(0))
+        url: Any = attrs.field(metadata={"doc": "ws://host:port of a server, or a list of them (a pool)"})
+        token: Secret | None = attrs.field(default=None, metadata={"doc": "the servers' token, as ${ENV_VAR}"})
+        provider: str = attrs.field(default="local", metadata={"doc": "the environment id the servers host"})
+        provider_config: dict[str, Any] = attrs.field(factory=dict, metadata={"doc": "that environment's config"})
+        connect_timeout_seconds: float = attrs.field(
+            default=5.0, validator=attrs.validators.gt(0), metadata={"doc": "skip a server silent this long"}
+        )
+        retry_down_seconds: float = attrs.field(
+            default=2.0, validator=attrs.validators.ge(0), metadata={"doc": "skip a failed server this long"}
+        )
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
