@@ -10,7 +10,8 @@ The protocol is described in ``docs/remote-protocol.md`` of the repository.
 """
 
 from ._protocol import VERSION as PROTOCOL_VERSION
-from ._provider import RemoteEnvironment, RemoteSession
+from ._provider import RemoteEnvironment
 from ._server import SandboxServer, serve_sandboxes
+from ._session import RemoteSession
 
 __all__ = ["PROTOCOL_VERSION", "RemoteEnvironment", "RemoteSession", "SandboxServer", "serve_sandboxes"]
