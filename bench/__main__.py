@@ -37,6 +37,7 @@ FULL: dict[str, dict[str, Any]] = {
     "remote_exec": {"fn": "remote_exec", "execs": 300},
     "remote_sessions": {"fn": "remote_sessions", "sessions": 1000, "servers": 3},
     "remote_stream": {"fn": "remote_stream", "mib": 64},
+    "agent": {"fn": "agent_bound", "tasks": 500, "concurrency": 100, "latency": 0.1, "steps": 4},
 }
 
 #: Smoke sizes: every code path, a few seconds in all.
@@ -51,6 +52,7 @@ SMOKE: dict[str, dict[str, Any]] = {
     "remote_exec": {"fn": "remote_exec", "execs": 5},
     "remote_sessions": {"fn": "remote_sessions", "sessions": 6, "servers": 3},
     "remote_stream": {"fn": "remote_stream", "mib": 1},
+    "agent": {"fn": "agent_bound", "tasks": 6, "concurrency": 3, "latency": 0.01, "steps": 2},
 }
 
 

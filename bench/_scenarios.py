@@ -37,8 +37,11 @@ from agentcompass import (
 from agentcompass.testing import NOOP_SESSIONS
 from agentcompass.testing._noop import NOOP_OPEN_TIMES
 
+from ._agent import agent_bound
+
 __all__ = [
     "SCENARIOS",
+    "agent_bound",
     "latency_bound",
     "memory",
     "open_rate",
@@ -468,6 +471,7 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
 from ._remote import remote_exec, remote_sessions, remote_stream  # noqa: E402
 
 SCENARIOS = {
+    "agent": agent_bound,
     "overhead": overhead_bound,
     "latency": latency_bound,
     "memory": memory,
