@@ -231,18 +231,21 @@ class SandboxServer:
                 await self._serve_session(ws, hosted)
         finally:
             grace_deadline = trio.current_time() + self.grace
+            close_error = None
             if session is not None:
-                with trio.move_on_at(grace_deadline, shield=True):
+                with trio.move_on_at(grace_deadline, shield=True) as grace:
                     try:
                         await session.close()
-                    except Exception:  # noqa: BLE001 - the client is told below when it still listens
-                        pass
+                    except Exception as exc:  # noqa: BLE001 - the client is told below when it still listens
+                        close_error = " ".join(str(exc).split()) or type(exc).__name__
+                if grace.cancelled_caught:
+                    close_error = f"closing the session took longer than the server's {self.grace}s grace"
             if hosted is not None:
                 self.sessions.pop(name, None)
                 hosted.closed.set()
         with trio.move_on_at(grace_deadline):
             try:
-                await ws.send_message(p.encode({"type": "closed"}))
+                await ws.send_message(p.encode({"type": "closed", "error": close_error}))
             except trio_websocket.ConnectionClosed:
                 pass
 
@@ -256,9 +259,8 @@ class SandboxServer:
             async with send_lock:
                 await ws.send_message(p.encode(message) if isinstance(message, dict) else message)
 
-        async def run(op: int, fn: Any, *args: Any) -> None:
-            with trio.CancelScope() as scope:
-                running[op] = scope
+        async def run(op: int, scope: trio.CancelScope, fn: Any, *args: Any) -> None:
+            with scope:
                 try:
                     await fn(send, op, *args)
                 except Exception as exc:
@@ -267,6 +269,11 @@ class SandboxServer:
                     del running[op]
             if scope.cancelled_caught:
                 await send({"type": "cancelled", "id": op})
+
+        def start(op: int, fn: Any, *args: Any) -> None:
+            # Registered before the task starts, so a cancel right behind the request finds it.
+            running[op] = trio.CancelScope()
+            nursery.start_soon(run, op, running[op], fn, *args)
 
         async with trio.open_nursery() as nursery:
             while True:
@@ -287,14 +294,14 @@ class SandboxServer:
                     continue
                 session = hosted.backend
                 if kind == "exec":
-                    nursery.start_soon(run, op, _exec, session, request)
+                    start(op, _exec, session, request)
                 elif kind == "read_file":
-                    nursery.start_soon(run, op, _read, session, request.get("path"))
+                    start(op, _read, session, request.get("path"))
                 elif kind == "write_file":
                     data = await self._receive_file(ws, op, request)
-                    nursery.start_soon(run, op, _write, session, request.get("path"), data)
+                    start(op, _write, session, request.get("path"), data)
                 elif kind == "policy":
-                    nursery.start_soon(run, op, _set_policy, session, _policy(request.get("policy")))
+                    start(op, _set_policy, session, _policy(request.get("policy")))
                 else:
                     raise p.ProtocolError(f"unknown operation {kind!r}")
 

@@ -240,8 +240,9 @@ class RemoteSession(EnvironmentSession):
 
     async def close(self) -> None:
         """Ask the server to close the session and wait until it has.
-        Idempotent. If this is cancelled, the connection is dropped, and the
-        server closes the session on its own within its grace."""
+        Idempotent. A close that failed on the server is a WARNING
+        ``cleanup_failed``. If this is cancelled, the connection is dropped,
+        and the server closes the session on its own within its grace."""
         if self._closed:
             return
         self._closed = True
@@ -249,14 +250,18 @@ class RemoteSession(EnvironmentSession):
         conn = self._conn
         if conn.closed:
             return
+        error = None
         try:
             async with self._lock:
                 await conn.send({"type": "close"})
                 while True:
                     message = await conn.receive()
                     if isinstance(message, dict) and message["type"] == "closed":
+                        error = message.get("error")
                         break
         except (ConnectionLost, p.ProtocolError):
             pass  # the server is gone, and so is the session
         finally:
             await conn.abort()
+        if error:
+            raise IssueError("warning", "cleanup_failed", f"sandbox server {self._server.url}: {error}")

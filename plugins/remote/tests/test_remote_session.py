@@ -238,3 +238,20 @@ def test_keepalive_settings_are_inherited_by_accepted_connections():
                 assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
                 assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == _protocol.KEEPALIVE_IDLE
                 assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == _protocol.KEEPALIVE_COUNT
+
+
+async def test_a_close_that_fails_on_the_server_is_a_cleanup_warning(nursery: trio.Nursery):
+    from agentcompass_remote import SandboxServer, serve_sandboxes
+
+    import agentcompass.testing  # noqa: F401 - registers fake-env, the server's provider here
+
+    served = SandboxServer("fake-env", TOKEN, default_config={"script": {"*": {"close": ["raise"]}}})
+    port = await nursery.start(serve_sandboxes, served, "127.0.0.1", 0)
+    env = remote(f"ws://127.0.0.1:{port}", provider="fake-env")
+    plan = ExecutionPlan("t", 0, ComponentRef("remote"))
+    session = await env.open(env.build_config(plan), NetworkPolicy())
+    with pytest.raises(IssueError) as failed:
+        await session.close()
+    assert (failed.value.severity, failed.value.code) == ("warning", "cleanup_failed")
+    await session.close()  # idempotent: the session is gone either way
+    assert served.load == 0
