@@ -69,7 +69,7 @@ import agentcompass._orchestration._launch as engine
 from agentcompass._convert import unstructure
 from agentcompass.runtime._results import OrchestrationResult, RequestResult
 
-async def fake_launch(orchestration, *, config_dir=None):
+async def fake_launch(orchestration, *, config_dir=None, show_progress=False):
     out = Path(os.environ["FAKE_OUT"])
     out.write_text(json.dumps({"orchestration": unstructure(orchestration), "config_dir": str(config_dir)}))
     mode = os.environ.get("FAKE_MODE", "ok")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .._convert import structure_config
 from ._errors import ComponentError
 from ._results import Evaluation, ExecResult, RunBudget, RunResult, TaskRecord
 from ._values import (
@@ -56,8 +57,6 @@ class Component:
         self.config: dict[str, Any] = dict(config or {})
         self.options: Any = self.config
         if self.Config is not None:
-            from .._convert import structure_config
-
             self.options = structure_config(
                 self.config, self.Config, where=f"{self.kind} {getattr(self, 'id', type(self).__name__)!r}"
             )

@@ -1,10 +1,7 @@
 """Test support for AgentCompass: scriptable fakes, a provider conformance kit,
 and small pytest-trio helpers.
 
-Importing this package registers six fake components (and the four
-no-op components of :mod:`._noop` -- ``noop-bench``, ``noop-free-bench``,
-``noop-env``, ``noop-harness`` -- which log nothing and are meant for
-overhead benchmarks):
+Importing this package registers six fake components:
 
 =================== ===================== ==========================================
 id                  kind                  scriptable phases
@@ -71,11 +68,5 @@ from ._helpers import HangGuard as HangGuard
 from ._helpers import fake_plan as fake_plan
 from ._helpers import fake_request as fake_request
 from ._helpers import hang_guard as hang_guard
-from ._noop import NOOP_SESSIONS as NOOP_SESSIONS
-from ._noop import NoopBenchmark as NoopBenchmark
-from ._noop import NoopEnvironment as NoopEnvironment
-from ._noop import NoopHarness as NoopHarness
-from ._noop import NoopHarnessFreeBenchmark as NoopHarnessFreeBenchmark
-from ._noop import NoopSession as NoopSession
 from ._recipe import FakeAnalyzer as FakeAnalyzer
 from ._recipe import FakeRecipe as FakeRecipe
