@@ -53,8 +53,8 @@ _SHAPES = re.compile(
 # inside a string (it stops at quotes and backslashes), and a key/value pair
 # only when the value is a quoted string or follows "=" inside a string, so
 # ``"max_token": 5`` stays valid JSON. The key alternative starts at the
-# keyword itself (a prefix such as ``my_`` is kept either way): scanning for
-# a prefix at every position made this ten times slower on records.
+# keyword itself (a prefix such as ``my_`` is kept either way), so the scan
+# does not try a prefix at every position.
 _JSON_SHAPES = re.compile(
     r"""
     (?P<url>(?<=://)[^/\s:@"\\]+:)[^/\s@"\\]+(?=@)
@@ -124,9 +124,9 @@ _TRIGGERS = ("sk-", "bearer", "authorization", "key", "passw", "secret", "://")
 
 
 def _may_hold_credentials(text: str) -> bool:
-    """A cheap test that ``_SHAPES`` or ``_JSON_SHAPES`` can match at all: substring checks run
-    at C speed, while the full pattern costs ~100 us on a typical record.
-    ``token`` counts only as a whole word end (not ``input_tokens``)."""
+    """A cheap test that ``_SHAPES`` or ``_JSON_SHAPES`` can match at all (substring checks
+    are far cheaper than the full pattern). ``token`` counts only as a whole word end
+    (not ``input_tokens``)."""
     low = text.lower()
     if any(trigger in low for trigger in _TRIGGERS):
         return True
