@@ -47,6 +47,8 @@ between tests. The fakes' state is per process: in-process executor only.
 
 Provider authors check their Environment with :func:`check_environment`
 (or :func:`environment_conformance_tests` for one pytest test per check).
+A test that needs a provider of its own builds its sessions on
+:class:`MemorySession` (files in a dict, every command exits 0).
 """
 
 from ._benchmark import FakeBenchmark as FakeBenchmark
@@ -68,5 +70,6 @@ from ._helpers import HangGuard as HangGuard
 from ._helpers import fake_plan as fake_plan
 from ._helpers import fake_request as fake_request
 from ._helpers import hang_guard as hang_guard
+from ._memory import MemorySession as MemorySession
 from ._recipe import FakeAnalyzer as FakeAnalyzer
 from ._recipe import FakeRecipe as FakeRecipe
