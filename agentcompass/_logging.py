@@ -186,13 +186,17 @@ class _NamedLogger:
     """A logger resolved at each call, so loggers made at import time follow
     a later :func:`configure_logging` (a bound proxy fixes the level it first saw)."""
 
-    __slots__ = ("_name",)
+    __slots__ = ("_context", "_name")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, context: dict[str, Any] | None = None) -> None:
         self._name = name
+        self._context = context or {}
+
+    def bind(self, **values: Any) -> _NamedLogger:
+        return _NamedLogger(self._name, {**self._context, **values})
 
     def __getattr__(self, method: str) -> Any:
-        logger = structlog.get_logger().bind(logger=self._name)
+        logger = structlog.get_logger().bind(logger=self._name, **_redact_value(self._context))
         if method in _LEVEL_METHODS:
             return _redacted_call(logger, method)
         return getattr(logger, method)

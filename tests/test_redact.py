@@ -248,13 +248,16 @@ def test_redaction_holds_under_the_applications_own_chain() -> None:
     structlog.configure(processors=[capture])
     register_secret("app-chain-secret-91f3")
     log = _logging.get_logger("test")
-    log.warning("calling", headers={"Authorization": "Bearer abcdef"}, note="app-chain-secret-91f3")
+    log.bind(proxy="https://user:pw-bound-77@proxy").warning(
+        "calling", headers={"Authorization": "Bearer abcdef"}, note="app-chain-secret-91f3"
+    )
     try:
         raise RuntimeError("connect failed api_key=abc123")
     except RuntimeError:
         log.exception("boom")
     text = repr(capture.entries)
     assert "abcdef" not in text and "app-chain-secret-91f3" not in text and "abc123" not in text
+    assert "pw-bound-77" not in text
     assert [e["event"] for e in capture.entries] == ["calling", "boom"]
     assert capture.entries[0]["note"] == MASK
     assert "RuntimeError" in capture.entries[1]["exception"]
