@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-inspect clean
+.PHONY: demo demo-agent test lint bench bench-inspect clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,11 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml $(wildcard plugins/*/setup.cfg)
 
 demo: $(STAMP)
 	$(BIN)/compass launch examples/quickstart.yaml --output-root runs/demo
+
+# An agent run with no API key: a scripted model server on 127.0.0.1 and the react harness.
+demo-agent: $(STAMP)
+	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-agent.json -- \
+		$(BIN)/compass launch examples/demo-agent.yaml --output-root runs/demo-agent
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

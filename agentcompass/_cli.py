@@ -32,8 +32,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__
-from ._redact import redact
-from .runtime._errors import ConfigError
 
 if TYPE_CHECKING:
     from .runtime._values import Orchestration
@@ -48,6 +46,8 @@ INTERRUPTED_EXIT = 130
 
 def _config_messages(exc: BaseException) -> list[str] | None:
     """One line per config error in ``exc``, or None if it holds anything else."""
+    from .runtime._errors import ConfigError
+
     if isinstance(exc, ConfigError):
         return [" ".join(str(exc).split())]
     if isinstance(exc, BaseExceptionGroup):
@@ -59,6 +59,9 @@ def _config_messages(exc: BaseException) -> list[str] | None:
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
+        from ._redact import redact
+        from .runtime._errors import ConfigError
+
         try:
             return super().invoke(ctx)
         except (ConfigError, BaseExceptionGroup) as exc:
@@ -117,6 +120,7 @@ def describe(component_id: str, plugins: Sequence[str]) -> None:
     """Show a component's description, metrics and config keys."""
     from . import _registry
     from ._describe import describe_lines
+    from .runtime._errors import ConfigError
 
     _registry.load_plugins(list(plugins), Path.cwd())
     found = [r for r in _registry.registered() if r.id == component_id]
@@ -254,6 +258,8 @@ def _request_from_flags(
     limit: int | None,
 ) -> dict[str, Any]:
     """The raw config mapping of the request ``compass run`` describes."""
+    from .runtime._errors import ConfigError
+
     request: dict[str, Any] = {
         "name": name or (benchmark if harness == "none" else f"{benchmark}-{harness}"),
         "benchmark": {"id": benchmark, "config": _json_object(benchmark_config, "--benchmark-config")},
@@ -283,6 +289,8 @@ def _request_from_flags(
 
 
 def _json_object(text: str, option: str) -> dict[str, Any]:
+    from .runtime._errors import ConfigError
+
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -419,6 +427,7 @@ def show(run_dir: Path | None, output_root: Path) -> None:
     """
     from ._report import render_run_list
     from ._store import load_run, render_run_table
+    from .runtime._errors import ConfigError
 
     if run_dir is None:
         run_dir = _latest_run(output_root)
@@ -436,6 +445,8 @@ def show(run_dir: Path | None, output_root: Path) -> None:
 
 def _latest_run(output_root: Path) -> Path:
     """The most recent run directory of any request under ``output_root``."""
+    from .runtime._errors import ConfigError
+
     runs = [p.parent for p in output_root.glob("*/*/run_info.json")]
     if not runs:
         raise ConfigError(f"no runs under {output_root} (give RUN_DIR or --output-root)")
@@ -454,6 +465,7 @@ def reap(ctx: click.Context, run_dir: Path, plugins: Sequence[str]) -> None:
     import trio
 
     from . import _registry
+    from .runtime._errors import ConfigError
 
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
@@ -467,6 +479,7 @@ def _environment_configs(run_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The run's environment config (from ``run_info.json``), keyed by provider,
     so a provider that needs settings to find its sandboxes gets them."""
     from ._convert import structure
+    from .runtime._errors import ConfigError
     from .runtime._values import ComponentRef
 
     raw = (run_info.get("request") or {}).get("environment")
@@ -488,7 +501,9 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
     import trio
 
     from . import _registry
+    from ._redact import redact
     from ._store import load_run, open_run_store
+    from .runtime._errors import ConfigError
 
     loaded = await trio.to_thread.run_sync(partial(load_run, run_dir, records=False))
     if not loaded.open_sessions:

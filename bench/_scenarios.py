@@ -37,8 +37,11 @@ from agentcompass import (
 
 from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
 
+from ._agent import agent_bound
+
 __all__ = [
     "SCENARIOS",
+    "agent_bound",
     "latency_bound",
     "memory",
     "open_rate",
@@ -466,6 +469,7 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
     }
 
 SCENARIOS = {
+    "agent": agent_bound,
     "overhead": overhead_bound,
     "latency": latency_bound,
     "memory": memory,

@@ -22,6 +22,7 @@ from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import ensure_logging, get_logger
+from .._models import open_model_clients
 from .._store import open_run_store
 from ..runtime._errors import RunFailedError
 from ..runtime._results import OrchestrationResult, RequestResult
@@ -107,7 +108,9 @@ async def launch(
     with relaxed_collection(), provider_limits().configured(orchestration.providers) as notes:
         for note in notes:
             log.warning("provider_limits", note=note)
-        return await _launch(orchestration, show_progress)
+        # The model endpoints' shared clients, closed within the grace once the run is done.
+        async with open_model_clients(orchestration.task_concurrency, orchestration.cleanup_grace_seconds):
+            return await _launch(orchestration, show_progress)
 
 
 async def _launch(orchestration: Orchestration, show_progress: bool) -> OrchestrationResult:
