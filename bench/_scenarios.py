@@ -35,9 +35,8 @@ from agentcompass import (
     RunRequest,
 )
 
-from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
-
 from ._agent import agent_bound
+from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
 
 __all__ = [
     "SCENARIOS",
