@@ -409,7 +409,7 @@ def test_module_entry_point_is_the_console_script(workdir: Path) -> None:
 
 def test_importing_the_cli_loads_no_engine() -> None:
     # What makes ``compass --help`` slow: loaded only by the commands that need it.
-    heavy = ["trio", "structlog", "yaml", "rich", "agentcompass._orchestration", "agentcompass._store",
+    heavy = ["trio", "structlog", "httpx", "yaml", "rich", "agentcompass._orchestration", "agentcompass._store",
              "agentcompass._config", "agentcompass._registry", "importlib.metadata"]
     code = f"import sys, agentcompass._cli; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
