@@ -584,7 +584,12 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
     RUN_DIR is a run directory, a request's directory or an output root
     (default: runs). Serves on 127.0.0.1 until Ctrl-C, or writes the pages
     as static files with --out."""
+    import signal
+
+    import trio
+
     from ._view import Site, find_runs, serve, write_site
+    from .runtime._errors import ConfigError
 
     paths = list(run_dirs) or [Path("runs")]
     for path in paths:
