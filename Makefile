@@ -22,7 +22,7 @@ demo-agent: $(STAMP)
 		$(BIN)/compass launch examples/demo-agent.yaml --output-root runs/demo-agent
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentcompass tests bench $(wildcard plugins)

@@ -26,7 +26,7 @@ import attrs
 import trio
 
 import agentcompass
-import agentcompass.testing  # registers the noop-* components
+import agentcompass._gc
 from agentcompass import (
     AttemptsSpec,
     ComponentRef,
@@ -35,10 +35,9 @@ from agentcompass import (
     ProviderLimits,
     RunRequest,
 )
-from agentcompass.testing import NOOP_SESSIONS
-from agentcompass.testing._noop import NOOP_OPEN_TIMES
 
 from ._agent import agent_bound
+from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
 
 __all__ = [
     "SCENARIOS",
@@ -78,6 +77,7 @@ def _request(
 
 
 def _launch(orchestration: Orchestration) -> Any:
+    agentcompass._gc.allow()  # the bench owns its process, as the CLI does (see agentcompass._gc)
     return trio.run(agentcompass.launch, orchestration)
 
 
@@ -472,6 +472,9 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
         "span_s": span,
     }
 
+# The remote provider's scenarios run real servers; they live in a module of their own.
+from ._remote import remote_exec, remote_sessions, remote_stream  # noqa: E402
+
 SCENARIOS = {
     "agent": agent_bound,
     "overhead": overhead_bound,
@@ -480,4 +483,7 @@ SCENARIOS = {
     "shutdown": shutdown,
     "reuse": reuse,
     "open_rate": open_rate,
+    "remote_exec": remote_exec,
+    "remote_sessions": remote_sessions,
+    "remote_stream": remote_stream,
 }

@@ -217,7 +217,9 @@ def test_second_signal_exits_at_once_while_cleanup_hangs(
         sent = child.interrupt(signum)
         code, exited = child.wait(timeout=MARGIN)  # well inside the 60 s grace
     assert code == exit_code, child.stderr
-    assert exited - sent < 1.0
+    # At once means not waiting for the hanging cleanup: the bound is far below
+    # its 60 s grace and generous for a loaded machine's process teardown.
+    assert exited - sent < MARGIN
     assert child.stderr.count("cleaning up") == 1
     run_dir = child.run_dir()
     # Exited without finishing cleanup: the sessions stay journalled as open
