@@ -1,0 +1,102 @@
+"""Network policies as nftables rulesets inside a sandbox's network namespace.
+
+``none`` drops everything but loopback; ``allowlist`` accepts only the
+listed addresses (and ports) plus replies to connections the sandbox opened;
+``full`` removes the table. Host names in an allowlist are resolved once, on
+the host, when the policy is applied: a name whose addresses change later is
+not followed (switch the policy again to re-resolve).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import attrs
+
+TABLE = "agentcompass"
+
+
+@attrs.frozen
+class AllowEntry:
+    host: str
+    port: int | None
+
+
+def parse_allow(entry: str) -> AllowEntry:
+    """Parse ``host``, ``host:port``, ``[v6]:port`` or an address; raise ``ValueError``."""
+    if not isinstance(entry, str) or not entry or any(c.isspace() for c in entry):
+        raise ValueError(f"allowlist entry {entry!r} must be host or host:port")
+    host, port = entry, None
+    if entry.startswith("["):
+        close = entry.find("]")
+        if close < 0:
+            raise ValueError(f"allowlist entry {entry!r}: unclosed '['")
+        host, rest = entry[1:close], entry[close + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"allowlist entry {entry!r} must be [address]:port")
+            port = _port(rest[1:], entry)
+    elif entry.count(":") == 1:
+        host, raw = entry.split(":")
+        port = _port(raw, entry)
+    elif entry.count(":") > 1:
+        ipaddress.IPv6Address(entry)  # a bare IPv6 address
+    if not host:
+        raise ValueError(f"allowlist entry {entry!r} has no host")
+    return AllowEntry(host, port)
+
+
+def _port(raw: str, entry: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ValueError(f"allowlist entry {entry!r}: port must be 1-65535")
+    return int(raw)
+
+
+def resolve(entries: tuple[str, ...]) -> list[tuple[str, int | None]]:
+    """Blocking: (address, port) pairs of the entries, names resolved now."""
+    pairs: list[tuple[str, int | None]] = []
+    for raw in entries:
+        entry = parse_allow(raw)
+        try:
+            addresses = [str(ipaddress.ip_address(entry.host))]
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(entry.host, None, proto=socket.IPPROTO_TCP)
+            except OSError as exc:
+                raise ValueError(f"allowlist host {entry.host!r} does not resolve: {exc}") from None
+            addresses = sorted({str(info[4][0]) for info in infos})
+        pairs.extend((a, entry.port) for a in addresses)
+    return pairs
+
+
+def _header() -> str:
+    # Declaring then deleting makes the replacement atomic and idempotent.
+    return f"table inet {TABLE}\ndelete table inet {TABLE}\n"
+
+
+def ruleset(mode: str, pairs: list[tuple[str, int | None]] = ()) -> str:  # type: ignore[assignment]
+    """The ``nft -f`` script that installs ``mode`` (replacing the previous one)."""
+    if mode == "full":
+        return _header()
+    rules = []
+    if mode == "allowlist":
+        for address, port in pairs:
+            family = "ip6" if ":" in address else "ip"
+            if port is None:
+                rules.append(f"{family} daddr {address} accept")
+            else:
+                rules.append(f"{family} daddr {address} meta l4proto {{ tcp, udp }} th dport {port} accept")
+    out_rules = "\n    ".join(['oif "lo" accept', *rules])
+    in_rules = 'iif "lo" accept'
+    if mode == "allowlist":
+        in_rules += "\n    ct state established,related accept"
+    return (
+        _header()
+        + f"table inet {TABLE} {{\n"
+        + "  chain output {\n    type filter hook output priority 0; policy drop;\n"
+        + f"    {out_rules}\n  }}\n"
+        + "  chain input {\n    type filter hook input priority 0; policy drop;\n"
+        + f"    {in_rules}\n  }}\n"
+        + "}\n"
+    )
