@@ -49,8 +49,10 @@ from .runtime._components import HarnessFreeBenchmark
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._values import (
     ComponentRef,
+    ExecutionPlan,
     ExecutionSpec,
     ModelSpec,
+    NetworkOverrides,
     Orchestration,
     RunRequest,
     Secret,
@@ -451,10 +453,37 @@ def _check_components(request: RunRequest) -> None:
                 f"(not {request.harness.id!r})"
             )
         _build("harness", request.harness, "")
-    _build("environment", request.environment, "")
+    environment = _build("environment", request.environment, "")
+    try:
+        environment.preflight()
+    except ComponentError as exc:
+        raise ComponentError(f"environment {request.environment.id!r}: {exc}") from None
+    _check_network_overrides(request, environment)
     for kind, refs in (("recipe", request.recipes), ("analyzer", request.analyzers)):
         for j, ref in enumerate(refs):
             _build(kind, ref, f"{kind}s[{j}]: ")
+
+
+def _check_network_overrides(request: RunRequest, environment: Any) -> None:
+    """A provider that cannot enforce the user's per-phase policies says so
+    before anything runs (a benchmark's own policies are checked per task)."""
+    network = request.execution.network
+    if network == NetworkOverrides():
+        return
+    probe = ExecutionPlan(
+        task_id="*",
+        attempt=0,
+        environment=request.environment,
+        **{
+            f"{phase}_network_policy": getattr(network, phase)
+            for phase in ("baseline", "run", "evaluation")
+            if getattr(network, phase) is not None
+        },
+    )
+    try:
+        environment.build_config(probe)
+    except ComponentError as exc:
+        raise ComponentError(f"execution.network: {exc}") from None
 
 
 def _build(kind: str, ref: ComponentRef, prefix: str) -> Any:

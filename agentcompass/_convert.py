@@ -36,7 +36,7 @@ from cattrs.cols import (
 from cattrs.gen import make_dict_structure_fn
 
 from .runtime._errors import ComponentError, ConfigError
-from .runtime._values import ComponentRef, RunRequest, Secret
+from .runtime._values import ComponentRef, NetworkPolicy, RunRequest, Secret
 
 __all__ = [
     "SECRET_CONFIG_KEYS",
@@ -71,6 +71,8 @@ def _structure_secret(value: Any, _: type) -> Secret:
 converter.register_structure_hook(Secret, _structure_secret)
 converter.register_unstructure_hook(Secret, str)
 converter.register_structure_hook(Path, lambda v, _: Path(v))
+# A policy is written as a mode string or {mode, allow}, in config and in stored plans alike.
+converter.register_structure_hook(NetworkPolicy, lambda v, _: NetworkPolicy.parse(v, "network policy"))
 converter.register_unstructure_hook(Path, str)
 
 

@@ -49,7 +49,7 @@ SPEC_NAMES = {
     "Executor",
 }
 
-EXTRA_NAMES = {"NO_HARNESS", "CompassError", "ConfigError", "ComponentError", "RunFailedError"}
+EXTRA_NAMES = {"NO_HARNESS", "NetworkOverrides", "CompassError", "ConfigError", "ComponentError", "RunFailedError"}
 
 
 def _public(module: object) -> set[str]:

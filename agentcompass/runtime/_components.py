@@ -208,6 +208,12 @@ class BaseEnvironment(Component):
 
     kind: ClassVar[str] = "environment"
 
+    def preflight(self) -> None:
+        """Check that this host can run this provider's sandboxes (sync, quick,
+        opens nothing). Called before anything runs, by ``launch`` and
+        ``compass validate``; raise :class:`ComponentError` with one line
+        saying what is missing (the CLI exits 2). Default: nothing to check."""
+
     def build_config(self, plan: ExecutionPlan) -> Any:
         """Turn a plan into an ``open`` config (sync). Reject (raise
         :class:`ComponentError`) a plan whose phase policies this provider
@@ -220,6 +226,11 @@ class BaseEnvironment(Component):
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Destroy a sandbox left behind by a killed process (idempotent)."""
+
+    async def sweep(self, tag: str) -> None:
+        """Destroy every sandbox whose name starts with ``tag`` (idempotent;
+        nothing found is fine). Default: nothing, for providers that cannot
+        find their sandboxes by name."""
 
 
 class BaseRecipe(Component):
