@@ -59,6 +59,14 @@ def _root_binds() -> list[str]:
     return args
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
 class SandboxSession(EnvironmentSession):
     """One open sandbox. File paths: absolute under ``/app``, ``/tests``,
     ``/logs`` or ``/solution``, or relative to ``/app``; they are read and
@@ -124,12 +132,13 @@ class SandboxSession(EnvironmentSession):
             "bwrap", "--die-with-parent", "--unshare-all", "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", *mounts,
-            "--chdir", "/app", "--info-fd", str(write_fd), "--", "sleep", "infinity",
+            "--chdir", "/app", "--info-fd", str(write_fd),
+            "--", "sh", "-c", "echo ready; exec sleep infinity",
         ]  # fmt: skip
         log = open(self._dir / "bwrap.log", "wb")  # noqa: SIM115 - closed right after the spawn
         try:
             self._bwrap = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, pass_fds=(write_fd,)
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
             )
         except OSError as exc:
             os.close(read_fd)
@@ -142,7 +151,17 @@ class SandboxSession(EnvironmentSession):
             await self._bwrap.wait()
             detail = " ".join((self._dir / "bwrap.log").read_text(errors="replace").split())[:300]
             raise fail(f"sandbox {self.name}: bwrap failed (exit {self._bwrap.returncode}): {detail}")
-        self._init_pid = int(info["child-pid"])
+        # bwrap's own pid 1 may still be moving into the final user namespace;
+        # the command it started prints once everything is set up.
+        assert self._bwrap.stdout is not None
+        ready = b""
+        async with self._bwrap.stdout:
+            while b"\n" not in ready and (chunk := await self._bwrap.stdout.receive_some(64)):
+                ready += chunk
+        children = await trio.to_thread.run_sync(_children, int(info["child-pid"]))
+        if ready != b"ready\n" or len(children) != 1:
+            raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}, children {children})")
+        self._init_pid = children[0]
         marker = {**_host.read_marker(self.name), "bwrap_pid": self._bwrap.pid, "init_pid": self._init_pid}
         await trio.to_thread.run_sync(_host.write_marker, self.name, marker)
 
