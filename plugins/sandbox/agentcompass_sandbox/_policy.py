@@ -1,7 +1,9 @@
 """Network policies as nftables rulesets inside a sandbox's network namespace.
 
-``none`` drops everything but loopback; ``allowlist`` accepts only the
+``none`` rejects everything but loopback; ``allowlist`` accepts only the
 listed addresses (and ports) plus replies to connections the sandbox opened;
+a forbidden connection is refused at once (TCP reset, ICMP prohibited), so
+an agent sees an error rather than a hang;
 ``full`` removes the table. Host names in an allowlist are resolved once, on
 the host, when the policy is applied: a name whose addresses change later is
 not followed (switch the policy again to re-resolve).
@@ -87,7 +89,9 @@ def ruleset(mode: str, pairs: list[tuple[str, int | None]] = ()) -> str:  # type
                 rules.append(f"{family} daddr {address} accept")
             else:
                 rules.append(f"{family} daddr {address} meta l4proto {{ tcp, udp }} th dport {port} accept")
-    out_rules = "\n    ".join(['oif "lo" accept', *rules])
+    # Reject rather than drop: a forbidden connection fails at once instead of hanging.
+    reject = ["meta l4proto tcp reject with tcp reset", "reject with icmpx admin-prohibited"]
+    out_rules = "\n    ".join(['oif "lo" accept', *rules, *reject])
     in_rules = 'iif "lo" accept'
     if mode == "allowlist":
         in_rules += "\n    ct state established,related accept"

@@ -345,9 +345,14 @@ class SandboxSession(EnvironmentSession):
         self._closed = True
         if self._destroyed:
             return
-        await trio.to_thread.run_sync(_host.destroy, self.name)
         if self._bwrap is not None:
-            await self._bwrap.wait()  # killed with its cgroup: this only reaps it
+            # Killed directly as well as through its cgroup: an open cancelled
+            # while it started may not have joined the cgroup yet. Not reaped
+            # yet, so the pid is still ours; bwrap's children die with it.
+            if self._bwrap.returncode is None:
+                self._bwrap.kill()
+            await self._bwrap.wait()
+        await trio.to_thread.run_sync(_host.destroy, self.name)
         self._destroyed = True
 
 

@@ -1,0 +1,182 @@
+"""Network policies, enforced and switched live. Every server here listens
+on loopback, on the host end of a sandbox's veth, or inside a sandbox this
+test opened; nothing outside the host is ever contacted."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from _sandbox_support import requires_sandbox, wait_for_file
+from agentcompass import ComponentError, ExecutionPlan, ComponentRef, IssueError, NetworkPolicy
+from agentcompass.testing import hang_guard
+from agentcompass_sandbox import SandboxEnvironment, SandboxSession
+
+pytestmark = requires_sandbox
+FULL = NetworkPolicy("full")
+NONE = NetworkPolicy("none")
+
+
+@asynccontextmanager
+async def listener(address: str) -> AsyncIterator[int]:
+    """A TCP listener on ``address`` (port 0) that accepts and closes; yields its port."""
+    sock = trio.socket.socket()
+    await sock.bind((address, 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+
+    async def accept_forever() -> None:
+        listener = trio.SocketListener(sock)
+        while True:
+            stream = await listener.accept()
+            await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_forever)
+        try:
+            yield port
+        finally:
+            nursery.cancel_scope.cancel()
+            sock.close()
+
+
+async def connects(session: SandboxSession, address: str, port: int) -> bool:
+    result = await session.exec(["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"], timeout=5)
+    assert not result.timed_out, "a refused connection must fail fast, not hang"
+    return result.exit_code == 0
+
+
+async def test_none_reaches_neither_the_host_nor_another_namespace(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        a = await provider.open(None, FULL, f"{tag}-a")
+        b = await provider.open(None, FULL, f"{tag}-b")
+        try:
+            assert a.addresses is not None and b.addresses is not None
+            host_end = a.addresses[0]
+            # A server inside b, on every address of b's own namespace.
+            await b.exec("python3 -m http.server --bind 0.0.0.0 8000 > /dev/null 2>&1 &")
+            with trio.fail_after(10):
+                while not await connects(b, "127.0.0.1", 8000):
+                    await trio.sleep(0.05)
+            async with listener("127.0.0.1") as loop_port, listener(host_end) as veth_port:
+                # Under full, the host (on its side of the veth) and b are reachable:
+                # what none takes away below is really there.
+                assert await connects(a, host_end, veth_port)
+                assert await connects(a, b.addresses[1], 8000)
+                await a.set_network_policy(NONE)
+                assert not await connects(a, host_end, veth_port)
+                assert not await connects(a, b.addresses[1], 8000)
+                # The host's loopback is not the sandbox's: 127.0.0.1 inside is its own.
+                assert not await connects(a, "127.0.0.1", loop_port)
+            # Opened under none from the start: no interface but loopback at all.
+            c = await provider.open(None, NONE, f"{tag}-c")
+            try:
+                links = await c.exec("ls /sys/class/net; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+                assert links.stdout.split() == ["lo"]
+                assert not await connects(c, b.addresses[1], 8000)
+                # Loopback inside still works under none.
+                await c.exec("python3 -m http.server --bind 127.0.0.1 8001 > /dev/null 2>&1 &")
+                with trio.fail_after(10):
+                    while not await connects(c, "127.0.0.1", 8001):
+                        await trio.sleep(0.05)
+            finally:
+                await c.close()
+        finally:
+            await a.close()
+            await b.close()
+
+
+async def test_allowlist_reaches_only_the_listed_address(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, FULL, f"{tag}-a")
+        try:
+            assert session.addresses is not None
+            host_end = session.addresses[0]
+            async with listener(host_end) as allowed, listener(host_end) as other:
+                assert await connects(session, host_end, other)
+                await session.set_network_policy(NetworkPolicy("allowlist", (f"{host_end}:{allowed}",)))
+                assert await connects(session, host_end, allowed)
+                assert not await connects(session, host_end, other)
+                # A host name is resolved once, on the host, at the switch.
+                await session.set_network_policy(NetworkPolicy("allowlist", (f"localhost:{allowed}",)))
+                assert not await connects(session, host_end, allowed)
+                await session.set_network_policy(NetworkPolicy("allowlist", (host_end,)))  # any port
+                assert await connects(session, host_end, allowed)
+                assert await connects(session, host_end, other)
+        finally:
+            await session.close()
+
+
+_PROBER = """
+import os, socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+open("/app/pid.tmp", "w").write(str(os.getpid()))
+os.rename("/app/pid.tmp", "/app/pid")
+n = 0
+while True:
+    while not os.path.exists(f"/app/go-{n}"):
+        time.sleep(0.01)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        verdict = "ok"
+    except OSError:
+        verdict = "refused"
+    open(f"/app/r.tmp", "w").write(verdict)
+    os.rename("/app/r.tmp", f"/app/result-{n}")
+    n += 1
+"""
+
+
+async def test_a_switch_applies_to_the_next_connection_of_a_running_process(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, FULL, f"{tag}-a")
+        try:
+            assert session.addresses is not None
+            host_end = session.addresses[0]
+            async with listener(host_end) as port:
+                await session.write_file("/app/prober.py", _PROBER)
+                await session.exec(f"python3 /app/prober.py {host_end} {port} > /app/prober.log 2>&1 &")
+                pid = await wait_for_file(session, "/app/pid")
+                verdicts = []
+                for n, policy in enumerate(
+                    [FULL, NONE, NetworkPolicy("allowlist", (f"{host_end}:{port}",)), NONE, FULL]
+                ):
+                    await session.set_network_policy(policy)
+                    await session.write_file(f"/app/go-{n}", "")
+                    verdicts.append((await wait_for_file(session, f"/app/result-{n}")).decode())
+                assert verdicts == ["ok", "refused", "ok", "refused", "ok"]
+                # One process saw every policy: it was never restarted.
+                assert (await session.exec(f"kill -0 {int(pid)} && cat /app/pid")).stdout == pid.decode()
+        finally:
+            await session.close()
+
+
+def _plan(**policies: NetworkPolicy) -> ExecutionPlan:
+    return ExecutionPlan("t", 0, ComponentRef("sandbox", {}), **policies)
+
+
+def test_build_config_accepts_what_it_enforces_and_rejects_the_rest() -> None:
+    env = SandboxEnvironment({})
+    for policy in (NONE, FULL, NetworkPolicy("allowlist", ("example.com", "10.0.0.1:80", "[::1]:443"))):
+        env.build_config(_plan(run_network_policy=policy))
+    for bad in ("example.com:0", "example.com:http", "a b", "[::1", ""):
+        with pytest.raises(ComponentError, match="allowlist entry"):
+            env.build_config(_plan(evaluation_network_policy=NetworkPolicy("allowlist", (bad,))))
+
+
+async def test_an_unresolvable_allowlist_fails_the_switch_and_keeps_the_old_policy(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    with hang_guard(30):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            with pytest.raises(IssueError, match="does not resolve"):
+                await session.set_network_policy(NetworkPolicy("allowlist", ("no-such-host.invalid",)))
+            assert session.policy == NONE
+        finally:
+            await session.close()
