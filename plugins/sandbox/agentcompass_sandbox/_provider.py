@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
@@ -19,12 +20,19 @@ from ._session import KILL_GRACE_SECONDS, SandboxSession, fail
 REQUIRED_PROGRAMS = ("bwrap", "nsenter", "setpriv", "ip", "nft")
 
 
-def host_problem(memory_mb: int | None = None, pids_max: int | None = None) -> str | None:
+def host_problem(
+    memory_mb: int | None = None,
+    pids_max: int | None = None,
+    *,
+    euid: Callable[[], int] = os.geteuid,
+    which: Callable[[str], str | None] = shutil.which,
+) -> str | None:
     """Why this host cannot run sandboxes (one line), or ``None`` when it can.
-    Blocking but quick: a uid check, ``PATH`` look-ups and ``/proc`` reads."""
-    if os.geteuid() != 0:
+    Blocking but quick: a uid check, ``PATH`` look-ups and ``/proc`` reads.
+    ``euid`` and ``which`` are seams for hosts other than this one."""
+    if euid() != 0:
         return "the sandbox provider needs root (to create network namespaces, veths and cgroups)"
-    missing = [p for p in REQUIRED_PROGRAMS if shutil.which(p) is None]
+    missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
     if missing:
         return (
             f"the sandbox provider needs {', '.join(missing)} on PATH "
@@ -56,6 +64,9 @@ class SandboxEnvironment(BaseEnvironment):
     """
 
     id: ClassVar[str] = "sandbox"
+    #: Seams for :meth:`preflight`: how the host's uid and programs are looked up.
+    euid: ClassVar[Callable[[], int]] = staticmethod(os.geteuid)
+    which: ClassVar[Callable[[str], str | None]] = staticmethod(shutil.which)
 
     @attrs.frozen
     class Config:
@@ -65,7 +76,7 @@ class SandboxEnvironment(BaseEnvironment):
 
     def preflight(self) -> None:
         """Raise :class:`ComponentError` (one line) when this host cannot run sandboxes."""
-        problem = host_problem(self.options.memory_mb, self.options.pids_max)
+        problem = host_problem(self.options.memory_mb, self.options.pids_max, euid=self.euid, which=self.which)
         if problem is not None:
             raise ComponentError(problem)
 
