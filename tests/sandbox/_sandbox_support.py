@@ -26,16 +26,13 @@ def new_tag() -> str:
 
 def leftovers(prefix: str) -> list[str]:
     """Everything that still carries a session name starting with ``prefix``:
-    state directories, cgroups, host nftables tables, subnet leases, veths
-    and processes (blocking; call through ``trio.to_thread``)."""
+    state directories, cgroups, subnet leases and processes (blocking; call through ``trio.to_thread``)."""
     found: list[str] = []
     if _host.STATE_ROOT.is_dir():
         found += [f"dir {e}" for e in os.listdir(_host.STATE_ROOT) if e.startswith(prefix)]
     for base in set(_host.cgroup_bases().values()):
         if base.is_dir():
             found += [f"cgroup {base / e}" for e in os.listdir(base) if e.startswith(prefix)]
-    table_prefix = _host.nft_host_table(prefix)
-    found += [f"nft table {t}" for t in _host.host_tables() if t.startswith(table_prefix)]
     found += [f"lease of {n}" for n in _host.leases_with_prefix(prefix)]
     marker = f"{_host.STATE_ROOT}/{prefix}".encode()
     for entry in os.listdir("/proc"):

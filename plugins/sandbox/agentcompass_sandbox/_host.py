@@ -2,10 +2,14 @@
 
 Every resource of a session carries its name: the state directory
 ``<STATE_ROOT>/<name>``, the cgroup ``.../agentcompass-sandbox/<name>`` of each
-hierarchy used, the host nftables table ``agentcompass_<name>`` and the lease
-file naming it; the host end of the veth is ``ac`` + 12 hex digits of the
-name's SHA-1 (IFNAMSIZ allows 15 characters). :func:`destroy` removes all of
-them given only the name, which is what ``close``, ``reap`` and ``sweep`` share.
+hierarchy used, and the lease file of its subnet (which holds the name); the
+host end of its veth is ``ac`` + 12 hex digits of the name's SHA-1 (IFNAMSIZ
+allows 15 characters). :func:`destroy` removes all of them given only the
+name, which is what ``close``, ``reap`` and ``sweep`` share. The one shared
+resource is the host nftables table ``agentcompass_sandbox`` (NAT and
+forwarding for every ``ac*`` veth), installed when a sandbox first needs
+egress and left in place: it carries no session and matches nothing once
+the sandboxes are gone.
 
 Everything here blocks and runs in a worker thread.
 """
@@ -36,7 +40,8 @@ INSIDE_UID = 1000
 SUBDIRS = ("app", "tests", "logs", "solution")
 MARKER = "session.json"
 CGROUP_GROUP = "agentcompass-sandbox"
-NFT_HOST_PREFIX = "agentcompass_"
+#: The host table that NATs and forwards every sandbox's egress.
+NFT_HOST_TABLE = "agentcompass_sandbox"
 #: 10.213.0.0/16 split into /30s: host end .1, sandbox end .2 of each.
 SUBNET_PREFIX = (10, 213)
 LEASES = 16384
@@ -56,10 +61,6 @@ class HostError(RuntimeError):
 
 def veth_name(name: str) -> str:
     return "ac" + hashlib.sha1(name.encode()).hexdigest()[:12]
-
-
-def nft_host_table(name: str) -> str:
-    return NFT_HOST_PREFIX + name.replace("-", "_")
 
 
 def session_dir(name: str) -> Path:
@@ -289,8 +290,11 @@ def acquire_lease(name: str) -> int:
     name); the lease file holds the name so ``sweep`` can release it."""
     LEASE_DIR.mkdir(parents=True, exist_ok=True)
     start = int(hashlib.sha1(name.encode()).hexdigest(), 16) % LEASES
+    routed = _routed_subnets()
     for step in range(LEASES):
         index = (start + step) % LEASES
+        if lease_addresses(index)[0] in routed:
+            continue  # a closed session's veth the kernel has not removed yet
         try:
             fd = os.open(LEASE_DIR / str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -299,6 +303,26 @@ def acquire_lease(name: str) -> int:
             f.write(name)
         return index
     raise HostError("no free sandbox subnet left in 10.213.0.0/16")
+
+
+def _routed_subnets() -> set[str]:
+    """Host addresses (.1 of each /30) of the sandbox subnets the host still routes."""
+    routed = set()
+    with contextlib.suppress(OSError), open("/proc/net/route") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if len(fields) > 7 and fields[7] == "FCFFFFFF":  # a /30, little-endian
+                octets = bytes.fromhex(fields[1])[::-1]
+                if tuple(octets[:2]) == SUBNET_PREFIX:
+                    routed.add(f"{octets[0]}.{octets[1]}.{octets[2]}.{octets[3] + 1}")
+    return routed
+
+
+def release_lease(name: str, index: int) -> None:
+    path = LEASE_DIR / str(index)
+    with contextlib.suppress(OSError):
+        if path.read_text() == name:
+            path.unlink()
 
 
 def release_leases(name: str) -> None:
@@ -325,9 +349,10 @@ def leases_with_prefix(tag: str) -> set[str]:
 
 def make_veth(name: str, init_pid: int, index: int) -> None:
     """A veth pair: host end ``veth_name(name)``, ``eth0`` in the sandbox's
-    namespace, addresses and default route, and host NAT for its address."""
+    namespace, addresses and default route; NAT for it on the host."""
     host = veth_name(name)
     host_ip, sandbox_ip = lease_addresses(index)
+    ensure_nat()
     run(
         ["ip", "-b", "-"],
         input=(
@@ -342,19 +367,32 @@ def make_veth(name: str, init_pid: int, index: int) -> None:
             f"addr add {sandbox_ip}/30 dev eth0\nlink set eth0 up\nroute add default via {host_ip}\n"
         ).encode(),
     )
-    table = nft_host_table(name)
+
+
+_nat_installed = False
+
+
+def ensure_nat() -> None:
+    """Install the shared host table (once per process; replacing it is atomic
+    and idempotent, so concurrent runtimes agree)."""
+    global _nat_installed
+    if _nat_installed:
+        return
+    a, b = SUBNET_PREFIX
     run(
         ["nft", "-f", "-"],
         input=(
-            f"table ip {table} {{\n"
+            f"table ip {NFT_HOST_TABLE}\ndelete table ip {NFT_HOST_TABLE}\n"
+            f"table ip {NFT_HOST_TABLE} {{\n"
             "  chain post { type nat hook postrouting priority srcnat; "
-            f'ip saddr {sandbox_ip} oifname != "{host}" masquerade; }}\n'
+            f'ip saddr {a}.{b}.0.0/16 oifname != "ac*" masquerade; }}\n'
             "  chain forwarding { type filter hook forward priority filter; "
-            f'iifname "{host}" accept; oifname "{host}" ct state established,related accept; }}\n'
+            'iifname "ac*" accept; oifname "ac*" ct state established,related accept; }\n'
             "}\n"
         ).encode(),
     )
     enable_forwarding()
+    _nat_installed = True
 
 
 def enable_forwarding() -> None:
@@ -369,24 +407,21 @@ def apply_ruleset(init_pid: int, ruleset: str) -> None:
     run(["nsenter", "-t", str(init_pid), "-n", "nft", "-f", "-"], input=ruleset.encode())
 
 
-def remove_network(name: str) -> None:
-    host = veth_name(name)
-    if os.path.exists(f"/sys/class/net/{host}"):
+def remove_network(name: str, lease: int | None) -> None:
+    """Wait (bounded) for the kernel to remove the veth with its namespace,
+    delete it ourselves if it lingers, then release the lease."""
+    host = f"/sys/class/net/{veth_name(name)}"
+    for _ in range(_KILL_ROUNDS):
+        if not os.path.exists(host):
+            break
+        time.sleep(_KILL_PAUSE)
+    else:
         with contextlib.suppress(HostError):
-            run(["ip", "link", "del", host])
-    table = nft_host_table(name)
-    if table in host_tables():
-        with contextlib.suppress(HostError):
-            run(["nft", "delete", "table", "ip", table])
-    release_leases(name)
-
-
-def host_tables() -> set[str]:
-    try:
-        out = run(["nft", "list", "tables", "ip"])
-    except (HostError, OSError):
-        return set()
-    return {line.split()[-1] for line in out.splitlines() if line.startswith("table ip ")}
+            run(["ip", "link", "del", veth_name(name)])
+    if lease is not None:
+        release_lease(name, lease)
+    else:
+        release_leases(name)
 
 
 # ------------------------------------------------------------------ teardown
@@ -416,7 +451,10 @@ def destroy(name: str) -> None:
             os.kill(pid, signal.SIGKILL)
     for base in {str(p) for p in bases.values()}:
         kill_cgroup(str(Path(base) / name), remove=True)
-    remove_network(name)
+    # Without a marker (a half-made session) look for a lease by name.
+    if marker.get("network", not marker):
+        lease = marker.get("lease")
+        remove_network(name, lease if isinstance(lease, int) else None)
     remove_session_dir(name)
 
 
@@ -458,11 +496,4 @@ def names_with_prefix(tag: str) -> set[str]:
         if base.is_dir():
             names.update(e for e in os.listdir(base) if e.startswith(tag) and NAME_RE.fullmatch(e))
     names.update(leases_with_prefix(tag))
-    prefix = nft_host_table(tag)
-    for table in host_tables():
-        if table.startswith(prefix):
-            # '_' and '-' both map to '_': keep only names that exist elsewhere or are valid as-is.
-            candidate = table[len(NFT_HOST_PREFIX) :].replace("_", "-")
-            if NAME_RE.fullmatch(candidate):
-                names.add(candidate)
     return names

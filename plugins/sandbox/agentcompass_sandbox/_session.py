@@ -83,6 +83,7 @@ class SandboxSession(EnvironmentSession):
         self._bwrap: trio.Process | None = None
         self._init_pid: int | None = None
         self._lease: int | None = None
+        self._ruleset = False  # whether an nftables table is installed in the namespace
         self._policy: NetworkPolicy | None = None
         self._labels = itertools.count()
         self._closed = False
@@ -320,16 +321,26 @@ class SandboxSession(EnvironmentSession):
             if policy.mode not in ("none", "allowlist", "full"):
                 raise ValueError(f"unknown network policy {policy.mode!r}")
             if policy.mode != "none" and self._lease is None:
-                self._lease = await trio.to_thread.run_sync(_host.acquire_lease, self.name)
-                await trio.to_thread.run_sync(_host.make_veth, self.name, init_pid, self._lease)
-            if self._lease is not None:
+                await trio.to_thread.run_sync(self._make_network, init_pid)
+            # A fresh namespace needs no rules for full (nothing to lift) nor for
+            # none (it has no interface but loopback).
+            if self._ruleset or (self._lease is not None and policy.mode != "full"):
                 pairs = await trio.to_thread.run_sync(_policy.resolve, tuple(policy.allow)) if (
                     policy.mode == "allowlist"
                 ) else []
                 await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset(policy.mode, pairs))
+                self._ruleset = policy.mode != "full"
         except (OSError, ValueError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
         self._policy = policy
+
+    def _make_network(self, init_pid: int) -> None:
+        """Blocking: lease a subnet (recorded in the marker first, so teardown
+        finds it) and make the veth."""
+        lease = _host.acquire_lease(self.name)
+        self._lease = lease
+        _host.write_marker(self.name, {**_host.read_marker(self.name), "network": True, "lease": lease})
+        _host.make_veth(self.name, init_pid, lease)
 
     @property
     def addresses(self) -> tuple[str, str] | None:
