@@ -37,6 +37,8 @@ from agentcompass import (
 from agentcompass.testing import NOOP_SESSIONS
 from agentcompass.testing._noop import NOOP_OPEN_TIMES
 
+from ._sandbox import sandbox_open_close as sandbox_open_close
+
 __all__ = [
     "SCENARIOS",
     "latency_bound",
@@ -44,6 +46,7 @@ __all__ = [
     "open_rate",
     "overhead_bound",
     "reuse",
+    "sandbox_open_close",
     "shutdown",
 ]
 
@@ -471,4 +474,5 @@ SCENARIOS = {
     "shutdown": shutdown,
     "reuse": reuse,
     "open_rate": open_rate,
+    "sandbox": sandbox_open_close,
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -90,11 +91,49 @@ def run(argv: list[str], input: bytes | None = None) -> str:
 # ------------------------------------------------------------------ state directory
 
 
+_state_root_ready = False
+
+
+def ensure_state_root() -> None:
+    """Make ``STATE_ROOT``; where it is not on a tmpfs already (``/run`` is
+    one on most hosts), mount one there while it is still empty, so that a
+    session's directories cost no disk writes and their pages are charged to
+    the memory cgroup of the sandbox that writes them. The mount stays (it
+    carries no session). Once per process, under a lock shared by runtimes."""
+    global _state_root_ready
+    if _state_root_ready:
+        return
+    STATE_ROOT.mkdir(mode=0o711, parents=True, exist_ok=True)
+    with open(STATE_ROOT.parent / (STATE_ROOT.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = os.listdir(STATE_ROOT)
+        if entries == [LEASE_DIR.name] and not os.listdir(LEASE_DIR):
+            LEASE_DIR.rmdir()  # left empty by earlier runs
+            entries = []
+        if not entries and not _on_tmpfs(STATE_ROOT):
+            with contextlib.suppress(HostError):
+                run(["mount", "-t", "tmpfs", "-o", "mode=0711", "agentcompass-sandbox", str(STATE_ROOT)])
+    _state_root_ready = True
+
+
+def _on_tmpfs(path: Path) -> bool:
+    """Whether the longest mount point containing ``path`` is a tmpfs."""
+    best, fstype = "", ""
+    target = str(path.resolve())
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mount = parts[1].replace("\\040", " ")
+            if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                best, fstype = mount, parts[2]
+    return fstype == "tmpfs"
+
+
 def make_session_dir(name: str) -> Path:
     """Create the state directory (marker first, so a kill right after leaves
     something ``sweep`` recognises) and the Harbor subdirectories, owned by
     the sandbox user."""
-    STATE_ROOT.mkdir(mode=0o711, parents=True, exist_ok=True)
+    ensure_state_root()
     path = session_dir(name)
     try:
         path.mkdir(mode=0o711)
