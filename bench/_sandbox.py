@@ -126,7 +126,12 @@ def sandbox_open_close(
         async with trio.open_nursery() as nursery:
             for session in opened:
                 nursery.start_soon(session.close)
-        return {"held_alive": alive, "held_errors": errors, "held_open_s": opened_s, "held_close_s": time.perf_counter() - t0}
+        return {
+            "held_alive": alive,
+            "held_errors": errors,
+            "held_open_s": opened_s,
+            "held_close_s": time.perf_counter() - t0,
+        }
 
     async def main() -> None:
         for policy in policies:

@@ -29,12 +29,19 @@ class _Bench(BaseBenchmark):
     id = "override-bench"
 
     def plan(self, task: TaskSpec, request: RunRequest) -> dict[str, Any]:
-        return {"evaluation_environment_mode": "fresh", "run_network_policy": ALLOW, "evaluation_network_policy": "none"}
+        return {
+            "evaluation_environment_mode": "fresh",
+            "run_network_policy": ALLOW,
+            "evaluation_network_policy": "none",
+        }
 
 
 def _request(execution: ExecutionSpec) -> RunRequest:
     return RunRequest(
-        name="r", benchmark=ComponentRef("override-bench", {}), environment=ComponentRef("fake-env", {}), execution=execution
+        name="r",
+        benchmark=ComponentRef("override-bench", {}),
+        environment=ComponentRef("fake-env", {}),
+        execution=execution,
     )
 
 

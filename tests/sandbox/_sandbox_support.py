@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import trio
-
 from agentcompass_sandbox import _host, host_problem
 
 PROBLEM = host_problem()

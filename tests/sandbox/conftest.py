@@ -3,10 +3,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-
-from agentcompass_sandbox import SandboxEnvironment
-
 from _sandbox_support import census, new_tag
+from agentcompass_sandbox import SandboxEnvironment
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import trio
-
 from _sandbox_support import census, requires_sandbox
+from agentcompass_sandbox import SandboxEnvironment
+
 from agentcompass import IssueError, NetworkPolicy
 from agentcompass.testing import hang_guard
-from agentcompass_sandbox import SandboxEnvironment
 
 pytestmark = requires_sandbox
 NONE = NetworkPolicy("none")
@@ -59,7 +59,9 @@ async def test_a_write_to_a_host_path_does_not_reach_the_host(provider: SandboxE
     with hang_guard(30):
         session = await provider.open(None, NONE, f"{tag}-a")
         try:
-            inside = await session.exec(f"echo x > {host_file} && cat {host_file}; echo y > {repo_file}; echo z > /etc/x")
+            inside = await session.exec(
+                f"echo x > {host_file} && cat {host_file}; echo y > {repo_file}; echo z > /etc/x"
+            )
             # /tmp is the sandbox's own; the host's userland is read-only.
             assert inside.stdout == "x\n"
             assert "Read-only file system" in inside.stderr

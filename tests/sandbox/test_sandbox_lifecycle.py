@@ -9,11 +9,11 @@ import os
 import pytest
 import trio
 import trio.testing
-
 from _sandbox_support import census, requires_sandbox, veths
+from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host
+
 from agentcompass import IssueError, NetworkPolicy
 from agentcompass.testing import check_environment, hang_guard
-from agentcompass_sandbox import SandboxEnvironment, _host
 
 pytestmark = requires_sandbox
 FULL = NetworkPolicy("full")
@@ -35,6 +35,15 @@ class _CancelAtCheckpoint(trio.abc.Instrument):
                 self.scope.cancel()
 
 
+async def _open_one(
+    provider: SandboxEnvironment, name: str, instrument: _CancelAtCheckpoint, opened: list[SandboxSession]
+) -> None:
+    instrument.task = trio.lowlevel.current_task()
+    with trio.CancelScope() as scope:
+        instrument.scope = scope
+        opened.append(await provider.open(None, FULL, name))
+
+
 async def test_open_cancelled_at_every_step_leaves_nothing(provider: SandboxEnvironment, tag: str) -> None:
     """Cancel an open under ``full`` at its 1st, 2nd, ... scheduling point until
     one completes: every cancelled open cleaned up all it had made."""
@@ -42,18 +51,11 @@ async def test_open_cancelled_at_every_step_leaves_nothing(provider: SandboxEnvi
         for n in range(1, 200):
             name = f"{tag}-{n}"
             instrument = _CancelAtCheckpoint(n)
-            opened = []
-
-            async def open_one() -> None:
-                instrument.task = trio.lowlevel.current_task()
-                with trio.CancelScope() as scope:
-                    instrument.scope = scope
-                    opened.append(await provider.open(None, FULL, name))
-
+            opened: list[SandboxSession] = []
             trio.lowlevel.add_instrument(instrument)
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(open_one)
+                    nursery.start_soon(_open_one, provider, name, instrument, opened)
             finally:
                 trio.lowlevel.remove_instrument(instrument)
             if opened:

@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-
 from _sandbox_support import requires_sandbox, wait_for_file
-from agentcompass import ComponentError, ExecutionPlan, ComponentRef, IssueError, NetworkPolicy
-from agentcompass.testing import hang_guard
 from agentcompass_sandbox import SandboxEnvironment, SandboxSession
+
+from agentcompass import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
+from agentcompass.testing import hang_guard
 
 pytestmark = requires_sandbox
 FULL = NetworkPolicy("full")
@@ -49,6 +49,15 @@ async def connects(session: SandboxSession, address: str, port: int) -> bool:
     return result.exit_code == 0
 
 
+async def listening(session: SandboxSession, port: int) -> None:
+    """Wait (bounded) until a server started inside accepts on loopback."""
+    for _ in range(200):
+        if await connects(session, "127.0.0.1", port):
+            return
+        await trio.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port} inside the sandbox")
+
+
 async def test_none_reaches_neither_the_host_nor_another_namespace(provider: SandboxEnvironment, tag: str) -> None:
     with hang_guard(60):
         a = await provider.open(None, FULL, f"{tag}-a")
@@ -58,9 +67,7 @@ async def test_none_reaches_neither_the_host_nor_another_namespace(provider: San
             host_end = a.addresses[0]
             # A server inside b, on every address of b's own namespace.
             await b.exec("python3 -m http.server --bind 0.0.0.0 8000 > /dev/null 2>&1 &")
-            with trio.fail_after(10):
-                while not await connects(b, "127.0.0.1", 8000):
-                    await trio.sleep(0.05)
+            await listening(b, 8000)
             async with listener("127.0.0.1") as loop_port, listener(host_end) as veth_port:
                 # Under full, the host (on its side of the veth) and b are reachable:
                 # what none takes away below is really there.
@@ -79,9 +86,7 @@ async def test_none_reaches_neither_the_host_nor_another_namespace(provider: San
                 assert not await connects(c, b.addresses[1], 8000)
                 # Loopback inside still works under none.
                 await c.exec("python3 -m http.server --bind 127.0.0.1 8001 > /dev/null 2>&1 &")
-                with trio.fail_after(10):
-                    while not await connects(c, "127.0.0.1", 8001):
-                        await trio.sleep(0.05)
+                await listening(c, 8001)
             finally:
                 await c.close()
         finally:

@@ -19,7 +19,8 @@ class NoBwrap(SandboxEnvironment):
     """The sandbox provider on a host without bubblewrap."""
 
     id = "sandbox-no-bwrap"
-    which = staticmethod(lambda program: None if program == "bwrap" else "/usr/bin/" + program)
+    def find_program(self, program):
+        return None if program == "bwrap" else "/usr/bin/" + program
 '''
 
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import trio
-
 from _sandbox_support import census, requires_sandbox, veths
+
 from agentcompass.testing import hang_guard
 
 pytestmark = requires_sandbox
@@ -77,9 +77,7 @@ async def test_sigkill_during_a_run_then_reuse_leaves_nothing(tmp_path: Path) ->
         left = await census(name)
         assert left, "a SIGKILL leaves resources for --reuse to reap"
         _task(tasks, "echo done > /app/out.txt\n")
-        done = await trio.run_process(
-            [*argv, "--reuse"], capture_stdout=True, capture_stderr=True, check=False
-        )
+        done = await trio.run_process([*argv, "--reuse"], capture_stdout=True, capture_stderr=True, check=False)
         assert done.returncode == 0, done.stderr.decode()[-2000:]
         assert await census(name) == []
         assert await trio.to_thread.run_sync(veths) <= veths_before

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _sandbox_support import census, requires_sandbox
 
 REPO = Path(__file__).resolve().parents[2]

@@ -199,7 +199,9 @@ def cgroup_bases() -> dict[str, Path]:
         if fstype == "cgroup2":
             v2 = Path(mount)
             bases["track"] = v2 / _self_cgroup("") / CGROUP_GROUP
-            controllers = (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else []
+            controllers = (
+                (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else []
+            )
             for ctl in ("memory", "pids"):
                 if ctl in controllers and ctl not in bases:
                     bases[ctl] = bases["track"]
@@ -402,9 +404,7 @@ def make_veth(name: str, init_pid: int, index: int) -> None:
     )
     run(
         ["nsenter", "-t", str(init_pid), "-n", "ip", "-b", "-"],
-        input=(
-            f"addr add {sandbox_ip}/30 dev eth0\nlink set eth0 up\nroute add default via {host_ip}\n"
-        ).encode(),
+        input=(f"addr add {sandbox_ip}/30 dev eth0\nlink set eth0 up\nroute add default via {host_ip}\n").encode(),
     )
 
 

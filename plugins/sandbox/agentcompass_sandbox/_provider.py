@@ -64,9 +64,6 @@ class SandboxEnvironment(BaseEnvironment):
     """
 
     id: ClassVar[str] = "sandbox"
-    #: Seams for :meth:`preflight`: how the host's uid and programs are looked up.
-    euid: ClassVar[Callable[[], int]] = staticmethod(os.geteuid)
-    which: ClassVar[Callable[[str], str | None]] = staticmethod(shutil.which)
 
     @attrs.frozen
     class Config:
@@ -74,9 +71,19 @@ class SandboxEnvironment(BaseEnvironment):
         pids_max: int | None = attrs.field(default=None, validator=_positive)
         max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
 
+    def host_euid(self) -> int:
+        """The uid :meth:`preflight` checks (a seam: override to model another host)."""
+        return os.geteuid()
+
+    def find_program(self, program: str) -> str | None:
+        """Where :meth:`preflight` finds a host program (a seam, as ``host_euid``)."""
+        return shutil.which(program)
+
     def preflight(self) -> None:
         """Raise :class:`ComponentError` (one line) when this host cannot run sandboxes."""
-        problem = host_problem(self.options.memory_mb, self.options.pids_max, euid=self.euid, which=self.which)
+        problem = host_problem(
+            self.options.memory_mb, self.options.pids_max, euid=self.host_euid, which=self.find_program
+        )
         if problem is not None:
             raise ComponentError(problem)
 

@@ -136,7 +136,7 @@ class SandboxSession(EnvironmentSession):
             "--chdir", "/app", "--info-fd", str(write_fd),
             "--", "sh", "-c", "echo ready; exec sleep infinity",
         ]  # fmt: skip
-        log = open(self._dir / "bwrap.log", "wb")  # noqa: SIM115 - closed right after the spawn
+        log = await trio.to_thread.run_sync(open, self._dir / "bwrap.log", "wb")
         try:
             self._bwrap = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
@@ -325,9 +325,11 @@ class SandboxSession(EnvironmentSession):
             # A fresh namespace needs no rules for full (nothing to lift) nor for
             # none (it has no interface but loopback).
             if self._ruleset or (self._lease is not None and policy.mode != "full"):
-                pairs = await trio.to_thread.run_sync(_policy.resolve, tuple(policy.allow)) if (
-                    policy.mode == "allowlist"
-                ) else []
+                pairs = (
+                    await trio.to_thread.run_sync(_policy.resolve, tuple(policy.allow))
+                    if (policy.mode == "allowlist")
+                    else []
+                )
                 await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset(policy.mode, pairs))
                 self._ruleset = policy.mode != "full"
         except (OSError, ValueError, _host.HostError) as exc:
@@ -372,11 +374,11 @@ class _TailBuffer:
 
     def __init__(self, limit: int):
         self._limit = limit
-        self._chunks: deque[bytes] = deque()
+        self._chunks: deque[bytes | bytearray] = deque()
         self._size = 0
         self._dropped = 0
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes | bytearray) -> None:
         self._chunks.append(data)
         self._size += len(data)
         while self._chunks and self._size - len(self._chunks[0]) >= self._limit:
