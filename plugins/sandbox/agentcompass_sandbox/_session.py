@@ -141,16 +141,19 @@ class SandboxSession(EnvironmentSession):
             self._bwrap = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
             )
-        except OSError as exc:
+        except BaseException as exc:
             os.close(read_fd)
-            raise fail(f"sandbox {self.name}: could not start bwrap: {exc}") from None
+            if isinstance(exc, OSError):
+                raise fail(f"sandbox {self.name}: could not start bwrap: {exc}") from None
+            raise
         finally:
             os.close(write_fd)
             log.close()
         info = await self._read_info(read_fd)
         if info is None:
             await self._bwrap.wait()
-            detail = " ".join((self._dir / "bwrap.log").read_text(errors="replace").split())[:300]
+            log_text = await trio.Path(self._dir / "bwrap.log").read_text(errors="replace")
+            detail = " ".join(log_text.split())[:300]
             raise fail(f"sandbox {self.name}: bwrap failed (exit {self._bwrap.returncode}): {detail}")
         # bwrap's own pid 1 may still be moving into the final user namespace;
         # the command it started prints once everything is set up.
