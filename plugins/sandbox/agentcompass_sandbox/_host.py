@@ -49,8 +49,8 @@ LEASES = 16384
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 
-_KILL_ROUNDS = 200
-_KILL_PAUSE = 0.005
+_KILL_ROUNDS = 2000
+_KILL_PAUSE = 0.001
 
 
 class HostError(RuntimeError):
