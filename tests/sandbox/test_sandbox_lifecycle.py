@@ -138,3 +138,16 @@ async def test_the_sandbox_provider_conforms(tag: str) -> None:
             )
         finally:
             await env.sweep(tag)
+
+
+async def test_opening_a_name_in_use_fails_and_leaves_the_other_session_alone(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    with hang_guard(30):
+        first = await provider.open(None, FULL, f"{tag}-a")
+        try:
+            with pytest.raises(IssueError, match="already exists"):
+                await provider.open(None, FULL, f"{tag}-a")
+            assert (await first.exec("echo alive")).stdout == "alive\n"
+        finally:
+            await first.close()

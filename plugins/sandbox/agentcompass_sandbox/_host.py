@@ -57,6 +57,10 @@ class HostError(RuntimeError):
     """A host command or file operation failed; the message is one line."""
 
 
+class SessionExists(HostError):
+    """A session of that name exists already: nothing was made, nothing is ours to remove."""
+
+
 # ------------------------------------------------------------------ names
 
 
@@ -138,7 +142,7 @@ def make_session_dir(name: str) -> Path:
     try:
         path.mkdir(mode=0o711)
     except FileExistsError:
-        raise HostError(f"sandbox session {name!r} already exists ({path})") from None
+        raise SessionExists(f"sandbox session {name!r} already exists ({path})") from None
     write_marker(name, {"name": name, "created": time.time(), "runtime_pid": os.getpid()})
     for sub in SUBDIRS:
         os.mkdir(path / sub, 0o755)

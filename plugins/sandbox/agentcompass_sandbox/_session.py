@@ -102,7 +102,13 @@ class SandboxSession(EnvironmentSession):
 
     async def start(self, policy: NetworkPolicy) -> None:
         """Create everything; the caller closes the session if this raises."""
-        await trio.to_thread.run_sync(_host.make_session_dir, self.name)
+        try:
+            await trio.to_thread.run_sync(_host.make_session_dir, self.name)
+        except _host.SessionExists as exc:
+            self._closed = self._destroyed = True  # close() must not touch the other session
+            raise fail(str(exc)) from None
+        except (OSError, _host.HostError) as exc:
+            raise fail(f"sandbox {self.name}: {exc}") from None
         try:
             self._cgroups = await trio.to_thread.run_sync(
                 _host.make_cgroups, self.name, self._memory_mb, self._pids_max
@@ -342,9 +348,11 @@ class SandboxSession(EnvironmentSession):
     def _make_network(self, init_pid: int) -> None:
         """Blocking: lease a subnet (recorded in the marker first, so teardown
         finds it) and make the veth."""
+        marker = {**_host.read_marker(self.name), "network": True}
+        _host.write_marker(self.name, marker)  # before the lease: teardown then looks for it by name
         lease = _host.acquire_lease(self.name)
         self._lease = lease
-        _host.write_marker(self.name, {**_host.read_marker(self.name), "network": True, "lease": lease})
+        _host.write_marker(self.name, {**marker, "lease": lease})
         _host.make_veth(self.name, init_pid, lease)
 
     @property
