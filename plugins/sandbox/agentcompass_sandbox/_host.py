@@ -201,13 +201,15 @@ def cgroup_bases() -> dict[str, Path]:
     bases: dict[str, Path] = {}
     for mount, fstype, options in _mounts():
         if fstype == "cgroup2":
-            v2 = Path(mount)
-            bases["track"] = v2 / _self_cgroup("") / CGROUP_GROUP
-            controllers = (
-                (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else []
-            )
+            own = Path(mount) / _self_cgroup("")
+            bases["track"] = own / CGROUP_GROUP
+            # A v2 controller is usable only where it is delegated to our own cgroup.
+            try:
+                delegated = (own / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                delegated = []
             for ctl in ("memory", "pids"):
-                if ctl in controllers and ctl not in bases:
+                if ctl in delegated and ctl not in bases:
                     bases[ctl] = bases["track"]
         else:
             opts = options.split(",")
@@ -237,6 +239,9 @@ def make_cgroups(name: str, memory_mb: int | None, pids_max: int | None) -> dict
         path = base / name
         path.mkdir(parents=True, exist_ok=True)
         made[role] = str(path)
+        if role != "track" and base == bases["track"]:
+            # cgroup v2: the limit files of <name> exist once its parent enables the controller.
+            (base / "cgroup.subtree_control").write_text(f"+{role}")
     if memory_mb is not None:
         limit = str(memory_mb * 1024 * 1024)
         mem = Path(made["memory"])
