@@ -81,7 +81,7 @@ async def test_none_reaches_neither_the_host_nor_another_namespace(provider: San
             # Opened under none from the start: no interface but loopback at all.
             c = await provider.open(None, NONE, f"{tag}-c")
             try:
-                links = await c.exec("ls /sys/class/net; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+                links = await c.exec("tail -n +3 /proc/net/dev | cut -d: -f1")
                 assert links.stdout.split() == ["lo"]
                 assert not await connects(c, b.addresses[1], 8000)
                 # Loopback inside still works under none.
@@ -185,3 +185,58 @@ async def test_an_unresolvable_allowlist_fails_the_switch_and_keeps_the_old_poli
             assert session.policy == NONE
         finally:
             await session.close()
+
+
+class _Resolving(SandboxEnvironment):
+    """Resolves names from a table: a host name without DNS on this host."""
+
+    names: dict[str, list[str]] = {}
+
+    def resolve_host(self, host: str) -> list[str]:
+        if host not in self.names:
+            raise ValueError(f"allowlist host {host!r} does not resolve")
+        return self.names[host]
+
+
+async def test_allowlisted_names_resolve_inside_to_the_allowed_addresses(tag: str) -> None:
+    env = _Resolving({})
+    with hang_guard(30):
+        session = await env.open(None, FULL, f"{tag}-a")
+        try:
+            assert session.addresses is not None
+            host_end = session.addresses[0]
+            env.names = {"packages.test": [host_end]}
+            async with listener(host_end) as port:
+                await session.set_network_policy(NetworkPolicy("allowlist", (f"packages.test:{port}",)))
+                looked_up = await session.exec("getent hosts packages.test")
+                assert looked_up.stdout.split() == [host_end, "packages.test"]
+                assert await connects(session, "packages.test", port)
+                # Renamed, the old name no longer resolves inside (nor is it allowed).
+                env.names = {"mirror.test": [host_end]}
+                await session.set_network_policy(NetworkPolicy("allowlist", (f"mirror.test:{port}",)))
+                assert (await session.exec("getent hosts packages.test")).exit_code != 0
+                assert await connects(session, "mirror.test", port)
+                await session.set_network_policy(NONE)
+                assert (await session.exec("getent hosts mirror.test")).exit_code != 0
+                # The host's own /etc/hosts is untouched.
+                assert "mirror.test" not in await trio.Path("/etc/hosts").read_text()
+        finally:
+            await session.close()
+            await env.sweep(tag)
+
+
+async def test_a_failed_switch_never_widens_access(tag: str) -> None:
+    """A first switch to an allowlist that cannot be resolved fails before
+    any interface exists: the session stays offline."""
+    env = _Resolving({})
+    with hang_guard(30):
+        session = await env.open(None, NONE, f"{tag}-a")
+        try:
+            with pytest.raises(IssueError, match="does not resolve"):
+                await session.set_network_policy(NetworkPolicy("allowlist", ("nowhere.test",)))
+            links = await session.exec("tail -n +3 /proc/net/dev | cut -d: -f1")
+            assert links.stdout.split() == ["lo"]
+            assert session.addresses is None
+        finally:
+            await session.close()
+            await env.sweep(tag)

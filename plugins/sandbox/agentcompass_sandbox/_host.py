@@ -147,7 +147,17 @@ def make_session_dir(name: str) -> Path:
     for sub in SUBDIRS:
         os.mkdir(path / sub, 0o755)
         os.chown(path / sub, HOST_UID, HOST_UID)
+    if os.path.isfile("/etc/hosts"):
+        # The sandbox's own /etc/hosts, where allowlisted names are added.
+        (path / "hosts").write_text(host_hosts())
     return path
+
+
+def host_hosts() -> str:
+    try:
+        return Path("/etc/hosts").read_text()
+    except OSError:
+        return ""
 
 
 def write_marker(name: str, data: dict[str, Any]) -> None:

@@ -6,13 +6,16 @@ a forbidden connection is refused at once (TCP reset, ICMP prohibited), so
 an agent sees an error rather than a hang;
 ``full`` removes the table. Host names in an allowlist are resolved once, on
 the host, when the policy is applied: a name whose addresses change later is
-not followed (switch the policy again to re-resolve).
+not followed (switch the policy again to re-resolve). Those names are
+written into the sandbox's own ``/etc/hosts`` with the allowed addresses, so
+they resolve inside even though DNS is not reachable.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Callable
 
 import attrs
 
@@ -55,21 +58,44 @@ def _port(raw: str, entry: str) -> int:
     return int(raw)
 
 
-def resolve(entries: tuple[str, ...]) -> list[tuple[str, int | None]]:
-    """Blocking: (address, port) pairs of the entries, names resolved now."""
-    pairs: list[tuple[str, int | None]] = []
+def lookup(host: str) -> list[str]:
+    """Blocking: the addresses ``host`` resolves to on the host, now."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError as exc:
+        raise ValueError(f"allowlist host {host!r} does not resolve: {exc}") from None
+    return sorted({str(info[4][0]) for info in infos})
+
+
+@attrs.frozen
+class Resolved:
+    address: str
+    port: int | None
+    name: str | None  # the host name it came from (None for an address literal)
+
+
+def resolve(entries: tuple[str, ...], lookup: Callable[[str], list[str]] = lookup) -> list[Resolved]:
+    """Blocking: every entry's addresses, names looked up now."""
+    resolved: list[Resolved] = []
     for raw in entries:
         entry = parse_allow(raw)
         try:
-            addresses = [str(ipaddress.ip_address(entry.host))]
+            resolved.append(Resolved(str(ipaddress.ip_address(entry.host)), entry.port, None))
         except ValueError:
-            try:
-                infos = socket.getaddrinfo(entry.host, None, proto=socket.IPPROTO_TCP)
-            except OSError as exc:
-                raise ValueError(f"allowlist host {entry.host!r} does not resolve: {exc}") from None
-            addresses = sorted({str(info[4][0]) for info in infos})
-        pairs.extend((a, entry.port) for a in addresses)
-    return pairs
+            addresses = lookup(entry.host)
+            if not addresses:
+                raise ValueError(f"allowlist host {entry.host!r} does not resolve") from None
+            resolved.extend(Resolved(a, entry.port, entry.host) for a in addresses)
+    return resolved
+
+
+def hosts_file(base: str, resolved: list[Resolved]) -> str:
+    """``/etc/hosts`` for the sandbox: the host's, plus each allowlisted name
+    with the addresses it was allowed at, so names resolve inside without DNS."""
+    lines = sorted({f"{r.address} {r.name}" for r in resolved if r.name is not None})
+    if not lines:
+        return base
+    return base.rstrip("\n") + "\n# allowlist of the network policy in force\n" + "\n".join(lines) + "\n"
 
 
 def _header() -> str:
@@ -77,18 +103,18 @@ def _header() -> str:
     return f"table inet {TABLE}\ndelete table inet {TABLE}\n"
 
 
-def ruleset(mode: str, pairs: list[tuple[str, int | None]] = ()) -> str:  # type: ignore[assignment]
+def ruleset(mode: str, resolved: list[Resolved] | None = None) -> str:
     """The ``nft -f`` script that installs ``mode`` (replacing the previous one)."""
     if mode == "full":
         return _header()
     rules = []
     if mode == "allowlist":
-        for address, port in pairs:
-            family = "ip6" if ":" in address else "ip"
-            if port is None:
-                rules.append(f"{family} daddr {address} accept")
+        for r in resolved or []:
+            family = "ip6" if ":" in r.address else "ip"
+            if r.port is None:
+                rules.append(f"{family} daddr {r.address} accept")
             else:
-                rules.append(f"{family} daddr {address} meta l4proto {{ tcp, udp }} th dport {port} accept")
+                rules.append(f"{family} daddr {r.address} meta l4proto {{ tcp, udp }} th dport {r.port} accept")
     # Reject rather than drop: a forbidden connection fails at once instead of hanging.
     reject = ["meta l4proto tcp reject with tcp reset", "reject with icmpx admin-prohibited"]
     out_rules = "\n    ".join(['oif "lo" accept', *rules, *reject])

@@ -79,6 +79,11 @@ class SandboxEnvironment(BaseEnvironment):
         """Where :meth:`preflight` finds a host program (a seam, as ``host_euid``)."""
         return shutil.which(program)
 
+    def resolve_host(self, host: str) -> list[str]:
+        """The addresses an allowlisted ``host`` is allowed at (blocking;
+        ``getaddrinfo`` on the host; a seam, as ``host_euid``)."""
+        return _policy.lookup(host)
+
     def preflight(self) -> None:
         """Raise :class:`ComponentError` (one line) when this host cannot run sandboxes."""
         problem = host_problem(
@@ -113,7 +118,9 @@ class SandboxEnvironment(BaseEnvironment):
             check_policy(policy, "network policy")
         except ComponentError as exc:
             raise fail(str(exc)) from None
-        session = SandboxSession(name, options.max_output_bytes, options.memory_mb, options.pids_max)
+        session = SandboxSession(
+            name, options.max_output_bytes, options.memory_mb, options.pids_max, lookup=self.resolve_host
+        )
         try:
             await session.start(policy)
         except BaseException:

@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -73,8 +74,16 @@ class SandboxSession(EnvironmentSession):
     written from the host side and must resolve inside those directories.
     Every operation after :meth:`close` raises FATAL ``environment_failed``."""
 
-    def __init__(self, name: str, max_output_bytes: int, memory_mb: int | None, pids_max: int | None):
+    def __init__(
+        self,
+        name: str,
+        max_output_bytes: int,
+        memory_mb: int | None,
+        pids_max: int | None,
+        lookup: Callable[[str], list[str]] = _policy.lookup,
+    ):
         self.name = name
+        self._lookup = lookup
         self._dir = _host.session_dir(name)
         self._max_output = max_output_bytes
         self._memory_mb = memory_mb
@@ -84,6 +93,7 @@ class SandboxSession(EnvironmentSession):
         self._init_pid: int | None = None
         self._lease: int | None = None
         self._ruleset = False  # whether an nftables table is installed in the namespace
+        self._hosts_extended = False  # whether /etc/hosts holds allowlisted names
         self._policy: NetworkPolicy | None = None
         self._labels = itertools.count()
         self._closed = False
@@ -133,6 +143,8 @@ class SandboxSession(EnvironmentSession):
         mounts: list[str] = []
         for sub in _host.SUBDIRS:
             mounts += ["--bind", str(self._dir / sub), "/" + sub]
+        if (self._dir / "hosts").exists():
+            mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
         argv = [
             "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(init_cg), "--",
             "setpriv", f"--reuid={_host.HOST_UID}", f"--regid={_host.HOST_UID}", "--clear-groups",
@@ -329,21 +341,37 @@ class SandboxSession(EnvironmentSession):
         try:
             if policy.mode not in ("none", "allowlist", "full"):
                 raise ValueError(f"unknown network policy {policy.mode!r}")
+            resolved: list[_policy.Resolved] = []
+            if policy.mode == "allowlist":
+                resolved = await trio.to_thread.run_sync(_policy.resolve, tuple(policy.allow), self._lookup)
+            if resolved or self._hosts_extended:
+                await trio.to_thread.run_sync(self._write_hosts, resolved)
+                self._hosts_extended = any(r.name is not None for r in resolved)
+            # Restrict before connecting: rules go in before a veth is made, so a
+            # failure part-way never leaves the sandbox with more access than asked.
+            if policy.mode != "full" and (policy.mode == "allowlist" or self._lease is not None or self._ruleset):
+                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset(policy.mode, resolved))
+                self._ruleset = True
             if policy.mode != "none" and self._lease is None:
                 await trio.to_thread.run_sync(self._make_network, init_pid)
-            # A fresh namespace needs no rules for full (nothing to lift) nor for
-            # none (it has no interface but loopback).
-            if self._ruleset or (self._lease is not None and policy.mode != "full"):
-                pairs = (
-                    await trio.to_thread.run_sync(_policy.resolve, tuple(policy.allow))
-                    if (policy.mode == "allowlist")
-                    else []
-                )
-                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset(policy.mode, pairs))
-                self._ruleset = policy.mode != "full"
+            if policy.mode == "full" and self._ruleset:
+                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset("full"))
+                self._ruleset = False
         except (OSError, ValueError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
         self._policy = policy
+
+    def _write_hosts(self, resolved: list[_policy.Resolved]) -> None:
+        """Blocking: rewrite the sandbox's /etc/hosts in place (it is bind-mounted by inode)."""
+        path = self._dir / "hosts"
+        if not path.exists():
+            return
+        text = _policy.hosts_file(_host.host_hosts(), resolved)
+        with open(path, "r+") as f:
+            if f.read() != text:
+                f.seek(0)
+                f.write(text)
+                f.truncate()
 
     def _make_network(self, init_pid: int) -> None:
         """Blocking: lease a subnet (recorded in the marker first, so teardown
