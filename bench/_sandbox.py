@@ -1,7 +1,8 @@
 """The ``sandbox`` provider's scenario: open + close latency, and many sessions held at once.
 
 Opens and closes ``sessions`` sandboxes at concurrency ``concurrency`` under
-each policy in ``policies`` (one latency distribution per policy), then
+each policy in ``policies`` (one latency distribution per policy; and a
+quarter as many one at a time under ``none``, for context), then
 holds ``held`` sessions open together, each running a background process,
 checks every process is alive, and closes them all. Host resources are
 counted before and after (network namespaces, veths, cgroups, processes,
@@ -76,7 +77,7 @@ def sandbox_open_close(
     env = SandboxEnvironment({})
     result: dict[str, Any] = {"sessions": sessions, "concurrency": concurrency, "held": held}
 
-    async def open_close(policy: str) -> list[float]:
+    async def open_close(policy: str, concurrency: int = concurrency, sessions: int = sessions) -> list[float]:
         durations: list[float] = []
         limiter = trio.CapacityLimiter(concurrency)
 
@@ -134,6 +135,9 @@ def sandbox_open_close(
         }
 
     async def main() -> None:
+        # Context: one session at a time, what a session costs without contention.
+        serial = await open_close("none", concurrency=1, sessions=max(1, sessions // 4))
+        result["none_serial_median_ms"] = statistics.median(serial) * 1e3
         for policy in policies:
             durations = await open_close(policy)
             result[f"{policy}_median_ms"] = statistics.median(durations) * 1e3

@@ -151,3 +151,26 @@ async def test_opening_a_name_in_use_fails_and_leaves_the_other_session_alone(
             assert (await first.exec("echo alive")).stdout == "alive\n"
         finally:
             await first.close()
+
+
+async def test_a_session_outlives_the_worker_thread_that_spawned_it(provider: SandboxEnvironment, tag: str) -> None:
+    """Trio spawns processes from worker threads, which exit once idle; a
+    parent-death signal bound to that thread would kill the sandbox then."""
+    import threading
+
+    with hang_guard(60):
+        session = await provider.open(None, FULL, f"{tag}-a")
+        try:
+            before = await session.exec("sleep 600 > /dev/null 2>&1 & echo started")
+            assert before.stdout == "started\n"
+            # Bounded wait on a real condition: every idle worker thread has exited.
+            for _ in range(300):
+                if threading.active_count() == 1:
+                    break
+                await trio.sleep(0.1)
+            else:
+                pytest.fail(f"worker threads did not exit: {threading.enumerate()}")
+            after = await session.exec("pgrep -x sleep > /dev/null && echo still-here")
+            assert after.stdout == "still-here\n", after
+        finally:
+            await session.close()

@@ -485,14 +485,14 @@ def remove_network(name: str, lease: int | None) -> None:
 # ------------------------------------------------------------------ teardown
 
 
-def _is_bwrap_of(pid: int, name: str) -> bool:
-    """Is ``pid`` still the bwrap of session ``name`` (not a reused pid)?"""
+def _is_keeper_of(pid: int, name: str) -> bool:
+    """Is ``pid`` still the keeper of session ``name``'s bwrap (not a reused pid)?"""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    return bool(argv) and os.path.basename(argv[0]) == b"bwrap" and str(session_dir(name)).encode() + b"/app" in argv
+    return str(session_dir(name)).encode() + b"/app" in argv
 
 
 def destroy(name: str) -> None:
@@ -504,7 +504,7 @@ def destroy(name: str) -> None:
     for base in {str(p) for p in bases.values()}:
         kill_cgroup(str(Path(base) / name), remove=False)
     pid = marker.get("bwrap_pid")
-    if isinstance(pid, int) and _is_bwrap_of(pid, name):
+    if isinstance(pid, int) and _is_keeper_of(pid, name):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     for base in {str(p) for p in bases.values()}:

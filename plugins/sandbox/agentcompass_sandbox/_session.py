@@ -1,9 +1,10 @@
 """One open ``sandbox`` session: a bubblewrap process tree in its own namespaces.
 
-The session's first process is ``bwrap`` (run as the host's ``nobody``, uid
-1000 inside a new user namespace, with new mount, pid, ipc, uts, cgroup and
-network namespaces and ``--die-with-parent``) holding ``sleep infinity`` as
-the sandbox's init. Every ``exec`` enters those namespaces with ``nsenter``,
+The session's first process is a keeper shell whose child is ``bwrap`` (run
+as the host's ``nobody``, uid 1000 inside a new user namespace, with new
+mount, pid, ipc, uts, cgroup and network namespaces and ``--die-with-parent``)
+holding ``sleep infinity`` as the sandbox's init; the keeper kills it when
+the runtime closes the session's lifeline pipe or dies. Every ``exec`` enters those namespaces with ``nsenter``,
 so processes an exec leaves in the background live on until ``close``, as in
 a container. Each process tree (the init, each exec) is placed in a leaf of
 the session's cgroup before it starts, which is how a timeout, a
@@ -37,6 +38,16 @@ _CHUNK = 65536
 _DRAIN_SECONDS = 0.5
 # Puts the process into the cgroups named before "--", then becomes the command.
 _WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+# The init's keeper: joins the cgroups, starts bwrap (whose --die-with-parent
+# then refers to this single-threaded shell), and kills it when its stdin
+# reaches EOF, i.e. when the runtime closes the session's lifeline or dies.
+# The parent of a --die-with-parent process must not be the runtime itself:
+# Trio spawns from worker threads, and the death signal follows the *thread*,
+# which exits when it has been idle for a while.
+_KEEP = (
+    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+    '"$@" < /dev/null & read _; kill -9 $! 2>/dev/null'
+)
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Top-level host entries never bound into the sandbox (made fresh, or the sandbox's own).
 _NOT_BOUND = frozenset({"proc", "dev", "sys", "tmp", "run", *_host.SUBDIRS})
@@ -89,7 +100,8 @@ class SandboxSession(EnvironmentSession):
         self._memory_mb = memory_mb
         self._pids_max = pids_max
         self._cgroups: dict[str, str] = {}
-        self._bwrap: trio.Process | None = None
+        self._bwrap: trio.Process | None = None  # the keeper shell, bwrap's parent
+        self._lifeline: int | None = None  # write end of the keeper's stdin
         self._init_pid: int | None = None
         self._lease: int | None = None
         self._ruleset = False  # whether an nftables table is installed in the namespace
@@ -140,13 +152,16 @@ class SandboxSession(EnvironmentSession):
 
     async def _spawn_init(self, init_cg: str, binds: list[str]) -> None:
         read_fd, write_fd = os.pipe()
+        # The keeper's lifeline: the runtime holds the write end (closed on
+        # close(), or by the kernel when the runtime dies); the keeper reads it.
+        keep_read, self._lifeline = os.pipe()
         mounts: list[str] = []
         for sub in _host.SUBDIRS:
             mounts += ["--bind", str(self._dir / sub), "/" + sub]
         if (self._dir / "hosts").exists():
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
         argv = [
-            "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(init_cg), "--",
+            "/bin/sh", "-c", _KEEP, "sh", *self._procs_files(init_cg), "--",
             "setpriv", f"--reuid={_host.HOST_UID}", f"--regid={_host.HOST_UID}", "--clear-groups",
             "bwrap", "--die-with-parent", "--unshare-all", "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
@@ -157,7 +172,7 @@ class SandboxSession(EnvironmentSession):
         log = await trio.to_thread.run_sync(open, self._dir / "bwrap.log", "wb")
         try:
             self._bwrap = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
+                argv, stdin=keep_read, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
             )
         except BaseException as exc:
             os.close(read_fd)
@@ -166,6 +181,7 @@ class SandboxSession(EnvironmentSession):
             raise
         finally:
             os.close(write_fd)
+            os.close(keep_read)
             log.close()
         info = await self._read_info(read_fd)
         if info is None:
@@ -188,16 +204,18 @@ class SandboxSession(EnvironmentSession):
         await trio.to_thread.run_sync(_host.write_marker, self.name, marker)
 
     async def _read_info(self, fd: int) -> dict[str, Any] | None:
-        """bwrap's ``--info-fd`` JSON (it closes the pipe after writing), or ``None`` on failure."""
+        """bwrap's ``--info-fd`` JSON, or ``None`` if the pipe ends first (bwrap
+        failed). Parsed as it arrives: the keeper shell holds the pipe open too."""
         data = b""
         async with trio.lowlevel.FdStream(fd) as stream:
             while chunk := await stream.receive_some(_CHUNK):
                 data += chunk
-        try:
-            info = json.loads(data)
-        except ValueError:
-            return None
-        return info if isinstance(info, dict) and "child-pid" in info else None
+                try:
+                    info = json.loads(data)
+                except ValueError:
+                    continue
+                return info if isinstance(info, dict) and "child-pid" in info else None
+        return None
 
     # ------------------------------------------------------------ exec
 
@@ -397,10 +415,13 @@ class SandboxSession(EnvironmentSession):
         self._closed = True
         if self._destroyed:
             return
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         if self._bwrap is not None:
             # Killed directly as well as through its cgroup: an open cancelled
             # while it started may not have joined the cgroup yet. Not reaped
-            # yet, so the pid is still ours; bwrap's children die with it.
+            # yet, so the pid is still ours; bwrap dies with it (--die-with-parent).
             if self._bwrap.returncode is None:
                 self._bwrap.kill()
             await self._bwrap.wait()
