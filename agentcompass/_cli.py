@@ -8,8 +8,12 @@ are loaded and preflighted before the engine is started. Exit codes of
 timed out, 2 invalid config or usage, 130 interrupted.
 
 Only the CLI installs signal handling: the first Ctrl-C cancels the run,
-whose cleanup then gets the orchestration's grace window; a second Ctrl-C
-exits at once with 130.
+whose cleanup then gets the orchestration's grace window, and then prints
+each interrupted run directory and the exact command (this one, with
+``--reuse``) that resumes it; a second Ctrl-C exits at once with 130.
+
+When a run ends, each request gets a compact report that fits 80 columns
+(see ``_report``); the full one is the run's ``summary.md``.
 
 ``--reuse`` takes an optional value, so put it after the config path:
 ``compass launch config.yaml --reuse`` (latest run) or ``--reuse RUN_DIR``.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -31,9 +36,10 @@ import attrs
 import click
 import trio
 
-from . import _registry
+from . import __version__, _registry
 from ._config import build_orchestration, load_config, preflight
 from ._convert import structure
+from ._describe import describe_lines
 from ._logging import configure_logging
 from ._redact import redact
 from ._store._run_store import write_journals_now
@@ -70,7 +76,8 @@ class _Group(click.Group):
             ctx.exit(2)
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, context_settings={"max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="compass", message="%(prog)s %(version)s")
 @click.option(
     "--log-level",
     default=lambda: os.environ.get("COMPASS_LOG_LEVEL", "warning"),
@@ -87,20 +94,48 @@ def cli(log_level: str) -> None:
 
 @cli.command("list")
 @click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
-def list_command(plugins: Sequence[str]) -> None:
-    """Show every registered component: kind, id and origin."""
+@click.option("--verbose", "-v", is_flag=True, help="Also show each component's config keys.")
+def list_command(plugins: Sequence[str], verbose: bool) -> None:
+    """List registered components (--verbose: their config keys)."""
     _registry.load_plugins(list(plugins), Path.cwd())
-    rows = [("KIND", "ID", "ORIGIN")] + [(r.kind, r.id, r.origin) for r in _registry.registered()]
+    registrations = _registry.registered()
+    rows = [("KIND", "ID", "ORIGIN")] + [(r.kind, r.id, r.origin) for r in registrations]
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
-    for kind, component_id, origin in rows:
-        click.echo(f"{kind:<{widths[0]}}  {component_id:<{widths[1]}}  {origin}")
+    click.echo(f"{rows[0][0]:<{widths[0]}}  {rows[0][1]:<{widths[1]}}  {rows[0][2]}")
+    for reg in registrations:
+        click.echo(f"{reg.kind:<{widths[0]}}  {reg.id:<{widths[1]}}  {reg.origin}")
+        if verbose:
+            for line in describe_lines(reg.kind, reg.id, reg.cls, reg.origin, indent="    "):
+                click.echo(line)
+
+
+@cli.command()
+@click.argument("component_id")
+@click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
+def describe(component_id: str, plugins: Sequence[str]) -> None:
+    """Show a component's description, metrics and config keys."""
+    _registry.load_plugins(list(plugins), Path.cwd())
+    found = [r for r in _registry.registered() if r.id == component_id]
+    if not found:
+        known = ", ".join(sorted({r.id for r in _registry.registered()}))
+        raise ConfigError(f"no component with id {component_id!r} (registered: {known})")
+    for i, reg in enumerate(found):
+        if i:
+            click.echo("")
+        click.echo(f"{reg.kind} {reg.id!r} from {reg.origin}")
+        for line in describe_lines(reg.kind, reg.id, reg.cls, reg.origin, indent="  "):
+            click.echo(line)
 
 
 @cli.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value.")
 def validate(config: Path, overrides: Sequence[str]) -> None:
-    """Load CONFIG and run every startup check, without running anything."""
+    """Check CONFIG as launch would, without running anything.
+
+    Loads it, checks every key and value, imports its plugins, builds every
+    component and runs each benchmark's own check of its data.
+    """
     orchestration = load_config(config, overrides)
     preflight(orchestration, config.parent)
     click.echo(f"ok: {len(orchestration.requests)} request(s)")
@@ -160,7 +195,7 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
     """Run every request of CONFIG."""
     orchestration = _apply_cli(load_config(config, overrides), **flags)
     preflight(orchestration, config.parent)
-    ctx.exit(_execute(orchestration, config.parent))
+    ctx.exit(_execute(orchestration, config.parent, _resume_args(ctx)))
 
 
 @cli.command()
@@ -187,7 +222,7 @@ def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     data = {"plugins": list(options.pop("plugins")), "requests": [_request_from_flags(**options)]}
     orchestration = _apply_cli(build_orchestration(data, overrides, base_dir=Path.cwd()), **flags)
     preflight(orchestration, Path.cwd())
-    ctx.exit(_execute(orchestration, Path.cwd()))
+    ctx.exit(_execute(orchestration, Path.cwd(), _resume_args(ctx)))
 
 
 def _request_from_flags(
@@ -245,19 +280,64 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
     return value
 
 
-def _execute(orchestration: Orchestration, config_dir: Path) -> int:
+def _resume_args(ctx: click.Context) -> list[str]:
+    """This command line without its ``--reuse``: what resuming it repeats."""
+    argv = (ctx.find_root().obj or {}).get("argv")
+    args = list(argv if argv is not None else sys.argv[1:])
+    out: list[str] = []
+    skip_value = False
+    for i, arg in enumerate(args):
+        if skip_value:
+            skip_value = False
+            if not arg.startswith("-"):
+                continue
+        if arg == "--reuse":
+            skip_value = i + 1 < len(args)
+            continue
+        if arg.startswith("--reuse="):
+            continue
+        out.append(arg)
+    return out
+
+
+def _run_dirs(orchestration: Orchestration) -> set[Path]:
+    """Every run directory of the orchestration's requests that exists now."""
+    found = set()
+    for request in orchestration.requests:
+        request_dir = Path(request.output_root) / request.name
+        if request_dir.is_dir():
+            found.update(p for p in request_dir.iterdir() if p.is_dir())
+    return found
+
+
+def _execute(orchestration: Orchestration, config_dir: Path, resume_args: list[str]) -> int:
     """Run the engine under our SIGINT handling; print where results went."""
     from ._orchestration._launch import launch as engine_launch
 
     kwargs: dict[str, Any] = {"config_dir": config_dir}
     if "show_progress" in inspect.signature(engine_launch).parameters:
         kwargs["show_progress"] = True  # live table on a TTY, plain lines on stderr otherwise
+    before = _run_dirs(orchestration)
     result, interrupted = trio.run(_launch_main, engine_launch, orchestration, kwargs)
+    if interrupted:
+        from ._report import display_path
+
+        _print_resume([display_path(p) for p in sorted(_run_dirs(orchestration) - before)], resume_args)
+        return INTERRUPTED_EXIT
     if result is not None:
         _print_result(result)
-    if interrupted:
-        return INTERRUPTED_EXIT
     return int(result.exit_code) if result is not None else 1
+
+
+def _print_resume(run_dirs: list[Path], resume_args: list[str]) -> None:
+    """Where the interrupted run is, and the exact command that resumes it."""
+    for run_dir in run_dirs:
+        click.echo(f"interrupted run: {run_dir}", err=True)
+    if not run_dirs:
+        return
+    # One request: name its run; several: --reuse takes each request's latest run, these.
+    reuse = ["--reuse", str(run_dirs[0])] if len(run_dirs) == 1 else ["--reuse"]
+    click.echo(f"resume with: {shlex.join(['compass', *resume_args, *reuse])}", err=True)
 
 
 async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs: dict[str, Any]) -> tuple[Any, bool]:
@@ -294,13 +374,13 @@ async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs:
 
 
 def _print_result(result: Any) -> None:
+    """A compact report per request (the full one is each run's summary.md)."""
+    from ._report import render_request_report
+
+    tty = sys.stdout.isatty()
     for request in result.requests:
-        click.echo(f"{request.name}: {request.status}  {request.run_dir}")
-        summary = Path(request.run_dir) / "summary.md"
-        if summary.is_file():
-            click.echo(summary.read_text(encoding="utf-8").rstrip())
-        elif request.metrics:
-            click.echo(f"  metrics: {json.dumps(request.metrics, default=str)[:500]}")
+        click.echo(render_request_report(request.name, request.status, request.run_dir, request.metrics, tty))
+        click.echo("")
     click.echo(f"{result.status} (exit {result.exit_code})")
 
 
@@ -308,13 +388,26 @@ def _print_result(result: Any) -> None:
 
 
 @cli.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-def show(run_dir: Path) -> None:
-    """Show a run's status, metrics and per-task results."""
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--output-root", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
+    help="Where to find the latest run when RUN_DIR is not given.",
+)
+def show(run_dir: Path | None, output_root: Path) -> None:
+    """Show a run's metrics and tasks (default: the latest run).
+
+    RUN_DIR may also be a request directory (OUTPUT_ROOT/NAME): its runs are listed.
+    """
+    from ._report import render_run_list
     from ._store import load_run, render_run_table
 
+    if run_dir is None:
+        run_dir = _latest_run(output_root)
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
+    if not (run_dir / "run_info.json").is_file() and any((p / "run_info.json").is_file() for p in run_dir.iterdir()):
+        click.echo(render_run_list(run_dir))
+        return
     try:
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -322,12 +415,23 @@ def show(run_dir: Path) -> None:
     click.echo(render_run_table(load_run(run_dir), metrics).rstrip())
 
 
+def _latest_run(output_root: Path) -> Path:
+    """The most recent run directory of any request under ``output_root``."""
+    runs = [p.parent for p in output_root.glob("*/*/run_info.json")]
+    if not runs:
+        raise ConfigError(f"no runs under {output_root} (give RUN_DIR or --output-root)")
+    return max(runs, key=lambda p: (p.name, str(p)))  # run ids start with their UTC start time
+
+
 @cli.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--plugin", "plugins", multiple=True, help="Import this module or .py file first.")
 @click.pass_context
 def reap(ctx: click.Context, run_dir: Path, plugins: Sequence[str]) -> None:
-    """Destroy sandboxes a killed run left open (per RUN_DIR/sessions.jsonl)."""
+    """Destroy sandboxes a killed run left open.
+
+    Reads RUN_DIR/sessions.jsonl and reaps every session opened and never closed.
+    """
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
     _registry.load_plugins(list(plugins), Path.cwd())
@@ -386,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point (``compass``)."""
     args = list(argv) if argv is not None else None
     try:
-        code = cli.main(args=args, prog_name="compass", standalone_mode=False)
+        code = cli.main(args=args, prog_name="compass", standalone_mode=False, obj={"argv": args})
     except click.ClickException as exc:  # usage errors: exit 2
         exc.show()
         sys.exit(exc.exit_code)

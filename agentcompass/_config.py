@@ -2,7 +2,7 @@
 
 A config is a YAML mapping with three keys, all optional but ``requests``::
 
-    plugins: [my_plugins.py, some.module]     # .py paths are relative to the config file
+    plugins: [my_plugins.py, some.module]     # file paths are relative to the config file
     orchestration: {task_concurrency: 4, timeout_seconds: 3600,
                     cleanup_grace_seconds: 30, providers: {local: {capacity: 8, open_qps: 2}}}
     requests: [{name: smoke, benchmark: {id: terminal, config: {path: tasks}}, ...}]
@@ -15,18 +15,25 @@ A config is a YAML mapping with three keys, all optional but ``requests``::
    Secret positions are the exception: ``model.api_key`` and, inside a
    component's ``config`` at any depth, the keys ``token``, ``api_key``,
    ``password`` and ``secret``. There a whole-value ``${VAR}`` is kept as a
-   reference (the variable must be set) and becomes a ``Secret`` that reads
-   the variable and serializes as ``${VAR}``; any other string becomes a
-   ``Secret`` holding its (expanded) value.
+   reference and becomes a ``Secret`` that reads the variable and
+   serializes as ``${VAR}``; any other string becomes a ``Secret`` holding
+   its (expanded) value. A component-config reference must be set at load;
+   a ``model.api_key`` reference only when the request's harness (or
+   harness-free benchmark) calls the model (``uses_model``), which
+   :func:`preflight` checks: the ``oracle`` demo needs no API key.
 3. The converter structures the data; unknown keys and wrong types are
    errors naming the key path, e.g. ``unknown key 'max_retriez' @ requests[0].execution``.
-
-``output_root`` and component paths stay relative to the working directory;
-only ``plugins:`` paths are resolved against the config file's directory.
+4. Relative paths written in the file resolve against the file's directory:
+   ``plugins`` entries, ``output_root``, ``reuse`` and every component config
+   field typed ``pathlib.Path`` in the component's ``Config`` class (so the
+   config's plugins are imported here, to know those classes). The default
+   ``output_root`` (``runs``) and paths from the command line stay relative
+   to the current directory.
 
 :func:`preflight` is everything that can be checked before any task runs:
-plugins, component ids and configs, harness compatibility and value ranges.
-It opens no environment and loads no task.
+plugins, component ids and configs, harness compatibility, value ranges and
+each benchmark's own check of its data (``BaseBenchmark.preflight``). It
+opens no environment and writes nothing.
 """
 
 from __future__ import annotations
@@ -43,9 +50,9 @@ import attrs
 import yaml
 
 from . import _registry
-from ._convert import _ENV_REF, SECRET_CONFIG_KEYS, structure
+from ._convert import _ENV_REF, SECRET_CONFIG_KEYS, resolve_paths, structure
 from ._redact import register_secret
-from .runtime._components import HarnessFreeBenchmark
+from .runtime._components import BaseBenchmark, HarnessFreeBenchmark
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._values import (
     ComponentRef,
@@ -61,6 +68,8 @@ from .runtime._values import (
 __all__ = [
     "apply_override",
     "build_orchestration",
+    "check_data",
+    "has_data_checks",
     "load_config",
     "preflight",
     "validate_request",
@@ -119,9 +128,11 @@ def build_orchestration(
     data: dict[str, Any], overrides: Sequence[str] = (), base_dir: Path | None = None
 ) -> Orchestration:
     """Structure config ``data`` (the parsed YAML) after overrides and ``${VAR}`` expansion."""
+    written = copy.deepcopy(data.get("requests"))  # as in the file: --set values are the command line's
     data = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
+    given = copy.deepcopy(data.get("requests"))
     unknown = [k for k in data if k not in TOP_LEVEL_KEYS]
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} @ top level (expected {', '.join(TOP_LEVEL_KEYS)})")
@@ -136,8 +147,14 @@ def build_orchestration(
     if not data.get("requests"):
         raise ConfigError("no requests: the config needs a non-empty 'requests' list")
     requests = structure(data["requests"], list[RunRequest], root="requests")
-    plugins = structure(data.get("plugins") or [], list[str], root="plugins")
-    return attrs.evolve(orchestration, requests=requests, plugins=[_plugin_path(p, base_dir) for p in plugins])
+    plugins = [_plugin_path(p, base_dir) for p in structure(data.get("plugins") or [], list[str], root="plugins")]
+    if base_dir is not None:
+        _registry.load_plugins(plugins, base_dir)  # their Config classes say which values are paths
+        requests = [
+            _resolve_request_paths(r, _FromFile(_item(written, i), _item(given, i)), base_dir)
+            for i, r in enumerate(requests)
+        ]
+    return attrs.evolve(orchestration, requests=requests, plugins=plugins)
 
 
 def _plugin_path(entry: str, base_dir: Path | None) -> str:
@@ -145,6 +162,74 @@ def _plugin_path(entry: str, base_dir: Path | None) -> str:
     if base_dir is None or not (entry.endswith(".py") or "/" in entry) or Path(entry).is_absolute():
         return entry
     return str((base_dir / entry).resolve())
+
+
+def _relative_to(path: Path, base_dir: Path) -> Path:
+    return path if path.is_absolute() else Path(os.path.abspath(base_dir / path))
+
+
+def _item(items: Any, index: int) -> Any:
+    return items[index] if isinstance(items, list) and index < len(items) else None
+
+
+@attrs.frozen
+class _FromFile:
+    """One raw request as written in the file and as given (after ``--set``):
+    a value is the file's when both agree, else the command line's."""
+
+    written: Any
+    given: Any
+
+    def from_file(self, *keys: str | int) -> bool:
+        value = _lookup(self.written, keys)
+        return value is not _MISSING and value == _lookup(self.given, keys)
+
+
+_MISSING = object()
+
+
+def _lookup(node: Any, keys: tuple[str | int, ...]) -> Any:
+    for key in keys:
+        if isinstance(node, dict) and isinstance(key, str) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+            node = node[key]
+        else:
+            return _MISSING
+    return node
+
+
+def _resolve_request_paths(request: RunRequest, raw: _FromFile, base_dir: Path) -> RunRequest:
+    """Resolve the paths ``request`` was given in the file against ``base_dir``
+    (values given on the command line stay relative to the current directory)."""
+    changes: dict[str, Any] = {}
+    if raw.from_file("output_root"):  # the default ``runs`` stays cwd-relative
+        changes["output_root"] = _relative_to(request.output_root, base_dir)
+    if isinstance(request.reuse, Path) and raw.from_file("reuse"):
+        changes["reuse"] = _relative_to(request.reuse, base_dir)
+    for kind in _COMPONENT_FIELDS:
+        ref = getattr(request, kind)
+        if ref.id != "none":
+            changes[kind] = _resolve_ref_paths(kind, ref, base_dir, lambda key, k=kind: raw.from_file(k, "config", key))
+    for field in _COMPONENT_LISTS:
+        kind = field[:-1]
+        changes[field] = [
+            _resolve_ref_paths(kind, ref, base_dir, lambda key, f=field, j=j: raw.from_file(f, j, "config", key))
+            for j, ref in enumerate(getattr(request, field))
+        ]
+    return attrs.evolve(request, **changes)
+
+
+def _resolve_ref_paths(kind: str, ref: ComponentRef, base_dir: Path, from_file: Any) -> ComponentRef:
+    try:
+        cls = _registry.resolve(kind, ref.id)
+    except ComponentError:
+        return ref  # preflight names the unknown id
+    if cls.Config is None:
+        return ref
+    resolved = resolve_paths(ref.config, cls.Config, base_dir)
+    config = {key: value if from_file(key) else ref.config[key] for key, value in resolved.items()}
+    return attrs.evolve(ref, config=config)
 
 
 # ---------------------------------------------------------------- --set overrides
@@ -259,7 +344,7 @@ def _expand_request(request: Any, where: str) -> Any:
     for key, value in request.items():
         path = f"{where}.{key}"
         if key == "model":
-            out[key] = _expand(value, path, frozenset({"api_key"}), deep=False)
+            out[key] = _expand_model(value, path)
         elif key in _COMPONENT_FIELDS:
             out[key] = _expand_component(value, path)
         elif key in _COMPONENT_LISTS and isinstance(value, list):
@@ -267,6 +352,17 @@ def _expand_request(request: Any, where: str) -> Any:
         else:
             out[key] = _expand(value, path)
     return out
+
+
+def _expand_model(model: Any, where: str) -> Any:
+    """Expand a model mapping, keeping a whole ``${VAR}`` api_key as a reference:
+    preflight checks it is set, and only when the request calls a model."""
+    if not isinstance(model, dict):
+        return _expand(model, where)
+    return {
+        k: v if k == "api_key" and isinstance(v, str) and _ENV_REF.match(v) else _expand(v, f"{where}.{k}")
+        for k, v in model.items()
+    }
 
 
 def _expand_component(ref: Any, where: str) -> Any:
@@ -327,21 +423,25 @@ def _getenv(name: str, where: str) -> str:
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-def preflight(orchestration: Orchestration, config_dir: Path | None = None) -> None:
+def preflight(orchestration: Orchestration, config_dir: Path | None = None, *, data: bool = True) -> None:
     """Check everything that can be checked before any task runs.
 
     Loads ``plugins``, then checks the orchestration settings and every
     request (names, component ids and configs, harness compatibility, value
-    ranges). Raises :class:`ConfigError` / :class:`ComponentError` with one
-    line naming the request and key. Registers every secret of the requests
-    for redaction. Opens no environment and loads no task.
+    ranges, a ``${VAR}`` model key that will be used, and the benchmark's own
+    :meth:`~agentcompass.BaseBenchmark.preflight`). Raises
+    :class:`ConfigError` / :class:`ComponentError` with one line naming the
+    request and key. Registers every secret of the requests for redaction.
+    Opens no environment and writes nothing. ``data=False`` leaves out the
+    benchmarks' own checks, which may read whole data sets (blocking):
+    ``launch`` runs those with :func:`check_data` in a worker thread.
     """
     _registry.load_plugins(list(orchestration.plugins), config_dir)
     check_orchestration(orchestration)
     seen: set[str] = set()
     for i, request in enumerate(orchestration.requests):
         where = f"requests[{i}] {request.name!r}"
-        validate_request(request, where)
+        validate_request(request, where, data=data)
         if request.name in seen:
             raise ConfigError(f"{where}: duplicate request name (names must be unique)")
         seen.add(request.name)
@@ -363,8 +463,9 @@ def check_orchestration(orchestration: Orchestration) -> None:
         _check_number(limits.open_qps, f"{key}.open_qps", positive=False)
 
 
-def validate_request(request: RunRequest, where: str) -> None:
-    """Check one request; errors start with ``where`` (e.g. ``requests[1] 'smoke'``)."""
+def validate_request(request: RunRequest, where: str, *, data: bool = True) -> None:
+    """Check one request; errors start with ``where`` (e.g. ``requests[1] 'smoke'``).
+    ``data=False`` leaves out the benchmark's own check (see :func:`check_data`)."""
     try:
         _check_name(request.name)
         _check_execution(request.execution)
@@ -373,9 +474,32 @@ def validate_request(request: RunRequest, where: str) -> None:
             _check_model(request.model)
         if isinstance(request.reuse, Path) and not request.reuse.is_dir():
             raise ConfigError(f"reuse: run directory not found: {request.reuse}")
-        _check_components(request)
+        benchmark = _check_components(request)
+        if data:
+            _benchmark_preflight(benchmark, request)
     except ConfigError as exc:
         raise type(exc)(f"{where}: {exc}") from None
+
+
+def has_data_checks(orchestration: Orchestration) -> bool:
+    """Whether a request's benchmark has a check of its own (``preflight`` overridden)."""
+    for request in orchestration.requests:
+        cls = _registry.resolve("benchmark", request.benchmark.id)
+        if getattr(cls, "preflight", None) is not BaseBenchmark.preflight:
+            return True
+    return False
+
+
+def check_data(orchestration: Orchestration) -> None:
+    """Each benchmark's own check of its data (``BaseBenchmark.preflight``),
+    after :func:`preflight` with ``data=False``. Blocking: it may read a
+    whole data set, so ``launch`` calls it in a worker thread."""
+    for i, request in enumerate(orchestration.requests):
+        benchmark = _build("benchmark", request.benchmark, "")
+        try:
+            _benchmark_preflight(benchmark, request)
+        except ConfigError as exc:
+            raise type(exc)(f"requests[{i}] {request.name!r}: {exc}") from None
 
 
 def _check_name(name: str) -> None:
@@ -435,8 +559,9 @@ def _check_model(model: ModelSpec) -> None:
         _check_int(model.max_connections, "model.max_connections", minimum=1)
 
 
-def _check_components(request: RunRequest) -> None:
+def _check_components(request: RunRequest) -> Any:
     benchmark = _build("benchmark", request.benchmark, "")
+    harness: Any = None
     harness_free = isinstance(benchmark, HarnessFreeBenchmark)
     if request.harness.id == "none":
         if request.harness.config:
@@ -452,7 +577,7 @@ def _check_components(request: RunRequest) -> None:
                 f"benchmark {request.benchmark.id!r} runs its own inference loop: set harness: none "
                 f"(not {request.harness.id!r})"
             )
-        _build("harness", request.harness, "")
+        harness = _build("harness", request.harness, "")
     environment = _build("environment", request.environment, "")
     try:
         environment.preflight()
@@ -462,6 +587,28 @@ def _check_components(request: RunRequest) -> None:
     for kind, refs in (("recipe", request.recipes), ("analyzer", request.analyzers)):
         for j, ref in enumerate(refs):
             _build(kind, ref, f"{kind}s[{j}]: ")
+    _check_model_key(request, harness if request.harness.id != "none" else benchmark)
+    return benchmark
+
+
+def _check_model_key(request: RunRequest, caller: Any) -> None:
+    """A ``${VAR}`` model key must be set when the harness (or harness-free
+    benchmark) calls the model; otherwise nothing will ever send it."""
+    key = request.model.api_key if request.model is not None else None
+    if key is None or key.env_var is None or not getattr(caller, "uses_model", True):
+        return
+    if os.environ.get(key.env_var) is None:
+        raise ConfigError(f"environment variable {key.env_var} is not set @ model.api_key")
+
+
+def _benchmark_preflight(benchmark: Any, request: RunRequest) -> None:
+    where = f"benchmark {request.benchmark.id!r}"
+    try:
+        benchmark.preflight(request)
+    except ConfigError as exc:
+        raise ComponentError(f"{where}: {_one_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a failing check is a config error naming the benchmark
+        raise ComponentError(f"{where}: preflight failed: {type(exc).__name__}: {_one_line(exc)}") from None
 
 
 def _check_network_overrides(request: RunRequest, environment: Any) -> None:

@@ -9,6 +9,11 @@ Structuring is strict where YAML would otherwise be silently misread: a
 string is not a list of characters, ``"3"`` is not a number, a literal
 setting must be one of its values, and a class wants a mapping.
 
+Paths: a component ``Config`` field typed ``pathlib.Path`` is a path. A
+relative one written in a config file resolves against that file's
+directory (:func:`resolve_paths`, applied when the file is loaded); one given
+on the command line stays relative to the current directory.
+
 Secrets: a ``Secret`` field structures ``"${VAR}"`` as a reference to the
 environment variable (serialized back as ``"${VAR}"``) and any other string
 as a clear value (serialized as ``**********``). Inside a component's
@@ -20,7 +25,9 @@ converter and must call ``reveal()`` where it needs the clear value.
 
 from __future__ import annotations
 
+import os
 import re
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +49,7 @@ __all__ = [
     "SECRET_CONFIG_KEYS",
     "converter",
     "error_line",
+    "resolve_paths",
     "structure",
     "structure_config",
     "unstructure",
@@ -70,7 +78,15 @@ def _structure_secret(value: Any, _: type) -> Secret:
 
 converter.register_structure_hook(Secret, _structure_secret)
 converter.register_unstructure_hook(Secret, str)
-converter.register_structure_hook(Path, lambda v, _: Path(v))
+
+
+def _structure_path(value: Any, _: type) -> Path:
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise TypeError(f"expected a path, got {_short(value)}")
+    return Path(value)
+
+
+converter.register_structure_hook(Path, _structure_path)
 # A policy is written as a mode string or {mode, allow}, in config and in stored plans alike.
 converter.register_structure_hook(NetworkPolicy, lambda v, _: NetworkPolicy.parse(v, "network policy"))
 converter.register_unstructure_hook(Path, str)
@@ -200,6 +216,45 @@ def _unstructure_reuse(value: bool | Path) -> bool | str:
 converter.register_structure_hook(bool | Path, _structure_reuse)  # type: ignore[arg-type]
 converter.register_unstructure_hook(bool | Path, _unstructure_reuse)  # type: ignore[arg-type]
 _ = RunRequest  # RunRequest.reuse is the field these hooks serve
+
+
+def resolve_paths(config: Any, cls: Any, base_dir: Path) -> Any:
+    """A copy of component ``config`` whose relative paths are joined to ``base_dir``.
+
+    The fields typed ``pathlib.Path`` (also ``Path | None``, ``list[Path]``
+    and inside nested attrs classes) of the ``Config`` class ``cls`` say
+    which values are paths. Values stay strings (the config is JSON data);
+    anything that is not a relative path string is left for structuring to judge.
+    """
+    if not isinstance(config, Mapping) or not attrs.has(cls):
+        return config
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: no paths to find
+        return config
+    out = dict(config)
+    for field in attrs.fields(cls):
+        if field.name in out:
+            out[field.name] = _resolve_value(out[field.name], hints.get(field.name), base_dir)
+    return out
+
+
+def _resolve_value(value: Any, type_: Any, base_dir: Path) -> Any:
+    if type_ is Path:
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            return os.path.abspath(base_dir / value)
+        return value
+    origin = typing.get_origin(type_)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(type_):
+            if arg is Path or attrs.has(arg):
+                return _resolve_value(value, arg, base_dir)
+        return value
+    if origin in (list, tuple) and isinstance(value, list) and typing.get_args(type_)[:1] == (Path,):
+        return [_resolve_value(v, Path, base_dir) for v in value]
+    if attrs.has(type_):
+        return resolve_paths(value, type_, base_dir)
+    return value
 
 
 def error_line(exc: BaseException, root: str = "$") -> str:

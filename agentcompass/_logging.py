@@ -34,9 +34,11 @@ import structlog
 
 from ._redact import redact
 
-__all__ = ["add_json_log", "configure_logging", "get_logger", "remove_json_log"]
+__all__ = ["add_json_log", "configure_logging", "debug_enabled", "get_logger", "remove_json_log"]
 
 _lock = threading.Lock()
+# Whether debug events are rendered anywhere: hot paths test it before building one.
+_debug = False
 # path -> (open file, request name filter or None)
 _json_logs: dict[Path, tuple[IO[str], str | None]] = {}
 
@@ -90,9 +92,11 @@ def configure_logging(console: bool = True, json_path: Path | None = None, level
     to stderr; JSON files get ``info`` and above (or ``level`` if lower).
     ``json_path`` attaches a JSON-lines file for every event (see :func:`add_json_log`).
     """
+    global _debug
     console_level = logging.getLevelNamesMapping()[level.upper()]
     if not console:
         console_level = logging.CRITICAL + 1
+    _debug = console_level <= logging.DEBUG
     renderer: Any = (
         structlog.dev.ConsoleRenderer(colors=True)
         if sys.stderr.isatty()
@@ -115,6 +119,11 @@ def configure_logging(console: bool = True, json_path: Path | None = None, level
     )
     if json_path is not None:
         add_json_log(json_path)
+
+
+def debug_enabled() -> bool:
+    """Whether debug events are logged (the console level is ``debug``)."""
+    return _debug
 
 
 def add_json_log(path: Path, request: str | None = None) -> None:
@@ -149,4 +158,17 @@ def get_logger(name: str) -> Any:
     """
     if not structlog.is_configured():
         configure_logging(level="warning")
-    return structlog.get_logger().bind(logger=name)
+    return _NamedLogger(name)
+
+
+class _NamedLogger:
+    """A logger resolved at each call, so loggers made at import time follow
+    a later :func:`configure_logging` (a bound proxy fixes the level it first saw)."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(structlog.get_logger().bind(logger=self._name), method)

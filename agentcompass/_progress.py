@@ -1,7 +1,10 @@
 """The progress display of ``compass launch``.
 
 On a TTY a live ``rich`` table (one row per request: tasks done / total,
-active, retries, errors, rate, ETA), redrawn a few times a second. Anywhere
+active (``act``), retries, errors (``err``: tasks with an ERROR left),
+invalidated (``invalid``: tasks with a FATAL left), rate, ETA), redrawn a
+few times a second. Rate and ETA count
+only the tasks run in this process, not results a ``--reuse`` copied. Anywhere
 else, one plain line per request every ``interval`` seconds on stderr, so
 logs and CI output stay readable and stdout keeps only the results.
 
@@ -21,10 +24,12 @@ import trio
 __all__ = ["ProgressDisplay", "progress_line"]
 
 
-def _eta(done: int, total: int, elapsed: float) -> str:
-    if done == 0 or elapsed <= 0:
+def _eta(ran: int, left: int, elapsed: float) -> str:
+    if left <= 0:
+        return "0s"
+    if ran == 0 or elapsed <= 0:
         return "?"
-    remaining = (total - done) * elapsed / done
+    remaining = left * elapsed / ran
     if remaining >= 3600:
         return f"{remaining / 3600:.1f}h"
     return f"{remaining / 60:.0f}m" if remaining >= 120 else f"{remaining:.0f}s"
@@ -32,6 +37,9 @@ def _eta(done: int, total: int, elapsed: float) -> str:
 
 def _fields(run: Any, now: float) -> dict[str, Any]:
     done = len(run.records)
+    # Rate and ETA count only tasks run in this process, not results a reuse copied.
+    reused = len(run.reuse.reused) if getattr(run, "reuse", None) is not None else 0
+    ran = max(0, done - reused)
     elapsed = max(0.0, now - run.started_clock) if run.prepared else 0.0
     return {
         "name": run.request.name,
@@ -40,19 +48,21 @@ def _fields(run: Any, now: float) -> dict[str, Any]:
         "active": run.active,
         "retries": run.retries,
         "errors": run.counts["error"],
-        "failed": run.counts["fatal"],
-        "rate": done / elapsed if elapsed > 0 else 0.0,
-        "eta": _eta(done, run.total, elapsed),
+        "invalidated": run.counts["fatal"],
+        "rate": ran / elapsed if elapsed > 0 else 0.0,
+        "eta": _eta(ran, run.total - done, elapsed),
         "status": run.status or ("running" if run.prepared else "waiting"),
     }
 
 
 def progress_line(run: Any, now: float) -> str:
-    """One plain progress line for a request."""
+    """One plain progress line for a request (retries, errors and invalidated when not 0)."""
     f = _fields(run, now)
+    # Zero counts are left out, so that a line usually fits 80 columns.
+    counts = "".join(f", {f[key]} {key}" for key in ("retries", "errors", "invalidated") if f[key])
     return (
-        f"[{f['name']}] {f['done']}/{f['total']} done, {f['active']} active, {f['retries']} retries, "
-        f"{f['errors']} errors, {f['failed']} failed, {f['rate']:.1f} tasks/s, ETA {f['eta']} ({f['status']})"
+        f"[{f['name']}] {f['done']}/{f['total']} done, {f['active']} active{counts}, "
+        f"{f['rate']:.1f} tasks/s, ETA {f['eta']} ({f['status']})"
     )
 
 
@@ -87,11 +97,15 @@ class ProgressDisplay:
             print(line, file=self.stream, flush=True)
 
     def _table(self) -> Any:
+        from rich import box
         from rich.table import Table
 
-        table = Table(title="agentcompass", expand=False)
-        for column in ("request", "done", "active", "retries", "errors", "failed", "rate", "ETA", "status"):
-            table.add_column(column, justify="left" if column in ("request", "status") else "right")
+        # Short headers and a light box, so a request name of ~20 characters fits 80 columns.
+        table = Table(
+            title="agentcompass", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
+        )
+        for column in ("request", "done", "act", "retry", "err", "invalid", "rate", "ETA", "status"):
+            table.add_column(column, justify="left" if column in ("request", "status") else "right", no_wrap=True)
         now = trio.current_time()
         for run in self.runs:
             f = _fields(run, now)
@@ -101,7 +115,7 @@ class ProgressDisplay:
                 str(f["active"]),
                 str(f["retries"]),
                 str(f["errors"]),
-                str(f["failed"]),
+                str(f["invalidated"]),
                 f"{f['rate']:.1f}/s" if math.isfinite(f["rate"]) else "-",
                 f["eta"],
                 f["status"],

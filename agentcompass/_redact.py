@@ -11,7 +11,9 @@
   ``Authorization: ...`` headers, key/value pairs whose key names a
   credential (``api_key=...``, ``"api-key": "..."``, ``token=...``,
   ``password: ...``, ``secret=...``; the key is kept, the value masked) and the
-  password of ``scheme://user:password@host`` URLs.
+  password of ``scheme://user:password@host`` URLs. A value that is a
+  whole ``${VAR}`` reference is kept: it names where the credential lives,
+  which is how a ``Secret`` read from the environment serializes.
 
 It is a safety net, not a guarantee: a credential of unknown shape that was
 never registered passes through. Patterns are compiled once; the known-value
@@ -41,6 +43,7 @@ _SHAPES = re.compile(
     | (?P<key>(?<![A-Za-z0-9])[A-Za-z0-9_-]*?
               (?:api[_-]?key|token|password|passwd|secret|authorization)
               (?![A-Za-z0-9_])["']?\s*[:=]\s*["']?)
+      (?!\$\{[A-Za-z_][A-Za-z0-9_]*\}(?![^\s"',;&\]]))
       (?:(?:Bearer|Basic|Token)\s+)?[^\s"',;&}\]]+
     """,
     re.IGNORECASE | re.VERBOSE,
@@ -60,6 +63,7 @@ _JSON_SHAPES = re.compile(
     | (?P<header>\bAuthorization\s*:\s*)[^\r\n"'\\]+
     | (?P<key>(?:api[_-]?key|token|password|passwd|secret|authorization)
               (?![A-Za-z0-9_])(?:\s*=\s*|\\?"\s*:\s*\\?"))
+      (?!\$\{[A-Za-z_][A-Za-z0-9_]*\}(?![^\s"',;&\]\\]))
       (?:(?:Bearer|Basic|Token)\s+)?[^\s"',;&}\]\\]+
     """,
     re.IGNORECASE | re.VERBOSE,

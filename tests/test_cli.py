@@ -196,8 +196,11 @@ def test_launch_passes_flags_and_prints_results(workdir: Path) -> None:
     assert orch["requests"][1]["limit"] == 2
     assert orch["plugins"] == [str(workdir / "components.py")]
     assert data["config_dir"] == "."
-    assert "smoke: succeeded  out/smoke/run-1" in proc.stdout
-    assert "# second" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "smoke: succeeded"
+    assert "  run directory: out/smoke/run-1" in lines
+    assert "second: succeeded" in lines and "  run directory: out/second/run-1" in lines
+    assert "# second" not in proc.stdout  # the compact report, not summary.md
 
 
 def test_launch_exit_code_is_the_result_s(workdir: Path) -> None:
@@ -250,7 +253,7 @@ def test_run_builds_one_request(workdir: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--api-key-env", "CLI_UNSET_KEY"), "environment variable CLI_UNSET_KEY is not set @ requests[0].model.api_key"),
+        (("--api-key-env", "CLI_UNSET_KEY"), "environment variable CLI_UNSET_KEY is not set @ model.api_key"),
         (("--benchmark-config", "{oops"), "--benchmark-config is not valid JSON"),
         (("--harness", "none"), "harness 'none' needs a harness-free benchmark"),
         (("--k", "0"), "execution.attempts.k must be an integer >= 1, got 0"),

@@ -305,9 +305,11 @@ requests:
 
 
 @pytest.fixture
-def env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+def env_vars(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    plugin_dir = tmp_path_factory.mktemp("plugins")
+    (plugin_dir / "none.py").write_text("")  # imported at load: a plugin's Config says which values are paths
     for name, value in {
-        "CFG_PLUGIN_DIR": "/opt",
+        "CFG_PLUGIN_DIR": str(plugin_dir),
         "CFG_SUFFIX": "x1",
         "CFG_DIR": "/data",
         "CFG_TOKEN": "tok-9f8e7d6c",
@@ -319,7 +321,7 @@ def env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_env_expansion_in_plain_strings(tmp_path: Path) -> None:
     orch = load(tmp_path, ENV_CONFIG)
     request = orch.requests[0]
-    assert orch.plugins == ["/opt/none.py"]
+    assert orch.plugins == [os.environ["CFG_PLUGIN_DIR"] + "/none.py"]
     assert request.name == "run-x1"
     assert request.benchmark.config["path"] == "/data/tasks"
     assert request.benchmark.config["literal"] == "${CFG_DIR}"
@@ -370,10 +372,31 @@ def test_unset_variable_names_variable_and_key(
         load(tmp_path, ENV_CONFIG)
 
 
-def test_unset_model_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unset_model_key_of_a_model_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CFG_UNSET_KEY", raising=False)
-    with pytest.raises(ConfigError, match=r"environment variable CFG_UNSET_KEY is not set @ requests\[1\]\.model\.api_key"):
-        load(tmp_path, BASE.replace("{name: m,", "{name: m, api_key: '${CFG_UNSET_KEY}',"))
+    orch = load(tmp_path, BASE.replace("{name: m,", "{name: m, api_key: '${CFG_UNSET_KEY}',"))
+    with pytest.raises(
+        ConfigError,
+        match=r"^requests\[1\] 'second': environment variable CFG_UNSET_KEY is not set @ model\.api_key$",
+    ):
+        preflight(orch, tmp_path)
+
+
+@_registry.register
+class CfgModelFreeHarness(BaseHarness):
+    id = "cfg-model-free"
+    uses_model = False
+
+
+def test_unset_model_key_is_fine_when_no_model_is_called(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CFG_UNSET_KEY", raising=False)
+    text = BASE.replace("harness: cfg-harness", "harness: cfg-model-free\n    model: {name: m, api_key: '${CFG_UNSET_KEY}'}")
+    orch = check(tmp_path, text=text)
+    key = orch.requests[0].model.api_key  # type: ignore[union-attr]
+    assert str(key) == "${CFG_UNSET_KEY}"
+    text = text.replace("harness: cfg-model-free", "harness: cfg-harness")
+    with pytest.raises(ConfigError, match=r"CFG_UNSET_KEY is not set @ model\.api_key"):
+        check(tmp_path, text=text)
 
 
 # ---------------------------------------------------------------- --set
@@ -444,3 +467,64 @@ def test_build_orchestration_does_not_modify_its_input() -> None:
     data: dict[str, Any] = {"requests": [{"name": "a", "benchmark": "cfg-bench", "environment": "cfg-env"}]}
     build_orchestration(data, ["requests[0].name=b"])
     assert data["requests"][0]["name"] == "a"
+
+
+# ---------------------------------------------------------------- paths relative to the config file
+
+
+@attrs.frozen
+class _Inner:
+    data: Path
+    label: str = "x"
+
+
+@attrs.frozen
+class _PathsConfig:
+    root: Path
+    extra: Path | None = None
+    more: list[Path] = attrs.Factory(list)
+    inner: _Inner | None = None
+    name: str = "tasks"
+
+
+@_registry.register
+class CfgPathsBenchmark(BaseBenchmark):
+    id = "cfg-paths"
+    Config: ClassVar[type | None] = _PathsConfig
+
+
+PATHS = """
+requests:
+  - name: paths
+    benchmark:
+      id: cfg-paths
+      config: {root: data, extra: /abs/x, more: [a, ../b], inner: {data: in, label: keep}, name: not-a-path}
+    harness: cfg-harness
+    environment: cfg-env
+    output_root: out
+    reuse: old/run
+"""
+
+
+def test_paths_in_a_file_resolve_against_its_directory(tmp_path: Path) -> None:
+    sub = tmp_path / "conf"
+    sub.mkdir()
+    request = load_config(write(sub, PATHS)).requests[0]
+    assert request.benchmark.config == {
+        "root": str(sub / "data"),
+        "extra": "/abs/x",
+        "more": [str(sub / "a"), str(tmp_path / "b")],
+        "inner": {"data": str(sub / "in"), "label": "keep"},
+        "name": "not-a-path",
+    }
+    assert request.output_root == sub / "out"
+    assert request.reuse == sub / "old" / "run"
+
+
+def test_default_output_root_and_command_line_values_stay_relative(tmp_path: Path) -> None:
+    text = PATHS.replace("    output_root: out\n", "")
+    request = load_config(write(tmp_path, text), ["benchmark.config.root=mine", "reuse=cli/run"]).requests[0]
+    assert request.output_root == Path("runs")
+    assert request.benchmark.config["root"] == "mine"  # --set is the command line: cwd-relative
+    assert request.benchmark.config["more"][0] == str(tmp_path / "a")  # still from the file
+    assert request.reuse == Path("cli/run")

@@ -60,4 +60,53 @@ async def test_live_table_on_a_tty(autojump_clock, tmp_path):
     with trio.move_on_after(1):
         await display.run()
     text = stream.getvalue()
-    assert "live" in text and "0/10" in text and "retries" in text
+    assert "live" in text and "0/10" in text and "retry" in text
+
+
+def test_rate_and_eta_count_only_tasks_run_in_this_process():
+    from types import SimpleNamespace
+
+    from agentcompass._progress import progress_line
+
+    # 10 tasks: 6 reused from an earlier run, 2 run here in 4 s, 2 left.
+    run = SimpleNamespace(
+        request=SimpleNamespace(name="r"),
+        records=[object()] * 8,
+        reuse=SimpleNamespace(reused=[object()] * 6),
+        prepared=True,
+        started_clock=0.0,
+        total=10,
+        active=2,
+        retries=0,
+        counts={"fatal": 1, "error": 0, "warning": 0},
+        status=None,
+    )
+    line = progress_line(run, now=4.0)
+    assert line == "[r] 8/10 done, 2 active, 1 invalidated, 0.5 tasks/s, ETA 4s (running)"
+
+
+async def test_live_table_and_report_fit_80_columns(tmp_path):
+    import re
+
+    import rich.console
+
+    from agentcompass._orchestration._context import GraceClock
+    from agentcompass._orchestration._request import RequestRun
+    from agentcompass._report import render_request_report
+
+    request = RunRequest(
+        name="terminal-smoke-oracle", benchmark=ComponentRef("fake-bench"), environment=ComponentRef("fake-env"),
+        output_root=tmp_path,
+    )
+    run = RequestRun(0, request, GraceClock(1))
+    run.prepared, run.total, run.active, run.retries, run.status = True, 12, 0, 0, "succeeded"
+    console = rich.console.Console(width=80, record=True, file=io.StringIO())
+    console.print(ProgressDisplay([run])._table())
+    table = console.export_text()
+    assert "terminal-smoke-oracle" in table and "succeeded" in table and "…" not in table
+    assert all(len(line.rstrip()) <= 80 for line in table.splitlines())
+
+    report = render_request_report("terminal-smoke-oracle", "succeeded", str(tmp_path), None, tty=True)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", report)
+    assert plain.splitlines()[0] == "terminal-smoke-oracle: succeeded"
+    assert all(len(line.rstrip()) <= 80 for line in plain.splitlines())

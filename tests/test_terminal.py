@@ -171,7 +171,9 @@ async def test_oracle_on_smoke_task(task_id: str, tmp_path: Path):
     prepared, run_result, evaluation = await run_oracle(task, request, tmp_path)
 
     assert prepared.input == {"instruction": task.data["instruction"]}
-    assert run_result.issues == [] and run_result.artifacts["exit_code"] == 0
+    assert run_result.issues == [] and run_result.artifacts["harness_command"]["exit_code"] == 0
+    verifier = run_result.artifacts["verifier"]
+    assert verifier["exit_code"] is not None and isinstance(verifier["stdout"], str)
     if task_id == WRONG_SOLUTION:
         assert evaluation.values == {"reward": 0.0, "passed": False} and evaluation.issues == []
     elif task_id == NO_REWARD:
@@ -276,4 +278,31 @@ async def test_oracle_timeout_is_an_error(tmp_path: Path):
     [task] = await load(tmp_path / "tasks")
     _, run_result, _ = await run_oracle(task, request_for(tmp_path / "tasks"), tmp_path, budget=RunBudget(0.5))
     assert [(i.severity, i.phase, i.code) for i in run_result.issues] == [("error", "run", "harness_timeout")]
-    assert run_result.output == "working\n" and run_result.artifacts["exit_code"] == 124
+    assert run_result.output == "working\n"
+    assert run_result.artifacts["harness_command"] == {"exit_code": None, "stdout": "working\n", "stderr": ""}
+
+
+# -- preflight and what an attempt keeps -----------------------------------------
+
+
+async def test_launch_checks_the_task_directories_before_writing(tmp_path: Path):
+    import attrs
+
+    import agentcompass
+    from agentcompass import ComponentError, Orchestration
+
+    make_task(tmp_path / "tasks", "one", 'echo 1 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n')
+    request = attrs.evolve(request_for(tmp_path / "tasks"), output_root=tmp_path / "out", task_ids=["one", "two"])
+    with pytest.raises(ComponentError, match=r"^requests\[0\] 't': benchmark 'terminal': task_ids: no task 'two'"):
+        await agentcompass.launch(Orchestration([request]))
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_tail_keeps_the_last_16_kib_on_a_character_boundary():
+    from agentcompass.benchmarks.terminal import TAIL_BYTES, output_tail
+
+    assert output_tail("short") == "short"
+    text = "é" * TAIL_BYTES  # two bytes each
+    tail = output_tail(text)
+    assert tail == "é" * (TAIL_BYTES // 2)
+    assert len(output_tail("x" + "é" * (TAIL_BYTES // 2)).encode()) == TAIL_BYTES

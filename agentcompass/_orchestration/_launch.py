@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from .._config import preflight
+from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import get_logger
@@ -94,7 +94,10 @@ async def launch(
     Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
     rejects the configuration.
     """
-    preflight(orchestration, config_dir)
+    preflight(orchestration, config_dir, data=False)
+    if has_data_checks(orchestration):
+        # A benchmark's own check may read its whole data set: off the Trio thread.
+        await trio.to_thread.run_sync(check_data, orchestration)
     # The runs' per-task state (every finished record, kept for metrics) is
     # freed before the thresholds come back (see RequestRun.release): with
     # it still alive, the first allocation after would walk it all in one

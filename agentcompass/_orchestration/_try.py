@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._logging import debug_enabled, get_logger
 from ..runtime._components import HarnessFreeBenchmark
 from ..runtime._errors import ComponentError, IssueError
 from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
@@ -36,6 +37,8 @@ from ._issues import classify, redact_issue
 from ._session import GuardedSession, TrackedSession, run_cleanup
 
 __all__ = ["TryOutcome", "run_evaluation_try", "run_full_try", "retryable_issues"]
+
+log = get_logger("agentcompass.attempt")
 
 
 @attrs.define(eq=False)
@@ -147,6 +150,19 @@ class _Try:
         # Rounded once, when the record is made (TryOutcome.rounded_timings).
         timings = self.out.timings
         timings[name] = timings.get(name, 0.0) + self.now() - start
+        if name != "setup" and debug_enabled():
+            self._trace(name, start)
+
+    def _trace(self, step: str, start: float, **extra: Any) -> None:
+        """The attempt lifecycle at debug level (``--log-level debug``; ``log.jsonl`` too)."""
+        log.debug(
+            f"attempt_{step}",
+            request=self.ctx.request.name,
+            task_id=self.task.task_id,
+            attempt=self.plan.attempt,
+            seconds=round(self.now() - start, 6),
+            **extra,
+        )
 
     def _after(self, timeout: float | None) -> float:
         return math.inf if timeout is None else self.now() + timeout
@@ -185,7 +201,10 @@ class _Try:
             except _Stop:
                 pass
             finally:
+                closing, was_open = self.now(), session.raw is not None
                 await session.close()
+                if was_open and debug_enabled():
+                    self._trace("close", closing, session=session.session_id)
         finally:
             grants.release_capacity(provider, holder)
 
@@ -220,10 +239,15 @@ class _Try:
         start = self.now()
         with _deadline_scope(self.setup_deadline) as scope:
             env = await self._open(session, config, issues)
+            opened = self.now()
+            if debug_enabled():
+                self._trace("open", start, session=session.session_id, handle=session.handle)
             prepared = await self._step(
                 issues, "prepare_task", "setup", ctx.benchmark.prepare_task, self.task, env, ctx.request, plan.benchmark_plan
             )
             self.out.prepared = self._check(prepared, PreparedTask, "prepare_task()", issues, "prepare_task", "setup")
+            if debug_enabled():
+                self._trace("prepare", opened)
         self._mark("setup", start)
         if scope.cancelled_caught:
             self._setup_timed_out()

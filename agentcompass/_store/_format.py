@@ -10,6 +10,7 @@ from ..runtime._results import SEVERITY_RANK, Issue, TaskRecord
 
 __all__ = [
     "METRIC_COLUMNS",
+    "attempt_counts",
     "attempt_statuses",
     "attempt_values",
     "fatal_count",
@@ -73,6 +74,15 @@ def attempt_statuses(record: TaskRecord) -> str:
     return ", ".join(a.status for a in record.attempts) or MISSING
 
 
+def attempt_counts(record: TaskRecord) -> str:
+    """Attempt statuses as counts, most frequent first: ``2 completed, 1 run_error``."""
+    counts: dict[str, int] = {}
+    for attempt in record.attempts:
+        counts[attempt.status] = counts.get(attempt.status, 0) + 1
+    ordered = sorted(counts.items(), key=lambda item: -item[1])
+    return ", ".join(f"{n} {status}" for status, n in ordered) or MISSING
+
+
 def attempt_values(record: TaskRecord, series: str | None) -> str:
     if series is None or not record.attempts:
         return MISSING
@@ -99,8 +109,9 @@ def issue_text(issue: Issue | None, limit: int = 120) -> str:
 
 
 def sorted_for_report(records: Sequence[TaskRecord]) -> list[TaskRecord]:
-    """Fatal tasks first, then error, then normal; stable within each."""
-    return sorted(records, key=lambda r: _TASK_ORDER.get(r.severity, 3))
+    """Fatal tasks first, then error, then normal; by task id within each
+    (``summary.md`` and ``compass show`` list tasks in the same order)."""
+    return sorted(records, key=lambda r: (_TASK_ORDER.get(r.severity, 3), r.task_id))
 
 
 def severity_counts(records: Sequence[TaskRecord]) -> dict[str, int]:
@@ -120,7 +131,7 @@ def fatal_count(metrics: dict[str, Any], records: Sequence[TaskRecord]) -> int:
 
 def no_score_sentence(count: int) -> str:
     return (
-        f"No official score: {count} task(s) ended FATAL (infrastructure failure); "
+        f"No official score: {count} task(s) invalidated (a FATAL left: the infrastructure failed); "
         "reference values exclude them."
     )
 

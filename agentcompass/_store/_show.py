@@ -12,7 +12,7 @@ from typing import Any
 from ._format import (
     METRIC_COLUMNS,
     MISSING,
-    attempt_statuses,
+    attempt_counts,
     attempt_values,
     fatal_count,
     fmt_metric,
@@ -39,8 +39,8 @@ def render_run_table(loaded: LoadedRun, metrics: dict[str, Any] | None) -> str:
         f"Run:    {loaded.run_dir}",
         f"Status: {info.get('status', 'unknown')}",
         (
-            f"Tasks:  {len(records)} finished (fatal {counts['fatal']}, error {counts['error']},"
-            f" normal {counts['normal']}), {len(loaded.checkpoints)} unfinished"
+            f"Tasks:  {len(records)} finished ({counts['fatal']} invalidated, {counts['error']} with errors,"
+            f" {counts['normal']} normal), {len(loaded.checkpoints)} unfinished"
         ),
     ]
     if loaded.open_sessions:
@@ -74,7 +74,7 @@ def render_run_table(loaded: LoadedRun, metrics: dict[str, Any] | None) -> str:
             r.task_id,
             r.category or "",
             r.severity,
-            attempt_statuses(r),
+            attempt_counts(r),
             attempt_values(r, primary),
             issue_text(worst_issue(r), 80),
         ]
@@ -82,12 +82,15 @@ def render_run_table(loaded: LoadedRun, metrics: dict[str, Any] | None) -> str:
     ]
     for task_id, attempts in sorted(loaded.checkpoints.items()):
         ordered = [attempts[n] for n in sorted(attempts)]
+        by_status: dict[str, int] = {}
+        for a in ordered:
+            by_status[a.status] = by_status.get(a.status, 0) + 1
         rows.append(
             [
                 task_id,
                 "",
                 "unfinished",
-                ", ".join(a.status for a in ordered) or MISSING,
+                ", ".join(f"{n} {status}" for status, n in by_status.items()) or MISSING,
                 ", ".join(fmt_value(a.values.get(primary)) for a in ordered) if primary else MISSING,
                 "",
             ]

@@ -48,8 +48,8 @@ def render_summary(
         f"- **Status:** {md(status)}",
         f"- **Run directory:** {code(str(run_dir))}",
         (
-            f"- **Tasks:** {len(records)} (fatal {counts['fatal']}, error {counts['error']},"
-            f" normal {counts['normal']})"
+            f"- **Tasks:** {len(records)} ({counts['fatal']} invalidated, {counts['error']} with errors,"
+            f" {counts['normal']} normal)"
         ),
         "",
     ]

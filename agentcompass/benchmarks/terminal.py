@@ -1,7 +1,7 @@
 """The ``terminal`` benchmark: Harbor / Terminal-Bench task directories.
 
-Config: ``path`` (a directory of task directories; a relative path resolves
-against the current working directory) and ``eval_mode`` (``reuse``,
+Config: ``path`` (a directory of task directories; written in a config
+file, a relative path resolves against the file's directory) and ``eval_mode`` (``reuse``,
 ``none`` or ``fresh``; default ``reuse``). Each task is one directory, whose
 name is the task id::
 
@@ -37,7 +37,10 @@ What each phase does:
   ``/logs/verifier/reward.txt`` (one number) if present, else
   ``/logs/verifier/reward.json`` (an object of numbers: its ``"reward"`` entry,
   or the mean of all entries when there is no ``"reward"``). The exit status of
-  ``test.sh`` does not matter; only the reward does. ``passed`` is
+  ``test.sh`` does not matter; only the reward does. Its exit code and the
+  last 16 KiB of its stdout and stderr are kept in the attempt's run result,
+  ``artifacts["verifier"] = {"exit_code", "stdout", "stderr"}``, so a zero
+  can be explained from the run directory. ``passed`` is
   ``reward >= 1``. A missing or unparseable reward scores 0 with a WARNING
   (``reward_missing`` / ``reward_unparseable``).
 - ``eval_mode: fresh`` evaluates in a new sandbox that holds only the
@@ -60,13 +63,22 @@ from typing import Any, ClassVar, Literal
 import attrs
 import trio
 
-from .._registry import register
-from ..runtime._components import BaseBenchmark, EnvironmentSession
-from ..runtime._errors import ComponentError, IssueError
-from ..runtime._results import Evaluation, Issue, RunResult
-from ..runtime._values import PreparedTask, RunRequest, TaskSpec
+from agentcompass import (
+    BaseBenchmark,
+    ComponentError,
+    EnvironmentSession,
+    Evaluation,
+    ExecResult,
+    Issue,
+    IssueError,
+    PreparedTask,
+    RunRequest,
+    RunResult,
+    TaskSpec,
+    register,
+)
 
-__all__ = ["TerminalBenchmark"]
+__all__ = ["TAIL_BYTES", "TerminalBenchmark", "command_output", "output_tail"]
 
 # Files of environment/ that describe a container image rather than its contents.
 _IMAGE_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml"})
@@ -93,7 +105,10 @@ _FileList = list[tuple[str, bytes, bool]]
 
 @register
 class TerminalBenchmark(BaseBenchmark):
-    """Benchmark ``terminal`` (see the module docstring)."""
+    """Harbor / Terminal-Bench task directories, scored by each task's tests/test.sh.
+
+    See the module docstring for the layout and what each phase does.
+    """
 
     id: ClassVar[str] = "terminal"
     metrics: ClassVar[tuple[str, ...]] = ("reward", "passed")
@@ -101,14 +116,27 @@ class TerminalBenchmark(BaseBenchmark):
 
     @attrs.frozen
     class Config:
-        path: str
-        eval_mode: Literal["reuse", "none", "fresh"] = "reuse"
+        path: Path = attrs.field(metadata={"doc": "directory of task directories (task id = directory name)"})
+        eval_mode: Literal["reuse", "none", "fresh"] = attrs.field(
+            default="reuse", metadata={"doc": "where test.sh runs: the task sandbox, a new one, or nowhere"}
+        )
+
+    def preflight(self, request: RunRequest) -> None:
+        """Load every task directory (layout, ``task.toml``) and check ``task_ids``."""
+        tasks = _load_tasks(self.options.path)
+        known = {task.task_id for task in tasks}
+        for task_id in request.task_ids or ():
+            if task_id not in known:
+                raise ComponentError(f"task_ids: no task {task_id!r} in {str(Path(self.options.path).absolute())!r}")
 
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         """Every task directory under ``path``, sorted by id. A directory
         without ``instruction.md`` or ``tests/test.sh``, or with an invalid
         ``task.toml``, is a :class:`ComponentError` naming it."""
-        return await trio.to_thread.run_sync(_load_tasks, self.options.path)
+        try:
+            return await trio.to_thread.run_sync(_load_tasks, self.options.path)
+        except ComponentError as exc:
+            raise ComponentError(f"benchmark 'terminal': {exc}") from None
 
     def plan(self, task: TaskSpec, request: RunRequest) -> dict[str, Any]:
         """Evaluation mode from the config; run and evaluation timeouts from
@@ -179,6 +207,8 @@ class TerminalBenchmark(BaseBenchmark):
         await _check(env, _RESET_VERIFIER, "reset the verifier directories")
         await _upload(env, await _read_tree(task_dir / "tests"), _TESTS)
         result = await env.exec(_RUN_TESTS)
+        # Kept with the attempt (the run result's artifacts are the attempt's), so a zero can be explained.
+        run_result.artifacts["verifier"] = command_output(result)
         found = (await env.exec(_FIND_REWARD)).stdout.strip()
         if found not in ("reward.txt", "reward.json"):
             return _zero("reward_missing", f"tests/test.sh wrote no reward file (exit code {result.exit_code})")
@@ -188,6 +218,26 @@ class TerminalBenchmark(BaseBenchmark):
         except ValueError as exc:
             return _zero("reward_unparseable", f"{found}: {exc}")
         return Evaluation(values={"reward": reward, "passed": reward >= 1})
+
+
+#: How much of a command's stdout and stderr an attempt keeps (bytes, from the end).
+TAIL_BYTES = 16 * 1024
+
+
+def output_tail(text: str, limit: int = TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of ``text`` (UTF-8), cut at a character boundary."""
+    data = text.encode("utf-8", errors="replace")
+    return text if len(data) <= limit else data[-limit:].decode("utf-8", errors="ignore")
+
+
+def command_output(result: ExecResult) -> dict[str, Any]:
+    """``{"exit_code", "stdout", "stderr"}`` of a command, each stream's last 16 KiB;
+    ``exit_code`` is None when the command timed out."""
+    return {
+        "exit_code": None if result.timed_out else result.exit_code,
+        "stdout": output_tail(result.stdout),
+        "stderr": output_tail(result.stderr),
+    }
 
 
 def _zero(code: str, message: str) -> Evaluation:
@@ -258,19 +308,19 @@ async def _upload(env: EnvironmentSession, files: _FileList, root: tuple[str, st
         await _check(env, f"chmod +x -- {targets}", f"make files under {virtual} executable")
 
 
-def _load_tasks(path: str) -> list[TaskSpec]:
+def _load_tasks(path: str | Path) -> list[TaskSpec]:
     root = Path(path).absolute()
     if not root.is_dir():
-        raise ComponentError(f"benchmark 'terminal': task directory {str(root)!r} does not exist")
+        raise ComponentError(f"path: task directory {str(root)!r} does not exist")
     dirs = sorted((d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: d.name)
     tasks = [_load_task(d) for d in dirs]
     if not tasks:
-        raise ComponentError(f"benchmark 'terminal': no task directories in {str(root)!r}")
+        raise ComponentError(f"path: no task directories in {str(root)!r}")
     return tasks
 
 
 def _load_task(directory: Path) -> TaskSpec:
-    where = f"benchmark 'terminal': task {directory.name!r}"
+    where = f"path: task {directory.name!r}"
     instruction = directory / "instruction.md"
     if not instruction.is_file():
         raise ComponentError(f"{where} has no instruction.md ({directory})")

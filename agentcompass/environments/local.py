@@ -85,8 +85,10 @@ class LocalEnvironment(BaseEnvironment):
 
     @attrs.frozen
     class Config:
-        root: str | None = None
-        max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
+        root: Path | None = attrs.field(default=None, metadata={"doc": "where sandbox directories go (system temp)"})
+        max_output_bytes: int = attrs.field(
+            default=1048576, validator=attrs.validators.gt(0), metadata={"doc": "exec output kept per stream"}
+        )
 
     def build_config(self, plan: ExecutionPlan) -> Any:
         """Return the ``open`` config; reject a plan with any non-``full`` phase
@@ -353,7 +355,7 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _make_sandbox(root: str | None) -> str:
+def _make_sandbox(root: str | Path | None) -> str:
     """Blocking: make a sandbox directory with its subdirectories and marker."""
     if root is not None:
         os.makedirs(root, exist_ok=True)

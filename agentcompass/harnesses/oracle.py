@@ -8,8 +8,11 @@ only for this harness). No config keys.
 
 Outcomes: no ``solve.sh`` is ERROR ``harness_no_solution``; running past the
 budget is ERROR ``harness_timeout`` (the process group is killed). A non-zero
-exit status is not an issue: the verifier decides. The result's ``output`` is
-the tail of stdout; ``artifacts`` hold ``exit_code`` and the tail of stderr.
+exit status is a WARNING ``solution_failed`` (the verifier still decides the
+score, but a reference solution that fails is worth a look). The result's
+``output`` is the tail of stdout, and ``artifacts["harness_command"]`` holds
+``{"exit_code", "stdout", "stderr"}`` (each stream's last 16 KiB; the exit
+code is None after a timeout).
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._registry import register
-from ..runtime._components import BaseHarness, EnvironmentSession
-from ..runtime._results import Issue, RunBudget, RunResult
-from ..runtime._values import ExecutionPlan, ModelSpec, PreparedTask
+from agentcompass import (
+    BaseHarness,
+    EnvironmentSession,
+    ExecutionPlan,
+    Issue,
+    ModelSpec,
+    PreparedTask,
+    RunBudget,
+    RunResult,
+    register,
+)
+from agentcompass.benchmarks.terminal import command_output
 
 __all__ = ["OracleHarness"]
 
@@ -40,9 +51,13 @@ class OracleSession:
 
 @register
 class OracleHarness(BaseHarness):
-    """Harness ``oracle`` (see the module docstring)."""
+    """Runs the task's reference solution (solution/solve.sh) instead of an agent.
+
+    See the module docstring for its outcomes.
+    """
 
     id: ClassVar[str] = "oracle"
+    uses_model: ClassVar[bool] = False
 
     @attrs.frozen
     class Config:
@@ -64,8 +79,12 @@ class OracleHarness(BaseHarness):
             issues.append(
                 Issue("error", "run", "harness_timeout", f"solve.sh did not finish within {budget.timeout_seconds:g}s")
             )
+        elif result.exit_code != 0:
+            last = (result.stderr.strip().splitlines() or [""])[-1][:200]
+            message = f"solution/solve.sh exited with {result.exit_code}" + (f": {last}" if last else "")
+            issues.append(Issue("warning", "run", "solution_failed", message))
         return RunResult(
             output=result.stdout[-TAIL_CHARS:],
-            artifacts={"exit_code": result.exit_code, "stderr": result.stderr[-TAIL_CHARS:]},
+            artifacts={"harness_command": command_output(result)},
             issues=issues,
         )

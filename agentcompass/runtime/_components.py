@@ -75,6 +75,22 @@ class BaseBenchmark(Component):
     metrics: ClassVar[tuple[str, ...]] = ("score",)
     evaluation_timeout_values: ClassVar[dict[str, Any]] = {}
 
+    def preflight(self, request: RunRequest) -> None:
+        """Check the benchmark's data before anything runs (sync; may block).
+
+        Called by ``compass validate`` and at the start of ``launch`` (in a
+        worker thread), after the config was structured and before any run
+        directory is written or any sandbox opened. Check what ``load_tasks``
+        and ``select_tasks`` would trip over, so that a config that validates
+        does not fail at startup: the data exists and loads, every task has
+        what it needs, every id in ``request.task_ids`` exists. Raise
+        :class:`ComponentError` with one line that starts with the config
+        key at fault (``path: task directory '/data/x' does not exist``,
+        ``task_ids: no task 'nope'``); the runtime prefixes the request and
+        the benchmark. Anything else raised is reported the same way, as a
+        config error. The default checks nothing.
+        """
+
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         """Return every task of the benchmark. Called once per request, before
         any task runs. An exception here fails the request, not a task."""
@@ -138,6 +154,10 @@ class BaseBenchmark(Component):
 class HarnessFreeBenchmark(BaseBenchmark):
     """A benchmark that runs its own inference loop; its request uses harness ``none``."""
 
+    #: Whether ``run_task`` calls the request's model. When False, a
+    #: ``${VAR}`` model API key need not be set (nothing will send it).
+    uses_model: ClassVar[bool] = True
+
     async def run_task(
         self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, budget: RunBudget
     ) -> RunResult:
@@ -153,6 +173,9 @@ class BaseHarness(Component):
     """
 
     kind: ClassVar[str] = "harness"
+    #: Whether the harness calls the request's model. When False (``oracle``),
+    #: a ``${VAR}`` model API key need not be set: nothing will send it.
+    uses_model: ClassVar[bool] = True
 
     async def start_session(
         self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, plan: ExecutionPlan

@@ -35,7 +35,7 @@ def test_summary_says_there_is_no_official_score() -> None:
     assert text.startswith("# gsm8k-run\n")
     assert "**Status:** failed" in text
     assert (
-        "No official score: 1 task(s) ended FATAL (infrastructure failure); "
+        "No official score: 1 task(s) invalidated (a FATAL left: the infrastructure failed); "
         "reference values exclude them." in text
     )
     assert "| acc | - | 0.3750 | 2 | 0 | 1 | 1 | 3 |" in text

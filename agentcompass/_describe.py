@@ -1,0 +1,98 @@
+"""What ``compass list --verbose`` and ``compass describe`` print about a component.
+
+Everything comes from the component class: its docstring's first line, and
+for each field of its ``Config`` attrs class the key, type, default and a
+one-line doc (the field's ``metadata["doc"]``, as in
+``path: Path = attrs.field(metadata={"doc": "..."})``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+__all__ = ["config_keys", "describe_lines", "summary_line"]
+
+
+def summary_line(cls: type) -> str:
+    """The first sentence of the class docstring (empty when there is none)."""
+    paragraph = (inspect.getdoc(cls) or "").strip().split("\n\n")[0]
+    text = " ".join(paragraph.split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
+def _type_name(type_: Any) -> str:
+    if type_ is None or type_ is type(None):
+        return "null"
+    if type_ is Path:
+        return "path"
+    if type_ is Any:
+        return "any"
+    origin = typing.get_origin(type_)
+    args = typing.get_args(type_)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        inner = ", ".join("..." if a is Ellipsis else _type_name(a) for a in args)
+        return f"{name}[{inner}]" if inner else name
+    if isinstance(type_, type):
+        return type_.__name__
+    return str(type_).replace("typing.", "")
+
+
+def _default(field: Any) -> str:
+    default = field.default
+    if default is attrs.NOTHING:
+        return "required"
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        default = default.factory() if not default.takes_self else "..."
+    return f"default {default!r}"
+
+
+def config_keys(cls: type) -> list[tuple[str, str, str, str]]:
+    """``(key, type, default, doc)`` for every field of ``cls.Config``; [] without one."""
+    config = getattr(cls, "Config", None)
+    if config is None or not attrs.has(config):
+        return []
+    try:
+        hints = typing.get_type_hints(config)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: show it as written
+        hints = {}
+    rows = []
+    for field in attrs.fields(config):
+        type_ = hints.get(field.name, field.type)
+        doc = " ".join(str(field.metadata.get("doc", "")).split())
+        rows.append((field.name, _type_name(type_), _default(field), doc))
+    return rows
+
+
+def describe_lines(kind: str, component_id: str, cls: type, origin: str, indent: str = "") -> list[str]:
+    """The lines describing one component: summary, metrics (benchmarks), config keys."""
+    lines = []
+    summary = summary_line(cls)
+    if summary:
+        lines.append(f"{indent}{summary}")
+    metrics = getattr(cls, "metrics", None) if kind == "benchmark" else None
+    if metrics:
+        lines.append(f"{indent}metrics: {', '.join(metrics)} (primary: {metrics[0]})")
+    keys = config_keys(cls)
+    if getattr(cls, "Config", None) is None:
+        lines.append(f"{indent}config: not declared (any keys are passed through)")
+    elif not keys:
+        lines.append(f"{indent}config: no keys")
+    else:
+        lines.append(f"{indent}config keys:")
+        for key, type_name, default, doc in keys:
+            lines.append(f"{indent}  {key}: {type_name} ({default})")
+            if doc:
+                lines.append(f"{indent}      {doc}")
+    return lines

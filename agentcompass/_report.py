@@ -1,0 +1,182 @@
+"""What ``compass launch`` prints when a run ends, and ``compass show``'s run list.
+
+A compact report per request that fits 80 columns: status and task counts,
+the metrics table, the tasks that did not pass (a few), and where the run
+directory and its full ``summary.md`` are. On a TTY it is a ``rich`` table;
+elsewhere plain aligned text, so logs and CI output stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ._store import load_run
+from ._store._format import (
+    fmt_metric,
+    fmt_value,
+    issue_text,
+    severity_counts,
+    sorted_for_report,
+    text_table,
+    worst_issue,
+)
+
+__all__ = ["display_path", "render_request_report", "render_run_list"]
+
+WIDTH = 80
+#: Runs with more tasks than this report counts only (reading every record costs time).
+_LIST_TASKS_UP_TO = 500
+_SHOWN_TASKS = 8
+
+
+def display_path(path: str | Path) -> Path:
+    """``path`` relative to the current directory when it is under it (shorter to read and paste)."""
+    path = Path(path)
+    if path.is_absolute():
+        try:
+            return path.relative_to(Path.cwd())
+        except ValueError:
+            return path
+    return path
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _passed(value: Any) -> bool:
+    return value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1)
+
+
+def render_request_report(name: str, status: str, run_dir: str, metrics: dict[str, Any] | None, tty: bool) -> str:
+    """The end-of-run report of one request (``tty``: a rich table)."""
+    directory = Path(run_dir)
+    metrics = metrics if metrics and "series" in metrics else _read_json(directory / "metrics.json")
+    series: dict[str, Any] = (metrics or {}).get("series", {})
+    primary = next(iter(series), None)
+    records: list[Any] = []
+    total = next((s.get("total", 0) for s in series.values()), 0)
+    if directory.is_dir() and total <= _LIST_TASKS_UP_TO:
+        records = list(load_run(directory).details.values())
+
+    counts = severity_counts(records)
+    head = f"{name}: {status}"
+    if records:
+        head += f", {len(records)} tasks ({counts['fatal']} invalidated, {counts['error']} with errors)"
+    lines = [head]
+    metric_rows = [
+        [
+            series_name,
+            fmt_metric(s.get("value")),
+            fmt_metric(s.get("reference_value")),
+            str(s.get("evaluated", "")),
+            str(s.get("invalidated", "")),
+            str(s.get("error", "")),
+            str(s.get("total", "")),
+        ]
+        for series_name, s in series.items()
+    ]
+    metric_header = ["series", "value", "reference", "evaluated", "invalidated", "errors", "total"]
+    failing = [
+        r
+        for r in sorted_for_report(records)
+        if r.severity != "normal"
+        or worst_issue(r) is not None
+        or (primary is not None and not any(_passed(a.values.get(primary)) for a in r.attempts))
+    ]
+    task_rows = [
+        [
+            r.task_id,
+            ", ".join(fmt_value(a.values.get(primary)) for a in r.attempts) if primary else "-",
+            issue_text(worst_issue(r), 44) if worst_issue(r) else "",
+        ]
+        for r in failing[:_SHOWN_TASKS]
+    ]
+    task_header = ["task", primary or "value", "worst issue"]
+    more = len(failing) - len(task_rows)
+    footer = [f"run directory: {display_path(directory)}", "full summary:  summary.md in the run directory (or compass show)"]
+    if metrics is not None and metrics.get("evaluation_failed"):
+        footer.insert(0, "no official score: a task was invalidated (see reference)")
+
+    if tty:
+        return _rich(lines[0], metric_header, metric_rows, task_header, task_rows, len(failing), more, footer)
+    out = lines
+    if metric_rows:
+        out += ["", _indent(text_table(metric_header, metric_rows, max_width=20))]
+    if task_rows:
+        out += ["", f"  not passing ({len(failing)} of {len(records)}):", _indent(text_table(task_header, task_rows))]
+        if more:
+            out.append(f"  ... and {more} more (see the full summary)")
+    out += ["", *(f"  {line}" for line in footer)]
+    return "\n".join(out)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _rich(
+    title: str,
+    metric_header: list[str],
+    metric_rows: list[list[str]],
+    task_header: list[str],
+    task_rows: list[list[str]],
+    failing: int,
+    more: int,
+    footer: list[str],
+) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=WIDTH, record=True, file=_Discard(), force_terminal=True)
+    console.print(title, style="bold", markup=False, highlight=False)
+    if metric_rows:
+        table = Table(*metric_header, box=None, pad_edge=False, header_style="bold")
+        for row in metric_rows:
+            table.add_row(*row)
+        console.print()
+        console.print(table)
+    if task_rows:
+        console.print()
+        table = Table(*task_header, box=None, pad_edge=False, header_style="bold", title=f"not passing ({failing})",
+                      title_justify="left")
+        for row in task_rows:
+            table.add_row(*row)
+        console.print(table)
+        if more:
+            console.print(f"... and {more} more (see the full summary)", markup=False, highlight=False)
+    console.print()
+    for line in footer:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return console.export_text(styles=True).rstrip("\n")
+
+
+class _Discard:
+    """A file that drops what is written (the console is only recorded)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+def render_run_list(request_dir: Path) -> str:
+    """The runs of one request directory, oldest first: id, status, tasks, primary value."""
+    rows = []
+    for run_dir in sorted(p for p in request_dir.iterdir() if (p / "run_info.json").is_file()):
+        info = _read_json(run_dir / "run_info.json") or {}
+        metrics = _read_json(run_dir / "metrics.json") or {}
+        series = metrics.get("series", {})
+        primary = next(iter(series), None)
+        value = fmt_metric(series[primary].get("value")) if primary else "-"
+        total = str(series[primary].get("total", "")) if primary else "-"
+        rows.append([run_dir.name, str(info.get("status", "unknown")), total, f"{primary}={value}" if primary else "-"])
+    if not rows:
+        return f"No runs in {request_dir}."
+    return f"Runs of {request_dir.name} in {request_dir}:\n" + text_table(["run", "status", "tasks", "primary"], rows)

@@ -1,0 +1,51 @@
+"""Helpers for the command-line tests in this directory: the real ``compass``
+in a subprocess, and task directories written on the spot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import agentcompass
+
+REPO = Path(agentcompass.__file__).resolve().parents[1]
+PASSING_TEST = 'echo 1 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n'
+
+
+def compass(cwd: Path, *args: str, env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Run ``compass ARGS`` in ``cwd`` (stdout is not a TTY)."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    full_env.pop("COMPASS_LOG_LEVEL", None)
+    for name in unset:
+        full_env.pop(name, None)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "agentcompass._cli", *args],
+        capture_output=True, text=True, cwd=cwd, env=full_env, timeout=120, check=False,
+    )
+
+
+def make_task(root: Path, name: str, test_sh: str = PASSING_TEST, solve_sh: str | None = "true\n") -> Path:
+    """A terminal task directory ``root/name``."""
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "instruction.md").write_text(f"Do {name}.\n")
+    (task / "tests" / "test.sh").write_text(test_sh)
+    if solve_sh is not None:
+        (task / "solution").mkdir()
+        (task / "solution" / "solve.sh").write_text(solve_sh)
+    return task
+
+
+def only_run_dir(output_root: Path, request: str) -> Path:
+    [run_dir] = (output_root / request).iterdir()
+    return run_dir
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
