@@ -20,9 +20,10 @@ namespace, the host end of a veth otherwise). The kit then listens there
 ``/dev/tcp``. Leaks are checked only when the author passes
 ``count_sandboxes``, a probe returning how many sandboxes exist (e.g.
 directories under the provider's root). ``sweep`` is checked for providers
-whose ``open`` takes a ``name``. ``isolated`` says that commands cannot
-write the host's files (a provider that is no security boundary, such as
-``local``, leaves it off); file API paths must stay confined either way.
+whose ``open`` takes a ``name`` and that override ``sweep``. ``isolated``
+says that commands cannot write the host's files (a provider that is no
+security boundary, such as ``local``, leaves it off); file API paths must
+stay confined either way.
 
 The kit runs real sessions under the real clock; do not use
 ``autojump_clock`` with providers that do real I/O.
@@ -145,7 +146,10 @@ class EnvironmentConformance:
         return [c for c in self.CHECKS if c not in skipped]
 
     def _takes_name(self) -> bool:
-        return "name" in inspect.signature(self.env.open).parameters
+        """Whether sessions are named and ``sweep`` is the provider's own (the
+        base one does nothing, for providers that cannot find sandboxes by name)."""
+        overrides_sweep = type(self.env).sweep is not BaseEnvironment.sweep
+        return overrides_sweep and "name" in inspect.signature(self.env.open).parameters
 
     async def run_all(self) -> None:
         """Run every applicable check; the first violation raises ``AssertionError``."""
