@@ -67,6 +67,9 @@ async def test_a_write_to_a_host_path_does_not_reach_the_host(provider: SandboxE
             assert "Read-only file system" in inside.stderr
             assert not host_file.exists() and not repo_file.exists()
             assert not Path("/etc/x").exists()
+            # Only the host's userland is there: not this project, not /root.
+            assert (await session.exec(f"ls {Path(__file__).parent} /root")).exit_code != 0
+            assert (await session.exec("ls /usr/bin/python3 /etc/os-release")).exit_code == 0
             # The host's secrets stay unreadable: the sandbox user is nobody on the host.
             assert (await session.exec("cat /etc/shadow")).exit_code != 0
             # File paths are confined too, symlinks included.

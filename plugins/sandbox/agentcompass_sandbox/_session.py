@@ -50,7 +50,11 @@ _KEEP = (
 )
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Top-level host entries never bound into the sandbox (made fresh, or the sandbox's own).
-_NOT_BOUND = frozenset({"proc", "dev", "sys", "tmp", "run", *_host.SUBDIRS})
+# The host's userland, mounted read-only where it exists (top-level symlinks
+# such as /bin -> usr/bin are recreated). Nothing else of the host is visible:
+# not /root, /mnt, /media, /boot, nor any project directory. Each bind costs
+# a mount and a read-only remount at every open.
+_USERLAND = ("usr", "etc", "opt", "var", "home", "srv", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 def fail(message: str) -> IssueError:
@@ -58,11 +62,9 @@ def fail(message: str) -> IssueError:
 
 
 def _root_binds() -> list[str]:
-    """bwrap arguments mounting the host's userland read-only (blocking: lists /)."""
+    """bwrap arguments mounting the host's userland read-only (blocking: reads /)."""
     args: list[str] = []
-    for entry in sorted(os.listdir("/")):
-        if entry in _NOT_BOUND:
-            continue
+    for entry in _USERLAND:
         path = "/" + entry
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
