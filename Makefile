@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-sandbox system-deps test lint bench bench-inspect clean
+.PHONY: demo demo-agent demo-sandbox system-deps test lint bench bench-inspect clean
 
 # What the sandbox provider (bubblewrap, iproute2, nftables, util-linux) and the
 # viewer's browser tests (chromium, chromium-driver) need from the system.
@@ -19,6 +19,11 @@ $(STAMP): $(BIN)/python setup.cfg pyproject.toml $(wildcard plugins/*/setup.cfg)
 
 demo: $(STAMP)
 	$(BIN)/compass launch examples/quickstart.yaml --output-root runs/demo
+
+# An agent run with no API key: a scripted model server on 127.0.0.1 and the react harness.
+demo-agent: $(STAMP)
+	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-agent.json -- \
+		$(BIN)/compass launch examples/demo-agent.yaml --output-root runs/demo-agent
 
 # The same tasks in sandboxes, offline while the agent runs (needs root).
 demo-sandbox: $(STAMP) system-deps

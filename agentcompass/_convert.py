@@ -40,9 +40,10 @@ from cattrs.cols import (
     list_structure_factory,
     mapping_structure_factory,
 )
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from .runtime._errors import ComponentError, ConfigError
+from .runtime._results import Issue
 from .runtime._values import ComponentRef, NetworkPolicy, RunRequest, Secret
 
 __all__ = [
@@ -216,6 +217,12 @@ def _unstructure_reuse(value: bool | Path) -> bool | str:
 converter.register_structure_hook(bool | Path, _structure_reuse)  # type: ignore[arg-type]
 converter.register_unstructure_hook(bool | Path, _unstructure_reuse)  # type: ignore[arg-type]
 _ = RunRequest  # RunRequest.reuse is the field these hooks serve
+
+
+# An issue's retry hint appears in JSON only when a service gave one.
+converter.register_unstructure_hook(
+    Issue, make_dict_unstructure_fn(Issue, converter, retry_after_seconds=override(omit_if_default=True))
+)
 
 
 def resolve_paths(config: Any, cls: Any, base_dir: Path) -> Any:

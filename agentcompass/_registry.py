@@ -114,6 +114,8 @@ def load_builtins() -> None:
         "agentcompass.environments.local",
         "agentcompass.benchmarks.terminal",
         "agentcompass.harnesses.oracle",
+        "agentcompass.harnesses.react",
+        "agentcompass.benchmarks.qa",
     ):
         importlib.import_module(module)
     for ep in entry_points(group=ENTRY_POINT_GROUP):

@@ -34,6 +34,7 @@ FULL: dict[str, dict[str, Any]] = {
     "shutdown": {"fn": "shutdown", "active": 500, "hold": 2.0, "grace": 5.0},
     "reuse": {"fn": "reuse", "tasks": 10_000, "concurrency": 500},
     "open_rate": {"fn": "open_rate", "opens": 200, "rate": 50.0},
+    "agent": {"fn": "agent_bound", "tasks": 500, "concurrency": 100, "latency": 0.1, "steps": 4},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 200, "concurrency": 8, "held": 100},
 }
 
@@ -46,6 +47,7 @@ SMOKE: dict[str, dict[str, Any]] = {
     "shutdown": {"fn": "shutdown", "active": 10, "hold": 0.3, "grace": 1.0},
     "reuse": {"fn": "reuse", "tasks": 30, "concurrency": 8},
     "open_rate": {"fn": "open_rate", "opens": 6, "rate": 50.0},
+    "agent": {"fn": "agent_bound", "tasks": 6, "concurrency": 3, "latency": 0.01, "steps": 2},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 4, "concurrency": 2, "held": 3},
 }
 

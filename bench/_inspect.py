@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ._agent import inspect_agent
 from ._child import ROOT
 
 VENV = ROOT / "bench" / ".venv-inspect"
@@ -103,6 +104,11 @@ def side_by_side(results: dict[str, Any], *, smoke: bool = False, scale: float =
             out["latency"] = theirs
             out["inspect_latency_wall_over_ideal"] = theirs["wall_over_ideal"]
             out["ratio_latency"] = theirs["wall_over_ideal"] / ours["wall_over_ideal"]
+        ours = results.get("agent") or {}
+        if "wall_over_ideal" in ours:
+            print(f"[bench] inspect agent-bound ({ours['tasks']} samples) ...", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory(prefix="inspect-agent-") as scratch:
+                out["agent"] = inspect_agent(python, ours, Path(scratch), scale)
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
         print(f"[bench] SKIPPED the rest of the Inspect AI side-by-side: {exc}", file=sys.stderr, flush=True)
         out["skipped"] = str(exc)

@@ -6,6 +6,8 @@ import math
 import statistics
 from typing import Any
 
+from ._agent import agent_rows
+
 __all__ = ["render_table", "targets"]
 
 
@@ -77,6 +79,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if r and "error" not in r:
         dev = r["deviation"]
         rows.append(_row("open rate", "achieved / configured - 1", dev * 100, "within +-2 %", abs(dev) <= 0.02, "{:+.2f} %"))
+    rows.extend(agent_rows(results, _row))
     r = results.get("sandbox")
     if r and "error" not in r:
         name = f"sandbox open + close ({r['sessions']} at concurrency {r['concurrency']})"

@@ -37,10 +37,12 @@ from agentcompass import (
 from agentcompass.testing import NOOP_SESSIONS
 from agentcompass.testing._noop import NOOP_OPEN_TIMES
 
+from ._agent import agent_bound
 from ._sandbox import sandbox_open_close as sandbox_open_close
 
 __all__ = [
     "SCENARIOS",
+    "agent_bound",
     "latency_bound",
     "memory",
     "open_rate",
@@ -468,6 +470,7 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
     }
 
 SCENARIOS = {
+    "agent": agent_bound,
     "overhead": overhead_bound,
     "latency": latency_bound,
     "memory": memory,

@@ -75,3 +75,12 @@ def test_runtime_reexports_the_contracts():
 def test_run_failed_error_is_a_runtime_error():
     assert issubclass(agentcompass.RunFailedError, RuntimeError)
     assert issubclass(agentcompass.ConfigError, ValueError)
+
+
+MODEL_NAMES = {"ChatClient", "ChatReply", "ModelError", "ModelUsage", "ToolCall", "chat_client", "open_model_clients"}
+
+
+def test_runtime_exports_the_model_client_api():
+    # Harnesses and harness-free benchmarks (plugins included) get model clients from here.
+    assert MODEL_NAMES <= _public(agentcompass.runtime)
+    assert issubclass(agentcompass.runtime.ModelError, agentcompass.IssueError)

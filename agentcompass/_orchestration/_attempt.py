@@ -44,6 +44,12 @@ def backoff_delay(n: int, min_delay: float, max_delay: float, rng: random.Random
     return rng.uniform(0.5 * base, base)
 
 
+def _honour_retry_after(delay: float, retried: list[tuple[Issue, str | None]], max_delay: float) -> float:
+    """A service's ``Retry-After`` raises the delay, never past ``max_delay``."""
+    asked = [i.retry_after_seconds for i, _ in retried if i.retry_after_seconds is not None]
+    return max(delay, min(max(asked), max_delay)) if asked else delay
+
+
 def retry_scope(retried: list[Issue], mode: str) -> str:
     """What a retry of these issues repeats (see the module docstring)."""
     if mode == "reuse" or any(issue.phase != "evaluate" for issue in retried):
@@ -108,6 +114,7 @@ async def run_attempt(
         retries += 1
         scope = retry_scope([issue for issue, _ in retried], mode)
         delay = backoff_delay(retries, execution.retry_min_delay_seconds, execution.retry_max_delay_seconds)
+        delay = _honour_retry_after(delay, retried, execution.retry_max_delay_seconds)
         await reporter.discarded_try(
             task.task_id, index, try_number, _discarded(outcome, plan, retries, scope, retried, delay)
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+import attrs
+
 from .._redact import redact
 from ..runtime._errors import IssueError
 from ..runtime._results import Issue, Phase
@@ -62,7 +64,7 @@ def classify(exc: BaseException, where: str, phase: Phase, diagnostics: list[dic
     diagnostics.append(diagnostic(where, exc))
     if isinstance(exc, IssueError):
         issue = exc.to_issue(phase)
-        return Issue(issue.severity, issue.phase, issue.code, redact(_first_line(issue.message)))
+        return attrs.evolve(issue, message=redact(_first_line(issue.message)))
     if isinstance(exc, EnvironmentFailure):
         severity, code = WHERE["environment"]
         return Issue(severity, phase, code, redact(str(exc)))  # type: ignore[arg-type]
@@ -78,4 +80,4 @@ def _first_line(message: str) -> str:
 def redact_issue(issue: Issue) -> Issue:
     """A component-returned issue with its message made one redacted line."""
     message = redact(_first_line(issue.message))
-    return issue if message == issue.message else Issue(issue.severity, issue.phase, issue.code, message)
+    return issue if message == issue.message else attrs.evolve(issue, message=message)

@@ -22,6 +22,7 @@ from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import get_logger
+from .._models import open_model_clients
 from .._store import open_run_store
 from ..runtime._errors import RunFailedError
 from ..runtime._results import OrchestrationResult, RequestResult
@@ -103,7 +104,9 @@ async def launch(
     # it still alive, the first allocation after would walk it all in one
     # collection (7-13 ms at 2,000 tasks, on the way out of every launch).
     with relaxed_collection():  # see agentcompass._gc
-        return await _launch(orchestration, show_progress)
+        # The model endpoints' shared clients, closed within the grace once the run is done.
+        async with open_model_clients(orchestration.task_concurrency, orchestration.cleanup_grace_seconds):
+            return await _launch(orchestration, show_progress)
 
 
 async def _launch(orchestration: Orchestration, show_progress: bool) -> OrchestrationResult:

@@ -40,7 +40,8 @@ def _names(cls: type) -> tuple[str, ...]:
 assert _names(AttemptRecord) == (
     "attempt", "status", "values", "issues", "run_result", "plan", "analysis", "retries", "timings", "prepared",
 )  # fmt: skip
-assert _names(Issue) == ("severity", "phase", "code", "message")
+# ``retry_after_seconds`` is a hint for the next retry of the running attempt, not a result: not kept.
+assert _names(Issue) == ("severity", "phase", "code", "message", "retry_after_seconds")
 assert _names(RunResult) == ("output", "trajectory", "usage", "artifacts", "issues", "timings")
 assert _names(ExecutionPlan) == (
     "task_id", "attempt", "environment", "harness", "benchmark_plan", "evaluation_environment_mode",

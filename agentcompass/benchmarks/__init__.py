@@ -1,1 +1,1 @@
-"""Built-in benchmarks: ``terminal``."""
+"""Built-in benchmarks: ``terminal``, ``qa``."""

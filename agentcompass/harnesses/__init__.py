@@ -1,1 +1,1 @@
-"""Built-in harnesses: ``oracle``."""
+"""Built-in harnesses: ``oracle``, ``react``."""

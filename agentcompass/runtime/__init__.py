@@ -1,5 +1,12 @@
 """Public contracts of AgentCompass (SPEC section 3 and 4)."""
 
+from .._models import ChatClient as ChatClient
+from .._models import ChatReply as ChatReply
+from .._models import ModelError as ModelError
+from .._models import ModelUsage as ModelUsage
+from .._models import ToolCall as ToolCall
+from .._models import chat_client as chat_client
+from .._models import open_model_clients as open_model_clients
 from ._components import BaseAnalyzer as BaseAnalyzer
 from ._components import BaseBenchmark as BaseBenchmark
 from ._components import BaseEnvironment as BaseEnvironment

@@ -6,6 +6,7 @@ Tree::
     ├── ConfigError(CompassError, ValueError)      invalid config or usage: exit 2, nothing runs
     │   └── ComponentError(ConfigError)            unknown id, bad component config, contract violation
     ├── IssueError(CompassError)                   a component's classified failure -> an Issue
+    │   └── ModelError(IssueError)                 a model call's classified failure (``chat_client``)
     └── RunFailedError(CompassError, RuntimeError) ``run_evaluation`` of a request that did not succeed
 
 ``Cancelled``, ``KeyboardInterrupt`` and ``SystemExit`` are never wrapped.

@@ -31,12 +31,18 @@ SEVERITY_RANK = {"warning": 0, "error": 1, "fatal": 2}
 @attrs.frozen
 class Issue:
     """One classified problem. ``message`` is a single redacted line; the
-    traceback, if any, lives in the attempt's ``artifacts.execution_diagnostics``."""
+    traceback, if any, lives in the attempt's ``artifacts.execution_diagnostics``.
+
+    ``retry_after_seconds`` is a delay the failing service asked for (a
+    model's ``Retry-After``): a retry of this issue waits at least that long,
+    within ``retry_max_delay_seconds``. It is left out of JSON when ``None``.
+    """
 
     severity: Severity
     phase: Phase
     code: str
     message: str = ""
+    retry_after_seconds: float | None = None
 
     @property
     def is_failure(self) -> bool:

@@ -48,6 +48,9 @@ that phase; counts continue across component instances (retries). Use
 ``autojump_clock`` for ``hang`` and ``sleep``, and call :func:`reset_logs`
 between tests. The fakes' state is per process: in-process executor only.
 
+:mod:`agentcompass.testing.model_server` is a real OpenAI-compatible HTTP
+server on 127.0.0.1 with scripted replies, for the model path.
+
 Provider authors check their Environment with :func:`check_environment`
 (or :func:`environment_conformance_tests` for one pytest test per check).
 """

@@ -1,0 +1,141 @@
+"""One shared HTTP client per model endpoint, for one orchestration.
+
+``launch`` opens a :class:`ModelClients` pool for its whole run and closes
+it within the cleanup grace on the way out; every task of the orchestration
+sees it through a context variable (Trio tasks inherit the context of the
+nursery that started them, so two concurrent ``launch`` calls each see
+their own). :func:`chat_client` is how harnesses and harness-free
+benchmarks get a client: the first call for an endpoint creates its
+``httpx.AsyncClient``, every later one shares it.
+
+An endpoint is ``(base_url, api_key, max_connections, timeout_seconds)``:
+two ModelSpecs that differ only in name or ``params`` share one connection
+pool. The pool size is the spec's ``max_connections``, else the
+orchestration's ``task_concurrency`` (so the tasks that use it never queue
+for a connection); ``timeout_seconds`` bounds each call (``None``: 600 s,
+as the OpenAI SDK's default). An executor that runs tasks in a process of
+its own (SPEC 11) opens a pool there with :func:`open_model_clients`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import trio
+
+from .._redact import register_secret
+from ..runtime._errors import ConfigError
+from ..runtime._values import ModelSpec
+from ._client import ChatClient
+from ._transport import pooled_transport
+
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "ModelClients", "chat_client", "open_model_clients"]
+
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+_current: contextvars.ContextVar[ModelClients | None] = contextvars.ContextVar(
+    "agentcompass_model_clients", default=None
+)
+
+
+class _NoCookies(httpx.Cookies):
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
+_NO_COOKIES = _NoCookies()
+
+
+class _EndpointClient(httpx.AsyncClient):
+    """The shared ``httpx.AsyncClient`` of one endpoint, keeping no cookies.
+
+    Model APIs authenticate by header and set no cookie worth sending back,
+    while httpx's cookie extraction (``http.cookiejar`` behind urllib
+    adapters) was about a tenth of a call's CPU (bench scenario ``agent``).
+    """
+
+    @property  # type: ignore[override]
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
+
+    @cookies.setter
+    def cookies(self, value: Any) -> None:
+        pass
+
+
+class ModelClients:
+    """The shared clients of one orchestration, keyed by endpoint."""
+
+    def __init__(self, default_max_connections: int):
+        self.default_max_connections = max(1, default_max_connections)
+        self._http: dict[tuple[Any, ...], httpx.AsyncClient] = {}
+        self.closed = False
+
+    def client(self, model: ModelSpec) -> ChatClient:
+        if self.closed:
+            raise RuntimeError("the orchestration's model clients are closed")
+        if model.api != "openai-chat":
+            raise ConfigError(f"model {model.name!r}: api {model.api!r} has no chat client")
+        if not model.base_url:
+            raise ConfigError(f"model {model.name!r}: base_url is required for api 'openai-chat'")
+        key = model.api_key.reveal() if model.api_key else ""
+        endpoint = (model.base_url, key, model.max_connections, model.timeout_seconds)
+        http = self._http.get(endpoint)
+        if http is None:
+            if key:
+                register_secret(key)
+            size = model.max_connections or self.default_max_connections
+            timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
+            http = _EndpointClient(
+                # The endpoint's key is part of its identity: the header belongs to its client.
+                headers={"Authorization": f"Bearer {key}"} if key else None,
+                timeout=httpx.Timeout(timeout),
+                transport=pooled_transport(size),
+                # No proxy from the environment: an endpoint is reached as configured.
+                trust_env=False,
+            )
+            self._http[endpoint] = http
+        return ChatClient(model, http, httpx.URL(model.base_url.rstrip("/") + "/chat/completions"))
+
+    async def aclose(self) -> None:
+        """Close every client (idempotent). The caller bounds it (the grace)."""
+        self.closed = True
+        clients, self._http = list(self._http.values()), {}
+        for http in clients:
+            await http.aclose()
+
+
+@asynccontextmanager
+async def open_model_clients(default_max_connections: int, grace_seconds: float = 30) -> AsyncIterator[ModelClients]:
+    """Make a :class:`ModelClients` pool current for the body and close it on
+    the way out (shielded, for at most ``grace_seconds``).
+
+    ``launch`` does this for its run; call it yourself only to use a
+    component outside ``launch`` (a test, a notebook)."""
+    pool = ModelClients(default_max_connections)
+    token = _current.set(pool)
+    try:
+        yield pool
+    finally:
+        _current.reset(token)
+        with trio.move_on_after(grace_seconds, shield=True):
+            await pool.aclose()
+
+
+def chat_client(model: ModelSpec) -> ChatClient:
+    """The :class:`ChatClient` for ``model`` on its endpoint's shared HTTP client.
+
+    Call it from a component running under ``agentcompass.launch`` (or
+    inside ``open_model_clients``); the client is the orchestration's, so do
+    not close it. Raises :class:`ConfigError` for a ModelSpec that has no
+    chat API (``api: none``, no ``base_url``) and ``RuntimeError`` outside an
+    orchestration.
+    """
+    pool = _current.get()
+    if pool is None:
+        raise RuntimeError("chat_client() needs a running orchestration (agentcompass.launch) or open_model_clients()")
+    return pool.client(model)
