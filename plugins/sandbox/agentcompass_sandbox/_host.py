@@ -147,7 +147,7 @@ def make_session_dir(name: str) -> Path:
     for sub in SUBDIRS:
         os.mkdir(path / sub, 0o755)
         os.chown(path / sub, HOST_UID, HOST_UID)
-    if os.path.isfile("/etc/hosts"):
+    if os.path.isfile("/etc/hosts") and not os.path.islink("/etc/hosts"):
         # The sandbox's own /etc/hosts, where allowlisted names are added.
         (path / "hosts").write_text(host_hosts())
     return path
