@@ -42,7 +42,7 @@ system-deps:
 	fi
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentcompass tests bench $(wildcard plugins)

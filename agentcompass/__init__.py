@@ -10,6 +10,7 @@ from ._config import load_config as load_config
 from ._orchestration._launch import launch as launch
 from ._orchestration._launch import run_evaluation as run_evaluation
 from ._planner import Planner as Planner
+from ._registry import build_component as build_component
 from ._registry import register as register
 from .runtime import NO_HARNESS as NO_HARNESS
 from .runtime import AttemptRecord as AttemptRecord

@@ -29,6 +29,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,43 @@ def _config_messages(exc: BaseException) -> list[str] | None:
     return None
 
 
+#: Entry-point group through which plugins add command groups to ``compass``
+#: (name: the command; value: ``module:attribute`` of a click command).
+CLI_ENTRY_POINT_GROUP = "agentcompass.cli"
+
+
+def _plugin_commands() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=CLI_ENTRY_POINT_GROUP)}
+
+
+class _PluginCommandError(click.ClickException):
+    """A broken plugin command: one line, exit 2, like a broken component plugin."""
+
+    exit_code = 2
+
+
 class _Group(click.Group):
+    """The root group: built-in commands, then plugin commands, each
+    imported only when the command line needs it (its name, or ``--help``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_plugin_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        ep = _plugin_commands().get(cmd_name)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # noqa: BLE001 - reported as one line naming the plugin
+            raise _PluginCommandError(f"plugin command {cmd_name!r} ({ep.value}) failed to import: {exc}") from None
+        if not isinstance(loaded, click.Command):
+            raise _PluginCommandError(f"plugin command {cmd_name!r} ({ep.value}) is not a click command")
+        return loaded
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

@@ -177,7 +177,11 @@ def resolve(kind: str, component_id: str) -> type[Component]:
 
 
 def build(kind: str, component_id: str, config: dict[str, Any]) -> Any:
-    """Resolve and instantiate a component; config errors name the component."""
+    """Build the component registered as ``component_id`` of ``kind``
+    (``"environment"``, ``"benchmark"``, ...) from ``config``, as the runtime
+    does. Public as ``agentcompass.build_component`` for plugins that host
+    other components (a sandbox server builds its provider by id). An
+    unknown id or a bad config raises :class:`ComponentError` naming it."""
     cls = resolve(kind, component_id)
     try:
         return cls(config)
@@ -185,6 +189,10 @@ def build(kind: str, component_id: str, config: dict[str, Any]) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001 - a constructor failure is a config error
         raise ComponentError(f"{kind} {component_id!r} could not be built: {_one_line(exc)}") from None
+
+
+#: The public name of :func:`build`.
+build_component = build
 
 
 def registered() -> list[Registration]:

@@ -34,6 +34,9 @@ FULL: dict[str, dict[str, Any]] = {
     "shutdown": {"fn": "shutdown", "active": 500, "hold": 2.0, "grace": 5.0},
     "reuse": {"fn": "reuse", "tasks": 10_000, "concurrency": 500},
     "open_rate": {"fn": "open_rate", "opens": 200, "rate": 50.0},
+    "remote_exec": {"fn": "remote_exec", "execs": 300},
+    "remote_sessions": {"fn": "remote_sessions", "sessions": 1000, "servers": 3},
+    "remote_stream": {"fn": "remote_stream", "mib": 64},
     "agent": {"fn": "agent_bound", "tasks": 500, "concurrency": 100, "latency": 0.1, "steps": 4},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 200, "concurrency": 8, "held": 100},
 }
@@ -47,6 +50,9 @@ SMOKE: dict[str, dict[str, Any]] = {
     "shutdown": {"fn": "shutdown", "active": 10, "hold": 0.3, "grace": 1.0},
     "reuse": {"fn": "reuse", "tasks": 30, "concurrency": 8},
     "open_rate": {"fn": "open_rate", "opens": 6, "rate": 50.0},
+    "remote_exec": {"fn": "remote_exec", "execs": 5},
+    "remote_sessions": {"fn": "remote_sessions", "sessions": 6, "servers": 3},
+    "remote_stream": {"fn": "remote_stream", "mib": 1},
     "agent": {"fn": "agent_bound", "tasks": 6, "concurrency": 3, "latency": 0.01, "steps": 2},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 4, "concurrency": 2, "held": 3},
 }

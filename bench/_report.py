@@ -79,6 +79,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     if r and "error" not in r:
         dev = r["deviation"]
         rows.append(_row("open rate", "achieved / configured - 1", dev * 100, "within +-2 %", abs(dev) <= 0.02, "{:+.2f} %"))
+    r = results.get("remote_exec")
+    if r and "error" not in r:
+        rows.append(_row("remote", "ms exec('true') round trip, loopback (median)", r["median_ms"], "<= 5", r["median_ms"] <= 5, "{:.2f}"))
+    r = results.get("remote_sessions")
+    if r and "error" not in r:
+        metric = f"{r['sessions']} sessions across {r['servers']} servers: driver CPU us/session"
+        rows.append(_row("remote", metric, r["driver_cpu_us_per_session"], "(reported)", r["failed"] == 0, "{:.0f}"))
+        rows.append(_row("remote", "wall s for those sessions (open, exec, close)", r["wall_s"], "(context)", None, "{:.1f}"))
+    r = results.get("remote_stream")
+    if r and "error" not in r:
+        rows.append(_row("remote", f"MiB/s of {r['mib']} MiB out of one exec", r["mib_per_s"], ">= 100", r["mib_per_s"] >= 100, "{:.0f}"))
+        if r.get("server_cpu_s") is not None:
+            rows.append(_row("remote", "CPU s for that stream: driver + server process (its start and the command included)", r["driver_cpu_s"] + r["server_cpu_s"], "(context)", None, "{:.2f}"))
     rows.extend(agent_rows(results, _row))
     r = results.get("sandbox")
     if r and "error" not in r:

@@ -469,6 +469,9 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
         "span_s": span,
     }
 
+# The remote provider's scenarios run real servers; they live in a module of their own.
+from ._remote import remote_exec, remote_sessions, remote_stream  # noqa: E402
+
 SCENARIOS = {
     "agent": agent_bound,
     "overhead": overhead_bound,
@@ -477,5 +480,8 @@ SCENARIOS = {
     "shutdown": shutdown,
     "reuse": reuse,
     "open_rate": open_rate,
+    "remote_exec": remote_exec,
+    "remote_sessions": remote_sessions,
+    "remote_stream": remote_stream,
     "sandbox": sandbox_open_close,
 }

@@ -49,7 +49,16 @@ SPEC_NAMES = {
     "Executor",
 }
 
-EXTRA_NAMES = {"NO_HARNESS", "NetworkOverrides", "CompassError", "ConfigError", "ComponentError", "RunFailedError"}
+# build_component: plugins that host other providers (remote sandbox servers) build them by id.
+EXTRA_NAMES = {
+    "NO_HARNESS",
+    "NetworkOverrides",
+    "CompassError",
+    "ConfigError",
+    "ComponentError",
+    "RunFailedError",
+    "build_component",
+}
 
 
 def _public(module: object) -> set[str]:

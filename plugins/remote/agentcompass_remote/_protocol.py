@@ -1,0 +1,116 @@
+"""The wire protocol shared by the server and the ``remote`` provider.
+
+Text messages are JSON objects with a ``type``; binary messages carry file
+data and exec output, each prefixed by :data:`HEADER` (the operation id and
+what the bytes are). ``docs/remote-protocol.md`` describes the exchange.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import socket
+import struct
+from typing import Any
+
+__all__ = [
+    "CHUNK",
+    "OUTPUT_CHUNK",
+    "HEADER",
+    "MAX_MESSAGE_BYTES",
+    "NAME_RE",
+    "STDERR",
+    "STDOUT",
+    "FILE",
+    "VERSION",
+    "ProtocolError",
+    "check_path",
+    "decode",
+    "encode",
+    "pack_chunk",
+    "set_keepalive",
+    "unpack_chunk",
+]
+
+#: Bumped on any incompatible change; both sides refuse another version.
+VERSION = 1
+#: Binary message prefix: operation id (u32), kind (u8).
+HEADER = struct.Struct("!IB")
+STDOUT, STDERR, FILE = 1, 2, 3
+#: Payload bytes per binary message from the client (file data): well
+#: under the server's message limit.
+CHUNK = 256 * 1024
+#: Payload bytes per binary message from the server (output, file data):
+#: fewer, larger messages for throughput; the client accepts 4 MiB.
+OUTPUT_CHUNK = 1024 * 1024
+#: Largest message either side accepts by default (a chunk, a long command).
+MAX_MESSAGE_BYTES = 1024 * 1024
+#: Session names, as the runtime makes them.
+NAME_RE = re.compile(r"[a-z0-9-]{1,40}")
+#: Absolute paths must stay under these roots (the Harbor task layout).
+ROOTS = ("/app", "/tests", "/logs", "/solution")
+
+
+#: TCP keepalive: first probe after this many idle seconds, then every
+#: interval, giving up after this many unanswered probes.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+
+def set_keepalive(sock: Any) -> None:
+    """Have the kernel probe an idle connection, so a peer that vanished
+    without a FIN or RST breaks it (the application does not need to ping)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+    ):
+        if hasattr(socket, name):  # Linux; elsewhere the system defaults apply
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+class ProtocolError(Exception):
+    """The peer sent something this protocol does not allow."""
+
+
+def encode(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"))
+
+
+def decode(text: str | bytes) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise ProtocolError("expected a JSON text message, got binary data")
+    try:
+        message = json.loads(text)
+    except ValueError:
+        raise ProtocolError("a text message is not valid JSON") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ProtocolError("a text message is not a JSON object with a 'type'")
+    return message
+
+
+def pack_chunk(op: int, kind: int, data: bytes | memoryview) -> bytes:
+    return b"".join((HEADER.pack(op, kind), data))
+
+
+def unpack_chunk(message: bytes) -> tuple[int, int, bytes]:
+    if len(message) < HEADER.size:
+        raise ProtocolError("a binary message is shorter than its header")
+    op, kind = HEADER.unpack_from(message)
+    return op, kind, message[HEADER.size :]
+
+
+def check_path(path: Any, what: str = "path") -> str:
+    """Refuse a path that leaves the session: ``..`` above the sandbox, an
+    absolute path outside the task roots, NUL bytes. Checked by the server
+    before the backend sees it (the backend checks again, with symlinks)."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ProtocolError(f"{what} must be a non-empty string without NUL bytes")
+    normal = posixpath.normpath(path)
+    if posixpath.isabs(path):
+        if not any(normal == root or normal.startswith(root + "/") for root in ROOTS):
+            raise ProtocolError(f"{what} {path!r} is outside the session (absolute paths must be under {', '.join(ROOTS)})")
+    elif normal == ".." or normal.startswith("../"):
+        raise ProtocolError(f"{what} {path!r} is outside the session")
+    return path

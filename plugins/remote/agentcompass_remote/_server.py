@@ -1,0 +1,436 @@
+"""``compass sandbox serve``: hosts sandbox sessions of a local provider over WebSocket.
+
+Each connection authenticates first (the token, compared in constant time,
+within ``auth_timeout`` seconds of connecting) and then does one thing: host
+one session (``open``), or ``reap`` / ``sweep`` by session name. A session
+lives exactly as long as its connection: when the client closes it, or the
+connection drops (a driver killed mid-exec), the server cancels what the
+session was doing and closes it within ``grace`` seconds, so a dead driver
+leaks nothing. Cancelling :func:`serve_sandboxes` (SIGTERM in the CLI) closes
+every session the same way.
+
+Non-goals: TLS (put the server behind a TLS terminator and use ``wss://``)
+and reattaching to a session after its connection dropped.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import itertools
+import json
+from typing import Any
+
+import attrs
+import trio
+import trio_websocket
+
+from agentcompass import BaseEnvironment, ComponentRef, EnvironmentSession, ExecutionPlan, IssueError, NetworkPolicy
+from agentcompass import build_component as _build_component
+
+from . import _protocol as p
+
+__all__ = ["SandboxServer", "serve_sandboxes"]
+
+
+def _policy(raw: Any) -> NetworkPolicy:
+    if not isinstance(raw, dict) or raw.get("mode") not in ("none", "allowlist", "full"):
+        raise p.ProtocolError(f"not a network policy: {raw!r}")
+    allow = raw.get("allow") or []
+    if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+        raise p.ProtocolError(f"not a network policy: {raw!r}")
+    return NetworkPolicy(raw["mode"], tuple(allow))
+
+
+def _error(op: int | None, exc: BaseException) -> dict[str, Any]:
+    """An operation's failure as a message (one line, no traceback)."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    reply: dict[str, Any] = {"type": "error", "id": op, "severity": "fatal", "code": "environment_failed"}
+    if isinstance(exc, IssueError):
+        reply.update(severity=exc.severity, code=exc.code, message=exc.message)
+    elif isinstance(exc, OSError) and exc.errno is not None:
+        reply.update(errno=exc.errno, message=exc.strerror or message)
+    else:
+        reply["message"] = message
+    return reply
+
+
+@attrs.define(eq=False)
+class _Hosted:
+    """A session the server hosts: the backend's session and how to stop it."""
+
+    name: str
+    session_id: str
+    backend: EnvironmentSession
+    scope: trio.CancelScope
+    closed: trio.Event = attrs.Factory(trio.Event)
+
+
+@attrs.define(eq=False)
+class SandboxServer:
+    """The state of one server: its backend provider, token, limits and sessions.
+
+    - ``provider``: the id of the registered Environment that hosts sessions.
+    - ``token``: what clients must send; never logged or echoed.
+    - ``capacity``: most sessions at once (0: no limit), advertised to clients.
+    - ``grace``: seconds a session's close may take once its client is gone.
+    - ``auth_timeout``: seconds a client has to authenticate after connecting.
+    - ``max_message_bytes``: larger messages close the connection (code 1009).
+    - ``max_file_bytes``: largest file a client may write.
+    - ``default_config``: the provider config; a client's ``provider_config``
+      fills in keys it does not set (the server's own settings win).
+    """
+
+    provider: str
+    token: str
+    capacity: int = 0
+    grace: float = 10.0
+    auth_timeout: float = 5.0
+    max_message_bytes: int = p.MAX_MESSAGE_BYTES + p.HEADER.size
+    max_file_bytes: int = 256 * 1024 * 1024
+    default_config: dict[str, Any] = attrs.Factory(dict)
+    sessions: dict[str, _Hosted] = attrs.field(factory=dict, init=False)
+    #: Sessions opened since the server started, and the most open at once.
+    opened_total: int = attrs.field(default=0, init=False)
+    peak_load: int = attrs.field(default=0, init=False)
+    _opening: int = attrs.field(default=0, init=False)
+    _backends: dict[str, BaseEnvironment] = attrs.field(factory=dict, init=False)
+    _ids: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.token:
+            raise ValueError("the server refuses to start without a token")
+        self._backend({})  # an unknown provider id fails now, not at the first open
+
+    @property
+    def load(self) -> int:
+        return len(self.sessions) + self._opening
+
+    def _backend(self, config: dict[str, Any]) -> BaseEnvironment:
+        config = {**config, **self.default_config}
+        key = json.dumps(config, sort_keys=True)
+        backend = self._backends.get(key)
+        if backend is None:
+            backend = self._backends[key] = _build_component("environment", self.provider, config)
+        return backend
+
+    # -- connections ---------------------------------------------------------
+
+    async def handle(self, request: trio_websocket.WebSocketRequest) -> None:
+        """trio-websocket's handler: one connection, from handshake to close."""
+        ws = await request.accept()
+        try:
+            hello: str | bytes | None = None
+            with trio.move_on_after(self.auth_timeout):
+                hello = await ws.get_message()
+            if not self._authenticated(hello):
+                await ws.aclose(4001, "authentication failed")
+                return
+            await ws.send_message(
+                p.encode(
+                    {
+                        "type": "welcome",
+                        "version": p.VERSION,
+                        "provider": self.provider,
+                        "capacity": self.capacity,
+                        "load": self.load,
+                    }
+                )
+            )
+            first = p.decode(await ws.get_message())
+            kind = first["type"]
+            if kind == "open":
+                await self._host(ws, first)
+            elif kind == "reap":
+                found = await self._reap(str(first.get("name")), first.get("handle"))
+                await ws.send_message(p.encode({"type": "reaped", "found": found}))
+            elif kind == "sweep":
+                count = await self._sweep(first.get("tag"))
+                await ws.send_message(p.encode({"type": "swept", "count": count}))
+            elif kind != "bye":
+                raise p.ProtocolError(f"unexpected message {kind!r}")
+        except* trio_websocket.ConnectionClosed:
+            pass  # the client went away; its session (if any) is closed already
+        except* p.ProtocolError as group:
+            # A confused or hostile client: say why, and hang up.
+            await _hang_up(ws, group.exceptions[0], 1008)
+        except* Exception as group:
+            # Whatever else failed serving this connection must not take the server down.
+            await _hang_up(ws, group.exceptions[0], 1011)
+
+    def _authenticated(self, hello: str | bytes | None) -> bool:
+        """Constant-time token check; any malformed hello is a plain refusal."""
+        if not isinstance(hello, str):
+            return False
+        try:
+            message = p.decode(hello)
+        except p.ProtocolError:
+            return False
+        token = message.get("token")
+        if message["type"] != "hello" or message.get("version") != p.VERSION or not isinstance(token, str):
+            return False
+        return hmac.compare_digest(token.encode(), self.token.encode())
+
+    # -- one hosted session --------------------------------------------------
+
+    async def _host(self, ws: trio_websocket.WebSocketConnection, message: dict[str, Any]) -> None:
+        name = message.get("name")
+        if not isinstance(name, str) or not p.NAME_RE.fullmatch(name):
+            raise p.ProtocolError(f"session name {name!r} must match [a-z0-9-]{{1,40}}")
+        if message.get("provider") != self.provider:
+            await ws.send_message(
+                p.encode(
+                    {
+                        "type": "error",
+                        "id": None,
+                        "severity": "fatal",
+                        "code": "environment_failed",
+                        "message": f"this server hosts {self.provider!r} sessions, not {message.get('provider')!r}",
+                    }
+                )
+            )
+            return
+        if name in self.sessions:
+            raise p.ProtocolError(f"a session named {name!r} is already open")
+        if self.capacity and self.load >= self.capacity:
+            await ws.send_message(p.encode({"type": "full", "capacity": self.capacity, "load": self.load}))
+            return
+        config = message.get("provider_config") or {}
+        policies = message.get("policies") or {}
+        if not isinstance(config, dict) or not isinstance(policies, dict):
+            raise p.ProtocolError("provider_config and policies must be objects")
+        policy = _policy(message.get("policy"))
+        plan = ExecutionPlan(
+            task_id=str(message.get("task_id") or name),
+            attempt=0,
+            environment=ComponentRef(self.provider, {**config, **self.default_config}),
+            baseline_network_policy=_policy(policies.get("baseline", message.get("policy"))),
+            run_network_policy=_policy(policies.get("run", message.get("policy"))),
+            evaluation_network_policy=_policy(policies.get("evaluation", message.get("policy"))),
+        )
+        self._opening += 1
+        self.peak_load = max(self.peak_load, self.load)
+        session: EnvironmentSession | None = None
+        hosted: _Hosted | None = None
+        try:
+            try:
+                backend = self._backend(config)  # a bad provider_config is this open's error
+                session = await _open(backend, backend.build_config(plan), policy, name)
+            except Exception as exc:
+                await ws.send_message(p.encode(_error(None, exc)))
+                return
+            finally:
+                self._opening -= 1
+            hosted = _Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope())
+            self.sessions[name] = hosted
+            self.opened_total += 1
+            await ws.send_message(
+                p.encode({"type": "opened", "session": hosted.session_id, "handle": session.handle})
+            )
+            with hosted.scope:
+                await self._serve_session(ws, hosted)
+        finally:
+            grace_deadline = trio.current_time() + self.grace
+            close_error = None
+            if session is not None:
+                with trio.move_on_at(grace_deadline, shield=True) as grace:
+                    try:
+                        await session.close()
+                    except Exception as exc:  # noqa: BLE001 - the client is told below when it still listens
+                        close_error = " ".join(str(exc).split()) or type(exc).__name__
+                if grace.cancelled_caught:
+                    close_error = f"closing the session took longer than the server's {self.grace}s grace"
+            if hosted is not None:
+                self.sessions.pop(name, None)
+                hosted.closed.set()
+        with trio.move_on_at(grace_deadline):
+            try:
+                await ws.send_message(p.encode({"type": "closed", "error": close_error}))
+            except trio_websocket.ConnectionClosed:
+                pass
+
+    async def _serve_session(self, ws: trio_websocket.WebSocketConnection, hosted: _Hosted) -> None:
+        """Read the client's requests until ``close`` or a dropped connection.
+        Operations run as tasks so that ``cancel`` can reach a running exec."""
+        running: dict[int, trio.CancelScope] = {}
+        send_lock = trio.Lock()
+
+        async def send(message: dict[str, Any] | bytes) -> None:
+            async with send_lock:
+                await ws.send_message(p.encode(message) if isinstance(message, dict) else message)
+
+        async def run(op: int, scope: trio.CancelScope, fn: Any, *args: Any) -> None:
+            with scope:
+                try:
+                    await fn(send, op, *args)
+                except Exception as exc:
+                    await send(_error(op, exc))
+                finally:
+                    del running[op]
+            if scope.cancelled_caught:
+                await send({"type": "cancelled", "id": op})
+
+        def start(op: int, fn: Any, *args: Any) -> None:
+            # Registered before the task starts, so a cancel right behind the request finds it.
+            running[op] = trio.CancelScope()
+            nursery.start_soon(run, op, running[op], fn, *args)
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                message = await ws.get_message()
+                if isinstance(message, bytes):
+                    raise p.ProtocolError("binary data outside a write_file")
+                request = p.decode(message)
+                kind, op = request["type"], request.get("id")
+                if kind == "close":
+                    nursery.cancel_scope.cancel()
+                    return
+                if not isinstance(op, int) or op < 0 or op in running:
+                    raise p.ProtocolError(f"operation id {op!r} is missing or in use")
+                if kind == "cancel":
+                    target = request.get("target")
+                    if target in running:
+                        running[target].cancel()
+                    continue
+                session = hosted.backend
+                if kind == "exec":
+                    start(op, _exec, session, request)
+                elif kind == "read_file":
+                    start(op, _read, session, request.get("path"))
+                elif kind == "write_file":
+                    data = await self._receive_file(ws, op, request)
+                    start(op, _write, session, request.get("path"), data)
+                elif kind == "policy":
+                    start(op, _set_policy, session, _policy(request.get("policy")))
+                else:
+                    raise p.ProtocolError(f"unknown operation {kind!r}")
+
+    async def _receive_file(self, ws: trio_websocket.WebSocketConnection, op: int, request: dict[str, Any]) -> bytes:
+        size = request.get("size")
+        if not isinstance(size, int) or not 0 <= size <= self.max_file_bytes:
+            raise p.ProtocolError(f"write_file size {size!r} is not between 0 and {self.max_file_bytes}")
+        data = bytearray()
+        while len(data) < size:
+            chunk = await ws.get_message()
+            if not isinstance(chunk, bytes):
+                raise p.ProtocolError("expected file data")
+            chunk_op, kind, payload = p.unpack_chunk(chunk)
+            if chunk_op != op or kind != p.FILE or len(data) + len(payload) > size:
+                raise p.ProtocolError("file data does not match its write_file")
+            data += payload
+        return bytes(data)
+
+    # -- reap and sweep ------------------------------------------------------
+
+    async def _reap(self, name: str, handle: Any) -> bool:
+        """Close the live session ``name``; failing that, hand the provider's
+        handle to the provider's ``reap``: the sandbox of a session this
+        server hosted before it was killed and restarted. (The provider
+        destroys only what it recognises as its own, and an authenticated
+        client can run commands anyway.)"""
+        hosted = self.sessions.get(name)
+        if hosted is not None:
+            hosted.scope.cancel()
+            await hosted.closed.wait()
+            return True
+        if isinstance(handle, dict):
+            await self._backend({}).reap(handle)
+        return False
+
+    async def _sweep(self, tag: Any) -> int:
+        if not isinstance(tag, str) or not p.NAME_RE.fullmatch(tag):
+            raise p.ProtocolError(f"sweep tag {tag!r} must match [a-z0-9-]{{1,40}}")
+        doomed = [h for name, h in self.sessions.items() if name.startswith(tag)]
+        for hosted in doomed:
+            hosted.scope.cancel()
+        for hosted in doomed:
+            await hosted.closed.wait()
+        for backend in self._backends.values():
+            sweep = getattr(backend, "sweep", None)
+            if sweep is not None:
+                await sweep(tag)
+        return len(doomed)
+
+
+async def _hang_up(ws: trio_websocket.WebSocketConnection, exc: BaseException, code: int) -> None:
+    with trio.move_on_after(1):
+        try:
+            await ws.send_message(p.encode(_error(None, exc)))
+            await ws.aclose(code, "protocol error" if code == 1008 else "server error")
+        except trio_websocket.ConnectionClosed:
+            pass
+
+
+async def _open(backend: BaseEnvironment, config: Any, policy: NetworkPolicy, name: str) -> EnvironmentSession:
+    """The backend's ``open``, passing the session name to providers that take it."""
+    if "name" in inspect.signature(backend.open).parameters:
+        return await backend.open(config, policy, name=name)  # type: ignore[call-arg]
+    return await backend.open(config, policy)
+
+
+async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[str, Any]) -> None:
+    cmd = request.get("cmd")
+    if not (isinstance(cmd, str) or (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd))):
+        raise p.ProtocolError("cmd must be a string or a non-empty list of strings")
+    cwd = request.get("cwd")
+    if cwd is not None:
+        p.check_path(cwd, "cwd")
+    env = request.get("env")
+    if env is not None and not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        raise p.ProtocolError("env must map names to strings")
+    timeout = request.get("timeout")
+    if timeout is not None and not isinstance(timeout, int | float):
+        raise p.ProtocolError("timeout must be a number")
+    result = await session.exec(cmd, timeout, cwd, env)
+    for kind, text in ((p.STDOUT, result.stdout), (p.STDERR, result.stderr)):
+        data = memoryview(text.encode("utf-8", errors="surrogateescape"))
+        for start in range(0, len(data), p.OUTPUT_CHUNK):
+            await send(p.pack_chunk(op, kind, data[start : start + p.OUTPUT_CHUNK]))
+    await send({"type": "exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out})
+
+
+async def _read(send: Any, op: int, session: EnvironmentSession, path: Any) -> None:
+    data = memoryview(await session.read_file(p.check_path(path)))
+    for start in range(0, len(data), p.OUTPUT_CHUNK):
+        await send(p.pack_chunk(op, p.FILE, data[start : start + p.OUTPUT_CHUNK]))
+    await send({"type": "done", "id": op, "size": len(data)})
+
+
+async def _write(send: Any, op: int, session: EnvironmentSession, path: Any, data: bytes) -> None:
+    await session.write_file(p.check_path(path), data)
+    await send({"type": "done", "id": op})
+
+
+async def _set_policy(send: Any, op: int, session: EnvironmentSession, policy: NetworkPolicy) -> None:
+    await session.set_network_policy(policy)
+    await send({"type": "done", "id": op})
+
+
+async def serve_sandboxes(
+    server: SandboxServer,
+    host: str,
+    port: int,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``server`` on ``host:port`` until cancelled; ``nursery.start``
+    returns the bound port (useful with port 0). Cancelling it closes every
+    session, each bounded by the server's grace.
+
+    Connections use TCP keepalive, so a driver whose machine vanished without
+    closing its connections (power loss, a partition) is noticed within
+    about half a minute and its sessions closed like any other."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    for listener in listeners:
+        p.set_keepalive(listener.socket)  # accepted connections inherit it
+    ws_server = trio_websocket.WebSocketServer(
+        server.handle,
+        listeners,
+        max_message_size=server.max_message_bytes,
+        receive_buffer_size=p.CHUNK,
+        connect_timeout=server.auth_timeout,
+        disconnect_timeout=server.grace,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ws_server.run)
+        task_status.started(ws_server.port)

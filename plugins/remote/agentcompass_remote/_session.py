@@ -1,0 +1,267 @@
+"""One ``remote`` session: requests over the session's own connection.
+
+Operations run one at a time (a lock): each sends its request whole, then
+reads its replies until its final message. A cancelled operation is
+cancelled on the server too, and its replies drained, so the session stays
+usable; a lost connection is FATAL ``environment_failed``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Literal
+
+import trio
+
+from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
+
+from . import _protocol as p
+from ._client import ClientConnection, ConnectionLost
+
+if TYPE_CHECKING:
+    from ._provider import RemoteEnvironment, _Server
+
+__all__ = ["RemoteSession", "fail", "policy_message", "reason", "reply_error"]
+
+#: Bounds the shielded exchange that cancels a running exec on the server.
+_CANCEL_GRACE_SECONDS = 5.0
+#: The client keeps at most this multiple of the backend's output limit per
+#: stream (decoding with replacement characters can grow text up to 3 x).
+_OUTPUT_SLACK = 4
+
+
+def fail(message: str) -> IssueError:
+    return IssueError("fatal", "environment_failed", message)
+
+
+def policy_message(policy: NetworkPolicy) -> dict[str, Any]:
+    return {"mode": policy.mode, "allow": list(policy.allow)}
+
+
+def _check_path(path: str) -> None:
+    try:
+        p.check_path(path)
+    except p.ProtocolError as exc:
+        raise fail(str(exc)) from None
+
+
+def reason(exc: BaseException) -> str:
+    if isinstance(exc, trio.TooSlowError):
+        return "no answer in time"
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def reply_error(reply: dict[str, Any]) -> Exception:
+    message = str(reply.get("message") or "the server reported an error")
+    errno = reply.get("errno")
+    if isinstance(errno, int):
+        return OSError(errno, message)
+    severity: Literal["fatal", "error", "warning"] = "fatal"
+    if reply.get("severity") in ("error", "warning"):
+        severity = reply["severity"]
+    return IssueError(severity, str(reply.get("code") or "environment_failed"), message)
+
+
+class _SessionEnded(Exception):
+    """The server closed the session (a reap or sweep from elsewhere)."""
+
+
+class _Tail:
+    """The last ``limit`` bytes received, plus how many came before them."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+
+    def append(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.size += len(data)
+        while self.chunks and self.size - len(self.chunks[0]) >= self.limit:
+            self.size -= len(self.chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self.chunks)[-self.limit :].decode("utf-8", errors="replace")
+
+
+class RemoteSession(EnvironmentSession):
+    """One session on a server. Its connection is its lifetime: closing the
+    session, or losing the connection, ends the sandbox on the server."""
+
+    def __init__(self, env: RemoteEnvironment, server: _Server, conn: ClientConnection, name: str, reply: dict[str, Any]):
+        self._env = env
+        self._server = server
+        self._conn = conn
+        self._lock = trio.Lock()
+        self._ops = 0
+        self._closed = False
+        self._handle = {"url": server.url, "name": name, "session": reply.get("session")}
+        inner = reply.get("handle")
+        if isinstance(inner, dict):
+            self._handle["inner"] = inner
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return dict(self._handle)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise fail(f"remote session {self._handle['name']} on {self._server.url} is closed")
+        if self._conn.closed:
+            raise fail(f"the connection to {self._server.url} for session {self._handle['name']} was lost")
+
+    async def _request(self, message: dict[str, Any], on_chunk: Any = None, data: bytes | None = None) -> dict[str, Any]:
+        """Send one operation and read its replies until it ends. A lost
+        connection is FATAL ``environment_failed``; a cancellation asks the
+        server to cancel the operation and waits (briefly, shielded) for it."""
+        async with self._lock:
+            self._check_open()
+            self._ops += 1
+            op = self._ops
+            try:
+                if data is None:
+                    await self._send({**message, "id": op})
+                else:
+                    # The request and the first chunk go in one write.
+                    view = memoryview(data)
+                    first = [p.pack_chunk(op, p.FILE, view[: p.CHUNK])] if view else []
+                    await self._send({**message, "id": op}, *first)
+                    for start in range(p.CHUNK, len(view), p.CHUNK):
+                        await self._send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
+                reply = await self._until_done(op, on_chunk)
+            except _SessionEnded:
+                await self._conn.abort()
+                raise fail(f"the server closed session {self._handle['name']} (reaped or swept)") from None
+            except (ConnectionLost, p.ProtocolError) as exc:
+                await self._conn.abort()
+                self._env._lost(self._server)
+                raise fail(f"sandbox server {self._server.url}: {reason(exc)}") from None
+            except BaseException:
+                await self._abandon(op)
+                raise
+        if reply["type"] == "error":
+            raise reply_error(reply)
+        return reply
+
+    async def _send(self, *messages: dict[str, Any] | bytes) -> None:
+        """Send whole messages even when cancelled (briefly, shielded): a
+        write cut short would leave half a frame on the connection and lose
+        the session; a cancellation lands at the next receive instead."""
+        with trio.move_on_after(_CANCEL_GRACE_SECONDS, shield=True):
+            await self._conn.send(*messages)
+            return
+        await self._conn.abort()
+        raise ConnectionLost("a write to the server did not finish")
+
+    async def _until_done(self, op: int, on_chunk: Any) -> dict[str, Any]:
+        """Replies of ``op`` up to its last one (``error`` included)."""
+        while True:
+            message = await self._conn.receive()
+            if isinstance(message, bytes):
+                chunk_op, kind, payload = p.unpack_chunk(message)
+                if chunk_op != op or on_chunk is None:
+                    raise p.ProtocolError("unexpected binary data")
+                on_chunk(kind, payload)
+                continue
+            kind = message["type"]
+            if kind == "closed":
+                raise _SessionEnded
+            if message.get("id") != op:
+                raise p.ProtocolError(f"a reply for operation {message.get('id')!r} while waiting for {op}")
+            return message
+
+    async def _abandon(self, op: int) -> None:
+        """The caller gave up on ``op`` (cancelled): cancel it on the server
+        and drain its replies, or drop the connection if that overruns."""
+        if self._conn.closed:
+            return
+        with trio.move_on_after(_CANCEL_GRACE_SECONDS, shield=True):
+            try:
+                self._ops += 1
+                await self._conn.send({"type": "cancel", "id": self._ops, "target": op})
+                while True:
+                    message = await self._conn.receive()
+                    if isinstance(message, dict) and (message.get("id") == op or message["type"] == "closed"):
+                        if message["type"] != "closed":
+                            return  # the operation ended (cancelled, or finished first)
+                        break
+            except (ConnectionLost, p.ProtocolError):
+                pass
+        await self._conn.abort()
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` on the server's provider: the same semantics as that
+        provider's ``exec`` (timeout, cancellation, output limit), the output
+        streamed back in chunks."""
+        limit = self._env._max_output * _OUTPUT_SLACK
+        streams = {p.STDOUT: _Tail(limit), p.STDERR: _Tail(limit)}
+
+        def on_chunk(kind: int, payload: bytes) -> None:
+            tail = streams.get(kind)
+            if tail is None:
+                raise p.ProtocolError(f"unknown output stream {kind}")
+            tail.append(payload)
+
+        message = {"type": "exec", "cmd": cmd, "timeout": timeout, "cwd": cwd, "env": env}
+        reply = await self._request(message, on_chunk)
+        exit_code = reply.get("exit_code")
+        if reply["type"] != "exit" or not isinstance(exit_code, int):
+            raise fail(f"unexpected reply {reply['type']!r} to exec")
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=streams[p.STDOUT].text(),
+            stderr=streams[p.STDERR].text(),
+            timed_out=bool(reply.get("timed_out")),
+        )
+
+    async def read_file(self, path: str) -> bytes:
+        """Read a file (paths as the server's provider takes them; ``..`` out
+        of the session and absolute paths outside ``/app``, ``/tests``,
+        ``/logs``, ``/solution`` are refused)."""
+        _check_path(path)
+        chunks: list[bytes] = []
+        await self._request({"type": "read_file", "path": path}, lambda _kind, payload: chunks.append(payload))
+        return b"".join(chunks)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write a file (``str`` as UTF-8), sent in chunks."""
+        _check_path(path)
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        await self._request({"type": "write_file", "path": path, "size": len(payload)}, data=payload)
+
+    async def set_network_policy(self, policy: NetworkPolicy) -> None:
+        await self._request({"type": "policy", "policy": policy_message(policy)})
+
+    async def close(self) -> None:
+        """Ask the server to close the session and wait until it has.
+        Idempotent. A close that failed on the server is a WARNING
+        ``cleanup_failed``. If this is cancelled, the connection is dropped,
+        and the server closes the session on its own within its grace."""
+        if self._closed:
+            return
+        self._closed = True
+        self._env._closed(self._server)
+        conn = self._conn
+        if conn.closed:
+            return
+        error = None
+        try:
+            async with self._lock:
+                await conn.send({"type": "close"})
+                while True:
+                    message = await conn.receive()
+                    if isinstance(message, dict) and message["type"] == "closed":
+                        error = message.get("error")
+                        break
+        except (ConnectionLost, p.ProtocolError):
+            pass  # the server is gone, and so is the session
+        finally:
+            await conn.abort()
+        if error:
+            raise IssueError("warning", "cleanup_failed", f"sandbox server {self._server.url}: {error}")

@@ -1,0 +1,148 @@
+"""Helpers of the ``remote`` tests: real sandbox servers on 127.0.0.1 port 0,
+in this Trio run or as ``compass sandbox serve`` subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from agentcompass_remote import SandboxServer, serve_sandboxes
+
+TOKEN = "test-token-0123456789"
+#: How long a test waits for a real process or server to reach a state.
+WAIT_SECONDS = 20.0
+
+
+@attrs.define(eq=False)
+class InProcess:
+    server: SandboxServer
+    url: str
+    root: Path
+
+    def sandboxes(self) -> list[Path]:
+        return sorted(self.root.iterdir()) if self.root.exists() else []
+
+    async def settled_count(self) -> int:
+        """The number of sandbox directories once the server has no session
+        open or opening (a session whose client went away closes on its own)."""
+        await wait_for(lambda: self.server.load == 0, "the server to close its sessions")
+        return len(self.sandboxes())
+
+
+async def wait_for(condition: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:
+    """Poll a real condition (a server, a process) with a bounded loop."""
+    with trio.move_on_after(seconds):
+        while not condition():  # noqa: ASYNC110 - a process or server we do not own: nothing to wait on
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+
+
+async def start_in_process(nursery: trio.Nursery, root: Path, **options: Any) -> InProcess:
+    """A server (backed by ``local`` under ``root``) served in ``nursery``."""
+    server = SandboxServer("local", TOKEN, default_config={"root": str(root)}, **options)
+    port = await nursery.start(serve_sandboxes, server, "127.0.0.1", 0)
+    return InProcess(server, f"ws://127.0.0.1:{port}", root)
+
+
+@attrs.define(eq=False)
+class Spawned:
+    """A ``compass sandbox serve`` subprocess."""
+
+    process: trio.Process
+    port: int
+    root: Path
+    output: bytes = b""
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+def serve_command(token_file: Path, root: Path, port: int = 0, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "agentcompass._cli",
+        "sandbox",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--token-file",
+        str(token_file),
+        "--provider-config",
+        f'{{"root": "{root}"}}',
+        *extra,
+    ]
+
+
+def processes_marked(root: Path) -> list[int]:
+    """Live processes started by a ``local`` sandbox under ``root`` (they carry
+    ``AGENTCOMPASS_SANDBOX=<their sandbox>`` in their environment)."""
+    needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(item.startswith(needle) for item in f.read().split(b"\0")):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+async def start_spawned(token_file: Path, root: Path, port: int = 0, *extra: str) -> Spawned:
+    """Start a server subprocess; return once it listens."""
+    process = await trio.lowlevel.open_process(
+        serve_command(token_file, root, port, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    spawned = Spawned(process, 0, root)
+    assert process.stdout is not None
+    with trio.fail_after(WAIT_SECONDS):
+        while b"\n" not in spawned.output:
+            chunk = await process.stdout.receive_some(4096)
+            if not chunk:
+                err = await process.stderr.receive_some(65536) if process.stderr else b""
+                raise AssertionError(f"server on {root} exited before listening: {err.decode()}")
+            spawned.output += chunk
+    spawned.port = int(spawned.output.split(b"\n")[0].rsplit(b":", 1)[1])
+    return spawned
+
+
+async def hello(ws: Any, token: str | None = TOKEN) -> dict[str, Any]:
+    """Authenticate a raw trio-websocket connection; return the welcome."""
+    message: dict[str, Any] = {"type": "hello", "version": 1}
+    if token is not None:
+        message["token"] = token
+    await ws.send_message(json.dumps(message))
+    return json.loads(await ws.get_message())
+
+
+async def open_raw(ws: Any, name: str = "raw-1") -> dict[str, Any]:
+    """Authenticate and open a ``local`` session on a raw connection."""
+    await hello(ws)
+    policy = {"mode": "full", "allow": []}
+    await ws.send_message(json.dumps({"type": "open", "name": name, "provider": "local", "policy": policy}))
+    reply = json.loads(await ws.get_message())
+    assert reply["type"] == "opened", reply
+    return reply
+
+
+async def ask(ws: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """Send one operation; return its final JSON reply (binary data skipped)."""
+    await ws.send_message(json.dumps(message))
+    while True:
+        reply = await ws.get_message()
+        if isinstance(reply, str):
+            return json.loads(reply)
