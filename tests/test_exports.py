@@ -65,8 +65,8 @@ def _public(module: object) -> set[str]:
     # Subpackages (runtime, testing, the built-in components) appear once imported.
     return {
         name
-        for name, value in vars(module).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+        for name in dir(module)
+        if not name.startswith("_") and not isinstance(getattr(module, name), types.ModuleType)
     }
 
 

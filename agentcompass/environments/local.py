@@ -42,12 +42,16 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from .._convert import structure_config
-from .._registry import register
-from ..runtime._components import BaseEnvironment, EnvironmentSession
-from ..runtime._errors import ComponentError, IssueError
-from ..runtime._results import ExecResult
-from ..runtime._values import ExecutionPlan, NetworkPolicy
+from agentcompass import register
+from agentcompass.runtime import (
+    BaseEnvironment,
+    ComponentError,
+    EnvironmentSession,
+    ExecResult,
+    ExecutionPlan,
+    IssueError,
+    NetworkPolicy,
+)
 
 __all__ = ["LocalEnvironment", "LocalSession"]
 
@@ -114,7 +118,7 @@ class LocalEnvironment(BaseEnvironment):
             raise _fail(f"environment 'local' cannot enforce network policy {policy.mode!r}")
         options = self.options if config is None else config
         if isinstance(options, dict):
-            options = structure_config(options, self.Config, where="environment 'local'")
+            options = LocalEnvironment(options).options  # checked as the component's own config
         root = await trio.to_thread.run_sync(_make_sandbox, options.root)
         # No checkpoint between making the directory and handing over the session
         # that owns it, so a cancellation cannot leak it.

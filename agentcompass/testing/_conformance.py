@@ -44,10 +44,15 @@ import attrs
 import trio
 import trio.testing
 
-from ..runtime._components import BaseEnvironment, EnvironmentSession
-from ..runtime._errors import ComponentError
-from ..runtime._results import ExecResult
-from ..runtime._values import ComponentRef, ExecutionPlan, NetworkPolicy
+from agentcompass.runtime import (
+    BaseEnvironment,
+    ComponentError,
+    ComponentRef,
+    EnvironmentSession,
+    ExecResult,
+    ExecutionPlan,
+    NetworkPolicy,
+)
 
 __all__ = ["DEFAULT_POLICIES", "EnvironmentConformance", "check_environment", "environment_conformance_tests"]
 
