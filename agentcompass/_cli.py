@@ -570,6 +570,59 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
     return reaped, failed
 
 
+# ---------------------------------------------------------------- view
+
+
+@cli.command()
+@click.argument("run_dirs", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port on 127.0.0.1 (0 picks a free one).")
+@click.option("--out", type=click.Path(path_type=Path), help="Write the pages as static files to DIR instead.")
+def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
+    """Browse runs in a web page (read-only).
+
+    RUN_DIR is a run directory, a request's directory or an output root
+    (default: runs). Serves on 127.0.0.1 until Ctrl-C, or writes the pages
+    as static files with --out."""
+    import signal
+
+    import trio
+
+    from ._view import Site, find_runs, serve, write_site
+    from .runtime._errors import ConfigError
+
+    paths = list(run_dirs) or [Path("runs")]
+    for path in paths:
+        if not path.is_dir():
+            raise ConfigError(f"run directory not found: {path}")
+    runs = find_runs(paths)
+    if not runs:
+        raise ConfigError(f"no run directory found under {', '.join(str(p) for p in paths)}")
+    if out is not None:
+        target = out.resolve()
+        for run in runs:
+            if target == run or run in target.parents:
+                raise ConfigError(f"--out {out} is inside the run directory {run}; the viewer never writes there")
+        count = write_site(Site(runs, live=False), target)
+        click.echo(f"wrote {count} file(s) for {len(runs)} run(s); open {target / 'index.html'}")
+        return
+
+    async def serve_until_interrupted() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                try:
+                    url = await nursery.start(serve, Site(runs, live=True), port)
+                except OSError as exc:
+                    raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+                click.echo(f"serving {len(runs)} run(s) at {url} (Ctrl-C to stop)")
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(serve_until_interrupted)
+    click.echo("stopped", err=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point (``compass``)."""
     args = list(argv) if argv is not None else None
