@@ -34,6 +34,7 @@ from .runtime import HarnessFreeBenchmark as HarnessFreeBenchmark
 from .runtime import Issue as Issue
 from .runtime import IssueError as IssueError
 from .runtime import ModelSpec as ModelSpec
+from .runtime import NetworkOverrides as NetworkOverrides
 from .runtime import NetworkPolicy as NetworkPolicy
 from .runtime import Orchestration as Orchestration
 from .runtime import OrchestrationResult as OrchestrationResult

@@ -38,6 +38,7 @@ from agentcompass import (
 
 from ._agent import agent_bound
 from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
+from ._sandbox import sandbox_open_close as sandbox_open_close
 
 __all__ = [
     "SCENARIOS",
@@ -47,6 +48,7 @@ __all__ = [
     "open_rate",
     "overhead_bound",
     "reuse",
+    "sandbox_open_close",
     "shutdown",
 ]
 
@@ -486,4 +488,5 @@ SCENARIOS = {
     "remote_exec": remote_exec,
     "remote_sessions": remote_sessions,
     "remote_stream": remote_stream,
+    "sandbox": sandbox_open_close,
 }

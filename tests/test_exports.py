@@ -50,7 +50,15 @@ SPEC_NAMES = {
 }
 
 # build_component: plugins that host other providers (remote sandbox servers) build them by id.
-EXTRA_NAMES = {"NO_HARNESS", "CompassError", "ConfigError", "ComponentError", "RunFailedError", "build_component"}
+EXTRA_NAMES = {
+    "NO_HARNESS",
+    "NetworkOverrides",
+    "CompassError",
+    "ConfigError",
+    "ComponentError",
+    "RunFailedError",
+    "build_component",
+}
 
 
 def _public(module: object) -> set[str]:

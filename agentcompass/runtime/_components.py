@@ -339,6 +339,12 @@ class BaseEnvironment(Component):
 
     kind: ClassVar[str] = "environment"
 
+    def preflight(self) -> None:
+        """Check that this host can run this provider's sandboxes (sync, quick,
+        opens nothing). Called before anything runs, by ``launch`` and
+        ``compass validate``; raise :class:`ComponentError` with one line
+        saying what is missing (the CLI exits 2). Default: nothing to check."""
+
     def build_config(self, plan: ExecutionPlan) -> Any:
         """Turn a plan into an ``open`` config (sync). Reject (raise
         :class:`ComponentError`) a plan whose phase policies this provider

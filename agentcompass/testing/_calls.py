@@ -58,6 +58,7 @@ class CallLog:
     _live: set[int] = attrs.Factory(set)
     _session_tasks: dict[int, str | None] = attrs.Factory(dict)
     _session_names: dict[int, str] = attrs.Factory(dict)
+    _swept: set[int] = attrs.Factory(set)
 
     # -- queries -----------------------------------------------------------
 
@@ -150,6 +151,15 @@ class CallLog:
     def session_name(self, session: int) -> str | None:
         """The name the runtime gave ``session`` when it opened it."""
         return self._session_names.get(session)
+
+    def sweep(self, session: int) -> None:
+        """The sandbox of ``session`` was destroyed by ``sweep``: released, and
+        its session refuses every operation from now on."""
+        self._swept.add(session)
+        self.release(session)
+
+    def swept(self, session: int) -> bool:
+        return session in self._swept
 
     def sessions_named(self, tag: str) -> set[int]:
         """Live sessions whose name starts with ``tag``."""

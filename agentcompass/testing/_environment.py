@@ -80,7 +80,7 @@ class FakeSession(EnvironmentSession):
         return {"session": self.session_id, "log": self.log_name}
 
     async def _step(self, phase: str, **detail: Any) -> str:
-        if self.closed:
+        if self.closed or call_log(self.log_name).swept(self.session_id):
             call_log(self.log_name).record(
                 "environment", phase, self.task_id, self.session_id, {**detail, "refused": "closed"}
             )
@@ -233,4 +233,4 @@ class FakeEnvironment(BaseEnvironment):
         log.record("environment", "sweep", None, None, {"tag": tag, "swept": sorted(swept)})
         await trio.lowlevel.checkpoint()
         for sid in swept:
-            log.release(sid)
+            log.sweep(sid)
