@@ -93,3 +93,8 @@ def test_runtime_exports_the_model_client_api():
     # Harnesses and harness-free benchmarks (plugins included) get model clients from here.
     assert MODEL_NAMES <= _public(agentcompass.runtime)
     assert issubclass(agentcompass.runtime.ModelError, agentcompass.IssueError)
+
+
+def test_runtime_exports_the_cleanup_deadline():
+    # Providers (plugins included) bound their own shielded cleanup by it.
+    assert {"cleanup_deadline", "DEFAULT_CLEANUP_GRACE_SECONDS"} <= _public(agentcompass.runtime)

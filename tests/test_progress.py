@@ -11,6 +11,7 @@ from agentcompass import ComponentRef, Orchestration, RunRequest
 from agentcompass._orchestration._launch import launch
 from agentcompass._progress import ProgressDisplay
 from agentcompass._store import _group_commit, _run_store
+from agentcompass._store._atomic import StoreThreads
 
 
 class _Tty(io.StringIO):
@@ -23,10 +24,16 @@ async def _inline_store_io(fn, *args):
     return fn(*args)
 
 
+async def _inline_store_run(_threads, fn, *args):
+    # Shielded, as a store thread is (until the deadline, which inline I/O never reaches).
+    with trio.CancelScope(shield=True):
+        return await _inline_store_io(fn, *args)
+
+
 async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys, monkeypatch):
     # Store I/O inline: a worker thread's real time would let the mock clock
     # jump past a record's completion, and the counts below would race.
-    monkeypatch.setattr(_group_commit, "to_store_thread", _inline_store_io)
+    monkeypatch.setattr(StoreThreads, "run", _inline_store_run)
     monkeypatch.setattr(_run_store, "to_store_thread", _inline_store_io)
     monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
     request = RunRequest(

@@ -20,7 +20,7 @@ its own (SPEC 11) opens a pool there with :func:`open_model_clients`.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -83,9 +83,17 @@ class ModelClients:
 
 
 @asynccontextmanager
-async def open_model_clients(default_max_connections: int, grace_seconds: float = 30) -> AsyncIterator[ModelClients]:
+async def open_model_clients(
+    default_max_connections: int,
+    grace_seconds: float | None = None,
+    *,
+    close_deadline: Callable[[], float] | None = None,
+) -> AsyncIterator[ModelClients]:
     """Make a :class:`ModelClients` pool current for the body and close it on
-    the way out (shielded, for at most ``grace_seconds``).
+    the way out, shielded until ``close_deadline()`` (a ``trio.current_time()``
+    value), else for at most ``grace_seconds``, else until
+    :func:`~agentcompass.runtime.cleanup_deadline` (under ``launch``: the
+    run's one grace deadline).
 
     ``launch`` does this for its run; call it yourself only to use a
     component outside ``launch`` (a test, a notebook)."""
@@ -97,7 +105,15 @@ async def open_model_clients(default_max_connections: int, grace_seconds: float 
         _current.reset(token)
         import trio
 
-        with trio.move_on_after(grace_seconds, shield=True):
+        if close_deadline is not None:
+            limit = close_deadline()
+        elif grace_seconds is not None:
+            limit = trio.current_time() + grace_seconds
+        else:
+            from ..runtime._cleanup import cleanup_deadline
+
+            limit = cleanup_deadline()
+        with trio.move_on_at(limit, shield=True):
             await pool.aclose()
 
 

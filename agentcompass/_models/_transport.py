@@ -33,6 +33,8 @@ import httpcore
 import httpx
 import trio
 
+from ..runtime._cleanup import cleanup_deadline
+
 __all__ = ["StackPool", "endpoint_client", "pooled_transport"]
 
 _KEEPALIVE_SECONDS = 5.0
@@ -95,7 +97,7 @@ class StackPool:
 
     async def _discard(self, connection: httpcore.AsyncHTTPConnection) -> None:
         self._open.discard(connection)
-        with trio.move_on_after(1, shield=True):
+        with trio.move_on_at(min(trio.current_time() + 1, cleanup_deadline()), shield=True):
             await connection.aclose()
 
     def _put_back(self, connection: httpcore.AsyncHTTPConnection, origin: Any) -> None:

@@ -32,17 +32,19 @@ class GraceClock:
 
     :meth:`begin` is called once, when shutdown starts: the orchestration
     deadline passing, a stop request (the CLI's first signal), or the
-    caller's cancel scope (noticed by launch's watcher task). From then on
-    every cleanup - sandbox closes, journal lines, finalize, the store's
-    close, the writer process - ends by ``begin`` time + ``grace``: nested
-    cleanups cannot add up to more than one grace window, and none is
-    unbounded. Before shutdown a cleanup (closing a finished task's
-    sandbox) gets ``grace`` seconds from when it starts.
-
-    A cleanup that runs cancelled before :meth:`begin` was called (its
-    cancel scope is the caller's, and the watcher has not run yet) begins
-    the shutdown itself: the first cancelled cleanup fixes the deadline.
-    ``hard_deadline`` starts as the orchestration deadline plus the grace.
+    caller's cancel scope. ``launch`` makes each of these explicit in its
+    watcher task, which is the only task the caller's cancellation reaches
+    (the work runs shielded from it): the watcher fixes the deadline, then
+    cancels the work. So no cleanup infers shutdown from its own cancel
+    status - a cleanup cancelled by a phase timeout is not a shutdown.
+    From then on every cleanup - sandbox closes, journal lines, finalize,
+    the store's close, the writer process, the model clients - ends by
+    ``begin`` time + ``grace``: nested cleanups cannot add up to more than
+    one grace window, and none is unbounded. Before shutdown a cleanup
+    (closing a finished task's sandbox) gets ``grace`` seconds from when
+    it starts. ``hard_deadline`` starts as the orchestration deadline plus
+    the grace. ``launch`` makes it the clock of
+    :func:`agentcompass.runtime.cleanup_deadline`.
     """
 
     def __init__(self, grace: float, hard_deadline: float = math.inf):
@@ -63,10 +65,7 @@ class GraceClock:
         """The deadline of a cleanup starting now."""
         if self.shutdown_at is not None:
             return self.hard_deadline
-        now = trio.current_time()
-        if trio.current_effective_deadline() <= now:
-            return self.begin()
-        return min(now + self.grace, self.hard_deadline)
+        return min(trio.current_time() + self.grace, self.hard_deadline)
 
 
 def _register_secrets(value: Any) -> None:

@@ -24,6 +24,7 @@ from .._limits import provider_limits
 from .._logging import ensure_logging, get_logger
 from .._models import open_model_clients
 from .._store import open_run_store
+from ..runtime._cleanup import using_cleanup_clock
 from ..runtime._errors import RunFailedError
 from ..runtime._results import OrchestrationResult, RequestResult
 from ..runtime._values import Orchestration, RunRequest
@@ -113,17 +114,20 @@ async def launch(
     with relaxed_collection(), provider_limits().configured(orchestration.providers) as notes:
         for note in notes:
             log.warning("provider_limits", note=note)
-        # The model endpoints' shared clients, closed within the grace once the run is done.
-        async with open_model_clients(orchestration.task_concurrency, orchestration.cleanup_grace_seconds):
-            return await _launch(orchestration, show_progress, stop)
+        timeout = orchestration.timeout_seconds
+        deadline = trio.current_time() + timeout if timeout is not None else math.inf
+        grace = GraceClock(orchestration.cleanup_grace_seconds, deadline + orchestration.cleanup_grace_seconds)
+        # Every cleanup of the run, the model clients' close included, ends
+        # by this one clock's deadline (components ask cleanup_deadline()).
+        with using_cleanup_clock(grace):
+            async with open_model_clients(orchestration.task_concurrency, close_deadline=grace.deadline):
+                return await _launch(orchestration, show_progress, stop, deadline, grace)
 
 
-async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.Event | None) -> OrchestrationResult:
+async def _launch(
+    orchestration: Orchestration, show_progress: bool, stop: trio.Event | None, deadline: float, grace: GraceClock
+) -> OrchestrationResult:
     grants = _LocalGrants()
-
-    timeout = orchestration.timeout_seconds
-    deadline = trio.current_time() + timeout if timeout is not None else math.inf
-    grace = GraceClock(orchestration.cleanup_grace_seconds, deadline + orchestration.cleanup_grace_seconds)
     runs = [RequestRun(i, request, grace) for i, request in enumerate(orchestration.requests)]
 
     def terminal_status() -> str:
@@ -133,12 +137,20 @@ async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.
         runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
     )
     work_scope = trio.CancelScope()
+    work_shield: list[trio.CancelScope] = []
     timed_out = finished = False
+
+    def shut_down() -> None:
+        grace.begin()
+        work_scope.cancel()
+        for scope in work_shield:  # the shutdown is under way: nothing left to shield from
+            scope.shield = False
 
     async def watch_for_shutdown() -> None:
         """Start the shutdown explicitly: fix the grace deadline, then cancel
-        the work, at the orchestration deadline or on ``stop``; fix it too
-        when the caller's cancel scope cancels us."""
+        the work, at the orchestration deadline, on ``stop``, or when the
+        caller's cancel scope cancels us (the work is shielded from that:
+        this task is where it is first observed)."""
         nonlocal timed_out
         try:
             with trio.move_on_at(deadline):
@@ -146,11 +158,10 @@ async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.
                     await trio.sleep_forever()
                 await stop.wait()
             timed_out = not (stop is not None and stop.is_set())
-            grace.begin()
-            work_scope.cancel()
+            shut_down()
         except trio.Cancelled:
             if not work_scope.cancel_called and not finished:
-                grace.begin()  # the caller's cancellation: shutdown starts now
+                shut_down()  # the caller's cancellation: shutdown starts now
             raise
 
     try:
@@ -160,7 +171,11 @@ async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.
 
                 display_nursery.start_soon(ProgressDisplay(runs).run)
             display_nursery.start_soon(watch_for_shutdown)
-            with work_scope:
+            # Shielded from the caller's cancellation until the watcher has
+            # fixed the grace deadline and cancelled ``work_scope`` (every
+            # cleanup inside is bounded by that deadline).
+            with trio.CancelScope(shield=True) as shield, work_scope:
+                work_shield.append(shield)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(scheduler.prepare_all, nursery)
                     for _ in range(orchestration.task_concurrency):
@@ -183,7 +198,7 @@ async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.
     if stop is not None and stop.is_set() and not timed_out:
         status, exit_code = "cancelled", 130
     else:
-        status, exit_code = _overall(results, timed_out and work_scope.cancelled_caught)
+        status, exit_code = _overall(results, timed_out and any(s.cancelled_caught for s in (work_scope, *work_shield)))
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
 
 

@@ -9,13 +9,19 @@ leave a temporary file behind; its name starts with ``.`` and ends with
 
 Blocking calls run in worker threads with ``abandon_on_cancel=False``: a
 cancelled caller waits for the thread, so no write is ever abandoned half-done.
+A run store's own writes use :class:`StoreThreads` instead, which waits the
+same way until the cleanup grace deadline and only then gives the thread up
+(a stalled disk must not hold a shutdown forever).
 They share one :class:`trio.CapacityLimiter` per Trio run
 (:func:`store_limiter`), so a burst of writes cannot take every worker thread.
 """
 
 from __future__ import annotations
 
+import errno
+import math
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -35,6 +41,7 @@ from ._writer import (
 
 __all__ = [
     "STORE_THREADS",
+    "StoreThreads",
     "SYNCFS",
     "fsync_dir",
     "is_temp_name",
@@ -68,6 +75,72 @@ def store_limiter() -> trio.CapacityLimiter:
         limiter = trio.CapacityLimiter(STORE_THREADS)
         _LIMITER.set(limiter)
         return limiter
+
+
+class StoreThreads:
+    """The blocking work of one run store, in store threads: never given up
+    before :attr:`deadline`, given up at it.
+
+    Each call waits for its thread, shielded, until ``deadline`` (the store's
+    close sets it to the cleanup grace deadline; until then it is infinite);
+    past it the thread is abandoned and the call raises ``OSError(ETIMEDOUT)``.
+    An abandoned thread may still be using the store's file descriptors, so
+    :meth:`release` closes them only once the last thread is done, and no
+    thread starts its work after :meth:`release`. What an abandoned write
+    leaves is what a crash leaves: every replacement is temp + rename.
+    """
+
+    def __init__(self) -> None:
+        self.deadline = math.inf
+        self._lock = threading.Lock()
+        self._running = 0
+        self._released = False
+        self._on_idle: Callable[[], None] | None = None
+        self._scopes: set[trio.CancelScope] = set()
+
+    def set_deadline(self, deadline: float) -> None:
+        """Give up threads at ``deadline``, those running now included."""
+        self.deadline = deadline
+        for scope in self._scopes:
+            scope.deadline = deadline
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` in a store thread (see the class docstring)."""
+        with trio.CancelScope(shield=True, deadline=self.deadline) as scope:
+            self._scopes.add(scope)
+            try:
+                return await trio.to_thread.run_sync(
+                    self._guarded, fn, *args, abandon_on_cancel=True, limiter=store_limiter()
+                )
+            finally:
+                self._scopes.discard(scope)
+        raise OSError(errno.ETIMEDOUT, "the run store's disk did not finish within the cleanup grace")
+
+    def _guarded(self, fn: Callable[..., T], *args: object) -> T:
+        with self._lock:
+            if self._released:
+                raise OSError(errno.ECANCELED, "the run store is closed")
+            self._running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._running -= 1
+                on_idle = self._on_idle if self._running == 0 else None
+                if on_idle is not None:
+                    self._on_idle = None
+            if on_idle is not None:
+                on_idle()
+
+    def release(self, close: Callable[[], None]) -> None:
+        """Call ``close`` (freeing what the threads use) now, or once the
+        last running (abandoned) thread is done; start no thread after."""
+        with self._lock:
+            self._released = True
+            if self._running:
+                self._on_idle = close
+                return
+        close()
 
 
 async def to_store_thread(fn: Callable[..., T], *args: object) -> T:

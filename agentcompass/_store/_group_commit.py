@@ -66,7 +66,7 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 from . import _writer
-from ._atomic import to_store_thread, write_all
+from ._atomic import StoreThreads, write_all
 from ._writer import Disk, frame, read_frames
 
 __all__ = ["MAX_ROUNDS", "WRITER_PROCESS", "GroupCommitter", "StoreClosedError"]
@@ -312,13 +312,17 @@ class GroupCommitter:
     deadline: float = math.inf
     #: The shielded scopes of rounds in the writer now (see :meth:`set_deadline`).
     _round_scopes: set[trio.CancelScope] = attrs.Factory(set)
+    #: The store's threads, given up at the same deadline (see :class:`StoreThreads`).
+    threads: StoreThreads = attrs.Factory(StoreThreads)
 
     def set_deadline(self, deadline: float) -> None:
-        """Give up rounds in the writer process at ``deadline``, those in
-        flight included (the store's close: the cleanup grace)."""
+        """Give up rounds at ``deadline``, in the writer process or in store
+        threads, those in flight included (the store's close: the cleanup
+        grace)."""
         self.deadline = deadline
         for scope in self._round_scopes:
             scope.deadline = deadline
+        self.threads.set_deadline(deadline)
 
     async def start_writer(self, keep_fd: int | None = None) -> None:
         """Commit in a writer process once one is up and answering, if
@@ -498,7 +502,10 @@ class GroupCommitter:
                 else:
                     self.cleanup_errors.extend(problems)
                     if any(job.after is not None and job.error is None for job in batch):
-                        await to_store_thread(self._after_sync, batch)
+                        try:
+                            await self.threads.run(self._after_sync, batch)
+                        except OSError as exc:  # out of grace: the writes themselves are durable
+                            self.cleanup_errors.append(f"after-hooks given up: {exc}")
                     _finish_all(batch, self._journal)
                     return
                 finally:
@@ -513,12 +520,12 @@ class GroupCommitter:
                 _finish_all(batch, self._journal)
                 return
         try:
-            await to_store_thread(self._commit_sync, batch)
-        except BaseException:
-            # Only possible before the thread started (_commit_sync never
-            # raises): the batch is untouched, queue it again for close().
-            self._pending[:0] = batch
-            raise
+            await self.threads.run(self._commit_sync, batch)
+        except OSError as exc:
+            # Out of grace (a stalled disk): the thread is given up, and the
+            # batch's outcome is what a crash would leave.
+            for job in batch:
+                job.error = OSError(exc.errno, exc.strerror)
         _finish_all(batch, self._journal)
 
     def _commit_sync(self, batch: list[_Write]) -> None:

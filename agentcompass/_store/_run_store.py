@@ -44,6 +44,7 @@ import trio
 
 from .. import _redact
 from .._convert import unstructure
+from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import AttemptRecord, TaskRecord
 from ._atomic import (
     _O_CLOEXEC,
@@ -65,7 +66,6 @@ except ImportError:  # pragma: no cover - Windows has no flock
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "CLOSE_GRACE_SECONDS",
     "new_run_tag",
     "write_journals_now",
     "PROGRESS_INTERVAL",
@@ -82,8 +82,6 @@ __all__ = [
 PROGRESS_INTERVAL = 0.5
 #: How long the progress actor lets events gather before writing a batch.
 PROGRESS_BATCH_SECONDS = 0.05
-#: How long closing may take to flush queued writes once the caller is cancelled.
-CLOSE_GRACE_SECONDS = 30.0
 #: How long a writer process may take to exit once its input ended (it has
 #: answered every round when closing finished in time); then it is killed,
 #: which leaves the directory as a crash would.
@@ -419,7 +417,7 @@ class RunStore:
             self._saved_severity[record.task_id] = record.severity
             targets.append((source, f"{self._details_dirs[record.severity]}{_SEP}{self._key(record.task_id)}.json"))
         try:
-            failed = await to_store_thread(_link_sync, targets)
+            failed = await self._committer.threads.run(_link_sync, targets)
         except OSError as exc:  # the directories could not be synced: none is known durable
             for record, _, _ in links:
                 self._saved_severity.pop(record.task_id, None)
@@ -576,18 +574,12 @@ class RunStore:
             return
         text = _encode(lines)
         try:
-            await to_store_thread(self._write_progress_sync, text, snapshot)
+            await self._committer.threads.run(self._write_progress_sync, text, snapshot)
         except OSError as exc:
             # A full or failing disk: the lines are lost, the request fails
             # (see ``failure``), and the actor goes on.
             if self._failure is None:
                 self._failure = f"could not write progress: {exc}".splitlines()[0]
-        except BaseException:
-            # Cancelled before the thread started: keep it for the final flush.
-            self._lines[:0] = lines
-            if self._snapshot is None:
-                self._snapshot = snapshot
-            raise
 
     def _write_progress_sync(self, text: str, snapshot: dict[str, Any] | None) -> None:
         if text:
@@ -606,8 +598,13 @@ class RunStore:
 
     def _release(self) -> None:
         fds = {self._progress_fd, self._sessions_fd, *self._dir_fds.values()}
-        for fd in fds:  # the run directory's fd goes too, releasing the writer lock
-            os.close(fd)
+
+        def close() -> None:
+            for fd in fds:  # the run directory's fd goes too, releasing the writer lock
+                os.close(fd)
+
+        # A thread given up at the grace deadline may still use them.
+        self._committer.threads.release(close)
 
     @classmethod
     def _open_sync(cls, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
@@ -781,11 +778,14 @@ async def open_run_store(
     allowed (e.g. to journal reaped sessions); a second writer of the same
     directory, in any process, gets ``RuntimeError``. On exit every queued
     write and event is flushed, shielded even when the caller is cancelled,
-    until ``close_deadline()`` (the orchestration's cleanup grace; default
-    :data:`CLOSE_GRACE_SECONDS` from the exit). Past it, the writer process
-    is killed and what was not written is lost, as in a crash (the next
-    ``--reuse`` recovers from that).
+    until ``close_deadline()`` (default:
+    :func:`agentcompass.runtime.cleanup_deadline`, the run's cleanup grace).
+    Past it, the writer process is killed, a store thread still blocked on
+    the disk is given up, and what was not written is lost, as in a crash
+    (the next ``--reuse`` recovers from that).
     """
+    if close_deadline is None:
+        close_deadline = cleanup_deadline
     store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
     _OPEN_STORES.add(store)
     try:
@@ -797,18 +797,14 @@ async def open_run_store(
             try:
                 yield store
             finally:
-                # Actors stop between batches (a batch in a thread always
-                # finishes, one in the writer process by the close deadline);
-                # _close() then commits what is left, shielded.
-                if close_deadline is not None:
-                    store._committer.set_deadline(close_deadline())
+                # Actors stop between batches (a batch in flight finishes or
+                # is given up at the close deadline); _close() then commits
+                # what is left, shielded until that deadline.
+                store._committer.set_deadline(close_deadline())
                 nursery.cancel_scope.cancel()
     finally:
-        if close_deadline is not None:
-            limit = close_deadline()
-            store._committer.set_deadline(limit)
-        else:
-            limit = trio.current_time() + CLOSE_GRACE_SECONDS
+        limit = close_deadline()
+        store._committer.set_deadline(limit)
         try:
             with trio.move_on_at(limit, shield=True):
                 await store._close()

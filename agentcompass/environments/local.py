@@ -56,6 +56,7 @@ from agentcompass.runtime import (
     ExecutionPlan,
     IssueError,
     NetworkPolicy,
+    cleanup_deadline,
 )
 
 __all__ = ["LocalEnvironment", "LocalSession"]
@@ -78,8 +79,6 @@ _CHUNK = 65536
 # After the command exits, how long to keep reading output that a background
 # process holding the pipes might still write; exec never waits for its EOF.
 _DRAIN_SECONDS = 0.5
-# Bounds shielded cleanup of one exec (SIGKILL makes the wait prompt).
-_KILL_GRACE_SECONDS = 5.0
 # close/reap sweeps for marked processes until none is left (a process may fork while we kill).
 _SWEEP_ROUNDS = 50
 _SWEEP_PAUSE_SECONDS = 0.01
@@ -288,11 +287,11 @@ class LocalSession(EnvironmentSession):
                     await err_done.wait()
                 nursery.cancel_scope.cancel()
         except BaseException:
-            with trio.move_on_after(_KILL_GRACE_SECONDS, shield=True):
+            with trio.move_on_at(cleanup_deadline(), shield=True):
                 await self._kill_exec(proc)
             raise
         finally:
-            with trio.move_on_after(_KILL_GRACE_SECONDS, shield=True):
+            with trio.move_on_at(cleanup_deadline(), shield=True):
                 for stream in (proc.stdout, proc.stderr):
                     if stream is not None:
                         await stream.aclose()

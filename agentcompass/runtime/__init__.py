@@ -7,6 +7,8 @@ from .._models import ModelUsage as ModelUsage
 from .._models import ToolCall as ToolCall
 from .._models import chat_client as chat_client
 from .._models import open_model_clients as open_model_clients
+from ._cleanup import DEFAULT_CLEANUP_GRACE_SECONDS as DEFAULT_CLEANUP_GRACE_SECONDS
+from ._cleanup import cleanup_deadline as cleanup_deadline
 from ._components import BaseAnalyzer as BaseAnalyzer
 from ._components import BaseBenchmark as BaseBenchmark
 from ._components import BaseEnvironment as BaseEnvironment

@@ -32,12 +32,19 @@ import trio
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import RunRequest
 from agentcompass._store import _group_commit, _run_store, _writer
+from agentcompass._store._atomic import StoreThreads
 from agentcompass.testing import CallLog, fake_request, reset_logs
 
 
 async def _inline_store_io(fn: Any, *args: Any) -> Any:
     await trio.lowlevel.checkpoint()
     return fn(*args)
+
+
+async def _inline_store_run(_threads: Any, fn: Any, *args: Any) -> Any:
+    # Shielded, as a store thread is (until the deadline, which inline I/O never reaches).
+    with trio.CancelScope(shield=True):
+        return await _inline_store_io(fn, *args)
 
 
 @attrs.frozen
@@ -125,7 +132,7 @@ def instrumented() -> Iterator[Timeline]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_run_store, "to_store_thread", _inline_store_io)
-        mp.setattr(_group_commit, "to_store_thread", _inline_store_io)
+        mp.setattr(StoreThreads, "run", _inline_store_run)
         mp.setattr(_group_commit, "WRITER_PROCESS", False)
         mp.setattr(_writer.Disk, "_syncfs", lambda self: None)
         mp.setattr(os, "fsync", lambda fd: None)

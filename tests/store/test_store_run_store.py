@@ -19,6 +19,7 @@ from agentcompass._store import (
     open_run_store,
     task_key,
 )
+from agentcompass._store._atomic import StoreThreads
 from agentcompass._store._run_store import RUN_ID_PATTERN, RunStore
 from agentcompass.runtime import AttemptRecord, Issue, RunResult, TaskRecord
 
@@ -242,7 +243,7 @@ async def test_progress_snapshot_is_throttled(
     # clock race ahead of the disk.
     written: list[tuple[float, dict | None]] = []
 
-    async def inline(fn: Callable[..., object], *args: object) -> object:
+    async def inline(_threads: object, fn: Callable[..., object], *args: object) -> object:
         await trio.lowlevel.checkpoint()
         return fn(*args)
 
@@ -250,7 +251,7 @@ async def test_progress_snapshot_is_throttled(
         if snapshot is not None:
             written.append((trio.current_time(), snapshot))
 
-    monkeypatch.setattr(_run_store, "to_store_thread", inline)
+    monkeypatch.setattr(StoreThreads, "run", inline)
     monkeypatch.setattr(_run_store.RunStore, "_write_progress_sync", record)
     async with open_run_store(tmp_path, "req") as store:
         start = trio.current_time()

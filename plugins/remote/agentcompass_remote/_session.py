@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
+from agentcompass.runtime import cleanup_deadline
 
 from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RemoteSession", "fail", "policy_message", "reason", "reply_error"]
 
-#: Bounds the shielded exchange that cancels a running exec on the server.
-_CANCEL_GRACE_SECONDS = 5.0
 #: The client keeps at most this multiple of the backend's output limit per
 #: stream (decoding with replacement characters can grow text up to 3 x).
 _OUTPUT_SLACK = 4
@@ -147,7 +146,7 @@ class RemoteSession(EnvironmentSession):
         """Send whole messages even when cancelled (briefly, shielded): a
         write cut short would leave half a frame on the connection and lose
         the session; a cancellation lands at the next receive instead."""
-        with trio.move_on_after(_CANCEL_GRACE_SECONDS, shield=True):
+        with trio.move_on_at(cleanup_deadline(), shield=True):
             await self._conn.send(*messages)
             return
         await self._conn.abort()
@@ -175,7 +174,7 @@ class RemoteSession(EnvironmentSession):
         and drain its replies, or drop the connection if that overruns."""
         if self._conn.closed:
             return
-        with trio.move_on_after(_CANCEL_GRACE_SECONDS, shield=True):
+        with trio.move_on_at(cleanup_deadline(), shield=True):
             try:
                 self._ops += 1
                 await self._conn.send({"type": "cancel", "id": self._ops, "target": op})

@@ -12,9 +12,10 @@ import attrs
 import trio
 
 from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
+from agentcompass.runtime import cleanup_deadline
 
 from . import _host, _policy
-from ._session import KILL_GRACE_SECONDS, SandboxSession, fail
+from ._session import SandboxSession, fail
 
 #: Host programs the provider runs.
 REQUIRED_PROGRAMS = ("bwrap", "nsenter", "setpriv", "ip", "nft")
@@ -124,7 +125,7 @@ class SandboxEnvironment(BaseEnvironment):
         try:
             await session.start(policy)
         except BaseException:
-            with trio.move_on_after(KILL_GRACE_SECONDS, shield=True):
+            with trio.move_on_at(cleanup_deadline(), shield=True):
                 await session.close()
             raise
         return session

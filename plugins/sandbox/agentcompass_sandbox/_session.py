@@ -26,13 +26,12 @@ from typing import Any
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
+from agentcompass.runtime import cleanup_deadline
 
 from . import _host, _policy
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
-#: Bounds the shielded kill of one exec's tree.
-KILL_GRACE_SECONDS = 5.0
 _CHUNK = 65536
 # After the command exits, how long to keep reading output a background process may hold.
 _DRAIN_SECONDS = 0.5
@@ -295,12 +294,12 @@ class SandboxSession(EnvironmentSession):
                     await err_done.wait()
                 nursery.cancel_scope.cancel()
         except BaseException:
-            with trio.move_on_after(KILL_GRACE_SECONDS, shield=True):
+            with trio.move_on_at(cleanup_deadline(), shield=True):
                 await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
                 await proc.wait()
             raise
         finally:
-            with trio.move_on_after(KILL_GRACE_SECONDS, shield=True):
+            with trio.move_on_at(cleanup_deadline(), shield=True):
                 for stream in (proc.stdout, proc.stderr):
                     if stream is not None:
                         await stream.aclose()
