@@ -588,7 +588,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
 
     import trio
 
-    from ._view import Site, find_runs, serve, write_site
+    from ._view import ROW_BUDGET_SECONDS, Site, find_runs, serve, write_site
     from .runtime._errors import ConfigError
 
     paths = list(run_dirs) or [Path("runs")]
@@ -611,7 +611,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 try:
-                    url = await nursery.start(serve, Site(runs, live=True), port)
+                    url = await nursery.start(serve, Site(runs, live=True, row_budget=ROW_BUDGET_SECONDS), port)
                 except OSError as exc:
                     raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
                 click.echo(f"serving {len(runs)} run(s) at {url} (Ctrl-C to stop)")

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import trio
 
-from agentcompass._view import Site, find_runs, serve, write_site
+from agentcompass._view import ROW_BUDGET_SECONDS, Site, find_runs, serve, write_site
 from agentcompass._view._browser import browser_missing, open_browser
 
 READY_TARGET_MS = 2000.0
@@ -116,7 +116,7 @@ async def measure(run_dir: Path, out_dir: Path, profile: Path, scrolls: int) -> 
                 report[name] = round((time.perf_counter() - t0) * 1000, 1)
             report["run_data_bytes"] = len((await client.get("data/0/run.js")).content)
         _step("server timings done; starting Chromium")
-        site = Site(find_runs([run_dir]), live=True)  # cold caches for the browser too
+        site = Site(find_runs([run_dir]), live=True, row_budget=ROW_BUDGET_SECONDS)  # cold caches, as compass view serves
         url = await nursery.start(serve, site, 0)
         async with open_browser(profile) as browser:
             await browser.goto("about:blank")

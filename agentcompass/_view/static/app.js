@@ -337,7 +337,11 @@ async function showRun(i) {
   setMain(top, panel("Tasks", filters, table.root));
   render();
   ready("run");
-  if (config.live && isLive(data)) {
+  // Refresh while the run is live, or while the server is still reading rows (pending).
+  const again = () => (config.live && isLive(data)) || data.pending > 0;
+  const status = () => data.pending > 0 ? `reading ${data.pending.toLocaleString("en")} more task(s)…`
+    : isLive(data) ? "live · refreshed " + new Date().toLocaleTimeString() : config.live ? "run finished" : "";
+  if (again()) {
     let timer = null, stopped = false;
     const liveEl = document.getElementById("live");
     const tick = async () => {
@@ -345,12 +349,12 @@ async function showRun(i) {
         data = await COMPASS.load(`${i}/run`, { fresh: true });
         if (stopped) return;
         render();
-        liveEl.textContent = isLive(data) ? "live · refreshed " + new Date().toLocaleTimeString() : "run finished";
+        liveEl.textContent = status();
       } catch (e) { liveEl.textContent = "live · " + e.message; }
-      if (!stopped && isLive(data)) timer = setTimeout(tick, 2000);
+      if (!stopped && again()) timer = setTimeout(tick, data.pending > 0 ? 500 : 2000);
     };
-    liveEl.textContent = "live";
-    timer = setTimeout(tick, 2000);
+    liveEl.textContent = data.pending > 0 ? status() : "live";
+    timer = setTimeout(tick, data.pending > 0 ? 500 : 2000);
     stopCurrent = () => { stopped = true; clearTimeout(timer); };
   }
 }
