@@ -140,6 +140,8 @@ class RunData:
         self._record_chars = 0
         self._record_cache_chars = record_cache_chars
         self._loading: dict[str, threading.Lock] = {}
+        #: Files parsed in full so far (records and checkpoints): what the cache saves.
+        self.records_read = 0
         self._progress: tuple[tuple[int, int], dict[str, Any]] | None = None
         self._files: tuple[tuple[tuple[int, int] | None, ...], dict[str, tuple[str, str, tuple[int, int]]]] | None = None
 
@@ -477,6 +479,8 @@ class RunData:
                     return cached[1]
             try:
                 value, chars = read_record(path)
+                with self._lock:
+                    self.records_read += 1
             finally:
                 with self._lock:
                     self._loading.pop(path, None)
