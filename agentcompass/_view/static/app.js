@@ -339,8 +339,9 @@ async function showRun(i) {
   ready("run");
   // Refresh while the run is live, or while the server is still reading rows (pending).
   const again = () => (config.live && isLive(data)) || data.pending > 0;
+  const wasLive = config.live && isLive(data);
   const status = () => data.pending > 0 ? `reading ${data.pending.toLocaleString("en")} more task(s)…`
-    : isLive(data) ? "live · refreshed " + new Date().toLocaleTimeString() : config.live ? "run finished" : "";
+    : isLive(data) ? "live · refreshed " + new Date().toLocaleTimeString() : wasLive ? "run finished" : "";
   if (again()) {
     let timer = null, stopped = false;
     const liveEl = document.getElementById("live");
@@ -435,7 +436,8 @@ async function showAttempt(i, key, attemptIndex) {
   const attempt = attempts.find((a) => a.attempt === attemptIndex) || attempts[0];
   const tabs = h("div", { class: "tabs" }, attempts.map((a) =>
     h("a", { href: attemptHref(i, key, a.attempt), class: a === attempt ? "on" : null }, `attempt ${a.attempt} · ${a.status}`)));
-  const head = h("h1", null, task.task_id, " ", badge(task.severity), task.category ? h("span", { class: "muted" }, " " + task.category) : null);
+  const head = h("h1", null, task.task_id, " ", badge(task.checkpointed ? "running" : task.severity), task.category ? h("span", { class: "muted" }, " " + task.category) : null);
+  const note = task.checkpointed ? h("p", { class: "muted", id: "checkpointed" }, "Not finished: these attempts are read from their checkpoints; the task's record is written when it ends.") : null;
   if (!attempt) { setMain(head, h("p", null, "This task has no attempts.")); ready("attempt"); return; }
   const rr = attempt.run_result || {};
   const artifacts = rr.artifacts || {};
@@ -451,7 +453,7 @@ async function showAttempt(i, key, attemptIndex) {
     ? h("table", { class: "t", id: "issues" }, h("tr", null, ["severity", "phase", "code", "message"].map((c) => h("th", null, c))),
       attempt.issues.map((it) => h("tr", null, h("td", null, badge(it.severity, it.severity === "fatal" ? "b-bad" : it.severity === "error" ? "b-warn" : "")), h("td", null, it.phase), h("td", { class: "mono" }, it.code), h("td", null, it.message))))
     : h("p", { class: "muted" }, "No issues.");
-  const sections = [head, tabs, cards, panel("Issues", issues, artifacts.execution_diagnostics ? h("details", null, h("summary", null, "diagnostics"), jsonBlock(artifacts.execution_diagnostics)) : null)];
+  const sections = [head, note, tabs, cards, panel("Issues", issues, artifacts.execution_diagnostics ? h("details", null, h("summary", null, "diagnostics"), jsonBlock(artifacts.execution_diagnostics)) : null)];
   const outputs = commandOutputs(artifacts);
   const grid = h("div", { class: "grid2" },
     h("div", null, outputs, panel("Timings", phaseBars(attempt.timings))),
