@@ -43,7 +43,7 @@ RECORD_CACHE_CHARS = 256 * 1024 * 1024
 #: background pass rather than by a page request.
 LARGE_RECORD = 256 * 1024
 #: How long a run page request reads rows before answering with placeholders.
-ROW_BUDGET_SECONDS = 0.75
+ROW_BUDGET_SECONDS = 0.5
 _CHECKPOINT = "checkpoint.json"
 _TRAJECTORY_KEY = re.compile(r'"trajectory"[ \t\n\r]*:[ \t\n\r]*\[')
 _WS = re.compile(r"[ \t\n\r]*")
