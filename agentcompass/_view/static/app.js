@@ -616,7 +616,15 @@ async function showCompare(indices) {
   indices = indices.filter((i) => i >= 0 && i < runs.length);
   if (indices.length < 2) { setMain(h("p", null, "Pick two or more runs on the ", h("a", { href: "#/" }, "runs page"), ".")); ready("compare"); return; }
   setMain(h("p", { class: "muted" }, "Loading runs…"));
-  const loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { cache: false })));
+  let loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { cache: false })));
+  // A comparison needs every row: wait while the server is still reading some.
+  while (loaded.some((d) => d.pending > 0)) {
+    const here = location.hash;
+    setMain(h("p", { class: "muted" }, `Reading runs… ${loaded.reduce((n, d) => n + (d.pending || 0), 0).toLocaleString("en")} task(s) left`));
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    if (location.hash !== here) return;
+    loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { fresh: true })));
+  }
   // Oldest first: "better" and "worse" read as the change from the first run to the last.
   const order = loaded.map((d, k) => k).sort((a, b) => compare(loaded[a].header.started_at, loaded[b].header.started_at) || compare(loaded[a].header.run_id, loaded[b].header.run_id));
   const datas = order.map((k) => loaded[k]);
