@@ -10,8 +10,8 @@ from pathlib import Path
 
 from view_helpers import COMPASS, agent_trajectory, attempt, run_dir_state, task, write_json, write_run, writer_lock
 
-from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
 from agentcompass._store._keys import task_key
+from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
 from agentcompass._view._data import LARGE_RECORD, RunData, read_record
 
 
