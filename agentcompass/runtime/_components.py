@@ -238,7 +238,9 @@ class EnvironmentSession:
         ``timed_out`` as ``exec`` would; its ``stdout`` and ``stderr`` are
         empty. Timeout and cancellation work as in ``exec`` (the timeout
         still fires while ``on_output`` blocks); an exception raised by
-        ``on_output`` kills the command's tree and propagates.
+        ``on_output`` kills the command's tree and propagates (in an
+        exception group where the provider runs tasks: catch it with
+        ``except*``).
 
         Optional: this default runs :meth:`exec` and then hands over its
         result's text (already cut to the provider's limit, UTF-8 encoded),
