@@ -55,8 +55,20 @@ async def test_output_over_the_limit_reaches_the_driver_before_the_command_exits
         await session.close()
 
 
+def _more_than_the_kernel_buffers() -> int:
+    """Bytes of output that cannot all sit in the pipe, both sockets' buffers
+    and the client's read at once (64 MiB, more where sockets may grow larger)."""
+    most = 0
+    for name in ("tcp_rmem", "tcp_wmem"):
+        try:
+            most += int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[-1])
+        except (OSError, ValueError, IndexError):
+            most += 32 * 1024 * 1024
+    return max(64 * 1024 * 1024, 2 * most + 16 * 1024 * 1024)
+
+
 async def test_a_slow_driver_stalls_the_command_instead_of_filling_the_server(server: InProcess):
-    size = 64 * 1024 * 1024  # far more than the pipe, both sockets and the client's read hold
+    size = _more_than_the_kernel_buffers()
     session = await remote(server.url, provider_config={"max_output_bytes": 1000}).open(None, NetworkPolicy())
     app = Path(session.handle["inner"]["path"]) / "app"
     taken = 0
