@@ -233,9 +233,10 @@ class LocalSession(EnvironmentSession):
         *,
         on_output: OutputCallback,
     ) -> ExecResult:
-        """Run ``cmd`` as :meth:`exec` does, handing every chunk of output (up
-        to 64 KiB, as read from the pipe) to ``on_output`` as it arrives; the
-        result's ``stdout`` and ``stderr`` are empty. While ``on_output`` is
+        """Run ``cmd`` as :meth:`exec` does, handing every chunk of output (as
+        read from the pipe: 64 KiB at most, 1 MiB once the pipe is busy) to
+        ``on_output`` as it arrives; the result's ``stdout`` and ``stderr``
+        are empty. While ``on_output`` is
         awaited that stream's pipe is not read, so the command blocks once
         the pipe is full. After the command exits, the half second spent
         waiting for output still buffered does not count time spent in
