@@ -3,7 +3,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-agent test lint bench bench-inspect clean
+.PHONY: demo demo-agent demo-sandbox system-deps test lint bench bench-inspect clean
+
+# What the sandbox provider (bubblewrap, iproute2, nftables, util-linux) and the
+# viewer's browser tests (chromium, chromium-driver) need from the system.
+SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux chromium chromium-driver
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +24,22 @@ demo: $(STAMP)
 demo-agent: $(STAMP)
 	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-agent.json -- \
 		$(BIN)/compass launch examples/demo-agent.yaml --output-root runs/demo-agent
+
+# The same tasks in sandboxes, offline while the agent runs (needs root).
+demo-sandbox: $(STAMP) system-deps
+	$(BIN)/compass launch examples/sandbox.yaml --output-root runs/demo
+
+# Installs the missing ones with apt-get when run as root on Debian/Ubuntu;
+# otherwise says what is missing (the tests that need them skip).
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update && apt-get install -y $$missing; \
+	  else \
+	    echo "missing system packages (their tests will skip):" $$missing; \
+	  fi; \
+	fi
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)

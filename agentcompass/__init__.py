@@ -1,17 +1,17 @@
 """AgentCompass: a Trio runtime that evaluates LLM agents and models on benchmarks.
 
 The public surface is exactly what this module re-exports; everything else
-lives in private modules.
+lives in private modules. The contracts (``agentcompass.runtime``) load with
+the package; the engine (``launch``, ``run_evaluation``, ``load_config``,
+``Planner``, ``register``) loads on first use, so a command that needs none
+of it (``compass --help``) starts fast.
 """
+
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
-from ._config import load_config as load_config
-from ._orchestration._launch import launch as launch
-from ._orchestration._launch import run_evaluation as run_evaluation
-from ._planner import Planner as Planner
-from ._registry import build_component as build_component
-from ._registry import register as register
 from .runtime import NO_HARNESS as NO_HARNESS
 from .runtime import AttemptRecord as AttemptRecord
 from .runtime import AttemptsSpec as AttemptsSpec
@@ -34,6 +34,7 @@ from .runtime import HarnessFreeBenchmark as HarnessFreeBenchmark
 from .runtime import Issue as Issue
 from .runtime import IssueError as IssueError
 from .runtime import ModelSpec as ModelSpec
+from .runtime import NetworkOverrides as NetworkOverrides
 from .runtime import NetworkPolicy as NetworkPolicy
 from .runtime import Orchestration as Orchestration
 from .runtime import OrchestrationResult as OrchestrationResult
@@ -47,3 +48,34 @@ from .runtime import RunResult as RunResult
 from .runtime import Secret as Secret
 from .runtime import TaskRecord as TaskRecord
 from .runtime import TaskSpec as TaskSpec
+
+if _typing.TYPE_CHECKING:
+    from ._config import load_config as load_config
+    from ._orchestration._launch import launch as launch
+    from ._orchestration._launch import run_evaluation as run_evaluation
+    from ._planner import Planner as Planner
+    from ._registry import build_component as build_component
+    from ._registry import register as register
+
+# name -> the private module that defines it
+_ENGINE = {
+    "launch": "._orchestration._launch",
+    "run_evaluation": "._orchestration._launch",
+    "load_config": "._config",
+    "Planner": "._planner",
+    "build_component": "._registry",
+    "register": "._registry",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _ENGINE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ENGINE})

@@ -21,31 +21,22 @@ When a run ends, each request gets a compact report that fits 80 columns
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Sequence
-from functools import partial
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import attrs
 import click
-import trio
 
-from . import __version__, _registry
-from ._config import build_orchestration, load_config, preflight
-from ._convert import structure
-from ._describe import describe_lines
-from ._logging import configure_logging
-from ._redact import redact
-from ._store._run_store import write_journals_now
-from .runtime._errors import ConfigError
-from .runtime._values import ComponentRef, Orchestration
+from . import __version__
+
+if TYPE_CHECKING:
+    from .runtime._values import Orchestration
+
+# What a command needs is imported inside it: ``compass --help`` loads no engine.
 
 __all__ = ["cli", "main"]
 
@@ -55,6 +46,8 @@ INTERRUPTED_EXIT = 130
 
 def _config_messages(exc: BaseException) -> list[str] | None:
     """One line per config error in ``exc``, or None if it holds anything else."""
+    from .runtime._errors import ConfigError
+
     if isinstance(exc, ConfigError):
         return [" ".join(str(exc).split())]
     if isinstance(exc, BaseExceptionGroup):
@@ -70,6 +63,8 @@ CLI_ENTRY_POINT_GROUP = "agentcompass.cli"
 
 
 def _plugin_commands() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
     return {ep.name: ep for ep in entry_points(group=CLI_ENTRY_POINT_GROUP)}
 
 
@@ -102,6 +97,9 @@ class _Group(click.Group):
         return loaded
 
     def invoke(self, ctx: click.Context) -> Any:
+        from ._redact import redact
+        from .runtime._errors import ConfigError
+
         try:
             return super().invoke(ctx)
         except (ConfigError, BaseExceptionGroup) as exc:
@@ -123,7 +121,11 @@ class _Group(click.Group):
 )
 def cli(log_level: str) -> None:
     """Evaluate LLM agents on benchmarks."""
+    from . import _gc
+    from ._logging import configure_logging
+
     configure_logging(console=True, level=log_level)
+    _gc.allow()  # the CLI owns its process (see agentcompass._gc)
 
 
 # ---------------------------------------------------------------- list / validate
@@ -134,6 +136,9 @@ def cli(log_level: str) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Also show each component's config keys.")
 def list_command(plugins: Sequence[str], verbose: bool) -> None:
     """List registered components (--verbose: their config keys)."""
+    from . import _registry
+    from ._describe import describe_lines
+
     _registry.load_plugins(list(plugins), Path.cwd())
     registrations = _registry.registered()
     rows = [("KIND", "ID", "ORIGIN")] + [(r.kind, r.id, r.origin) for r in registrations]
@@ -151,6 +156,10 @@ def list_command(plugins: Sequence[str], verbose: bool) -> None:
 @click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
 def describe(component_id: str, plugins: Sequence[str]) -> None:
     """Show a component's description, metrics and config keys."""
+    from . import _registry
+    from ._describe import describe_lines
+    from .runtime._errors import ConfigError
+
     _registry.load_plugins(list(plugins), Path.cwd())
     found = [r for r in _registry.registered() if r.id == component_id]
     if not found:
@@ -173,6 +182,8 @@ def validate(config: Path, overrides: Sequence[str]) -> None:
     Loads it, checks every key and value, imports its plugins, builds every
     component and runs each benchmark's own check of its data.
     """
+    from ._config import load_config, preflight
+
     orchestration = load_config(config, overrides)
     preflight(orchestration, config.parent)
     click.echo(f"ok: {len(orchestration.requests)} request(s)")
@@ -209,6 +220,8 @@ def _apply_cli(
     output_root: Path | None,
 ) -> Orchestration:
     """Command-line flags win over the config."""
+    import attrs
+
     changes: dict[str, Any] = {}
     if reuse is not None:
         changes["reuse"] = True if reuse == _LATEST else Path(reuse)
@@ -230,6 +243,8 @@ def _apply_cli(
 @click.pass_context
 def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: Any) -> None:
     """Run every request of CONFIG."""
+    from ._config import load_config, preflight
+
     orchestration = _apply_cli(load_config(config, overrides), **flags)
     preflight(orchestration, config.parent)
     ctx.exit(_execute(orchestration, config.parent, _resume_args(ctx)))
@@ -255,6 +270,8 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
 @click.pass_context
 def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     """Run one request described by flags."""
+    from ._config import build_orchestration, preflight
+
     flags = {k: options.pop(k) for k in ("reuse", "timeout_seconds", "task_concurrency", "output_root")}
     data = {"plugins": list(options.pop("plugins")), "requests": [_request_from_flags(**options)]}
     orchestration = _apply_cli(build_orchestration(data, overrides, base_dir=Path.cwd()), **flags)
@@ -279,6 +296,8 @@ def _request_from_flags(
     limit: int | None,
 ) -> dict[str, Any]:
     """The raw config mapping of the request ``compass run`` describes."""
+    from .runtime._errors import ConfigError
+
     request: dict[str, Any] = {
         "name": name or (benchmark if harness == "none" else f"{benchmark}-{harness}"),
         "benchmark": {"id": benchmark, "config": _json_object(benchmark_config, "--benchmark-config")},
@@ -308,6 +327,8 @@ def _request_from_flags(
 
 
 def _json_object(text: str, option: str) -> dict[str, Any]:
+    from .runtime._errors import ConfigError
+
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -349,11 +370,12 @@ def _run_dirs(orchestration: Orchestration) -> set[Path]:
 
 def _execute(orchestration: Orchestration, config_dir: Path, resume_args: list[str]) -> int:
     """Run the engine under our SIGINT handling; print where results went."""
+    import trio
+
     from ._orchestration._launch import launch as engine_launch
 
-    kwargs: dict[str, Any] = {"config_dir": config_dir}
-    if "show_progress" in inspect.signature(engine_launch).parameters:
-        kwargs["show_progress"] = True  # live table on a TTY, plain lines on stderr otherwise
+    # show_progress: a live table on a TTY, plain lines on stderr otherwise.
+    kwargs: dict[str, Any] = {"config_dir": config_dir, "show_progress": True}
     before = _run_dirs(orchestration)
     result, interrupted = trio.run(_launch_main, engine_launch, orchestration, kwargs)
     if interrupted:
@@ -383,6 +405,12 @@ async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs:
     The engine then runs its own bounded cleanup; the watcher keeps running
     through it so a second SIGINT can still end the process at once.
     """
+    import signal
+
+    import trio
+
+    from ._store._run_store import write_journals_now
+
     interrupted = False
     result = None
     run_scope = trio.CancelScope()
@@ -437,6 +465,7 @@ def show(run_dir: Path | None, output_root: Path) -> None:
     """
     from ._report import render_run_list
     from ._store import load_run, render_run_table
+    from .runtime._errors import ConfigError
 
     if run_dir is None:
         run_dir = _latest_run(output_root)
@@ -454,6 +483,8 @@ def show(run_dir: Path | None, output_root: Path) -> None:
 
 def _latest_run(output_root: Path) -> Path:
     """The most recent run directory of any request under ``output_root``."""
+    from .runtime._errors import ConfigError
+
     runs = [p.parent for p in output_root.glob("*/*/run_info.json")]
     if not runs:
         raise ConfigError(f"no runs under {output_root} (give RUN_DIR or --output-root)")
@@ -469,6 +500,11 @@ def reap(ctx: click.Context, run_dir: Path, plugins: Sequence[str]) -> None:
 
     Reads RUN_DIR/sessions.jsonl and reaps every session opened and never closed.
     """
+    import trio
+
+    from . import _registry
+    from .runtime._errors import ConfigError
+
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
     _registry.load_plugins(list(plugins), Path.cwd())
@@ -480,6 +516,10 @@ def reap(ctx: click.Context, run_dir: Path, plugins: Sequence[str]) -> None:
 def _environment_configs(run_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The run's environment config (from ``run_info.json``), keyed by provider,
     so a provider that needs settings to find its sandboxes gets them."""
+    from ._convert import structure
+    from .runtime._errors import ConfigError
+    from .runtime._values import ComponentRef
+
     raw = (run_info.get("request") or {}).get("environment")
     if raw is None:
         return {}
@@ -494,7 +534,14 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
     """Reap every session journalled as opened and never closed; journal each
     reaped one as closed through the run's store (which refuses a run that
     is still being written)."""
+    from functools import partial
+
+    import trio
+
+    from . import _registry
+    from ._redact import redact
     from ._store import load_run, open_run_store
+    from .runtime._errors import ConfigError
 
     loaded = await trio.to_thread.run_sync(partial(load_run, run_dir, records=False))
     if not loaded.open_sessions:
@@ -521,6 +568,59 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
             raise
         raise ConfigError(f"cannot reap {run_dir}: {exc}") from None
     return reaped, failed
+
+
+# ---------------------------------------------------------------- view
+
+
+@cli.command()
+@click.argument("run_dirs", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port on 127.0.0.1 (0 picks a free one).")
+@click.option("--out", type=click.Path(path_type=Path), help="Write the pages as static files to DIR instead.")
+def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
+    """Browse runs in a web page (read-only).
+
+    RUN_DIR is a run directory, a request's directory or an output root
+    (default: runs). Serves on 127.0.0.1 until Ctrl-C, or writes the pages
+    as static files with --out."""
+    import signal
+
+    import trio
+
+    from ._view import Site, find_runs, serve, write_site
+    from .runtime._errors import ConfigError
+
+    paths = list(run_dirs) or [Path("runs")]
+    for path in paths:
+        if not path.is_dir():
+            raise ConfigError(f"run directory not found: {path}")
+    runs = find_runs(paths)
+    if not runs:
+        raise ConfigError(f"no run directory found under {', '.join(str(p) for p in paths)}")
+    if out is not None:
+        target = out.resolve()
+        for run in runs:
+            if target == run or run in target.parents:
+                raise ConfigError(f"--out {out} is inside the run directory {run}; the viewer never writes there")
+        count = write_site(Site(runs, live=False), target)
+        click.echo(f"wrote {count} file(s) for {len(runs)} run(s); open {target / 'index.html'}")
+        return
+
+    async def serve_until_interrupted() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                try:
+                    url = await nursery.start(serve, Site(runs, live=True), port)
+                except OSError as exc:
+                    raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+                click.echo(f"serving {len(runs)} run(s) at {url} (Ctrl-C to stop)")
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(serve_until_interrupted)
+    click.echo("stopped", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -56,8 +56,10 @@ from .runtime._components import BaseBenchmark, HarnessFreeBenchmark
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._values import (
     ComponentRef,
+    ExecutionPlan,
     ExecutionSpec,
     ModelSpec,
+    NetworkOverrides,
     Orchestration,
     RunRequest,
     Secret,
@@ -576,7 +578,12 @@ def _check_components(request: RunRequest) -> Any:
                 f"(not {request.harness.id!r})"
             )
         harness = _build("harness", request.harness, "")
-    _build("environment", request.environment, "")
+    environment = _build("environment", request.environment, "")
+    try:
+        environment.preflight()
+    except ComponentError as exc:
+        raise ComponentError(f"environment {request.environment.id!r}: {exc}") from None
+    _check_network_overrides(request, environment)
     for kind, refs in (("recipe", request.recipes), ("analyzer", request.analyzers)):
         for j, ref in enumerate(refs):
             _build(kind, ref, f"{kind}s[{j}]: ")
@@ -602,6 +609,28 @@ def _benchmark_preflight(benchmark: Any, request: RunRequest) -> None:
         raise ComponentError(f"{where}: {_one_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - a failing check is a config error naming the benchmark
         raise ComponentError(f"{where}: preflight failed: {type(exc).__name__}: {_one_line(exc)}") from None
+
+
+def _check_network_overrides(request: RunRequest, environment: Any) -> None:
+    """A provider that cannot enforce the user's per-phase policies says so
+    before anything runs (a benchmark's own policies are checked per task)."""
+    network = request.execution.network
+    if network == NetworkOverrides():
+        return
+    probe = ExecutionPlan(
+        task_id="*",
+        attempt=0,
+        environment=request.environment,
+        **{
+            f"{phase}_network_policy": getattr(network, phase)
+            for phase in ("baseline", "run", "evaluation")
+            if getattr(network, phase) is not None
+        },
+    )
+    try:
+        environment.build_config(probe)
+    except ComponentError as exc:
+        raise ComponentError(f"execution.network: {exc}") from None
 
 
 def _build(kind: str, ref: ComponentRef, prefix: str) -> Any:

@@ -44,7 +44,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._results import Issue
-from .runtime._values import ComponentRef, RunRequest, Secret
+from .runtime._values import ComponentRef, NetworkPolicy, RunRequest, Secret
 
 __all__ = [
     "SECRET_CONFIG_KEYS",
@@ -88,6 +88,8 @@ def _structure_path(value: Any, _: type) -> Path:
 
 
 converter.register_structure_hook(Path, _structure_path)
+# A policy is written as a mode string or {mode, allow}, in config and in stored plans alike.
+converter.register_structure_hook(NetworkPolicy, lambda v, _: NetworkPolicy.parse(v, "network policy"))
 converter.register_unstructure_hook(Path, str)
 
 

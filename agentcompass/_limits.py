@@ -51,18 +51,22 @@ waiting for.
 
 Smallest wins
 -------------
-Orchestrations configure their providers at start. For each limit the smallest
-non-zero value configured in the run is in force: a later, larger value never
-raises it and ``0`` (no limit) never lifts a configured one. Permits already
-held when a capacity is lowered stay held; new acquisitions wait until the
-holders drop below the new total. :meth:`ProviderLimitRegistry.configure`
-returns one note per conflict for the caller to log.
+An orchestration configures its providers for as long as it runs
+(:meth:`ProviderLimitRegistry.configured`). For each limit the smallest
+non-zero value among the orchestrations running at that moment is in force: a
+larger value never raises it and ``0`` (no limit) never lifts a configured one.
+When an orchestration ends its values are withdrawn, and the limit becomes the
+smallest of those still running (or none). Permits already held when a
+capacity is lowered stay held; new acquisitions wait until the holders drop
+below the new total. Configuring returns one note per conflict for the caller
+to log.
 
 Lifetime
 --------
 The registry lives in a :class:`trio.lowlevel.RunVar`, so every ``launch`` in
 the same ``trio.run`` shares it and separate runs never do. Bucket actors are
-system tasks: the registry outlives any orchestration, and system tasks are
+system tasks (a provider's bucket is kept, unlimited, while no running
+orchestration sets its open rate): the registry outlives any orchestration, and system tasks are
 cancelled when the main task exits, so they never keep ``trio.run`` alive. A
 crashing system task would become :exc:`trio.TrioInternalError` and tear down
 the embedding application's whole run; instead a crashed actor hands its
@@ -72,8 +76,10 @@ to the original exception.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
+from collections.abc import Iterator, Mapping
 
 import attrs
 import trio
@@ -159,6 +165,8 @@ class TokenBucket:
     _failure: BaseException | None = attrs.field(init=False, default=None)
     _granted: int = attrs.field(init=False, default=0)
     _given_back: int = attrs.field(init=False, default=0)
+    # Set while no running orchestration limits the open rate: grants go at once.
+    _unlimited: bool = attrs.field(init=False, default=False)
 
     @burst.validator
     def _check_burst(self, _attribute: object, value: int) -> None:
@@ -192,8 +200,22 @@ class TokenBucket:
         rate = _check_rate(rate)
         # Tokens earned so far were earned at the old rate.
         self._refill()
+        if self._unlimited:
+            # Limited again: start full, like a new bucket.
+            self._unlimited = False
+            self._tokens = float(self.burst)
         self.rate = rate
         self._wake_actor()
+
+    def set_unlimited(self) -> None:
+        """Grant every waiter at once until the next :meth:`set_rate`."""
+        self._unlimited = True
+        self._wake_actor()
+
+    @property
+    def unlimited(self) -> bool:
+        """Whether the bucket grants at once (see :meth:`set_unlimited`)."""
+        return self._unlimited
 
     def _give_back(self) -> None:
         self._refill()
@@ -253,6 +275,8 @@ class TokenBucket:
     async def _wait_for_token(self) -> None:
         while True:
             self._refill()
+            if self._unlimited:
+                self._tokens = max(self._tokens, 1.0)
             if self._tokens >= 1:
                 return
             changed = self._changed
@@ -264,12 +288,8 @@ class TokenBucket:
                 # rounding, and waiting for it could spin without the clock
                 # advancing (a mock clock only jumps when every task blocks).
                 self._refill()
-                # The token was due at ready_at, but the actor wakes late:
-                # epoll sleeps in whole milliseconds and a busy loop adds
-                # more. The refill caps that lateness away at ``burst``, so
-                # every grant would drift later and the achieved rate fall
-                # short (~5 % at 50/s, measured). Credit it, at most half a
-                # token, so grants keep to the rate's schedule.
+                # Credit the actor's wake-up lateness (at most half a token) so
+                # grants keep to the rate's schedule (bench: ``open_rate``).
                 late = trio.current_time() - ready_at
                 self._tokens = max(self._tokens, 1.0 + min(max(late, 0.0) * self.rate, 0.5))
                 return
@@ -311,6 +331,14 @@ class TokenBucket:
 class _Provider:
     capacity: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(math.inf))
     bucket: TokenBucket | None = None
+    # One value per running orchestration that configured the provider (0: no limit).
+    capacities: list[int] = attrs.Factory(list)
+    rates: list[float] = attrs.Factory(list)
+
+
+def _smallest(values: list[int] | list[float]) -> float | None:
+    limits = [v for v in values if v]
+    return min(limits) if limits else None
 
 
 def _check_limits(provider: str, capacity: int, open_qps: float) -> None:
@@ -360,52 +388,81 @@ class ProviderLimitRegistry:
         return entry
 
     def configure(self, provider: str, capacity: int, open_qps: float) -> list[str]:
-        """Apply one orchestration's limits for ``provider``; the smallest non-zero wins.
+        """Add one orchestration's limits for ``provider``; the smallest non-zero wins.
 
-        ``0`` disables a limit. Returns human-readable notes, one per value
-        that was not taken as given (lowered an earlier limit, or was overruled
-        by a smaller one); the caller logs them. Raises :exc:`ValueError` for a
-        negative or non-numeric value. Must be called inside the Trio run.
+        ``0`` disables a limit. The values stay until :meth:`withdraw` removes
+        them (:meth:`configured` pairs the two). Returns human-readable notes,
+        one per value that was not taken as given (lowered a limit in force,
+        or was overruled by a smaller one); the caller logs them. Raises
+        :exc:`ValueError` for a negative or non-numeric value. Must be called
+        inside the Trio run.
         """
         _check_limits(provider, capacity, open_qps)
         entry = self._provider(provider)
         notes: list[str] = []
-
-        limiter = entry.capacity
-        in_force = limiter.total_tokens
-        if capacity and in_force == math.inf:
-            limiter.total_tokens = capacity
-        elif capacity and capacity < in_force:
-            limiter.total_tokens = capacity
+        in_force = _smallest(entry.capacities)
+        if capacity and in_force is not None and capacity < in_force:
             notes.append(
                 f"provider {provider!r}: capacity lowered from {_fmt(in_force)} to {capacity} (smallest wins)"
             )
-        elif in_force != math.inf and capacity != in_force:
+        elif in_force is not None and capacity != in_force:
             requested = str(capacity) if capacity else "unlimited (0)"
             notes.append(
                 f"provider {provider!r}: capacity {requested} requested but {_fmt(in_force)}"
                 " is in force (smallest wins)"
             )
+        rate = _smallest(entry.rates)
+        if open_qps and rate is not None and open_qps < rate:
+            notes.append(
+                f"provider {provider!r}: open_qps lowered from {_fmt(rate)} to {_fmt(open_qps)} (smallest wins)"
+            )
+        elif rate is not None and open_qps != rate:
+            requested = _fmt(open_qps) if open_qps else "unlimited (0)"
+            notes.append(
+                f"provider {provider!r}: open_qps {requested} requested but {_fmt(rate)} is in force (smallest wins)"
+            )
+        entry.capacities.append(capacity)
+        entry.rates.append(open_qps)
+        self._apply(provider, entry)
+        return notes
 
+    def withdraw(self, provider: str, capacity: int, open_qps: float) -> None:
+        """Remove values an earlier :meth:`configure` added: the smallest of the rest is in force."""
+        entry = self._provider(provider)
+        entry.capacities.remove(capacity)
+        entry.rates.remove(open_qps)
+        self._apply(provider, entry)
+
+    @contextlib.contextmanager
+    def configured(self, providers: Mapping[str, ProviderLimits]) -> Iterator[list[str]]:
+        """Apply one orchestration's limits while the block runs; yields the notes of :meth:`configure`."""
+        applied: list[tuple[str, int, float]] = []
+        notes: list[str] = []
+        try:
+            for provider, limits in providers.items():
+                notes += self.configure(provider, limits.capacity, limits.open_qps)
+                applied.append((provider, limits.capacity, limits.open_qps))
+            yield notes
+        finally:
+            for values in applied:
+                self.withdraw(*values)
+
+    def _apply(self, provider: str, entry: _Provider) -> None:
+        capacity = _smallest(entry.capacities)
+        # Raising the total (or lifting it) wakes waiters; lowering keeps held permits.
+        entry.capacity.total_tokens = math.inf if capacity is None else int(capacity)
+        rate = _smallest(entry.rates)
         bucket = entry.bucket
-        if open_qps and bucket is None:
-            entry.bucket = TokenBucket(open_qps, name=provider)
+        if rate is None:
+            if bucket is not None:
+                bucket.set_unlimited()
+        elif bucket is None:
+            entry.bucket = TokenBucket(rate, name=provider)
             trio.lowlevel.spawn_system_task(
                 _serve_in_system_task, entry.bucket, name=f"agentcompass open-rate actor {provider!r}"
             )
-        elif open_qps and bucket is not None and open_qps < bucket.rate:
-            notes.append(
-                f"provider {provider!r}: open_qps lowered from {_fmt(bucket.rate)} to {_fmt(open_qps)}"
-                " (smallest wins)"
-            )
-            bucket.set_rate(open_qps)
-        elif bucket is not None and open_qps != bucket.rate:
-            requested = _fmt(open_qps) if open_qps else "unlimited (0)"
-            notes.append(
-                f"provider {provider!r}: open_qps {requested} requested but {_fmt(bucket.rate)}"
-                " is in force (smallest wins)"
-            )
-        return notes
+        elif bucket.unlimited or rate != bucket.rate:
+            bucket.set_rate(rate)
 
     def limits(self, provider: str) -> ProviderLimits:
         """The limits in force for ``provider`` (``0`` where there is none), e.g. for ``run_info``."""
@@ -415,7 +472,7 @@ class ProviderLimitRegistry:
         total = entry.capacity.total_tokens
         return ProviderLimits(
             capacity=0 if total == math.inf else int(total),
-            open_qps=entry.bucket.rate if entry.bucket is not None else 0,
+            open_qps=entry.bucket.rate if entry.bucket is not None and not entry.bucket.unlimited else 0,
         )
 
     def capacity(self, provider: str) -> trio.CapacityLimiter:
@@ -425,7 +482,9 @@ class ProviderLimitRegistry:
     def open_rate_bucket(self, provider: str) -> TokenBucket | None:
         """The provider's open-rate bucket, or None while its open rate is unlimited."""
         entry = self._providers.get(provider)
-        return entry.bucket if entry is not None else None
+        if entry is None or entry.bucket is None or entry.bucket.unlimited:
+            return None
+        return entry.bucket
 
     async def acquire_open_token(self, provider: str) -> None:
         """Wait for the provider's next open-rate token (FIFO); a cancelled call consumes none.

@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import threading
+import traceback
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import IO, Any
@@ -34,7 +35,7 @@ import structlog
 
 from ._redact import redact
 
-__all__ = ["add_json_log", "configure_logging", "debug_enabled", "get_logger", "remove_json_log"]
+__all__ = ["add_json_log", "configure_logging", "debug_enabled", "ensure_logging", "get_logger", "remove_json_log"]
 
 _lock = threading.Lock()
 # Whether debug events are rendered anywhere: hot paths test it before building one.
@@ -147,28 +148,58 @@ def remove_json_log(path: Path) -> None:
         entry[0].close()
 
 
-def get_logger(name: str) -> Any:
-    """A structlog logger whose events carry ``logger=name``.
+def ensure_logging() -> None:
+    """Configure structlog (console at ``warning``) unless something already did.
 
-    When structlog has not been configured yet (an SDK user who never called
-    :func:`configure_logging`), it is configured here, console at
-    ``warning``, so redaction is never skipped; an application's own
-    configuration is left alone. The logger is a lazy proxy: configuring
-    structlog after this call still applies to it.
+    ``launch`` calls it, so an SDK user who never configured logging gets
+    redacted warnings on stderr; an application's own configuration is left alone.
     """
     if not structlog.is_configured():
         configure_logging(level="warning")
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger whose events carry ``logger=name``.
+
+    Getting one configures nothing. Its events are redacted before they reach
+    structlog, so no secret passes even through a chain the embedding
+    application configured itself. The logger is a lazy proxy: configuring
+    structlog after this call still applies to it.
+    """
     return _NamedLogger(name)
+
+
+def _redacted_call(logger: Any, method: str) -> Any:
+    def log(event: Any = None, *args: Any, **kw: Any) -> Any:
+        if kw.get("exc_info") is True or method == "exception":
+            # Render the traceback here so its text is redacted too.
+            kw.pop("exc_info", None)
+            kw["exception"] = "".join(traceback.format_exception(*sys.exc_info()))
+            if method == "exception":
+                return logger.error(*_redact_value([event, *args]), **_redact_value(kw))
+        return getattr(logger, method)(*_redact_value([event, *args]), **_redact_value(kw))
+
+    return log
 
 
 class _NamedLogger:
     """A logger resolved at each call, so loggers made at import time follow
     a later :func:`configure_logging` (a bound proxy fixes the level it first saw)."""
 
-    __slots__ = ("_name",)
+    __slots__ = ("_context", "_name")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, context: dict[str, Any] | None = None) -> None:
         self._name = name
+        self._context = context or {}
+
+    def bind(self, **values: Any) -> _NamedLogger:
+        return _NamedLogger(self._name, {**self._context, **values})
 
     def __getattr__(self, method: str) -> Any:
-        return getattr(structlog.get_logger().bind(logger=self._name), method)
+        logger = structlog.get_logger().bind(logger=self._name, **_redact_value(self._context))
+        if method in _LEVEL_METHODS:
+            return _redacted_call(logger, method)
+        return getattr(logger, method)
+
+
+_LEVEL_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "msg"})

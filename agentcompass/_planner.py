@@ -2,7 +2,8 @@
 
 Precedence, lowest first: runtime defaults, the benchmark's ``plan``, each
 recipe in order, then explicit user values from the request's
-``ExecutionSpec``. Because user values are applied last, a recipe can fill
+``ExecutionSpec`` (timeouts, ``evaluation_environment_mode`` and the
+per-phase ``network`` policies). Because user values are applied last, a recipe can fill
 any setting but never override one the user wrote down.
 """
 
@@ -77,6 +78,13 @@ class Planner:
             and plan.evaluation_timeout_seconds != execution.evaluation_timeout_seconds
         ):
             explicit["evaluation_timeout_seconds"] = execution.evaluation_timeout_seconds
+        mode = execution.evaluation_environment_mode
+        if mode is not None and plan.evaluation_environment_mode != mode:
+            explicit["evaluation_environment_mode"] = mode
+        for phase in ("baseline", "run", "evaluation"):
+            policy = getattr(execution.network, phase)
+            if policy is not None and getattr(plan, f"{phase}_network_policy") != policy:
+                explicit[f"{phase}_network_policy"] = policy
         for key, value in (
             ("task_id", task.task_id),
             ("attempt", attempt),

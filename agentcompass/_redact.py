@@ -26,12 +26,14 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from .runtime._values import Secret
+if TYPE_CHECKING:  # at run time a Secret is told by its reveal(): runtime imports this module
+    from .runtime._values import Secret
 
 __all__ = ["MASK", "redact", "redact_json_text", "register_secret"]
 
-MASK = Secret.MASK
+MASK = "**********"  # the same as Secret.MASK
 _MIN_SECRET_LEN = 4
 
 _SHAPES = re.compile(
@@ -53,8 +55,8 @@ _SHAPES = re.compile(
 # inside a string (it stops at quotes and backslashes), and a key/value pair
 # only when the value is a quoted string or follows "=" inside a string, so
 # ``"max_token": 5`` stays valid JSON. The key alternative starts at the
-# keyword itself (a prefix such as ``my_`` is kept either way): scanning for
-# a prefix at every position made this ten times slower on records.
+# keyword itself (a prefix such as ``my_`` is kept either way), so the scan
+# does not try a prefix at every position.
 _JSON_SHAPES = re.compile(
     r"""
     (?P<url>(?<=://)[^/\s:@"\\]+:)[^/\s@"\\]+(?=@)
@@ -94,7 +96,7 @@ def _values_pattern(values: Iterable[str]) -> re.Pattern[str] | None:
 def register_secret(value: str | Secret) -> None:
     """Make :func:`redact` mask ``value`` (or a ``Secret``'s clear value) from now on."""
     global _registered_pattern
-    text = value.reveal() if isinstance(value, Secret) else value
+    text = value if isinstance(value, str) else value.reveal()
     if len(text) < _MIN_SECRET_LEN:
         return
     with _lock:
@@ -110,7 +112,7 @@ def redact(text: str, secrets: Iterable[str | Secret] = ()) -> str:
     pattern = _registered_pattern
     if pattern is not None:
         text = pattern.sub(MASK, text)
-    extra = [s.reveal() if isinstance(s, Secret) else s for s in secrets]
+    extra = [s if isinstance(s, str) else s.reveal() for s in secrets]
     if extra:
         extra_pattern = _values_pattern(extra)
         if extra_pattern is not None:
@@ -124,9 +126,9 @@ _TRIGGERS = ("sk-", "bearer", "authorization", "key", "passw", "secret", "://")
 
 
 def _may_hold_credentials(text: str) -> bool:
-    """A cheap test that ``_SHAPES`` or ``_JSON_SHAPES`` can match at all: substring checks run
-    at C speed, while the full pattern costs ~100 us on a typical record.
-    ``token`` counts only as a whole word end (not ``input_tokens``)."""
+    """A cheap test that ``_SHAPES`` or ``_JSON_SHAPES`` can match at all (substring checks
+    are far cheaper than the full pattern). ``token`` counts only as a whole word end
+    (not ``input_tokens``)."""
     low = text.lower()
     if any(trigger in low for trigger in _TRIGGERS):
         return True

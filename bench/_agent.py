@@ -30,8 +30,10 @@ from typing import Any
 import trio
 
 import agentcompass
-import agentcompass.testing  # registers noop-bench
+import agentcompass._gc
 from agentcompass import ComponentRef, ModelSpec, Orchestration, RunRequest
+
+from . import _noop  # noqa: F401 - registers noop-bench and noop-env
 
 __all__ = ["agent_bound", "agent_rows", "inspect_agent", "start_model_server"]
 
@@ -82,6 +84,7 @@ def agent_bound(
     root: Path, tasks: int = 500, concurrency: int = 100, latency: float = 0.1, steps: int = 4
 ) -> dict[str, Any]:
     """See the module docstring."""
+    agentcompass._gc.allow()  # the bench owns its process, as the CLI does
     root = Path(root)
     (root / "sandboxes").mkdir(parents=True, exist_ok=True)
     server, url = start_model_server(root, steps, latency)

@@ -93,6 +93,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         if r.get("server_cpu_s") is not None:
             rows.append(_row("remote", "CPU s for that stream: driver + server process (its start and the command included)", r["driver_cpu_s"] + r["server_cpu_s"], "(context)", None, "{:.2f}"))
     rows.extend(agent_rows(results, _row))
+    r = results.get("sandbox")
+    if r and "error" not in r:
+        name = f"sandbox open + close ({r['sessions']} at concurrency {r['concurrency']})"
+        for policy in ("none", "full"):
+            median, p95 = r.get(f"{policy}_median_ms"), r.get(f"{policy}_p95_ms")
+            if median is not None:
+                rows.append(_row(name, f"median ms, policy {policy}", median, "<= 60", median <= 60, "{:.1f}"))
+                rows.append(_row(name, f"p95 ms, policy {policy}", p95, "<= 150", p95 <= 150, "{:.1f}"))
+        if r.get("none_serial_median_ms") is not None:
+            rows.append(_row("sandbox open + close, one at a time", "median ms, policy none", r["none_serial_median_ms"], "(context)", None, "{:.1f}"))
+        ok = r["held_errors"] == 0 and r["held_alive"] == r["held"]
+        rows.append(_row("sandbox held at once", "sessions each running a process, errors", r["held_errors"], f"0 of {r['held']}", ok, "{:.0f}"))
+        rows.append(_row("sandbox", "resources left after the run", r["leftover"], "0", r["leftover"] == 0, "{:.0f}"))
     probes = results.get("host", {}).get("cpu_probe_ms")
     if probes:
         rows.append(_row("host", "ms of CPU for a fixed Python loop, before each run (median)", statistics.median(probes), "(context)", None, "{:.1f}"))

@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 import agentcompass
-import agentcompass.testing  # registers the noop-* components
+import agentcompass._gc
 from agentcompass import (
     AttemptsSpec,
     ComponentRef,
@@ -34,10 +34,10 @@ from agentcompass import (
     ProviderLimits,
     RunRequest,
 )
-from agentcompass.testing import NOOP_SESSIONS
-from agentcompass.testing._noop import NOOP_OPEN_TIMES
 
 from ._agent import agent_bound
+from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
+from ._sandbox import sandbox_open_close as sandbox_open_close
 
 __all__ = [
     "SCENARIOS",
@@ -47,6 +47,7 @@ __all__ = [
     "open_rate",
     "overhead_bound",
     "reuse",
+    "sandbox_open_close",
     "shutdown",
 ]
 
@@ -77,6 +78,7 @@ def _request(
 
 
 def _launch(orchestration: Orchestration) -> Any:
+    agentcompass._gc.allow()  # the bench owns its process, as the CLI does (see agentcompass._gc)
     return trio.run(agentcompass.launch, orchestration)
 
 
@@ -481,4 +483,5 @@ SCENARIOS = {
     "remote_exec": remote_exec,
     "remote_sessions": remote_sessions,
     "remote_stream": remote_stream,
+    "sandbox": sandbox_open_close,
 }

@@ -69,7 +69,7 @@ import agentcompass._orchestration._launch as engine
 from agentcompass._convert import unstructure
 from agentcompass.runtime._results import OrchestrationResult, RequestResult
 
-async def fake_launch(orchestration, *, config_dir=None):
+async def fake_launch(orchestration, *, config_dir=None, show_progress=False):
     out = Path(os.environ["FAKE_OUT"])
     out.write_text(json.dumps({"orchestration": unstructure(orchestration), "config_dir": str(config_dir)}))
     mode = os.environ.get("FAKE_MODE", "ok")
@@ -405,3 +405,12 @@ def test_module_entry_point_is_the_console_script(workdir: Path) -> None:
     )
     assert proc.returncode == 0
     assert textwrap.dedent("launch").strip() in proc.stdout
+
+
+def test_importing_the_cli_loads_no_engine() -> None:
+    # What makes ``compass --help`` slow: loaded only by the commands that need it.
+    heavy = ["trio", "structlog", "httpx", "yaml", "rich", "agentcompass._orchestration", "agentcompass._store",
+             "agentcompass._config", "agentcompass._registry", "importlib.metadata"]
+    code = f"import sys, agentcompass._cli; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

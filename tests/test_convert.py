@@ -30,6 +30,7 @@ from agentcompass.runtime._values import (
     ExecutionPlan,
     ExecutionSpec,
     ModelSpec,
+    NetworkOverrides,
     NetworkPolicy,
     Orchestration,
     PreparedTask,
@@ -67,6 +68,8 @@ EXECUTION = ExecutionSpec(
     run_timer_compensation_seconds=0,
     evaluation_timeout_seconds=120,
     keep_environment=True,
+    evaluation_environment_mode="fresh",
+    network=NetworkOverrides(run=NetworkPolicy("none"), evaluation=NetworkPolicy("allowlist", ("a:1",))),
 )
 REQUEST = RunRequest(
     name="smoke",
@@ -124,6 +127,7 @@ EXAMPLES = [
     ModelSpec(name="none-model", api="none"),
     AttemptsSpec(k=2, strategy="avg"),
     EXECUTION,
+    NetworkOverrides(baseline=NetworkPolicy("full")),
     ExecutionSpec(),
     REQUEST,
     RunRequest(name="minimal", benchmark=ComponentRef("b"), environment=ComponentRef("e"), reuse=True),

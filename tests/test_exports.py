@@ -50,15 +50,23 @@ SPEC_NAMES = {
 }
 
 # build_component: plugins that host other providers (remote sandbox servers) build them by id.
-EXTRA_NAMES = {"NO_HARNESS", "CompassError", "ConfigError", "ComponentError", "RunFailedError", "build_component"}
+EXTRA_NAMES = {
+    "NO_HARNESS",
+    "NetworkOverrides",
+    "CompassError",
+    "ConfigError",
+    "ComponentError",
+    "RunFailedError",
+    "build_component",
+}
 
 
 def _public(module: object) -> set[str]:
     # Subpackages (runtime, testing, the built-in components) appear once imported.
     return {
         name
-        for name, value in vars(module).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+        for name in dir(module)
+        if not name.startswith("_") and not isinstance(getattr(module, name), types.ModuleType)
     }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -10,8 +12,8 @@ import trio
 import trio.testing
 
 import agentcompass
-import agentcompass.testing  # noqa: F401 - registers noop-*
-from agentcompass import ComponentRef, Orchestration, RunRequest
+import bench._noop  # noqa: F401 - registers noop-*
+from agentcompass import ComponentRef, Orchestration, RunRequest, _gc
 from agentcompass._gc import GEN0_THRESHOLD, relaxed_collection
 
 
@@ -23,7 +25,39 @@ def default_thresholds() -> Iterator[None]:
     gc.set_threshold(*before)
 
 
-def test_raised_while_active_and_restored_after_the_last_one() -> None:
+@pytest.fixture
+def allowed() -> Iterator[None]:
+    """Opt in as the CLI does."""
+    previous = _gc.allow(True)
+    yield
+    _gc.allow(previous)
+
+
+@pytest.fixture
+def not_allowed() -> Iterator[None]:
+    previous = _gc.allow(False)
+    yield
+    _gc.allow(previous)
+
+
+def test_import_changes_nothing() -> None:
+    code = (
+        "import gc; before = gc.get_threshold()\n"
+        "import agentcompass, agentcompass._gc, agentcompass.testing\n"
+        "print(before == gc.get_threshold())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
+
+
+async def test_launch_leaves_the_thresholds_alone_unless_allowed(autojump_clock, tmp_path, not_allowed) -> None:
+    seen = await _threshold_during_a_launch(tmp_path)
+    assert seen == [700]
+    with relaxed_collection():
+        assert gc.get_threshold()[0] == 700
+
+
+def test_raised_while_active_and_restored_after_the_last_one(allowed) -> None:
     with relaxed_collection():
         assert gc.get_threshold() == (GEN0_THRESHOLD, 10, 10)
         with relaxed_collection():
@@ -32,7 +66,7 @@ def test_raised_while_active_and_restored_after_the_last_one() -> None:
     assert gc.get_threshold() == (700, 10, 10)
 
 
-def test_never_lowered_and_never_enabled() -> None:
+def test_never_lowered_and_never_enabled(allowed) -> None:
     higher = GEN0_THRESHOLD + 1
     gc.set_threshold(higher, 10, 10)
     with relaxed_collection():
@@ -43,13 +77,18 @@ def test_never_lowered_and_never_enabled() -> None:
     assert gc.get_threshold()[0] == 0
 
 
-def test_a_change_made_meanwhile_is_left_alone() -> None:
+def test_a_change_made_meanwhile_is_left_alone(allowed) -> None:
     with relaxed_collection():
         gc.set_threshold(2_000, 5, 5)
     assert gc.get_threshold() == (2_000, 5, 5)
 
 
-async def test_launch_raises_it_for_the_run(autojump_clock, tmp_path) -> None:
+async def test_launch_raises_it_for_the_run(autojump_clock, tmp_path, allowed) -> None:
+    assert await _threshold_during_a_launch(tmp_path) == [GEN0_THRESHOLD]
+    assert gc.get_threshold()[0] == 700
+
+
+async def _threshold_during_a_launch(tmp_path) -> list[int]:
     request = RunRequest(
         name="gc",
         benchmark=ComponentRef("noop-bench", {"tasks": 2}),
@@ -62,11 +101,10 @@ async def test_launch_raises_it_for_the_run(autojump_clock, tmp_path) -> None:
         nursery.start_soon(agentcompass.launch, Orchestration([request], task_concurrency=2))
         await trio.sleep(1)  # the harness sleeps 5 mock seconds
         seen.append(gc.get_threshold()[0])
-    assert seen == [GEN0_THRESHOLD]
-    assert gc.get_threshold()[0] == 700
+    return seen
 
 
-def test_launch_frees_the_records_before_restoring_the_thresholds(tmp_path) -> None:
+def test_launch_frees_the_records_before_restoring_the_thresholds(tmp_path, allowed) -> None:
     # The request's scheduler and reporters refer back to it (a cycle): its
     # records must not wait for a cyclic collection, which restoring the
     # thresholds would start at once, walking all of them.

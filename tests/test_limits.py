@@ -11,6 +11,8 @@ import random
 from collections.abc import Awaitable, Callable
 
 import pytest
+import structlog
+import structlog.testing
 import trio
 import trio.testing
 from hypothesis import given, settings
@@ -432,3 +434,83 @@ def test_each_trio_run_has_its_own_registry_and_its_actors_do_not_keep_it_alive(
     assert before_first == before_second == math.inf
     assert first.capacity("p").total_tokens == 2
     assert second.capacity("p").total_tokens == 7
+
+
+# -- smallest wins among the orchestrations running now ------------------------
+
+
+async def test_limits_last_only_while_their_orchestration_runs(autojump_clock):
+    limits = provider_limits()
+    limiter = limits.capacity("p")
+    with limits.configured({"p": ProviderLimits(capacity=4, open_qps=10)}) as notes:
+        assert notes == []
+        with limits.configured({"p": ProviderLimits(capacity=2, open_qps=20)}) as notes:
+            assert notes == [
+                "provider 'p': capacity lowered from 4 to 2 (smallest wins)",
+                "provider 'p': open_qps 20 requested but 10 is in force (smallest wins)",
+            ]
+            assert limits.limits("p") == ProviderLimits(capacity=2, open_qps=10)
+        # The smaller capacity left with its orchestration; the rest stays.
+        assert limits.limits("p") == ProviderLimits(capacity=4, open_qps=10)
+    assert limits.limits("p") == ProviderLimits()
+    assert limiter.total_tokens == math.inf
+    assert limits.open_rate_bucket("p") is None
+    # A later orchestration's larger values are taken as given.
+    with limits.configured({"p": ProviderLimits(capacity=8, open_qps=40)}) as notes:
+        assert notes == []
+        assert limits.limits("p") == ProviderLimits(capacity=8, open_qps=40)
+        assert limits.capacity("p") is limiter
+
+
+async def test_withdrawing_a_rate_releases_its_waiters(autojump_clock):
+    limits = provider_limits()
+    start = trio.current_time()
+    grants: list[float] = []
+
+    async def waiter() -> None:
+        await limits.acquire_open_token("p")
+        grants.append(trio.current_time() - start)
+
+    async with trio.open_nursery() as nursery:
+        with limits.configured({"p": ProviderLimits(open_qps=1)}):
+            for _ in range(4):
+                nursery.start_soon(waiter)
+            await trio.sleep(1.5)  # grants at 0 and 1
+        # Withdrawn: nobody limits the rate any more.
+    assert grants == pytest.approx([0, 1, 1.5, 1.5], abs=TOLERANCE)
+
+
+async def test_a_raised_capacity_wakes_waiters_when_the_smaller_one_leaves(autojump_clock):
+    limits = provider_limits()
+    with limits.configured({"p": ProviderLimits(capacity=3)}):
+        limiter = limits.capacity("p")
+        holders = [object() for _ in range(3)]
+        small = limits.configured({"p": ProviderLimits(capacity=1)})
+        small.__enter__()
+        limiter.acquire_on_behalf_of_nowait(holders[0])
+        async with trio.open_nursery() as nursery:
+            for holder in holders[1:]:
+                nursery.start_soon(limiter.acquire_on_behalf_of, holder)
+            await trio.testing.wait_all_tasks_blocked()
+            assert limiter.borrowed_tokens == 1
+            small.__exit__(None, None, None)
+        assert limiter.borrowed_tokens == 3
+
+
+async def test_sequential_launches_do_not_inherit_limits(autojump_clock, tmp_path):
+    import agentcompass
+    from agentcompass import Orchestration
+    from agentcompass.testing import fake_request
+
+    for capacity in (1, 3):
+        orchestration = Orchestration(
+            [fake_request(f"r{capacity}", log=f"limits-{capacity}", output_root=tmp_path)],
+            task_concurrency=2,
+            providers={"fake-env": ProviderLimits(capacity=capacity)},
+        )
+        with structlog.testing.capture_logs() as events:
+            result = await agentcompass.launch(orchestration)
+        assert result.status == "succeeded"
+        # The second launch is not told that the first one's capacity is in force.
+        assert [e for e in events if e["event"] == "provider_limits"] == []
+        assert provider_limits().limits("fake-env") == ProviderLimits()

@@ -212,3 +212,71 @@ def test_the_prefilter_never_changes_what_is_masked(parts):
     known = _redact._registered_pattern  # secrets other tests registered
     expected = known.sub(_redact.MASK, text) if known is not None else text
     assert redact(text) == _redact._SHAPES.sub(_redact._replace_shape, expected)
+
+
+# -- who configures structlog ----------------------------------------------------
+
+
+def test_importing_the_package_configures_nothing() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import structlog, agentcompass, agentcompass.testing, agentcompass.environments.local\n"
+        "from agentcompass import _logging, launch\n"
+        "_logging.get_logger('x')\n"
+        "print(structlog.is_configured())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.fixture
+def structlog_config() -> Iterator[None]:
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+
+
+@pytest.mark.usefixtures("structlog_config")
+def test_redaction_holds_under_the_applications_own_chain() -> None:
+    # The application's chain has no redaction of its own.
+    capture = structlog.testing.LogCapture()
+    structlog.configure(processors=[capture])
+    register_secret("app-chain-secret-91f3")
+    log = _logging.get_logger("test")
+    log.bind(proxy="https://user:pw-bound-77@proxy").warning(
+        "calling", headers={"Authorization": "Bearer abcdef"}, note="app-chain-secret-91f3"
+    )
+    try:
+        raise RuntimeError("connect failed api_key=abc123")
+    except RuntimeError:
+        log.exception("boom")
+    text = repr(capture.entries)
+    assert "abcdef" not in text and "app-chain-secret-91f3" not in text and "abc123" not in text
+    assert "pw-bound-77" not in text
+    assert [e["event"] for e in capture.entries] == ["calling", "boom"]
+    assert capture.entries[0]["note"] == MASK
+    assert "RuntimeError" in capture.entries[1]["exception"]
+
+
+@pytest.mark.usefixtures("structlog_config")
+async def test_launch_configures_logging_only_when_nobody_did(autojump_clock, tmp_path: Path) -> None:
+    import agentcompass
+    from agentcompass import Orchestration
+    from agentcompass.testing import fake_request
+
+    def orchestration(name: str) -> Orchestration:
+        return Orchestration([fake_request(name, log=name, output_root=tmp_path)], task_concurrency=1)
+
+    assert not structlog.is_configured()
+    await agentcompass.launch(orchestration("first"))
+    assert structlog.is_configured()  # redacted warnings on stderr for an SDK user
+
+    capture = structlog.testing.LogCapture()
+    structlog.configure(processors=[capture])
+    await agentcompass.launch(orchestration("second"))
+    assert structlog.get_config()["processors"] == [capture]

@@ -37,15 +37,17 @@ import email.utils
 import json
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
 
 from .._redact import redact
 from ..runtime._errors import IssueError
 from ..runtime._results import Issue, Phase, Severity
 from ..runtime._values import ModelSpec
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["ChatClient", "ChatReply", "ModelError", "ToolCall"]
 
@@ -128,6 +130,8 @@ class ChatClient:
             body["tools"] = tools
         body.update(self.model.params)
         body.update(params)
+        import httpx  # loaded by the pool already; imported here so the contracts load without it
+
         try:
             response = await self.http.post(self.url, json=body)
         except httpx.TimeoutException as exc:

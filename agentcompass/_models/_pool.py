@@ -22,16 +22,17 @@ from __future__ import annotations
 import contextvars
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
-
-import httpx
-import trio
+from typing import TYPE_CHECKING, Any
 
 from .._redact import register_secret
 from ..runtime._errors import ConfigError
 from ..runtime._values import ModelSpec
 from ._client import ChatClient
-from ._transport import pooled_transport
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx and the transport load with the first client: importing the contracts stays cheap.
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "ModelClients", "chat_client", "open_model_clients"]
 
@@ -40,31 +41,6 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 _current: contextvars.ContextVar[ModelClients | None] = contextvars.ContextVar(
     "agentcompass_model_clients", default=None
 )
-
-
-class _NoCookies(httpx.Cookies):
-    def extract_cookies(self, response: httpx.Response) -> None:
-        return None
-
-
-_NO_COOKIES = _NoCookies()
-
-
-class _EndpointClient(httpx.AsyncClient):
-    """The shared ``httpx.AsyncClient`` of one endpoint, keeping no cookies.
-
-    Model APIs authenticate by header and set no cookie worth sending back,
-    while httpx's cookie extraction (``http.cookiejar`` behind urllib
-    adapters) was about a tenth of a call's CPU (bench scenario ``agent``).
-    """
-
-    @property  # type: ignore[override]
-    def cookies(self) -> httpx.Cookies:
-        return _NO_COOKIES
-
-    @cookies.setter
-    def cookies(self, value: Any) -> None:
-        pass
 
 
 class ModelClients:
@@ -84,20 +60,17 @@ class ModelClients:
             raise ConfigError(f"model {model.name!r}: base_url is required for api 'openai-chat'")
         key = model.api_key.reveal() if model.api_key else ""
         endpoint = (model.base_url, key, model.max_connections, model.timeout_seconds)
+        import httpx
+
         http = self._http.get(endpoint)
         if http is None:
+            from ._transport import endpoint_client
+
             if key:
                 register_secret(key)
             size = model.max_connections or self.default_max_connections
             timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
-            http = _EndpointClient(
-                # The endpoint's key is part of its identity: the header belongs to its client.
-                headers={"Authorization": f"Bearer {key}"} if key else None,
-                timeout=httpx.Timeout(timeout),
-                transport=pooled_transport(size),
-                # No proxy from the environment: an endpoint is reached as configured.
-                trust_env=False,
-            )
+            http = endpoint_client(key, timeout, size)
             self._http[endpoint] = http
         return ChatClient(model, http, httpx.URL(model.base_url.rstrip("/") + "/chat/completions"))
 
@@ -122,6 +95,8 @@ async def open_model_clients(default_max_connections: int, grace_seconds: float 
         yield pool
     finally:
         _current.reset(token)
+        import trio
+
         with trio.move_on_after(grace_seconds, shield=True):
             await pool.aclose()
 

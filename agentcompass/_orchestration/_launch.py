@@ -21,7 +21,7 @@ import trio
 from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
-from .._logging import get_logger
+from .._logging import ensure_logging, get_logger
 from .._models import open_model_clients
 from .._store import open_run_store
 from ..runtime._errors import RunFailedError
@@ -103,7 +103,11 @@ async def launch(
     # freed before the thresholds come back (see RequestRun.release): with
     # it still alive, the first allocation after would walk it all in one
     # collection (7-13 ms at 2,000 tasks, on the way out of every launch).
-    with relaxed_collection():  # see agentcompass._gc
+    ensure_logging()
+    # Smallest wins among the orchestrations running now; the limits go with this one.
+    with relaxed_collection(), provider_limits().configured(orchestration.providers) as notes:
+        for note in notes:
+            log.warning("provider_limits", note=note)
         # The model endpoints' shared clients, closed within the grace once the run is done.
         async with open_model_clients(orchestration.task_concurrency, orchestration.cleanup_grace_seconds):
             return await _launch(orchestration, show_progress)
@@ -111,9 +115,6 @@ async def launch(
 
 async def _launch(orchestration: Orchestration, show_progress: bool) -> OrchestrationResult:
     grants = _LocalGrants()
-    for provider, limits in orchestration.providers.items():
-        for note in grants.registry.configure(provider, limits.capacity, limits.open_qps):
-            log.warning("provider_limits", note=note)
 
     timeout = orchestration.timeout_seconds
     deadline = trio.current_time() + timeout if timeout is not None else math.inf

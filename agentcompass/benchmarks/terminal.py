@@ -13,7 +13,8 @@ name is the task id::
     environment/          optional files copied into the sandbox's app directory
                           (except ``Dockerfile`` / ``docker-compose.yaml``: no
                           image is built, so tasks needing extra packages must
-                          run on a host that has them)
+                          run on a host that has them; such a task's attempts
+                          carry a WARNING ``image_not_built``)
 
 Sandbox paths. Under the ``sandbox`` provider (and ``remote`` serving it)
 ``/app`` (the working directory), ``/tests``, ``/logs`` and ``/solution``
@@ -163,6 +164,26 @@ class TerminalBenchmark(BaseBenchmark):
             input={"instruction": task.data["instruction"]},
             metadata={"prepared_in": env.handle},
         )
+
+    async def collect_artifacts(
+        self, prepared: PreparedTask, run_result: RunResult, env: EnvironmentSession
+    ) -> RunResult:
+        """Add a WARNING ``image_not_built`` when the task's ``environment/``
+        describes an image (``Dockerfile``, compose file): its other files were
+        copied into ``/app``, but no image was built, so the agent ran on the
+        provider's userland instead."""
+        environment = trio.Path(prepared.task.data["dir"]) / "environment"
+        images = [name for name in sorted(_IMAGE_FILES) if await (environment / name).is_file()]
+        if not images:
+            return run_result
+        issue = Issue(
+            "warning",
+            "setup",
+            "image_not_built",
+            f"environment/{images[0]} was not built: the task ran on the provider's userland "
+            "with only the other environment/ files in /app",
+        )
+        return attrs.evolve(run_result, issues=[*run_result.issues, issue])
 
     async def evaluate(
         self,

@@ -42,14 +42,19 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from agentcompass.runtime import OutputCallback, OutputStream, OutputTail
-
-from .._convert import structure_config
-from .._registry import register
-from ..runtime._components import BaseEnvironment, EnvironmentSession
-from ..runtime._errors import ComponentError, IssueError
-from ..runtime._results import ExecResult
-from ..runtime._values import ExecutionPlan, NetworkPolicy
+from agentcompass import register
+from agentcompass.runtime import (
+    BaseEnvironment,
+    ComponentError,
+    EnvironmentSession,
+    ExecResult,
+    ExecutionPlan,
+    IssueError,
+    NetworkPolicy,
+    OutputCallback,
+    OutputStream,
+    OutputTail,
+)
 
 __all__ = ["LocalEnvironment", "LocalSession"]
 
@@ -121,7 +126,7 @@ class LocalEnvironment(BaseEnvironment):
             raise _fail(f"environment 'local' cannot enforce network policy {policy.mode!r}")
         options = self.options if config is None else config
         if isinstance(options, dict):
-            options = structure_config(options, self.Config, where="environment 'local'")
+            options = LocalEnvironment(options).options  # checked as the component's own config
         root = await trio.to_thread.run_sync(_make_sandbox, options.root)
         # No checkpoint between making the directory and handing over the session
         # that owns it, so a cancellation cannot leak it.
@@ -236,11 +241,10 @@ class LocalSession(EnvironmentSession):
         """Run ``cmd`` as :meth:`exec` does, handing every chunk of output (as
         read from the pipe: 64 KiB at most, 1 MiB once the pipe is busy) to
         ``on_output`` as it arrives; the result's ``stdout`` and ``stderr``
-        are empty. While ``on_output`` is
-        awaited that stream's pipe is not read, so the command blocks once
-        the pipe is full. After the command exits, the half second spent
-        waiting for output still buffered does not count time spent in
-        ``on_output``."""
+        are empty. While ``on_output`` is awaited that stream's pipe is not
+        read, so the command blocks once the pipe is full. After the command
+        exits, the half second spent waiting for output still buffered does
+        not count time spent in ``on_output``."""
         self._check_open()
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
         workdir = await trio.to_thread.run_sync(self._resolve_dir, cwd)

@@ -40,6 +40,7 @@ from ._values import ComponentRef as ComponentRef
 from ._values import ExecutionPlan as ExecutionPlan
 from ._values import ExecutionSpec as ExecutionSpec
 from ._values import ModelSpec as ModelSpec
+from ._values import NetworkOverrides as NetworkOverrides
 from ._values import NetworkPolicy as NetworkPolicy
 from ._values import Orchestration as Orchestration
 from ._values import PreparedTask as PreparedTask

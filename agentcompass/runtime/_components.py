@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from .._convert import structure_config
 from ._errors import ComponentError
 from ._results import Evaluation, ExecResult, RunBudget, RunResult, TaskRecord
 from ._values import (
@@ -60,8 +61,6 @@ class Component:
         self.config: dict[str, Any] = dict(config or {})
         self.options: Any = self.config
         if self.Config is not None:
-            from .._convert import structure_config
-
             self.options = structure_config(
                 self.config, self.Config, where=f"{self.kind} {getattr(self, 'id', type(self).__name__)!r}"
             )
@@ -69,6 +68,23 @@ class Component:
 
 class BaseBenchmark(Component):
     """A set of tasks, how to prepare them and how to score an attempt.
+
+    Subclass it, set ``id``, implement :meth:`load_tasks` and
+    :meth:`evaluate`, and override the other hooks where the defaults do not
+    fit. One instance serves one request; per-task state belongs in the
+    returned values (``PreparedTask``, ``RunResult``), not on ``self``, since
+    many tasks run at once.
+
+    For every attempt the runtime calls, in order: :meth:`plan` (sync),
+    :meth:`prepare_task` in the open task Environment, the harness (or
+    ``run_task`` of a :class:`HarnessFreeBenchmark`), :meth:`collect_artifacts`
+    while that Environment is still open, then :meth:`evaluate`. Each async
+    hook runs inside a cancel scope with the phase's deadline (SPEC 5): when
+    it expires or the run is cancelled, the hook receives ``trio.Cancelled``
+    at its next checkpoint and must let it propagate (clean up in
+    ``finally``). An ``Exception`` a hook raises becomes an :class:`Issue`
+    with the severity and code each hook names; raise :class:`IssueError`
+    to choose them yourself.
 
     ``metrics`` names the metric series ``evaluate`` fills; the first is the
     primary metric (the one ``pass`` looks at). ``evaluation_timeout_values``
@@ -127,15 +143,26 @@ class BaseBenchmark(Component):
     async def prepare_task(
         self, task: TaskSpec, env: EnvironmentSession, request: RunRequest, benchmark_plan: dict[str, Any]
     ) -> PreparedTask:
-        """Put what the task needs into the open task Environment and return the
-        agent's input. Unclassified exceptions are FATAL ``setup_failed``."""
+        """Put what the task needs into the open task Environment and return the agent's input.
+
+        ``env`` is already open under the baseline network policy;
+        ``benchmark_plan`` is what :meth:`plan` returned beyond the keys the
+        runtime reads. Return a :class:`PreparedTask` (the default passes
+        ``task.data`` as the input). Unclassified exceptions are FATAL
+        ``setup_failed``: the attempt is not run.
+        """
         return PreparedTask(task=task, input=dict(task.data))
 
     async def collect_artifacts(
         self, prepared: PreparedTask, run_result: RunResult, env: EnvironmentSession
     ) -> RunResult:
         """Gather deliverables while the task Environment is still open.
-        Unclassified exceptions are FATAL ``collect_failed``."""
+
+        Return ``run_result``, usually with files read from ``env`` added to
+        its ``artifacts`` (``attrs.evolve``); it is what :meth:`evaluate` and
+        the saved record see. Called after the run ended, also when it failed
+        or timed out. Unclassified exceptions are FATAL ``collect_failed``.
+        """
         return run_result
 
     async def evaluate(
@@ -145,9 +172,16 @@ class BaseBenchmark(Component):
         env: EnvironmentSession | None,
         request: RunRequest,
     ) -> Evaluation:
-        """Score the attempt. ``env`` is the task Environment (mode ``reuse``), a
-        fresh one (``fresh``) or ``None`` (``none``). Unclassified exceptions are
-        ERROR ``scoring_failed``."""
+        """Score the attempt and return an :class:`Evaluation`.
+
+        ``env`` follows the plan's ``evaluation_environment_mode``: the task
+        Environment (``reuse``), a fresh one opened under the evaluation
+        network policy (``fresh``) or ``None`` (``none``). Fill every series of
+        ``metrics`` you can. The plan's ``evaluation_timeout_seconds`` bounds
+        the call: when it expires, the values of ``evaluation_timeout_values``
+        are recorded instead. Unclassified exceptions are ERROR
+        ``scoring_failed``.
+        """
         raise NotImplementedError
 
     def aggregate_metrics(self, records: Sequence[TaskRecord]) -> dict[str, Any] | None:
@@ -165,15 +199,31 @@ class HarnessFreeBenchmark(BaseBenchmark):
     async def run_task(
         self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, budget: RunBudget
     ) -> RunResult:
-        """Run the task. Unclassified exceptions are ERROR ``benchmark_run_failed``."""
+        """Run the task in ``env`` with ``model`` (``None`` if the request has none).
+
+        Enforce ``budget.timeout_seconds`` yourself and return a
+        :class:`RunResult` whose issues say what went wrong; the runtime only
+        cancels a run that overruns the budget by its compensation margin.
+        Unclassified exceptions are ERROR ``benchmark_run_failed``.
+        """
         raise NotImplementedError
 
 
 class BaseHarness(Component):
     """An agent that works on a prepared task inside an Environment session.
 
-    It enforces ``budget.timeout_seconds`` itself and reports ERROR
-    ``harness_timeout``, and its step limit as ERROR ``harness_max_iterations``.
+    Subclass it, set ``id``, implement :meth:`run_task` and, if the agent
+    needs setting up, :meth:`start_session` / :meth:`close_session`. For
+    each attempt the runtime calls ``start_session``, then ``run_task``,
+    then always ``close_session`` (shielded, bounded by the cleanup grace),
+    all with the task Environment open under the run network policy.
+
+    Timeouts: the harness enforces ``budget.timeout_seconds`` itself (stop
+    the agent, return what it has) and reports ERROR ``harness_timeout``,
+    and its step limit as ERROR ``harness_max_iterations``. The runtime
+    cancels ``run_task`` only when it overruns the budget by the
+    compensation margin, or when the run is cancelled; ``trio.Cancelled``
+    must then propagate, with cleanup in ``finally``.
     """
 
     kind: ClassVar[str] = "harness"
@@ -184,22 +234,41 @@ class BaseHarness(Component):
     async def start_session(
         self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, plan: ExecutionPlan
     ) -> Any:
-        """Set the agent up; the returned object is passed back to ``run_task``
-        and ``close_session``. Unclassified exceptions are FATAL ``setup_failed``."""
+        """Set the agent up for one attempt; return any object (passed back to
+        ``run_task`` and ``close_session``). ``model`` is ``None`` when the
+        request has none. Unclassified exceptions are FATAL ``setup_failed``."""
         return None
 
     async def run_task(self, session: Any, prepared: PreparedTask, budget: RunBudget) -> RunResult:
-        """Run the agent. Unclassified exceptions are FATAL ``harness_crashed``."""
+        """Run the agent on ``prepared.input`` and return its :class:`RunResult`.
+
+        Put the conversation in ``trajectory`` and token counts in ``usage``;
+        report a classified failure as an issue in the result (or raise
+        :class:`IssueError`). Unclassified exceptions are FATAL ``harness_crashed``.
+        """
         raise NotImplementedError
 
     async def close_session(self, session: Any) -> None:
-        """Release what ``start_session`` acquired; always called, shielded."""
+        """Release what ``start_session`` acquired.
+
+        Always called once ``start_session`` returned, even after a failure or
+        a cancellation, inside a shielded scope bounded by the cleanup grace:
+        it must not wait for anything unbounded. Exceptions are recorded as
+        WARNING ``cleanup_failed``.
+        """
 
 
 class EnvironmentSession:
-    """One open sandbox. Paths are relative to the sandbox unless the provider
-    documents otherwise. ``close`` must be idempotent and safe after a partial
-    open, a failure or a cancellation."""
+    """One open sandbox, returned by :meth:`BaseEnvironment.open`.
+
+    Paths are relative to the sandbox unless the provider documents
+    otherwise. The runtime may call the methods of one session from several
+    tasks (a harness's tools, a benchmark's collection) but never after
+    ``close`` started. Every method is cancellable: on ``trio.Cancelled`` it
+    stops what it started (kills the process tree, drops the transfer) and
+    lets the cancellation propagate. ``agentcompass.testing`` has a
+    conformance kit that checks a provider against this contract.
+    """
 
     @property
     def handle(self) -> dict[str, Any]:
@@ -213,7 +282,19 @@ class EnvironmentSession:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
     ) -> ExecResult:
-        """Run ``cmd`` (a string for ``bash -c`` or an argv list)."""
+        """Run ``cmd`` in the sandbox and return its :class:`ExecResult`.
+
+        ``cmd`` is a string run by ``bash -c`` or an argv list. ``cwd``
+        defaults to the provider's working directory; ``env`` adds variables
+        to the provider's environment.
+
+        A non-zero exit is a normal result, not an error. When ``timeout``
+        seconds pass (``None``: no limit), kill the whole process tree and
+        return ``timed_out=True`` with the output so far. On cancellation,
+        kill the tree and re-raise. Output beyond the provider's limit is
+        truncated with a marker, never an error. Raise only when the command
+        could not be run at all (the sandbox is gone).
+        """
         raise NotImplementedError
 
     async def exec_stream(
@@ -255,9 +336,21 @@ class EnvironmentSession:
         return attrs.evolve(result, stdout="", stderr="")
 
     async def read_file(self, path: str) -> bytes:
+        """Return the bytes of the file at ``path``.
+
+        Raise :exc:`FileNotFoundError` when it does not exist (other file
+        errors as the usual :exc:`OSError` subclasses). Refuse a path that
+        resolves outside the sandbox by raising (``local`` raises a FATAL
+        :class:`IssueError`), never by reading the host's file.
+        """
         raise NotImplementedError
 
     async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` (a ``str`` is UTF-8 encoded) to ``path``, replacing the file.
+
+        Create missing parent directories. Paths outside the sandbox are
+        refused as in :meth:`read_file`.
+        """
         raise NotImplementedError
 
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
@@ -265,13 +358,34 @@ class EnvironmentSession:
         raise NotImplementedError
 
     async def close(self) -> None:
+        """Destroy the sandbox and everything running in it.
+
+        Idempotent, and safe after a partial open, a failed operation or a
+        cancellation. The runtime calls it inside a shielded scope bounded by
+        the cleanup grace, so it must finish or give up within bounded time;
+        whatever it cannot destroy, raise about (WARNING ``cleanup_failed``)
+        so ``compass reap`` can retry from :attr:`handle`.
+        """
         raise NotImplementedError
 
 
 class BaseEnvironment(Component):
-    """A sandbox provider. ``id`` is what capacity and open-rate limits key on."""
+    """A sandbox provider: opens :class:`EnvironmentSession` objects and destroys leftovers.
+
+    Subclass it, set ``id`` (what capacity and open-rate limits key on) and
+    implement :meth:`open`, :meth:`reap` and :meth:`sweep`. The runtime
+    holds a capacity permit and an open-rate token for each ``open`` and
+    journals every session's :attr:`EnvironmentSession.handle` so that a
+    killed run's sandboxes can be reaped.
+    """
 
     kind: ClassVar[str] = "environment"
+
+    def preflight(self) -> None:
+        """Check that this host can run this provider's sandboxes (sync, quick,
+        opens nothing). Called before anything runs, by ``launch`` and
+        ``compass validate``; raise :class:`ComponentError` with one line
+        saying what is missing (the CLI exits 2). Default: nothing to check."""
 
     def build_config(self, plan: ExecutionPlan) -> Any:
         """Turn a plan into an ``open`` config (sync). Reject (raise
@@ -279,12 +393,38 @@ class BaseEnvironment(Component):
         cannot enforce or switch: never run a phase with broader access."""
         return None
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> EnvironmentSession:
-        """Open a session under ``policy``. Clean up anything half-made before raising."""
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> EnvironmentSession:
+        """Create a sandbox under network ``policy`` and return its session.
+
+        ``config`` is what :meth:`build_config` returned. ``name`` is chosen
+        by the runtime (unique, ``[a-z0-9-]``, at most 40 characters,
+        starting with the run's tag): label everything the sandbox is made
+        of with it, so :meth:`sweep` finds it even when the process was
+        killed before the handle was journalled. A provider written before
+        the runtime passed ``name`` invents one when it is ``None``.
+
+        If opening fails or is cancelled part-way, destroy whatever was
+        made before raising (or re-raising ``trio.Cancelled``): the runtime
+        only closes sessions it received. Unclassified exceptions are an
+        open failure of the attempt (retried as the plan allows).
+        """
         raise NotImplementedError
 
     async def reap(self, handle: dict[str, Any]) -> None:
-        """Destroy a sandbox left behind by a killed process (idempotent)."""
+        """Destroy the sandbox ``handle`` names, left behind by a killed process.
+
+        Idempotent: a sandbox that no longer exists is fine. Raise when it
+        exists and cannot be destroyed (``compass reap`` reports it).
+        """
+
+    async def sweep(self, tag: str) -> None:
+        """Destroy every sandbox whose name starts with ``tag`` (a run's tag).
+
+        Idempotent: nothing found is fine. It covers the sandboxes no journal
+        names (killed between ``open`` starting and its handle being written).
+        The default does nothing, for providers whose sandboxes cannot outlive
+        the process.
+        """
 
 
 class BaseRecipe(Component):

@@ -20,6 +20,7 @@ __all__ = [
     "ExecutionPlan",
     "ExecutionSpec",
     "ModelSpec",
+    "NetworkOverrides",
     "NetworkPolicy",
     "NO_HARNESS",
     "Orchestration",
@@ -105,8 +106,23 @@ class AttemptsSpec:
 
 
 @attrs.frozen
+class NetworkOverrides:
+    """The user's network policy per phase (``None`` leaves the phase to the
+    benchmark and recipes). Applied last by the planner, so ``run: none``
+    holds on any benchmark; a provider that cannot enforce it rejects the plan."""
+
+    baseline: NetworkPolicy | None = None
+    run: NetworkPolicy | None = None
+    evaluation: NetworkPolicy | None = None
+
+
+@attrs.frozen
 class ExecutionSpec:
-    """How each task of a request is executed (attempts, retries, timeouts)."""
+    """How each task of a request is executed (attempts, retries, timeouts).
+
+    ``evaluation_environment_mode`` and ``network`` are explicit user values
+    that override the benchmark's plan and every recipe (SPEC section 9).
+    """
 
     attempts: AttemptsSpec = AttemptsSpec()
     max_retries: int = 0
@@ -118,6 +134,8 @@ class ExecutionSpec:
     run_timer_compensation_seconds: float = 30
     evaluation_timeout_seconds: float | None = None
     keep_environment: bool = False
+    evaluation_environment_mode: EvaluationMode | None = None
+    network: NetworkOverrides = NetworkOverrides()
 
 
 @attrs.frozen

@@ -1,10 +1,7 @@
 """Test support for AgentCompass: scriptable fakes, a provider conformance kit,
 and small pytest-trio helpers.
 
-Importing this package registers six fake components (and the four
-no-op components of :mod:`._noop` -- ``noop-bench``, ``noop-free-bench``,
-``noop-env``, ``noop-harness`` -- which log nothing and are meant for
-overhead benchmarks):
+Importing this package registers six fake components:
 
 =================== ===================== ==========================================
 id                  kind                  scriptable phases
@@ -53,6 +50,8 @@ server on 127.0.0.1 with scripted replies, for the model path.
 
 Provider authors check their Environment with :func:`check_environment`
 (or :func:`environment_conformance_tests` for one pytest test per check).
+A test that needs a provider of its own builds its sessions on
+:class:`MemorySession` (files in a dict, every command exits 0).
 """
 
 from ._benchmark import FakeBenchmark as FakeBenchmark
@@ -74,11 +73,6 @@ from ._helpers import HangGuard as HangGuard
 from ._helpers import fake_plan as fake_plan
 from ._helpers import fake_request as fake_request
 from ._helpers import hang_guard as hang_guard
-from ._noop import NOOP_SESSIONS as NOOP_SESSIONS
-from ._noop import NoopBenchmark as NoopBenchmark
-from ._noop import NoopEnvironment as NoopEnvironment
-from ._noop import NoopHarness as NoopHarness
-from ._noop import NoopHarnessFreeBenchmark as NoopHarnessFreeBenchmark
-from ._noop import NoopSession as NoopSession
+from ._memory import MemorySession as MemorySession
 from ._recipe import FakeAnalyzer as FakeAnalyzer
 from ._recipe import FakeRecipe as FakeRecipe

@@ -7,15 +7,22 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._registry import register
-from ..runtime._components import (
+from agentcompass import register
+from agentcompass.runtime import (
     BaseBenchmark,
+    ComponentError,
     EnvironmentSession,
+    Evaluation,
     HarnessFreeBenchmark,
+    Issue,
+    ModelSpec,
+    PreparedTask,
+    RunBudget,
+    RunRequest,
+    RunResult,
+    TaskSpec,
 )
-from ..runtime._errors import ComponentError
-from ..runtime._results import Evaluation, Issue, RunBudget, RunResult
-from ..runtime._values import ModelSpec, PreparedTask, RunRequest, TaskSpec
+
 from ._calls import call_log
 from ._environment import session_id
 from ._policies import with_policies

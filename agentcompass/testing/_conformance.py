@@ -11,11 +11,19 @@ or lets it generate one test per check::
 
 Each check raises ``AssertionError`` naming the provider, the check and the
 first violation. What the kit cannot verify generically, it does not claim
-to: it never checks that a policy is *enforced* (that needs a network probe
-only the provider's own tests can make), only that every policy is either
-switched to without error or rejected by ``build_config``. Leaks are
-checked only when the author passes ``count_sandboxes``, a probe returning
-how many sandboxes exist (e.g. directories under the provider's root).
+to. Policies are always checked to be either switched to without error or
+rejected by ``build_config``; they are checked to be *enforced* only when
+the author passes ``host_address``: the address at which a process inside a
+session reaches the host (loopback for a provider without its own network
+namespace, the host end of a veth otherwise). The kit then listens there
+(never on a wildcard address) and probes it from inside with bash's
+``/dev/tcp``. Leaks are checked only when the author passes
+``count_sandboxes``, a probe returning how many sandboxes exist (e.g.
+directories under the provider's root). ``sweep`` is checked for providers
+whose ``open`` takes a ``name`` and that override ``sweep``. ``isolated``
+says that commands cannot write the host's files (a provider that is no
+security boundary, such as ``local``, leaves it off); file API paths must
+stay confined either way.
 
 The kit runs real sessions under the real clock; do not use
 ``autojump_clock`` with providers that do real I/O.
@@ -25,6 +33,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import secrets
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar, NoReturn
@@ -33,10 +44,15 @@ import attrs
 import trio
 import trio.testing
 
-from ..runtime._components import BaseEnvironment, EnvironmentSession
-from ..runtime._errors import ComponentError
-from ..runtime._results import ExecResult
-from ..runtime._values import ComponentRef, ExecutionPlan, NetworkPolicy
+from agentcompass.runtime import (
+    BaseEnvironment,
+    ComponentError,
+    ComponentRef,
+    EnvironmentSession,
+    ExecResult,
+    ExecutionPlan,
+    NetworkPolicy,
+)
 
 __all__ = ["DEFAULT_POLICIES", "EnvironmentConformance", "check_environment", "environment_conformance_tests"]
 
@@ -72,6 +88,13 @@ class EnvironmentConformance:
     - ``grace_seconds``: the cleanup grace a close must fit in (default 30).
     - ``timeout_seconds``: a check taking longer fails as hung (default 120).
     - ``max_handle_bytes``: the largest JSON handle accepted (default 4096).
+    - ``host_address``: optional ``session -> address`` at which a process in
+      that session reaches the host; enables ``policy_enforced``.
+    - ``real_processes``: ``exec`` runs real processes, so timeouts and
+      cancellation are checked to kill a command's whole tree (default: the
+      value of ``exec_output``; turn off for an in-memory provider).
+    - ``isolated``: commands cannot write host files (checked by ``files_confined``).
+    - ``tag``: the name prefix of the sessions the ``sweep`` check opens.
     """
 
     env: BaseEnvironment
@@ -83,6 +106,10 @@ class EnvironmentConformance:
     grace_seconds: float = 30
     timeout_seconds: float = 120
     max_handle_bytes: int = 4096
+    host_address: Callable[[EnvironmentSession], str] | None = None
+    real_processes: bool = attrs.field(default=attrs.Factory(lambda self: self.exec_output, takes_self=True))
+    isolated: bool = False
+    tag: str = "conformance"
     _check: str = attrs.field(default="", init=False)
 
     CHECKS: ClassVar[tuple[str, ...]] = (
@@ -95,6 +122,11 @@ class EnvironmentConformance:
         "close_under_cancellation",
         "reap_after_cancelled_close",
         "policies",
+        "files_confined",
+        "timeout_kills_tree",
+        "cancel_kills_tree",
+        "policy_enforced",
+        "sweep",
     )
 
     def __attrs_post_init__(self) -> None:
@@ -107,7 +139,22 @@ class EnvironmentConformance:
 
     def checks(self) -> list[str]:
         """The checks that apply with these options, in the order ``run_all`` runs them."""
-        return [c for c in self.CHECKS if c != "close_after_failed_open" or self.failing_config is not None]
+        skipped = set()
+        if self.failing_config is None:
+            skipped.add("close_after_failed_open")
+        if self.host_address is None or not self.real_processes:
+            skipped.add("policy_enforced")
+        if not self.real_processes:
+            skipped.update({"timeout_kills_tree", "cancel_kills_tree"})
+        if not self._takes_name():
+            skipped.add("sweep")
+        return [c for c in self.CHECKS if c not in skipped]
+
+    def _takes_name(self) -> bool:
+        """Whether sessions are named and ``sweep`` is the provider's own (the
+        base one does nothing, for providers that cannot find sandboxes by name)."""
+        overrides_sweep = type(self.env).sweep is not BaseEnvironment.sweep
+        return overrides_sweep and "name" in inspect.signature(self.env.open).parameters
 
     async def run_all(self) -> None:
         """Run every applicable check; the first violation raises ``AssertionError``."""
@@ -341,6 +388,122 @@ class EnvironmentConformance:
             if self._accepts(only_plan, f"every phase under {policy}"):
                 async with self._opened(only_plan):
                     pass
+
+    async def check_files_confined(self) -> None:
+        """write_file/read_file of a path outside the sandbox (``..`` or an
+        absolute host path) raise or stay inside: the host file never appears.
+        With ``isolated``, a command writing that host path does not reach it either."""
+        target = os.path.join(tempfile.gettempdir(), f"agentcompass-conformance-{secrets.token_hex(6)}")
+        host_file = trio.Path(target)
+        escapes = [target, "../" * 32 + target.lstrip("/")]
+        try:
+            async with self._opened() as box:
+                session = box.session
+                for path in escapes:
+                    await self._raises(lambda path=path: session.write_file(path, b"escaped"))
+                    if await host_file.exists():
+                        self._fail(f"write_file({path!r}) wrote the host file {target}")
+                if self.isolated:
+                    await self._ok("exec(write a host path)", session.exec(f"echo escaped > {target}"))
+                    if await host_file.exists():
+                        self._fail(f"a command inside wrote the host file {target}")
+        finally:
+            with trio.move_on_after(self.grace_seconds, shield=True):
+                await host_file.unlink(missing_ok=True)
+
+    async def check_timeout_kills_tree(self) -> None:
+        """exec at its timeout returns ``timed_out=True`` promptly and kills the
+        command's whole tree: a background child that would write a file later never does."""
+        async with self._opened() as box:
+            session = box.session
+            cmd = "(sleep 1; echo late > agentcompass-late.txt) & sleep 30"
+            with trio.move_on_after(self.grace_seconds) as bound:
+                result = await self._ok("exec(cmd, timeout=0.3)", session.exec(cmd, timeout=0.3))
+            if bound.cancelled_caught:
+                self._fail(f"exec with timeout=0.3 did not return within {self.grace_seconds}s")
+            if not result.timed_out:
+                self._fail(f"exec past its timeout returned timed_out=False: {result!r}")
+            await self._child_never_wrote(session, "the timeout")
+
+    async def check_cancel_kills_tree(self) -> None:
+        """A cancelled exec lets ``Cancelled`` through and kills its whole tree."""
+        async with self._opened() as box:
+            session = box.session
+            cmd = "(sleep 1; echo late > agentcompass-late.txt) & sleep 30"
+            with trio.move_on_after(0.3) as scope:
+                await self._ok("exec(cmd)", session.exec(cmd))
+            if not scope.cancelled_caught:
+                self._fail("exec('... sleep 30') returned before it was cancelled")
+            await self._child_never_wrote(session, "the cancellation")
+
+    async def _child_never_wrote(self, session: EnvironmentSession, what: str) -> None:
+        await trio.sleep(1.5)
+        late = await self._ok("exec(test -e)", session.exec("test -e agentcompass-late.txt"))
+        if late.exit_code == 0:
+            self._fail(f"a background child of the command outlived {what} (it wrote its file later)")
+
+    async def check_policy_enforced(self) -> None:
+        """Under each accepted policy, a connection from inside to a listener at
+        ``host_address`` succeeds exactly when the policy allows it: ``full``
+        and an allowlist naming it connect; ``none`` and an allowlist of
+        another address do not. Each is switched to live, in one session."""
+        assert self.host_address is not None
+        base = self._plan
+        async with self._opened(attrs.evolve(base, baseline_network_policy=NetworkPolicy("full"))) as box:
+            session = box.session
+            address = self.host_address(session)
+            with trio.socket.socket() as listener:
+                await listener.bind((address, 0))
+                listener.listen(16)
+                port = listener.getsockname()[1]
+                expectations = [
+                    (NetworkPolicy("full"), True),
+                    (NetworkPolicy("none"), False),
+                    (NetworkPolicy("allowlist", (f"{address}:{port}",)), True),
+                    (NetworkPolicy("allowlist", (f"{address}:{port + 1 if port < 65535 else 1}",)), False),
+                ]
+                for policy, reachable in expectations:
+                    plan = attrs.evolve(base, run_network_policy=policy)
+                    if not self._accepts(plan, f"a run policy {policy}"):
+                        continue
+                    await self._ok(f"set_network_policy({policy})", session.set_network_policy(policy))
+                    probe = f"exec 3<>/dev/tcp/{address}/{port}"
+                    result = await self._ok("exec(connect probe)", session.exec(["bash", "-c", probe], timeout=3))
+                    connected = result.exit_code == 0
+                    if connected != reachable:
+                        self._fail(
+                            f"under {policy} a connection to {address}:{port} "
+                            f"{'succeeded' if connected else 'failed'} (exit {result.exit_code}, "
+                            f"{result.stderr.strip()[:200]!r})"
+                        )
+
+    async def check_sweep(self) -> None:
+        """sweep(tag) destroys every session whose name starts with the tag
+        (its operations then fail), leaves other sessions alone, and is idempotent."""
+        tag = f"{self.tag}-{secrets.token_hex(3)}"
+        config = self._build(self._plan)
+        policy = self._plan.baseline_network_policy
+        doomed = [
+            await self._ok(f"open(..., name={tag}-{i})", self.env.open(config, policy, name=f"{tag}-{i}"))
+            for i in range(2)
+        ]
+        other = await self._ok("open(..., name=other)", self.env.open(config, policy, name=f"x{tag}"))
+        try:
+            await self._ok(f"sweep({tag!r})", self.env.sweep(tag))
+            for session in doomed:
+                result: list[Any] = []
+                if not await self._raises(lambda session=session: session.exec("echo hi"), result) and (
+                    result[0].exit_code == 0
+                ):
+                    self._fail(f"a session named {tag}-... still runs commands after sweep({tag!r})")
+            survivor = await self._ok("exec on another session", other.exec("echo hi"))
+            if survivor.exit_code != 0:
+                self._fail(f"sweep({tag!r}) broke a session whose name does not start with it")
+            await self._ok(f"a second sweep({tag!r})", self.env.sweep(tag), hint="sweep must be idempotent")
+        finally:
+            for session in [*doomed, other]:
+                with trio.move_on_after(self.grace_seconds, shield=True):
+                    await self._raises(session.close)
 
     # -- helpers -----------------------------------------------------------
 

@@ -8,11 +8,17 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from .._registry import register
-from ..runtime._components import BaseEnvironment, EnvironmentSession
-from ..runtime._errors import ComponentError, IssueError
-from ..runtime._results import ExecResult
-from ..runtime._values import ExecutionPlan, NetworkPolicy
+from agentcompass import register
+from agentcompass.runtime import (
+    BaseEnvironment,
+    ComponentError,
+    EnvironmentSession,
+    ExecResult,
+    ExecutionPlan,
+    IssueError,
+    NetworkPolicy,
+)
+
 from ._calls import call_log
 from ._policies import MODES
 from ._script import script_validator, step

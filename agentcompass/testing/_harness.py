@@ -6,10 +6,17 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._registry import register
-from ..runtime._components import BaseHarness, EnvironmentSession
-from ..runtime._results import RunBudget, RunResult
-from ..runtime._values import ExecutionPlan, ModelSpec, PreparedTask
+from agentcompass import register
+from agentcompass.runtime import (
+    BaseHarness,
+    EnvironmentSession,
+    ExecutionPlan,
+    ModelSpec,
+    PreparedTask,
+    RunBudget,
+    RunResult,
+)
+
 from ._benchmark import fake_run_result
 from ._environment import session_id
 from ._script import script_validator, step

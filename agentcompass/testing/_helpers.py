@@ -8,7 +8,8 @@ from typing import Any
 import attrs
 import trio
 
-from ..runtime._values import NO_HARNESS, ComponentRef, ExecutionPlan, RunRequest
+from agentcompass.runtime import NO_HARNESS, ComponentRef, ExecutionPlan, RunRequest
+
 from ._policies import with_policies
 
 __all__ = ["HangGuard", "fake_plan", "fake_request", "hang_guard"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..runtime._values import NetworkPolicy
+from agentcompass.runtime import NetworkPolicy
 
 __all__ = ["POLICY_FIELDS", "to_policy", "with_policies"]
 

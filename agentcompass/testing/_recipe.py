@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from .._registry import register
-from ..runtime._components import BaseAnalyzer, BaseRecipe
-from ..runtime._values import ExecutionPlan, RunRequest, TaskSpec
+from agentcompass import register
+from agentcompass.runtime import BaseAnalyzer, BaseRecipe, ExecutionPlan, RunRequest, TaskSpec
+
 from ._policies import with_policies
 
 __all__ = ["FakeAnalyzer", "FakeRecipe"]

@@ -38,7 +38,8 @@ from typing import Any
 
 import trio
 
-from ..runtime._errors import IssueError
+from agentcompass.runtime import IssueError
+
 from ._calls import ComponentKind, call_log
 
 __all__ = ["check_script", "perform", "step"]

@@ -8,8 +8,7 @@ Environment session is open and journalled by then) and ``closing <n>``
 when a session's close starts. The test blocks on those lines instead of
 sleeping or polling.
 
-- ``signal-test-env``: sessions whose ``exec`` / ``read_file`` /
-  ``write_file`` do nothing; config ``close``: ``"ok"`` (default) or
+- ``signal-test-env``: in-memory sessions (``agentcompass.testing.MemorySession``); config ``close``: ``"ok"`` (default) or
   ``"hang"`` (``close`` never returns, so cleanup waits for the grace).
 - ``signal-test-harness``: ``run_task`` announces itself and hangs.
 
@@ -27,9 +26,8 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
-from agentcompass.runtime._components import BaseEnvironment, BaseHarness, EnvironmentSession
-from agentcompass.runtime._results import ExecResult, RunBudget, RunResult
-from agentcompass.runtime._values import NetworkPolicy, PreparedTask
+from agentcompass.runtime import BaseEnvironment, BaseHarness, NetworkPolicy, PreparedTask, RunBudget, RunResult
+from agentcompass.testing import MemorySession
 
 _numbers = itertools.count(1)
 
@@ -55,45 +53,16 @@ class SignalEnvConfig:
     close: Literal["ok", "hang"] = "ok"
 
 
-@attrs.define(eq=False)
-class SignalSession(EnvironmentSession):
-    number: int
-    options: SignalEnvConfig
-    files: dict[str, bytes] = attrs.Factory(dict)
-
-    @property
-    def handle(self) -> dict[str, Any]:
-        return {"number": self.number}
-
-    async def exec(
-        self,
-        cmd: str | list[str],
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> ExecResult:
-        await trio.lowlevel.checkpoint()
-        return ExecResult(0, stdout="")
-
-    async def read_file(self, path: str) -> bytes:
-        await trio.lowlevel.checkpoint()
-        try:
-            return self.files[path]
-        except KeyError:
-            raise FileNotFoundError(path) from None
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        await trio.lowlevel.checkpoint()
-        self.files[path] = data.encode() if isinstance(data, str) else bytes(data)
-
-    async def set_network_policy(self, policy: NetworkPolicy) -> None:
-        await trio.lowlevel.checkpoint()
+class SignalSession(MemorySession):
+    def __init__(self, number: int, options: SignalEnvConfig) -> None:
+        super().__init__(number)
+        self.options = options
 
     async def close(self) -> None:
         if self.options.close == "hang":
             notify(self.options.fifo, f"closing {self.number}")
             await trio.sleep_forever()
-        await trio.lowlevel.checkpoint()
+        await super().close()
 
 
 @register

@@ -22,7 +22,7 @@ from agentcompass._orchestration._launch import _LocalGrants
 from agentcompass._orchestration._scheduler import YIELD_EVERY
 from agentcompass.runtime._results import RunBudget
 from agentcompass.runtime._values import NetworkPolicy, PreparedTask, TaskSpec
-from agentcompass.testing import NOOP_SESSIONS, NoopEnvironment, NoopHarness
+from bench._noop import NOOP_SESSIONS, NoopEnvironment, NoopHarness
 
 
 class _Steps(trio.abc.Instrument):

@@ -142,21 +142,26 @@ def _held_at(counts: list[tuple[float, int, int]], t: float) -> int:
 
 async def test_the_smallest_capacity_of_concurrent_launches_wins(autojump_clock, tmp_path: Path, timeline: Timeline):
     results = {}
+    ended = {}
 
-    async def run(name: str, capacity: int) -> None:
+    async def run(name: str, capacity: int, tasks: int) -> None:
         orchestration = Orchestration(
-            [sleepy_request(name, [3, 3, 3], tmp_path)],
+            [sleepy_request(name, [3] * tasks, tmp_path)],
             task_concurrency=3,
             providers={"fake-env": ProviderLimits(capacity=capacity)},
         )
         results[name] = await agentcompass.launch(orchestration)
+        ended[name] = trio.current_time()
 
     with structlog.testing.capture_logs() as logs:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run, "x", 3)
-            nursery.start_soon(run, "y", 1)
+            nursery.start_soon(run, "x", 3, 9)
+            nursery.start_soon(run, "y", 1, 1)
     assert all(r.status == "succeeded" for r in results.values())
-    assert max(held(timeline.open_counts())) == 1
+    counts = timeline.open_counts()
+    # While both run, y's capacity is in force; once y ended, x's own.
+    assert max(n for t, n, _ in counts if t < ended["y"]) == 1
+    assert max(n for t, n, _ in counts if t >= ended["y"]) == 3
     notes = [entry["note"] for entry in logs if entry.get("event") == "provider_limits"]
     assert len(notes) == 1 and "smallest wins" in notes[0] and "'fake-env'" in notes[0]
 

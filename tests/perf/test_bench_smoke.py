@@ -142,3 +142,18 @@ def test_main_writes_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert report["results"]["disk"]["file_create_us"] > 0
     assert report["targets"][-1]["scenario"] == "disk"
     assert "| open rate |" in capsys.readouterr().out
+
+
+def test_sandbox_open_close(tmp_path: Path) -> None:
+    from agentcompass_sandbox import host_problem
+
+    problem = host_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    result = scenarios.sandbox_open_close(tmp_path, **_kwargs("sandbox"))
+    assert result["held_alive"] == 3 and result["held_errors"] == 0
+    assert result["leftover"] == 0, (result["before"], result["after"])
+    assert 0 < result["none_median_ms"] <= result["none_p95_ms"]
+    assert 0 < result["full_median_ms"] <= result["full_p95_ms"]
+    rows = {(r["scenario"], r["metric"]) for r in targets({"sandbox": result})}
+    assert ("sandbox", "resources left after the run") in rows

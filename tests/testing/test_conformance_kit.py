@@ -37,7 +37,9 @@ async def test_fake_env_passes_every_check() -> None:
         failing_config={"task_id": "bad"},
         count_sandboxes=live,
     )
-    assert kit.checks() == list(EnvironmentConformance.CHECKS)
+    # Everything but what needs real processes, a network or named sessions.
+    needs_more = {"timeout_kills_tree", "cancel_kills_tree", "policy_enforced", "sweep"}
+    assert kit.checks() == [c for c in EnvironmentConformance.CHECKS if c not in needs_more]
     await kit.run_all()
     log = call_log()
     assert log.opened_sessions()
@@ -194,7 +196,7 @@ class MemEnvironment(BaseEnvironment):
 
 async def test_a_working_provider_passes_with_output_checks() -> None:
     env = MemEnvironment()
-    await check_environment(env, count_sandboxes=lambda: len(env.live))
+    await check_environment(env, count_sandboxes=lambda: len(env.live), real_processes=False)
 
 
 @pytest.mark.parametrize(
@@ -271,3 +273,73 @@ test_generated_for_fake_env = environment_conformance_tests(
     failing_config={"task_id": "bad"},
     count_sandboxes=lambda: live("generated"),
 )
+
+
+# -- the checks that need real processes, a network or named sessions ---------------
+
+
+class _Leaky(MemEnvironment):
+    """Writes an absolute write_file path on the host: what files_confined must catch."""
+
+    async def open(self, config: Any, policy: NetworkPolicy) -> MemSession:
+        session = await super().open(config, policy)
+
+        async def write_file(path: str, data: bytes | str) -> None:
+            await trio.Path(path).write_bytes(data.encode() if isinstance(data, str) else data)
+
+        session.write_file = write_file  # type: ignore[method-assign]
+        return session
+
+
+async def test_files_confined_catches_a_write_to_the_host() -> None:
+    with pytest.raises(AssertionError, match="wrote the host file"):
+        await EnvironmentConformance(_Leaky(), real_processes=False).run("files_confined")
+
+
+async def test_an_exec_that_ignores_its_timeout_is_caught() -> None:
+    kit = EnvironmentConformance(MemEnvironment())
+    with pytest.raises(AssertionError, match="returned timed_out=False"):
+        await kit.run("timeout_kills_tree")
+    with pytest.raises(AssertionError, match="returned before it was cancelled"):
+        await kit.run("cancel_kills_tree")
+
+
+class _NamedMem(MemEnvironment):
+    """Takes a name but its sweep destroys nothing."""
+
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> MemSession:
+        return await super().open(config, policy)
+
+    async def sweep(self, tag: str) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_sweep_is_checked_for_providers_that_take_names() -> None:
+    assert "sweep" not in EnvironmentConformance(MemEnvironment()).checks()
+    kit = EnvironmentConformance(_NamedMem(), real_processes=False)
+    assert "sweep" in kit.checks()
+    with pytest.raises(AssertionError, match=r"still runs commands after sweep"):
+        await kit.run("sweep")
+
+
+async def test_policy_enforced_catches_a_policy_that_is_only_accepted() -> None:
+    # local runs real commands on the host's network; one that claims to
+    # enforce every policy shows that the probe really connects and checks.
+    from agentcompass.environments.local import LocalEnvironment
+
+    class Pretending(LocalEnvironment):
+        def build_config(self, plan: ExecutionPlan) -> Any:
+            return self.options
+
+        async def open(self, config: Any, policy: NetworkPolicy) -> Any:
+            session = await super().open(config, NetworkPolicy("full"))
+
+            async def accept_any(policy: NetworkPolicy) -> None:
+                await trio.lowlevel.checkpoint()
+
+            session.set_network_policy = accept_any  # type: ignore[method-assign]
+            return session
+
+    kit = EnvironmentConformance(Pretending({}), host_address=lambda session: "127.0.0.1")
+    with pytest.raises(AssertionError, match=r"under NetworkPolicy\(mode='none'.*succeeded"):
+        await kit.run("policy_enforced")

@@ -89,12 +89,7 @@ def test_public_surface() -> None:
         "FakeRecipe",
         "FakeSession",
         "HangGuard",
-        "NOOP_SESSIONS",
-        "NoopBenchmark",
-        "NoopEnvironment",
-        "NoopHarness",
-        "NoopHarnessFreeBenchmark",
-        "NoopSession",
+        "MemorySession",
         "call_log",
         "check_environment",
         "environment_conformance_tests",
@@ -104,3 +99,22 @@ def test_public_surface() -> None:
         "live_sandboxes",
         "reset_logs",
     }
+
+
+async def test_memory_session_keeps_files_and_closes_idempotently() -> None:
+    from agentcompass import NetworkPolicy
+    from agentcompass.testing import MemorySession
+
+    session = MemorySession(7)
+    await session.write_file("a/b.txt", "héllo")
+    assert await session.read_file("a/b.txt") == "héllo".encode()
+    with pytest.raises(FileNotFoundError):
+        await session.read_file("missing")
+    result = await session.exec(["false"])
+    assert (result.exit_code, result.timed_out) == (0, False)
+    await session.set_network_policy(NetworkPolicy("none"))
+    assert session.policy == NetworkPolicy("none")
+    assert session.handle == {"number": 7}
+    await session.close()
+    await session.close()
+    assert session.closed

@@ -1,4 +1,4 @@
-"""Minimal no-op components for overhead benchmarks and smoke tests.
+"""Minimal no-op components for the overhead benchmarks (importing this module registers them).
 
 Unlike the ``fake-*`` components these log nothing and script nothing: each
 call does the least a component may do, so what a benchmark measures is the
@@ -30,16 +30,24 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from .._registry import register
-from ..runtime._components import (
+from agentcompass import register
+from agentcompass.runtime import (
     BaseBenchmark,
     BaseEnvironment,
     BaseHarness,
     EnvironmentSession,
+    Evaluation,
+    ExecResult,
+    ExecutionPlan,
     HarnessFreeBenchmark,
+    ModelSpec,
+    NetworkPolicy,
+    PreparedTask,
+    RunBudget,
+    RunRequest,
+    RunResult,
+    TaskSpec,
 )
-from ..runtime._results import Evaluation, ExecResult, RunBudget, RunResult
-from ..runtime._values import ExecutionPlan, ModelSpec, NetworkPolicy, PreparedTask, RunRequest, TaskSpec
 
 __all__ = [
     "NOOP_OPEN_TIMES",

@@ -1,0 +1,132 @@
+"""The viewer's pages as a set of paths: one page, its script and style, and
+data files that the page loads with ``<script>`` tags.
+
+Data travels as JavaScript files (``COMPASS.put(id, data)``) rather than JSON
+fetched with ``fetch()``, because browsers forbid ``fetch()`` of ``file://``
+URLs: the same files work served by ``compass view`` and written by
+``compass view --out`` and opened from disk. Every data file is redacted
+again on the way out (run directories are already redacted; this is the
+defence in depth), and the page renders data as text, never as HTML.
+
+Paths::
+
+    index.html  app.js  app.css
+    data/config.js                        live (served) or static
+    data/runs.js                          the list of runs
+    data/<run>/run.js                     a run page: metrics, totals, task rows
+    data/<run>/task/<key>.js              a task's record without trajectories
+    data/<run>/traj/<key>/<attempt>-<chunk>.js   one chunk of a trajectory
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .._redact import redact_json_text
+from ._data import RunData
+
+__all__ = ["Site", "write_site"]
+
+_STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
+           "app.css": "text/css; charset=utf-8"}
+_JS = "text/javascript; charset=utf-8"
+_RUN = re.compile(r"data/(\d+)/run\.js")
+_TASK = re.compile(r"data/(\d+)/task/([a-z0-9._~-]+)\.js")
+_TRAJ = re.compile(r"data/(\d+)/traj/([a-z0-9._~-]+)/(\d+)-(\d+)\.js")
+
+
+class Site:
+    """The viewer over ``run_dirs``; :meth:`get` is blocking (file reads) and
+    not thread-safe (per-run caches): call it from one thread at a time."""
+
+    def __init__(self, run_dirs: list[Path], *, live: bool) -> None:
+        self.runs = [RunData(d) for d in run_dirs]
+        self.live = live
+
+    def get(self, path: str) -> tuple[bytes, str] | None:
+        """The content and media type at ``path`` (no leading ``/``), or None."""
+        path = path or "index.html"
+        if path in _STATIC:
+            return _static(path), _STATIC[path]
+        data = self._data(path)
+        if data is None:
+            return None
+        ident, value = data
+        return _script(ident, value), _JS
+
+    def warm(self) -> None:
+        """Read every run's records once, so the first page load finds them cached."""
+        for run in self.runs:
+            try:
+                run.run()
+            except Exception:  # noqa: BLE001, S112 - the page reports what it cannot read
+                continue
+
+    def paths(self) -> Iterator[str]:
+        """Every path :meth:`get` answers, for writing the site to disk."""
+        yield from _STATIC
+        yield "data/config.js"
+        yield "data/runs.js"
+        for index, run in enumerate(self.runs):
+            yield f"data/{index}/run.js"
+            for key in run.task_keys():
+                yield f"data/{index}/task/{key}.js"
+                task = run.task(key) or {}
+                for attempt in task.get("attempts") or []:
+                    chunks = (attempt.get("run_result") or {}).get("trajectory_chunks") or 0
+                    for chunk in range(chunks):
+                        yield f"data/{index}/traj/{key}/{attempt.get('attempt')}-{chunk}.js"
+
+    def _data(self, path: str) -> tuple[str, Any] | None:
+        ident = path[len("data/"):-len(".js")] if path.startswith("data/") and path.endswith(".js") else ""
+        if path == "data/config.js":
+            return ident, {"live": self.live}
+        if path == "data/runs.js":
+            return ident, [run.header() for run in self.runs]
+        if m := _RUN.fullmatch(path):
+            run = self._run(m.group(1))
+            return (ident, run.run()) if run else None
+        if m := _TASK.fullmatch(path):
+            run = self._run(m.group(1))
+            task = run.task(m.group(2)) if run else None
+            return (ident, task) if task is not None else None
+        if m := _TRAJ.fullmatch(path):
+            run = self._run(m.group(1))
+            chunk = run.trajectory_chunk(m.group(2), int(m.group(3)), int(m.group(4))) if run else None
+            return (ident, chunk) if chunk is not None else None
+        return None
+
+    def _run(self, index: str) -> RunData | None:
+        i = int(index)
+        return self.runs[i] if i < len(self.runs) else None
+
+
+def _static(name: str) -> bytes:
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+def _script(ident: str, value: Any) -> bytes:
+    text = redact_json_text(json.dumps(value, separators=(",", ":"), default=str))
+    return f"COMPASS.put({json.dumps(ident)},{text});\n".encode()
+
+
+def write_site(site: Site, out_dir: Path) -> int:
+    """Write every page and data file under ``out_dir``; the number of files."""
+    count = 0
+    for path in site.paths():
+        found = site.get(path)
+        if found is None:
+            continue
+        target = out_dir / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(found[0])
+        os.replace(tmp, target)
+        count += 1
+    return count

@@ -1,0 +1,688 @@
+// AgentCompass results viewer: one page, hash routes, data loaded as <script>
+// files (so it also works opened from disk), all data rendered as text.
+"use strict";
+
+const COMPASS = (() => {
+  const waiting = new Map();
+  const cache = new Map();
+  function put(id, data) {
+    const w = waiting.get(id);
+    if (w) { waiting.delete(id); w.resolve(data); }
+  }
+  function fetchScript(id, fresh) {
+    return new Promise((resolve, reject) => {
+      waiting.set(id, { resolve, reject });
+      const s = document.createElement("script");
+      s.src = "data/" + id.split("/").map(encodeURIComponent).join("/") + ".js" + (fresh ? "?t=" + Date.now() : "");
+      s.onload = () => { s.remove(); if (waiting.has(id)) { waiting.delete(id); reject(new Error("no data in " + id)); } };
+      s.onerror = () => { s.remove(); waiting.delete(id); reject(new Error("cannot load " + id)); };
+      document.head.appendChild(s);
+    });
+  }
+  // Loads of one id are serialized: put() resolves by id.
+  const chains = new Map();
+  function load(id, opts = {}) {
+    if (!opts.fresh && opts.cache !== false && cache.has(id)) return cache.get(id);
+    const prev = chains.get(id) || Promise.resolve();
+    const p = prev.catch(() => null).then(() => fetchScript(id, !!opts.fresh));
+    chains.set(id, p);
+    if (opts.cache !== false && !opts.fresh) {
+      cache.set(id, p);
+      p.catch(() => cache.delete(id));
+    }
+    return p;
+  }
+  return { put, load, cache };
+})();
+window.COMPASS = COMPASS;
+
+// ------------------------------------------------------------------ helpers
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  if (attrs) {
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else if (k === "class") el.className = v;
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.appendChild(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+const $main = () => document.getElementById("main");
+function setMain(...nodes) { const m = $main(); m.replaceChildren(...nodes.flat().filter((n) => n !== null && n !== undefined && n !== false)); m.removeAttribute("data-ready"); return m; }
+function ready(view) { const m = $main(); m.dataset.view = view; m.dataset.ready = "1"; window.compassReady = performance.now(); }
+function crumbs(...items) {
+  const c = document.getElementById("crumbs");
+  c.replaceChildren(...items.map((it) => (typeof it === "string" ? h("span", null, "/ " + it) : h("span", null, "/ ", it))));
+}
+function fmt(v, digits = 4) {
+  if (v === null || v === undefined) return "—";
+  if (typeof v === "boolean") return v ? "true" : "false";
+  if (typeof v === "number") return Number.isInteger(v) ? v.toLocaleString("en") : v.toFixed(digits).replace(/0+$/, "").replace(/\.$/, "");
+  return String(v);
+}
+function secs(v) {
+  if (v === null || v === undefined) return "—";
+  if (v < 1) return (v * 1000).toFixed(0) + " ms";
+  if (v < 120) return v.toFixed(2) + " s";
+  if (v < 7200) return (v / 60).toFixed(1) + " min";
+  return (v / 3600).toFixed(1) + " h";
+}
+function when(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "—"; }
+function statusClass(s) {
+  if (["succeeded", "completed", "normal", "passed"].includes(s)) return "b-ok";
+  if (["failed", "run_error", "eval_error", "run_error_or_eval_error", "fatal", "timed_out", "interrupted"].includes(s)) return "b-bad";
+  if (["error", "warning", "partial_failure", "cancelled", "unfinished"].includes(s)) return "b-warn";
+  if (s === "running") return "b-run";
+  return "";
+}
+function badge(s, extra) { return h("span", { class: "badge " + statusClass(s) + (extra ? " " + extra : "") }, s); }
+function card(k, v, s) { return h("div", { class: "card" }, h("div", { class: "k" }, k), h("div", { class: "v" }, v), s ? h("div", { class: "s" }, s) : null); }
+function panel(title, ...body) { return h("section", { class: "panel" }, title ? h("h2", null, title) : null, ...body); }
+function outcome(v) { return v === null || v === undefined ? "none" : v >= 1 ? "pass" : "fail"; }
+const FOLD_CHARS = 1500, FOLD_LINES = 24;
+
+// Long text shows its head and a button to unfold (and fold again).
+function folded(text, cls) {
+  text = text === null || text === undefined ? "" : String(text);
+  const lines = text.split("\n");
+  const long = text.length > FOLD_CHARS || lines.length > FOLD_LINES;
+  const pre = h("pre", { class: cls || null });
+  if (!long) { pre.textContent = text; return pre; }
+  let head = lines.slice(0, FOLD_LINES).join("\n");
+  if (head.length > FOLD_CHARS) head = head.slice(0, FOLD_CHARS);
+  pre.textContent = head + "…";
+  let open = false;
+  const btn = h("button", { class: "fold", type: "button" }, `show all (${lines.length.toLocaleString("en")} lines, ${text.length.toLocaleString("en")} chars)`);
+  btn.addEventListener("click", () => {
+    open = !open;
+    pre.textContent = open ? text : head + "…";
+    btn.textContent = open ? "fold" : `show all (${lines.length.toLocaleString("en")} lines, ${text.length.toLocaleString("en")} chars)`;
+  });
+  return h("div", { class: "folded" }, pre, btn);
+}
+function jsonBlock(value) { return folded(JSON.stringify(value, null, 2)); }
+
+// ------------------------------------------------------------------ virtual table
+// Fixed-height rows; only the rows in view (plus a margin) are in the DOM, so
+// 10,000 or 1,000,000 rows cost the same to scroll and to filter.
+
+const ROW_H = 30;
+function virtualTable(columns, opts = {}) {
+  const template = columns.map((c) => c.width || "1fr").join(" ");
+  const head = h("div", { class: "vt-head" });
+  head.style.gridTemplateColumns = template;
+  const windowEl = h("div", { class: "vt-window" });
+  const spacer = h("div", { class: "vt-spacer" }, windowEl);
+  const body = h("div", { class: "vt-body" }, spacer);
+  const empty = h("div", { class: "vt-empty" }, opts.empty || "No rows match.");
+  const root = h("div", { class: "vt", id: opts.id || null }, head, body);
+  let rows = [], sortCol = opts.sort || null, sortDir = opts.sortDir || 1, lastStart = -1, lastEnd = -1;
+  columns.forEach((c, i) => {
+    const cell = h("div", { class: c.num ? "num" : null, title: "sort by " + c.label }, c.label);
+    cell.addEventListener("click", () => {
+      if (sortCol === i) sortDir = -sortDir; else { sortCol = i; sortDir = 1; }
+      api.setRows(rows);
+    });
+    head.appendChild(cell);
+  });
+  function paint(force) {
+    const top = body.scrollTop, height = body.clientHeight || 600;
+    const start = Math.max(0, Math.floor(top / ROW_H) - 10);
+    const end = Math.min(rows.length, Math.ceil((top + height) / ROW_H) + 10);
+    if (!force && start === lastStart && end === lastEnd) return;
+    lastStart = start; lastEnd = end;
+    windowEl.style.transform = `translateY(${start * ROW_H}px)`;
+    const frag = document.createDocumentFragment();
+    for (let i = start; i < end; i++) {
+      const row = rows[i];
+      const el = h("div", { class: "vt-row", "data-row": i });
+      el.style.gridTemplateColumns = template;
+      for (const c of columns) {
+        const v = c.render ? c.render(row) : row[c.key];
+        el.appendChild(v instanceof Node ? h("div", { class: c.num ? "num" : null }, v) : h("div", { class: c.num ? "num" : null, title: String(v ?? "") }, v ?? ""));
+      }
+      frag.appendChild(el);
+    }
+    windowEl.replaceChildren(frag);
+    if (!rows.length) windowEl.replaceChildren(empty);
+  }
+  let scheduled = false;
+  body.addEventListener("scroll", () => {
+    if (scheduled) return;
+    scheduled = true;
+    requestAnimationFrame(() => { scheduled = false; paint(false); });
+  });
+  const api = {
+    root,
+    setRows(newRows) {
+      rows = newRows;
+      if (sortCol !== null) {
+        const c = columns[sortCol];
+        const key = c.sortKey || ((r) => (c.render ? null : r[c.key]));
+        rows = rows.slice().sort((a, b) => sortDir * compare(key(a), key(b)));
+      }
+      spacer.style.height = Math.max(rows.length * ROW_H, 40) + "px";
+      paint(true);
+    },
+    count: () => rows.length,
+    repaint: () => paint(true),
+  };
+  return api;
+}
+function compare(a, b) {
+  if (a === b) return 0;
+  if (a === null || a === undefined) return 1;
+  if (b === null || b === undefined) return -1;
+  if (typeof a === "number" && typeof b === "number") return a - b;
+  return String(a).localeCompare(String(b));
+}
+
+// ------------------------------------------------------------------ charts (SVG, no library)
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, text) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+// Horizontal bars: one row per label, a value in [0, max]; `ref` is drawn
+// lighter behind (the reference value when there is no official one).
+function barChart(items, opts = {}) {
+  const labelW = 160, barW = 360, rowH = 22, valueW = 70;
+  const max = opts.max || Math.max(1, ...items.map((i) => Math.max(i.value ?? 0, i.ref ?? 0)));
+  const chart = svg("svg", { class: "chart", width: labelW + barW + valueW, height: items.length * rowH + 6, role: "img", "aria-label": opts.title || "chart" });
+  items.forEach((it, i) => {
+    const y = i * rowH + 3;
+    chart.appendChild(svg("text", { x: labelW - 6, y: y + 14, "text-anchor": "end" }, it.label.length > 24 ? it.label.slice(0, 23) + "…" : it.label));
+    chart.appendChild(svg("rect", { class: "axis", x: labelW, y: y + 3, width: barW, height: 14, fill: "#eef1f5" }));
+    if (it.ref !== null && it.ref !== undefined) chart.appendChild(svg("rect", { class: "ref", x: labelW, y: y + 3, width: Math.max(0, (it.ref / max) * barW), height: 14 }));
+    if (it.value !== null && it.value !== undefined) chart.appendChild(svg("rect", { class: "bar", x: labelW, y: y + 3, width: Math.max(0, (it.value / max) * barW), height: 14 }));
+    const shown = it.value ?? it.ref;
+    chart.appendChild(svg("text", { x: labelW + barW + 6, y: y + 14 }, shown === null || shown === undefined ? "—" : fmt(shown, 3) + (it.value === null && it.ref !== null ? " (ref)" : "")));
+  });
+  return chart;
+}
+function phaseBars(timings) {
+  const entries = Object.entries(timings || {}).filter(([, v]) => typeof v === "number");
+  const max = Math.max(1e-9, ...entries.map(([, v]) => v));
+  return h("div", { class: "bars" }, entries.map(([k, v]) => {
+    const fill = h("div", { class: "fill" });
+    fill.style.width = ((v / max) * 100).toFixed(1) + "%";
+    return h("div", { class: "row" }, h("span", null, k), h("div", { class: "track" }, fill), h("span", { class: "num" }, secs(v)));
+  }));
+}
+
+// ------------------------------------------------------------------ router
+
+let config = { live: false };
+let runs = [];
+let stopCurrent = () => {};
+
+async function start() {
+  try {
+    [config, runs] = await Promise.all([COMPASS.load("config"), COMPASS.load("runs")]);
+  } catch (e) {
+    setMain(h("p", null, "Cannot load the viewer's data: " + e.message));
+    return;
+  }
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+function route() {
+  stopCurrent();
+  stopCurrent = () => {};
+  document.getElementById("live").textContent = "";
+  const parts = location.hash.replace(/^#\/?/, "").split("/").filter((p) => p !== "").map(decodeURIComponent);
+  const view = parts[0] === "run" && parts[2] === "task" ? showAttempt(+parts[1], parts[3], parts[4] === undefined ? null : +parts[4])
+    : parts[0] === "run" ? showRun(+parts[1])
+    : parts[0] === "compare" ? showCompare((parts[1] || "").split(",").filter((x) => x !== "").map(Number))
+    : showIndex();
+  Promise.resolve(view).catch((e) => setMain(h("p", { class: "bad" }, "Error: " + e.message)));
+}
+const runHref = (i) => `#/run/${i}`;
+const attemptHref = (i, key, attempt) => `#/run/${i}/task/${encodeURIComponent(key)}` + (attempt === undefined || attempt === null ? "" : `/${attempt}`);
+function runLabel(i) { const r = runs[i]; return r ? `${r.name} · ${r.run_id}` : `run ${i}`; }
+
+// ------------------------------------------------------------------ index
+
+function showIndex() {
+  crumbs();
+  if (runs.length === 1 && !location.hash) { location.replace(runHref(0)); return; }
+  const picked = new Set();
+  const cmp = h("button", { class: "fold", type: "button", id: "compare-btn", disabled: true }, "Compare selected");
+  cmp.addEventListener("click", () => { location.hash = "#/compare/" + [...picked].sort((a, b) => a - b).join(","); });
+  const table = h("table", { class: "t", id: "runs" },
+    h("tr", null, h("th", null, ""), h("th", null, "request"), h("th", null, "run"), h("th", null, "status"), h("th", null, "benchmark"), h("th", null, "harness"), h("th", null, "model"), h("th", null, "started")),
+    runs.map((r, i) => {
+      const box = h("input", { type: "checkbox", "data-run": i });
+      box.addEventListener("change", () => { box.checked ? picked.add(i) : picked.delete(i); cmp.disabled = picked.size < 2; });
+      return h("tr", null, h("td", null, box), h("td", null, h("a", { href: runHref(i) }, r.name)), h("td", { class: "mono" }, r.run_id),
+        h("td", null, badge(r.status)), h("td", null, r.benchmark || "—"), h("td", null, r.harness || "—"), h("td", null, r.model || "—"), h("td", null, when(r.started_at)));
+    }));
+  setMain(h("h1", null, "Runs"), panel(null, table, h("p", null, cmp, " ", h("span", { class: "muted" }, "pick two or more runs of the same benchmark"))));
+  ready("index");
+}
+
+// ------------------------------------------------------------------ run page
+
+const runState = new Map(); // run index -> filter values, kept across navigation
+
+async function showRun(i) {
+  crumbs(runLabel(i));
+  setMain(h("p", { class: "muted" }, "Loading run…"));
+  let data = await COMPASS.load(`${i}/run`, { cache: false });
+  const state = runState.get(i) || { status: "", severity: "", category: "", code: "", outcome: "", text: "" };
+  runState.set(i, state);
+  const top = h("div");
+  const table = virtualTable(taskColumns(i, data), { id: "task-table", empty: "No task matches the filters." });
+  const count = h("span", { class: "muted", id: "task-count" });
+  const filters = h("div", { class: "filters" });
+  let rows = [];
+  function buildRows() {
+    const c = data.columns.reduce((acc, name, k) => ((acc[name] = k), acc), {});
+    rows = data.tasks.map((t) => ({
+      task_id: t[c.task_id], key: t[c.key], category: t[c.category], severity: t[c.severity], statuses: t[c.statuses],
+      value: t[c.value], codes: t[c.codes], retries: t[c.retries], attempts: t[c.attempts], seconds: t[c.seconds],
+      hay: (t[c.task_id] + " " + (t[c.category] || "") + " " + t[c.codes].join(" ") + " " + t[c.statuses].join(" ")).toLowerCase(),
+    }));
+  }
+  function applyFilters() {
+    const text = state.text.trim().toLowerCase();
+    const shown = rows.filter((r) =>
+      (!state.status || r.statuses.includes(state.status)) &&
+      (!state.severity || r.severity === state.severity) &&
+      (!state.category || (r.category || "(none)") === state.category) &&
+      (!state.code || r.codes.includes(state.code)) &&
+      (!state.outcome || outcome(r.value) === state.outcome || (state.outcome === "running" && r.severity === "running")) &&
+      (!text || r.hay.includes(text)));
+    table.setRows(shown);
+    count.textContent = `${shown.length.toLocaleString("en")} of ${rows.length.toLocaleString("en")} tasks`;
+  }
+  function select(name, label, values) {
+    const el = h("select", { name, "aria-label": label }, h("option", { value: "" }, label + ": any"), values.map((v) => h("option", { value: v }, v)));
+    el.value = state[name];
+    el.addEventListener("change", () => { state[name] = el.value; applyFilters(); });
+    return el;
+  }
+  function buildFilters() {
+    const uniq = (f) => [...new Set(rows.flatMap(f))].sort();
+    const text = h("input", { type: "search", name: "text", placeholder: "filter tasks by text…", "aria-label": "text filter" });
+    text.value = state.text;
+    text.addEventListener("input", () => { state.text = text.value; applyFilters(); });
+    const outcomes = h("select", { name: "outcome", "aria-label": "outcome" },
+      [["", "outcome: any"], ["pass", "passed (≥ 1)"], ["fail", "failed (< 1)"], ["none", "no value"]].map(([v, l]) => h("option", { value: v }, l)));
+    outcomes.value = state.outcome;
+    outcomes.addEventListener("change", () => { state.outcome = outcomes.value; applyFilters(); });
+    filters.replaceChildren(text, outcomes,
+      select("status", "status", uniq((r) => r.statuses)),
+      select("severity", "severity", uniq((r) => [r.severity])),
+      select("category", "category", uniq((r) => [r.category || "(none)"])),
+      select("code", "issue", uniq((r) => r.codes)), count);
+  }
+  function render() {
+    top.replaceChildren(...runSummary(i, data, (code) => { state.code = code; buildFilters(); applyFilters(); }));
+    buildRows();
+    buildFilters();
+    applyFilters();
+  }
+  setMain(top, panel("Tasks", filters, table.root));
+  render();
+  ready("run");
+  if (config.live && isLive(data)) {
+    let timer = null, stopped = false;
+    const liveEl = document.getElementById("live");
+    const tick = async () => {
+      try {
+        data = await COMPASS.load(`${i}/run`, { fresh: true });
+        if (stopped) return;
+        render();
+        liveEl.textContent = isLive(data) ? "live · refreshed " + new Date().toLocaleTimeString() : "run finished";
+      } catch (e) { liveEl.textContent = "live · " + e.message; }
+      if (!stopped && isLive(data)) timer = setTimeout(tick, 2000);
+    };
+    liveEl.textContent = "live";
+    timer = setTimeout(tick, 2000);
+    stopCurrent = () => { stopped = true; clearTimeout(timer); };
+  }
+}
+function isLive(data) { return data.header.status === "running" || data.live.running; }
+
+function taskColumns(i, data) {
+  return [
+    { label: "task", width: "minmax(180px, 2.2fr)", key: "task_id", sortKey: (r) => r.task_id,
+      render: (r) => (r.key ? h("a", { href: attemptHref(i, r.key), class: "task-link" }, r.task_id) : h("span", null, r.task_id)) },
+    { label: "category", width: "1fr", key: "category", sortKey: (r) => r.category, render: (r) => r.category || "" },
+    { label: "severity", width: "90px", sortKey: (r) => r.severity, render: (r) => badge(r.severity) },
+    { label: "attempts", width: "minmax(120px, 1.4fr)", sortKey: (r) => r.statuses.join(","), render: (r) => h("span", null, r.statuses.map((s) => badge(s))) },
+    { label: data.primary || "value", width: "80px", num: true, sortKey: (r) => r.value, render: (r) => fmt(r.value, 3) },
+    { label: "issues", width: "minmax(140px, 2fr)", sortKey: (r) => r.codes.join(","), render: (r) => r.codes.join(", ") },
+    { label: "retries", width: "60px", num: true, sortKey: (r) => r.retries, render: (r) => fmt(r.retries) },
+    { label: "time", width: "80px", num: true, sortKey: (r) => r.seconds, render: (r) => secs(r.seconds) },
+  ];
+}
+
+function runSummary(i, data, pickCode) {
+  const hd = data.header, m = data.metrics, p = data.progress || {};
+  const primary = data.primary;
+  let score;
+  if (!m) score = h("p", { class: "score" }, "No score: the run has not finalized (", hd.status, ").");
+  else if (m.evaluation_failed) {
+    const ref = primary && m.series[primary] ? m.series[primary].reference_value : null;
+    score = h("p", { class: "score" }, h("span", { class: "badge b-bad" }, "no official score"), " ",
+      `${m.series[primary]?.invalidated ?? "some"} task(s) ended FATAL, so the result does not measure the agent. Reference ${primary}: ${fmt(ref)} (from non-invalidated tasks).`);
+  } else {
+    const s = m.series[primary] || {};
+    score = h("p", { class: "score" }, `${primary}: `, h("strong", { id: "score" }, fmt(s.value)), ` over ${fmt(s.evaluated)} evaluated of ${fmt(s.total)} tasks`);
+  }
+  const usage = (m && m.usage) || data.usage || {};
+  const elapsed = p.elapsed ?? (hd.ended_at && hd.started_at ? hd.ended_at - hd.started_at : null);
+  const fatal = data.tasks.filter((t) => t[3] === "fatal").length, error = data.tasks.filter((t) => t[3] === "error").length;
+  const unfinished = data.tasks.filter((t) => t[3] === "running" || t[3] === "unfinished").length;
+  const cards = h("div", { class: "cards" },
+    card("status", badge(hd.status), `${hd.benchmark || "?"} · ${hd.harness || "?"} · ${hd.environment || "?"}`),
+    card("tasks", fmt(p.total ?? data.tasks.length), `${fmt(p.completed ?? data.tasks.length - unfinished)} done · ${fmt(p.active ?? unfinished)} active · ${fmt(p.pending ?? 0)} pending`),
+    card("severity", `${fatal} / ${error}`, "fatal / error tasks"),
+    card("wall time", secs(elapsed), `started ${when(hd.started_at)}`),
+    card("tokens", fmt((usage.prompt_tokens || 0) + (usage.completion_tokens || 0)), `${fmt(usage.prompt_tokens || 0)} prompt · ${fmt(usage.completion_tokens || 0)} completion · ${fmt(usage.calls || 0)} calls`),
+    card("retries", fmt(data.retries), "extra tries across all attempts"),
+    hd.model ? card("model", hd.model, "") : null);
+  const out = [h("h1", null, hd.name, " ", h("span", { class: "muted mono" }, hd.run_id)), score, cards];
+  const left = [], right = [];
+  if (m) {
+    const cols = ["value", "reference_value", "evaluated", "unavailable", "invalidated", "error", "total"];
+    left.push(panel("Metrics", h("table", { class: "t", id: "metrics" },
+      h("tr", null, h("th", null, "series"), cols.map((c) => h("th", { class: "num" }, c.replace("_", " ")))),
+      Object.entries(m.series).map(([name, s]) => h("tr", null, h("td", null, name), cols.map((c) => h("td", { class: "num" }, fmt(s[c]))))))));
+    const cats = Object.entries(m.categories || {});
+    if (cats.length && primary) {
+      const items = cats.map(([c, v]) => ({ label: c, value: v.series[primary]?.value ?? null, ref: v.series[primary]?.reference_value ?? null }));
+      left.push(panel(`${primary} by category`, barChart(items, { title: primary + " by category" }),
+        h("table", { class: "t" }, h("tr", null, h("th", null, "category"), Object.keys(m.series).map((s) => h("th", { class: "num" }, s)), h("th", { class: "num" }, "tasks")),
+          cats.map(([c, v]) => h("tr", null, h("td", null, c), Object.keys(m.series).map((s) => h("td", { class: "num" }, fmt(v.series[s]?.value ?? v.series[s]?.reference_value))), h("td", { class: "num" }, fmt(v.series[primary]?.total)))))));
+    }
+  }
+  right.push(panel("Time by phase (sum over attempts)", phaseBars(data.timings)));
+  const codes = Object.entries(data.issues_by_code);
+  right.push(panel("Issues by code", codes.length
+    ? h("table", { class: "t", id: "issue-codes" }, codes.map(([code, n]) => h("tr", null,
+      h("td", null, h("a", { href: "#", onclick: (e) => { e.preventDefault(); pickCode(code); } }, code)), h("td", { class: "num" }, `${n} task(s)`))))
+    : h("p", { class: "muted" }, "No issues.")));
+  if (data.notes && data.notes.length) right.push(panel("Notes", h("ul", null, data.notes.map((n) => h("li", null, String(n))))));
+  out.push(h("div", { class: "grid2" }, h("div", null, left), h("div", null, right)));
+  return out;
+}
+
+// ------------------------------------------------------------------ attempt page
+
+async function showAttempt(i, key, attemptIndex) {
+  setMain(h("p", { class: "muted" }, "Loading task…"));
+  const task = await COMPASS.load(`${i}/task/${key}`, { cache: false });
+  crumbs(h("a", { href: runHref(i) }, runLabel(i)), task.task_id);
+  const attempts = task.attempts || [];
+  const attempt = attempts.find((a) => a.attempt === attemptIndex) || attempts[0];
+  const tabs = h("div", { class: "tabs" }, attempts.map((a) =>
+    h("a", { href: attemptHref(i, key, a.attempt), class: a === attempt ? "on" : null }, `attempt ${a.attempt} · ${a.status}`)));
+  const head = h("h1", null, task.task_id, " ", badge(task.severity), task.category ? h("span", { class: "muted" }, " " + task.category) : null);
+  if (!attempt) { setMain(head, h("p", null, "This task has no attempts.")); ready("attempt"); return; }
+  const rr = attempt.run_result || {};
+  const artifacts = rr.artifacts || {};
+  const usage = rr.usage || {};
+  const cards = h("div", { class: "cards" },
+    card("status", badge(attempt.status), `attempt ${attempt.attempt}`),
+    Object.entries(attempt.values || {}).map(([k, v]) => card(k, fmt(v), "value")),
+    card("retries", fmt(attempt.retries || 0), "extra tries"),
+    card("time", secs(Object.values(attempt.timings || {}).reduce((a, b) => a + (typeof b === "number" ? b : 0), 0)), "sum of phases"),
+    card("tokens", fmt((usage.prompt_tokens || 0) + (usage.completion_tokens || 0)), `${fmt(usage.prompt_tokens || 0)} prompt · ${fmt(usage.completion_tokens || 0)} completion · ${fmt(usage.calls || 0)} calls`),
+    card("trajectory", fmt(rr.trajectory_steps || 0), `messages · ${fmt(rr.tool_calls || 0)} tool calls`));
+  const issues = (attempt.issues || []).length
+    ? h("table", { class: "t", id: "issues" }, h("tr", null, ["severity", "phase", "code", "message"].map((c) => h("th", null, c))),
+      attempt.issues.map((it) => h("tr", null, h("td", null, badge(it.severity, it.severity === "fatal" ? "b-bad" : it.severity === "error" ? "b-warn" : "")), h("td", null, it.phase), h("td", { class: "mono" }, it.code), h("td", null, it.message))))
+    : h("p", { class: "muted" }, "No issues.");
+  const sections = [head, tabs, cards, panel("Issues", issues, artifacts.execution_diagnostics ? h("details", null, h("summary", null, "diagnostics"), jsonBlock(artifacts.execution_diagnostics)) : null)];
+  const outputs = commandOutputs(artifacts);
+  const grid = h("div", { class: "grid2" },
+    h("div", null, outputs, panel("Timings", phaseBars(attempt.timings))),
+    h("div", null,
+      panel("Output", folded(rr.output === "" || rr.output === null || rr.output === undefined ? "(empty)" : typeof rr.output === "string" ? rr.output : JSON.stringify(rr.output, null, 2))),
+      panel("Plan (redacted)", h("details", null, h("summary", null, "show plan"), jsonBlock(attempt.plan))),
+      otherArtifacts(artifacts),
+      attempt.analysis && Object.keys(attempt.analysis).length ? panel("Analysis", jsonBlock(attempt.analysis)) : null,
+      discardedPanel(task.discarded.filter((d) => d.attempt === attempt.attempt))));
+  sections.push(grid);
+  const traj = h("div", { id: "trajectory" });
+  sections.push(panel(`Trajectory (${fmt(rr.trajectory_steps || 0)} messages)`, traj));
+  setMain(...sections);
+  ready("attempt");
+  stopCurrent = renderTrajectory(traj, i, key, attempt.attempt, rr.trajectory_steps || 0, rr.trajectory_chunks || 0, rr.trajectory_chunk_steps || 500);
+}
+
+const COMMAND_TITLES = { verifier: "Verifier", harness_command: "Harness command" };
+function isCommandOutput(v) { return v && typeof v === "object" && !Array.isArray(v) && ("stdout" in v || "stderr" in v) && "exit_code" in v; }
+function commandPanel(title, id, v) {
+  return panel(title, h("div", { id, class: "command-output" },
+    h("p", null, "exit code ", h("strong", { class: "exit-code" }, v.exit_code === null || v.exit_code === undefined ? "none" : String(v.exit_code)),
+      v.timed_out ? h("span", { class: "badge b-warn" }, " timed out") : null),
+    v.stdout !== undefined ? [h("div", { class: "muted" }, "stdout"), folded(v.stdout || "(empty)", "stdout")] : null,
+    v.stderr !== undefined ? [h("div", { class: "muted" }, "stderr"), folded(v.stderr || "(empty)", "stderr")] : null));
+}
+function commandOutputs(artifacts) {
+  const out = [];
+  for (const [k, title] of Object.entries(COMMAND_TITLES)) if (isCommandOutput(artifacts[k])) out.push(commandPanel(title, k.replace("_", "-"), artifacts[k]));
+  for (const [k, v] of Object.entries(artifacts)) if (!(k in COMMAND_TITLES) && isCommandOutput(v)) out.push(commandPanel(k, "artifact-" + k, v));
+  if ("exit_code" in artifacts) {
+    // A harness that records its command's result at the top level (oracle).
+    out.push(commandPanel("Harness output", "command", { exit_code: artifacts.exit_code, stdout: artifacts.stdout, stderr: artifacts.stderr }));
+  }
+  return out;
+}
+function otherArtifacts(artifacts) {
+  const rest = Object.fromEntries(Object.entries(artifacts).filter(([k, v]) =>
+    !(k in COMMAND_TITLES) && !isCommandOutput(v) && !["exit_code", "stdout", "stderr", "execution_diagnostics"].includes(k)));
+  return Object.keys(rest).length ? panel("Artifacts", jsonBlock(rest)) : null;
+}
+function discardedPanel(tries) {
+  if (!tries.length) return panel("Discarded tries", h("p", { class: "muted" }, "None."));
+  return panel(`Discarded tries (${tries.length})`, h("div", { id: "discarded" }, tries.map((t) => {
+    const d = t.data || {};
+    const delay = d.delay_seconds ?? d.delay;
+    const summary = [`try ${t.try}`, d.stage && `stage ${d.stage}`, d.scope && `retried the ${d.scope}`,
+      delay !== undefined ? `waited ${secs(delay)}` : null, d.matched_pattern ? `matched ${d.matched_pattern}` : null].filter(Boolean).join(" · ");
+    return h("div", { class: "discarded" }, h("div", null, summary),
+      h("ul", null, (d.issues || []).map((it) => h("li", null, badge(it.severity), " ", h("span", { class: "mono" }, it.code), " ", it.message))),
+      d.timings ? phaseBars(d.timings) : null,
+      h("details", null, h("summary", null, "diagnostics and plan"), jsonBlock(d)));
+  })));
+}
+
+// The trajectory renders in batches as the reader scrolls: chunks of the
+// file load on demand and a sentinel below the last message asks for more,
+// so a 100,000-message attempt opens as fast as a ten-message one. "Jump"
+// starts the list at any message (the end, say) without loading the rest.
+const BATCH = 100;
+function renderTrajectory(container, i, key, attempt, steps, chunks, chunkSteps) {
+  if (!steps) { container.replaceChildren(h("p", { class: "muted" }, "No trajectory recorded (a harness without a model, or none kept).")); return () => {}; }
+  const list = h("div", { class: "messages" });
+  const status = h("div", { class: "sentinel", id: "trajectory-more" });
+  const target = h("input", { type: "number", name: "jump", min: 0, max: steps - 1, placeholder: "message #", "aria-label": "jump to message" });
+  const go = h("button", { class: "fold", type: "button", id: "jump-go" }, "jump");
+  const end = h("button", { class: "fold", type: "button", id: "jump-end" }, "last messages");
+  const start = h("button", { class: "fold", type: "button", id: "jump-start" }, "first messages");
+  container.replaceChildren(...(steps > BATCH ? [h("div", { class: "filters" }, start, end, target, go)] : []), list, status);
+  let chunk = 0, skip = 0, buffer = [], first = 0, shown = 0, busy = false, again = false, stopped = false, generation = 0;
+  const toolNames = new Map();
+  async function more() {
+    if (stopped) return;
+    if (busy) { again = true; return; }
+    busy = true;
+    again = false;
+    const mine = generation;
+    try {
+      if (!buffer.length && chunk < chunks) {
+        status.textContent = "loading…";
+        const loaded = await COMPASS.load(`${i}/traj/${key}/${attempt}-${chunk}`, { cache: false });
+        if (mine !== generation) return;
+        buffer = skip ? loaded.slice(skip) : loaded;
+        skip = 0;
+        chunk += 1;
+      }
+      const batch = buffer.splice(0, BATCH);
+      if (!window.compassFirstMessages) window.compassFirstMessages = performance.now();
+      const frag = document.createDocumentFragment();
+      for (const m of batch) frag.appendChild(message(m, shown++, toolNames));
+      list.appendChild(frag);
+      container.dataset.first = first;
+      container.dataset.shown = shown;
+      const range = first ? `messages ${first.toLocaleString("en")}–${(shown - 1).toLocaleString("en")}` : `${shown.toLocaleString("en")}`;
+      status.textContent = shown < steps ? `${range} of ${steps.toLocaleString("en")} messages · scroll for more`
+        : first ? `${range} of ${steps.toLocaleString("en")} messages` : `all ${steps.toLocaleString("en")} messages`;
+    } catch (e) {
+      status.textContent = "could not load more: " + e.message;
+    } finally {
+      if (mine === generation) busy = false;
+    }
+    if (!stopped && shown < steps && (again || nearBottom())) requestAnimationFrame(more);
+  }
+  function jump(n) {
+    n = Math.max(0, Math.min(steps - 1, Math.floor(n)));
+    generation += 1;
+    busy = false;
+    first = shown = n;
+    chunk = Math.floor(n / chunkSteps);
+    skip = n % chunkSteps;
+    buffer = [];
+    list.replaceChildren();
+    more();
+  }
+  go.addEventListener("click", () => { if (target.value !== "") jump(+target.value); });
+  target.addEventListener("keydown", (e) => { if (e.key === "Enter" && target.value !== "") jump(+target.value); });
+  end.addEventListener("click", () => jump(steps - BATCH));
+  start.addEventListener("click", () => jump(0));
+  function nearBottom() { return status.getBoundingClientRect().top < window.innerHeight + 800; }
+  const observer = new IntersectionObserver((entries) => { if (entries.some((e) => e.isIntersecting)) more(); }, { rootMargin: "800px" });
+  observer.observe(status);
+  // Scrolling also asks: the observer reports only changes of visibility.
+  let queued = false;
+  const onScroll = () => {
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => { queued = false; if (nearBottom()) more(); });
+  };
+  window.addEventListener("scroll", onScroll, { passive: true });
+  more();
+  return () => { stopped = true; observer.disconnect(); window.removeEventListener("scroll", onScroll); };
+}
+
+function message(m, index, toolNames) {
+  if (!m || typeof m !== "object") return h("div", { class: "msg" }, folded(JSON.stringify(m)));
+  const role = m.role || "?";
+  const meta = h("div", { class: "meta" }, h("span", { class: "role" }, role), h("span", null, `#${index}`),
+    m.step !== undefined ? h("span", null, `step ${m.step}`) : null,
+    m.name ? h("span", { class: "mono" }, m.name) : null,
+    m.usage ? h("span", { class: "usage" }, `${fmt(m.usage.prompt_tokens)} prompt · ${fmt(m.usage.completion_tokens)} completion tokens`) : null,
+    m.duration_seconds !== undefined ? h("span", null, secs(m.duration_seconds)) : null,
+    role === "tool" ? h("span", { class: "exit" }, "exit " + (m.exit_code === null || m.exit_code === undefined ? "none" : m.exit_code)) : null,
+    m.timed_out ? h("span", { class: "badge b-warn" }, "timed out") : null,
+    m.truncated ? h("span", { class: "badge b-warn" }, "truncated") : null);
+  const el = h("div", { class: "msg " + role, "data-role": role }, meta);
+  if (m.content !== null && m.content !== undefined && m.content !== "") el.appendChild(folded(typeof m.content === "string" ? m.content : JSON.stringify(m.content, null, 2)));
+  for (const call of m.tool_calls || []) {
+    toolNames.set(call.id, call.name);
+    let args = call.arguments;
+    try { args = JSON.stringify(JSON.parse(call.arguments), null, 2); } catch (e) { /* shown as given */ }
+    el.appendChild(h("div", { class: "call tool-call" }, h("div", null, "→ ", h("span", { class: "name" }, call.name), " ", h("span", { class: "muted mono" }, call.id || "")), folded(args)));
+  }
+  return el;
+}
+
+// ------------------------------------------------------------------ compare
+
+async function showCompare(indices) {
+  crumbs("compare");
+  indices = indices.filter((i) => i >= 0 && i < runs.length);
+  if (indices.length < 2) { setMain(h("p", null, "Pick two or more runs on the ", h("a", { href: "#/" }, "runs page"), ".")); ready("compare"); return; }
+  setMain(h("p", { class: "muted" }, "Loading runs…"));
+  const loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { cache: false })));
+  // Oldest first: "better" and "worse" read as the change from the first run to the last.
+  const order = loaded.map((d, k) => k).sort((a, b) => compare(loaded[a].header.started_at, loaded[b].header.started_at) || compare(loaded[a].header.run_id, loaded[b].header.run_id));
+  const datas = order.map((k) => loaded[k]);
+  indices = order.map((k) => indices[k]);
+  const benchmarks = new Set(datas.map((d) => d.header.benchmark));
+  const primary = datas[0].primary;
+  const label = (k) => datas[k].header.run_id;
+  const headRow = (first) => h("tr", null, h("th", null, first), datas.map((d, k) => h("th", { class: "num" }, h("a", { href: runHref(indices[k]) }, label(k)))));
+  const series = [...new Set(datas.flatMap((d) => d.series))];
+  const val = (s) => (s ? (s.value ?? s.reference_value) : null);
+  const seriesTable = h("table", { class: "t", id: "compare-series" }, headRow("series"),
+    series.map((s) => h("tr", null, h("td", null, s), datas.map((d, k) => {
+      const v = val(d.metrics?.series?.[s]);
+      const base = val(datas[0].metrics?.series?.[s]);
+      const delta = k > 0 && v !== null && base !== null ? v - base : null;
+      return h("td", { class: "num" }, fmt(v), d.metrics?.evaluation_failed ? " (ref)" : "",
+        delta ? h("span", { class: delta > 0 ? "better" : "worse" }, ` ${delta > 0 ? "+" : ""}${fmt(delta, 3)}`) : null);
+    }))));
+  const cats = [...new Set(datas.flatMap((d) => Object.keys(d.metrics?.categories || {})))].sort();
+  const catTable = cats.length ? h("table", { class: "t", id: "compare-categories" }, headRow(`category (${primary})`),
+    cats.map((c) => h("tr", null, h("td", null, c), datas.map((d) => h("td", { class: "num" }, fmt(val(d.metrics?.categories?.[c]?.series?.[primary]))))))) : h("p", { class: "muted" }, "No categories.");
+  // Per task: outcome of each run; "changed" when the outcomes differ.
+  const byId = new Map();
+  datas.forEach((d, k) => {
+    const c = d.columns.reduce((acc, name, n) => ((acc[name] = n), acc), {});
+    for (const t of d.tasks) {
+      let row = byId.get(t[c.task_id]);
+      if (!row) { row = { task_id: t[c.task_id], category: t[c.category], cells: datas.map(() => null) }; byId.set(row.task_id, row); }
+      row.cells[k] = { key: t[c.key], value: t[c.value], severity: t[c.severity], statuses: t[c.statuses] };
+    }
+  });
+  const rows = [...byId.values()];
+  let improved = 0, regressed = 0;
+  for (const r of rows) {
+    const outs = r.cells.map((x) => (x ? outcome(x.value) : "missing"));
+    r.changed = new Set(outs).size > 1;
+    const first = r.cells[0] ? r.cells[0].value : null, last = r.cells[r.cells.length - 1] ? r.cells[r.cells.length - 1].value : null;
+    r.trend = first !== null && last !== null ? Math.sign(last - first) : 0;
+    if (r.changed && r.trend > 0) improved++;
+    if (r.changed && r.trend < 0) regressed++;
+    r.hay = (r.task_id + " " + (r.category || "")).toLowerCase();
+  }
+  const cols = [
+    { label: "task", width: "minmax(180px, 2fr)", sortKey: (r) => r.task_id, render: (r) => r.task_id },
+    { label: "category", width: "1fr", sortKey: (r) => r.category, render: (r) => r.category || "" },
+    ...datas.map((d, k) => ({ label: label(k), width: "minmax(120px, 1fr)", sortKey: (r) => r.cells[k]?.value, render: (r) => {
+      const x = r.cells[k];
+      if (!x) return h("span", { class: "muted" }, "—");
+      return x.key ? h("a", { href: attemptHref(indices[k], x.key), class: "cell" }, fmt(x.value, 3), " ", badge(x.severity)) : h("span", null, badge(x.severity));
+    } })),
+    { label: "change", width: "90px", sortKey: (r) => (r.changed ? r.trend : 2), render: (r) => (r.changed ? h("span", { class: r.trend > 0 ? "better" : r.trend < 0 ? "worse" : "changed" }, r.trend > 0 ? "better" : r.trend < 0 ? "worse" : "changed") : "") },
+  ];
+  const table = virtualTable(cols, { id: "compare-tasks", empty: "No task matches." });
+  const changedOnly = h("input", { type: "checkbox", name: "changed", checked: true });
+  const text = h("input", { type: "search", name: "text", placeholder: "filter tasks by text…" });
+  const count = h("span", { class: "muted", id: "compare-count" });
+  const apply = () => {
+    const q = text.value.trim().toLowerCase();
+    const shown = rows.filter((r) => (!changedOnly.checked || r.changed) && (!q || r.hay.includes(q)));
+    table.setRows(shown);
+    count.textContent = `${shown.length} of ${rows.length} tasks`;
+  };
+  changedOnly.addEventListener("change", apply);
+  text.addEventListener("input", apply);
+  setMain(h("h1", null, "Compare runs"),
+    h("p", null, "Oldest first: ", datas.map((d, k) => h("span", null, k ? " → " : "", h("a", { href: runHref(indices[k]) }, `${d.header.name} · ${d.header.run_id}`), " ", badge(d.header.status)))),
+    benchmarks.size > 1 ? h("p", { class: "badge b-warn" }, "These runs are of different benchmarks: " + [...benchmarks].join(", ")) : null,
+    h("div", { class: "cards" }, card("tasks", fmt(rows.length), "in any run"), card("changed outcome", fmt(rows.filter((r) => r.changed).length), `${improved} better · ${regressed} worse`)),
+    h("div", { class: "grid2" }, panel("Metrics", seriesTable), panel("By category", catTable)),
+    panel("Tasks", h("div", { class: "filters" }, text, h("label", null, changedOnly, " changed outcome only"), count), table.root));
+  apply();
+  ready("compare");
+}
+
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,557 @@
+"""Blocking host-side helpers: the state directory, cgroups, veths, leases, teardown.
+
+Every resource of a session carries its name: the state directory
+``<STATE_ROOT>/<name>``, the cgroup ``.../agentcompass-sandbox/<name>`` of each
+hierarchy used, and the lease file of its subnet (which holds the name); the
+host end of its veth is ``ac`` + 12 hex digits of the name's SHA-1 (IFNAMSIZ
+allows 15 characters). :func:`destroy` removes all of them given only the
+name, which is what ``close``, ``reap`` and ``sweep`` share. The one shared
+resource is the host nftables table ``agentcompass_sandbox`` (NAT and
+forwarding for every ``ac*`` veth), installed when a sandbox first needs
+egress and left in place: it carries no session and matches nothing once
+the sandboxes are gone.
+
+Everything here blocks and runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+#: Where session directories live (one per session, named after it).
+STATE_ROOT = Path("/run/agentcompass-sandbox")
+#: Lease files of the /30 subnets handed to sessions with a veth.
+LEASE_DIR = STATE_ROOT / ".leases"
+#: The host uid/gid sandbox processes run as (``nobody``); uid 1000 inside.
+HOST_UID = 65534
+INSIDE_UID = 1000
+#: Harbor paths bound into every sandbox, each a directory of the session's state dir.
+SUBDIRS = ("app", "tests", "logs", "solution")
+MARKER = "session.json"
+CGROUP_GROUP = "agentcompass-sandbox"
+#: The host table that NATs and forwards every sandbox's egress.
+NFT_HOST_TABLE = "agentcompass_sandbox"
+#: 10.213.0.0/16 split into /30s: host end .1, sandbox end .2 of each.
+SUBNET_PREFIX = (10, 213)
+LEASES = 16384
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+
+_KILL_ROUNDS = 2000
+_KILL_PAUSE = 0.001
+
+
+class HostError(RuntimeError):
+    """A host command or file operation failed; the message is one line."""
+
+
+class SessionExists(HostError):
+    """A session of that name exists already: nothing was made, nothing is ours to remove."""
+
+
+# ------------------------------------------------------------------ names
+
+
+def veth_name(name: str) -> str:
+    return "ac" + hashlib.sha1(name.encode()).hexdigest()[:12]
+
+
+def session_dir(name: str) -> Path:
+    return STATE_ROOT / name
+
+
+def lease_addresses(index: int) -> tuple[str, str]:
+    """(host address, sandbox address) of lease ``index``."""
+    base = index * 4
+    a, b = SUBNET_PREFIX
+    third, fourth = divmod(base, 256)
+    return f"{a}.{b}.{third}.{fourth + 1}", f"{a}.{b}.{third}.{fourth + 2}"
+
+
+# ------------------------------------------------------------------ commands
+
+
+def run(argv: list[str], input: bytes | None = None) -> str:
+    """Run a host command; raise :class:`HostError` with its stderr on failure."""
+    proc = subprocess.run(argv, input=input, capture_output=True, check=False)
+    if proc.returncode != 0:
+        detail = " ".join(proc.stderr.decode(errors="replace").split())[:300]
+        raise HostError(f"{argv[0]} {argv[1] if len(argv) > 1 else ''} failed (exit {proc.returncode}): {detail}")
+    return proc.stdout.decode(errors="replace")
+
+
+# ------------------------------------------------------------------ state directory
+
+
+_state_root_ready = False
+
+
+def ensure_state_root() -> None:
+    """Make ``STATE_ROOT``; where it is not on a tmpfs already (``/run`` is
+    one on most hosts), mount one there while it is still empty, so that a
+    session's directories cost no disk writes and their pages are charged to
+    the memory cgroup of the sandbox that writes them. The mount stays (it
+    carries no session). Once per process, under a lock shared by runtimes."""
+    global _state_root_ready
+    if _state_root_ready:
+        return
+    STATE_ROOT.mkdir(mode=0o711, parents=True, exist_ok=True)
+    with open(STATE_ROOT.parent / (STATE_ROOT.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = os.listdir(STATE_ROOT)
+        if entries == [LEASE_DIR.name] and not os.listdir(LEASE_DIR):
+            LEASE_DIR.rmdir()  # left empty by earlier runs
+            entries = []
+        if not entries and not _on_tmpfs(STATE_ROOT):
+            with contextlib.suppress(HostError):
+                run(["mount", "-t", "tmpfs", "-o", "mode=0711", "agentcompass-sandbox", str(STATE_ROOT)])
+    _state_root_ready = True
+
+
+def _on_tmpfs(path: Path) -> bool:
+    """Whether the longest mount point containing ``path`` is a tmpfs."""
+    best, fstype = "", ""
+    target = str(path.resolve())
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mount = parts[1].replace("\\040", " ")
+            if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                best, fstype = mount, parts[2]
+    return fstype == "tmpfs"
+
+
+def make_session_dir(name: str) -> Path:
+    """Create the state directory (marker first, so a kill right after leaves
+    something ``sweep`` recognises) and the Harbor subdirectories, owned by
+    the sandbox user."""
+    ensure_state_root()
+    path = session_dir(name)
+    try:
+        path.mkdir(mode=0o711)
+    except FileExistsError:
+        raise SessionExists(f"sandbox session {name!r} already exists ({path})") from None
+    write_marker(name, {"name": name, "created": time.time(), "runtime_pid": os.getpid()})
+    for sub in SUBDIRS:
+        os.mkdir(path / sub, 0o755)
+        os.chown(path / sub, HOST_UID, HOST_UID)
+    if os.path.isfile("/etc/hosts") and not os.path.islink("/etc/hosts"):
+        # The sandbox's own /etc/hosts, where allowlisted names are added.
+        (path / "hosts").write_text(host_hosts())
+    return path
+
+
+def host_hosts() -> str:
+    try:
+        return Path("/etc/hosts").read_text()
+    except OSError:
+        return ""
+
+
+def write_marker(name: str, data: dict[str, Any]) -> None:
+    path = session_dir(name)
+    tmp = path / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path / MARKER)
+
+
+def read_marker(name: str) -> dict[str, Any]:
+    try:
+        data = json.loads((session_dir(name) / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def chown_tree(path: Path) -> None:
+    """Give files the runtime wrote into the sandbox to the sandbox user."""
+    os.chown(path, HOST_UID, HOST_UID, follow_symlinks=False)
+
+
+# ------------------------------------------------------------------ cgroups
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    found = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
+                found.append((parts[1], parts[2], parts[3]))
+    return found
+
+
+def _self_cgroup(hierarchy: str) -> str:
+    """This process's cgroup path in the v1 hierarchy naming ``hierarchy`` ('' = v2)."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controllers.split(",") == [hierarchy] or (hierarchy == "" and controllers == ""):
+                return path.lstrip("/")
+    return ""
+
+
+def cgroup_bases() -> dict[str, Path]:
+    """The parent directories of session cgroups: ``track`` (cgroup v2, where
+    ``cgroup.kill`` ends a process tree), and ``memory`` / ``pids`` where a
+    controller for that limit exists. Nested under this process's own cgroup,
+    so a sandbox never escapes the limits of whoever runs the runtime."""
+    bases: dict[str, Path] = {}
+    for mount, fstype, options in _mounts():
+        if fstype == "cgroup2":
+            own = Path(mount) / _self_cgroup("")
+            bases["track"] = own / CGROUP_GROUP
+            # A v2 controller is usable only where it is delegated to our own cgroup.
+            try:
+                delegated = (own / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                delegated = []
+            for ctl in ("memory", "pids"):
+                if ctl in delegated and ctl not in bases:
+                    bases[ctl] = bases["track"]
+        else:
+            opts = options.split(",")
+            for ctl in ("memory", "pids"):
+                if ctl in opts:
+                    bases[ctl] = Path(mount) / _self_cgroup(ctl) / CGROUP_GROUP
+    return bases
+
+
+def make_cgroups(name: str, memory_mb: int | None, pids_max: int | None) -> dict[str, str]:
+    """Create the session's cgroups and set its limits; return ``procs``
+    files an exec writes its pid into, keyed by role."""
+    bases = cgroup_bases()
+    if "track" not in bases:
+        raise HostError("no cgroup v2 hierarchy is mounted (needed to kill process trees)")
+    made: dict[str, str] = {}
+    wanted = {"track": bases["track"]}
+    if memory_mb is not None:
+        if "memory" not in bases:
+            raise HostError("memory_mb is set but this host has no memory cgroup controller")
+        wanted["memory"] = bases["memory"]
+    if pids_max is not None:
+        if "pids" not in bases:
+            raise HostError("pids_max is set but this host has no pids cgroup controller")
+        wanted["pids"] = bases["pids"]
+    for role, base in wanted.items():
+        path = base / name
+        path.mkdir(parents=True, exist_ok=True)
+        made[role] = str(path)
+        if role != "track" and base == bases["track"]:
+            # cgroup v2: the limit files of <name> exist once its parent enables the controller.
+            (base / "cgroup.subtree_control").write_text(f"+{role}")
+    if memory_mb is not None:
+        limit = str(memory_mb * 1024 * 1024)
+        mem = Path(made["memory"])
+        target = mem / "memory.max" if (mem / "memory.max").exists() else mem / "memory.limit_in_bytes"
+        target.write_text(limit)
+        swap = mem / "memory.memsw.limit_in_bytes"
+        with contextlib.suppress(OSError):
+            if swap.exists():
+                swap.write_text(limit)
+    if pids_max is not None:
+        (Path(made["pids"]) / "pids.max").write_text(str(pids_max))
+    return made
+
+
+def exec_cgroup(track: str, label: str) -> str:
+    """A leaf of the session's tracking cgroup for one process tree."""
+    path = Path(track) / label
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+def _procs(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _all_procs(path: Path) -> list[int]:
+    pids: list[int] = []
+    if not path.is_dir():
+        return pids
+    for parent, _dirs, _files in os.walk(path):
+        pids.extend(_procs(Path(parent)))
+    return pids
+
+
+def kill_cgroup(path_str: str, remove: bool) -> None:
+    """SIGKILL every process in a cgroup subtree, wait until it is empty
+    (bounded), and with ``remove`` delete its directories."""
+    path = Path(path_str)
+    if not path.is_dir():
+        return
+    kill_file = path / "cgroup.kill"
+    for _ in range(_KILL_ROUNDS):
+        pids = _all_procs(path)
+        if not pids:
+            break
+        if kill_file.exists():
+            with contextlib.suppress(OSError):
+                kill_file.write_text("1")
+        else:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(_KILL_PAUSE)
+    if remove:
+        remove_cgroup(path)
+
+
+def remove_cgroup(path: Path) -> None:
+    """rmdir a cgroup directory tree, leaves first; a busy one is retried briefly."""
+    if not path.is_dir():
+        return
+    for parent, dirs, _files in os.walk(path, topdown=False):
+        for d in dirs:
+            _rmdir_cgroup(Path(parent) / d)
+    _rmdir_cgroup(path)
+
+
+def _rmdir_cgroup(path: Path) -> None:
+    for _ in range(_KILL_ROUNDS):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            time.sleep(_KILL_PAUSE)
+    raise HostError(f"cgroup {path} is still busy")
+
+
+def try_remove_cgroup(path: str) -> None:
+    """rmdir an exec's leaf cgroup if nothing is left in it (background processes keep it)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+# ------------------------------------------------------------------ network
+
+
+def acquire_lease(name: str) -> int:
+    """Claim a free /30 for the session (first free slot from a hash of the
+    name); the lease file holds the name so ``sweep`` can release it."""
+    LEASE_DIR.mkdir(parents=True, exist_ok=True)
+    start = int(hashlib.sha1(name.encode()).hexdigest(), 16) % LEASES
+    routed = _routed_subnets()
+    for step in range(LEASES):
+        index = (start + step) % LEASES
+        if lease_addresses(index)[0] in routed:
+            continue  # a closed session's veth the kernel has not removed yet
+        try:
+            fd = os.open(LEASE_DIR / str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(name)
+        return index
+    raise HostError("no free sandbox subnet left in 10.213.0.0/16")
+
+
+def _routed_subnets() -> set[str]:
+    """Host addresses (.1 of each /30) of the sandbox subnets the host still routes."""
+    routed = set()
+    with contextlib.suppress(OSError), open("/proc/net/route") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if len(fields) > 7 and fields[7] == "FCFFFFFF":  # a /30, little-endian
+                octets = bytes.fromhex(fields[1])[::-1]
+                if tuple(octets[:2]) == SUBNET_PREFIX:
+                    routed.add(f"{octets[0]}.{octets[1]}.{octets[2]}.{octets[3] + 1}")
+    return routed
+
+
+def release_lease(name: str, index: int) -> None:
+    path = LEASE_DIR / str(index)
+    with contextlib.suppress(OSError):
+        if path.read_text() == name:
+            path.unlink()
+
+
+def release_leases(name: str) -> None:
+    if not LEASE_DIR.is_dir():
+        return
+    for entry in os.scandir(LEASE_DIR):
+        with contextlib.suppress(OSError):
+            with open(entry.path) as f:
+                owner = f.read()
+            if owner == name:
+                os.unlink(entry.path)
+
+
+def leases_with_prefix(tag: str) -> set[str]:
+    names: set[str] = set()
+    if LEASE_DIR.is_dir():
+        for entry in os.scandir(LEASE_DIR):
+            with contextlib.suppress(OSError), open(entry.path) as f:
+                owner = f.read()
+            if owner.startswith(tag):
+                names.add(owner)
+    return names
+
+
+def make_veth(name: str, init_pid: int, index: int) -> None:
+    """A veth pair: host end ``veth_name(name)``, ``eth0`` in the sandbox's
+    namespace, addresses and default route; NAT for it on the host."""
+    host = veth_name(name)
+    host_ip, sandbox_ip = lease_addresses(index)
+    ensure_nat()
+    run(
+        ["ip", "-b", "-"],
+        input=(
+            f"link add {host} type veth peer name eth0 netns {init_pid}\n"
+            f"addr add {host_ip}/30 dev {host}\n"
+            f"link set {host} up\n"
+        ).encode(),
+    )
+    run(
+        ["nsenter", "-t", str(init_pid), "-n", "ip", "-b", "-"],
+        input=(f"addr add {sandbox_ip}/30 dev eth0\nlink set eth0 up\nroute add default via {host_ip}\n").encode(),
+    )
+
+
+_nat_installed = False
+
+
+def ensure_nat() -> None:
+    """Install the shared host table (once per process; replacing it is atomic
+    and idempotent, so concurrent runtimes agree)."""
+    global _nat_installed
+    if _nat_installed:
+        return
+    a, b = SUBNET_PREFIX
+    run(
+        ["nft", "-f", "-"],
+        input=(
+            f"table ip {NFT_HOST_TABLE}\ndelete table ip {NFT_HOST_TABLE}\n"
+            f"table ip {NFT_HOST_TABLE} {{\n"
+            "  chain post { type nat hook postrouting priority srcnat; "
+            f'ip saddr {a}.{b}.0.0/16 oifname != "ac*" masquerade; }}\n'
+            "  chain forwarding { type filter hook forward priority filter; "
+            'iifname "ac*" accept; oifname "ac*" ct state established,related accept; }\n'
+            "}\n"
+        ).encode(),
+    )
+    enable_forwarding()
+    _nat_installed = True
+
+
+def enable_forwarding() -> None:
+    """NAT egress needs IPv4 forwarding on the host (left on: other users may rely on it)."""
+    path = Path("/proc/sys/net/ipv4/ip_forward")
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() != "1":
+            path.write_text("1")
+
+
+def apply_ruleset(init_pid: int, ruleset: str) -> None:
+    run(["nsenter", "-t", str(init_pid), "-n", "nft", "-f", "-"], input=ruleset.encode())
+
+
+def remove_network(name: str, lease: int | None) -> None:
+    """Wait (bounded) for the kernel to remove the veth with its namespace,
+    delete it ourselves if it lingers, then release the lease."""
+    host = f"/sys/class/net/{veth_name(name)}"
+    for _ in range(_KILL_ROUNDS):
+        if not os.path.exists(host):
+            break
+        time.sleep(_KILL_PAUSE)
+    else:
+        with contextlib.suppress(HostError):
+            run(["ip", "link", "del", veth_name(name)])
+    if lease is not None:
+        release_lease(name, lease)
+    else:
+        release_leases(name)
+
+
+# ------------------------------------------------------------------ teardown
+
+
+def _is_keeper_of(pid: int, name: str) -> bool:
+    """Is ``pid`` still the keeper of session ``name``'s bwrap (not a reused pid)?"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return str(session_dir(name)).encode() + b"/app" in argv
+
+
+def destroy(name: str) -> None:
+    """Remove every resource of session ``name``: its processes, cgroups,
+    veth, host NAT table, lease and state directory. Idempotent; the marker
+    is removed last so an interrupted teardown can be finished later."""
+    marker = read_marker(name)
+    bases = cgroup_bases()
+    for base in {str(p) for p in bases.values()}:
+        kill_cgroup(str(Path(base) / name), remove=False)
+    pid = marker.get("bwrap_pid")
+    if isinstance(pid, int) and _is_keeper_of(pid, name):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for base in {str(p) for p in bases.values()}:
+        kill_cgroup(str(Path(base) / name), remove=True)
+    # Without a marker (a half-made session) look for a lease by name.
+    if marker.get("network", not marker):
+        lease = marker.get("lease")
+        remove_network(name, lease if isinstance(lease, int) else None)
+    remove_session_dir(name)
+
+
+def remove_session_dir(name: str) -> None:
+    path = session_dir(name)
+    if not path.is_dir():
+        return
+    for entry in os.listdir(path):
+        if entry == MARKER:
+            continue
+        full = path / entry
+        if full.is_dir() and not full.is_symlink():
+            _rmtree(full)
+        else:
+            full.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (path / MARKER).unlink()
+    path.rmdir()
+
+
+def _rmtree(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except OSError:
+        # An agent may have left unreadable directories; root owns the host side.
+        for parent, dirs, _ in os.walk(path):
+            for d in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(parent, d), 0o700)
+        shutil.rmtree(path)
+
+
+def names_with_prefix(tag: str) -> set[str]:
+    """Every session name starting with ``tag`` that any resource still carries."""
+    names: set[str] = set()
+    if STATE_ROOT.is_dir():
+        names.update(e for e in os.listdir(STATE_ROOT) if e.startswith(tag) and NAME_RE.fullmatch(e))
+    for base in cgroup_bases().values():
+        if base.is_dir():
+            names.update(e for e in os.listdir(base) if e.startswith(tag) and NAME_RE.fullmatch(e))
+    names.update(leases_with_prefix(tag))
+    return names

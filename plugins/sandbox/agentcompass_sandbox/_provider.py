@@ -1,0 +1,159 @@
+"""The ``sandbox`` provider: build_config, preflight, open, reap and sweep."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
+
+from . import _host, _policy
+from ._session import KILL_GRACE_SECONDS, SandboxSession, fail
+
+#: Host programs the provider runs.
+REQUIRED_PROGRAMS = ("bwrap", "nsenter", "setpriv", "ip", "nft")
+
+
+def host_problem(
+    memory_mb: int | None = None,
+    pids_max: int | None = None,
+    *,
+    euid: Callable[[], int] = os.geteuid,
+    which: Callable[[str], str | None] = shutil.which,
+) -> str | None:
+    """Why this host cannot run sandboxes (one line), or ``None`` when it can.
+    Blocking but quick: a uid check, ``PATH`` look-ups and ``/proc`` reads.
+    ``euid`` and ``which`` are seams for hosts other than this one."""
+    if euid() != 0:
+        return "the sandbox provider needs root (to create network namespaces, veths and cgroups)"
+    missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
+    if missing:
+        return (
+            f"the sandbox provider needs {', '.join(missing)} on PATH "
+            "(apt-get install bubblewrap iproute2 nftables util-linux)"
+        )
+    bases = _host.cgroup_bases()
+    if "track" not in bases:
+        return "the sandbox provider needs a cgroup v2 hierarchy mounted (to kill process trees)"
+    if memory_mb is not None and "memory" not in bases:
+        return "sandbox memory_mb is set but this host has no memory cgroup controller"
+    if pids_max is not None and "pids" not in bases:
+        return "sandbox pids_max is set but this host has no pids cgroup controller"
+    return None
+
+
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+@register
+class SandboxEnvironment(BaseEnvironment):
+    """Provider ``sandbox``: namespaces + bubblewrap, policies switchable live.
+
+    Config: ``memory_mb`` and ``pids_max`` (cgroup limits of the whole
+    session; none by default), ``max_output_bytes`` (per stream of one
+    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter``, ``setpriv``, ``ip``
+    and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
+    """
+
+    id: ClassVar[str] = "sandbox"
+
+    @attrs.frozen
+    class Config:
+        memory_mb: int | None = attrs.field(default=None, validator=_positive)
+        pids_max: int | None = attrs.field(default=None, validator=_positive)
+        max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
+
+    def host_euid(self) -> int:
+        """The uid :meth:`preflight` checks (a seam: override to model another host)."""
+        return os.geteuid()
+
+    def find_program(self, program: str) -> str | None:
+        """Where :meth:`preflight` finds a host program (a seam, as ``host_euid``)."""
+        return shutil.which(program)
+
+    def resolve_host(self, host: str) -> list[str]:
+        """The addresses an allowlisted ``host`` is allowed at (blocking;
+        ``getaddrinfo`` on the host; a seam, as ``host_euid``)."""
+        return _policy.lookup(host)
+
+    def preflight(self) -> None:
+        """Raise :class:`ComponentError` (one line) when this host cannot run sandboxes."""
+        problem = host_problem(
+            self.options.memory_mb, self.options.pids_max, euid=self.host_euid, which=self.find_program
+        )
+        if problem is not None:
+            raise ComponentError(problem)
+
+    def build_config(self, plan: ExecutionPlan) -> Any:
+        """Accept every plan whose policies are ``none``, ``allowlist`` with
+        well-formed ``host[:port]`` entries, or ``full``; reject anything else."""
+        for phase, policy in (
+            ("baseline", plan.baseline_network_policy),
+            ("run", plan.run_network_policy),
+            ("evaluation", plan.evaluation_network_policy),
+        ):
+            check_policy(policy, f"{phase} network policy of task {plan.task_id!r}")
+        return self.options
+
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> SandboxSession:
+        """Create the sandbox under ``policy`` and return its session. ``name``
+        labels every resource (a random ``sandbox-...`` name when ``None``).
+        A failure or cancellation removes whatever was made before propagating."""
+        options = self.options if config is None else config
+        if isinstance(options, dict):
+            options = type(self)(options).options
+        if name is None:
+            name = "sandbox-" + secrets.token_hex(6)
+        if not _host.NAME_RE.fullmatch(name):
+            raise fail(f"sandbox name {name!r} must match [a-z0-9-]{{1,40}}")
+        try:
+            check_policy(policy, "network policy")
+        except ComponentError as exc:
+            raise fail(str(exc)) from None
+        session = SandboxSession(
+            name, options.max_output_bytes, options.memory_mb, options.pids_max, lookup=self.resolve_host
+        )
+        try:
+            await session.start(policy)
+        except BaseException:
+            with trio.move_on_after(KILL_GRACE_SECONDS, shield=True):
+                await session.close()
+            raise
+        return session
+
+    async def reap(self, handle: dict[str, Any]) -> None:
+        """Destroy the sandbox named by ``handle`` (idempotent)."""
+        name = handle.get("name") if isinstance(handle, dict) else None
+        if not isinstance(name, str) or not _host.NAME_RE.fullmatch(name):
+            raise IssueError("warning", "cleanup_failed", f"not a sandbox handle: {handle!r}")
+        await trio.to_thread.run_sync(_host.destroy, name)
+
+    async def sweep(self, tag: str) -> None:
+        """Destroy every sandbox whose name starts with ``tag`` (idempotent)."""
+        if not tag:
+            raise ValueError("sweep needs a non-empty tag")
+
+        def sweep_all() -> None:
+            for name in sorted(_host.names_with_prefix(tag)):
+                _host.destroy(name)
+
+        await trio.to_thread.run_sync(sweep_all)
+
+
+def check_policy(policy: NetworkPolicy, where: str) -> None:
+    if policy.mode not in ("none", "allowlist", "full"):
+        raise ComponentError(f"environment 'sandbox' cannot enforce {where} {policy.mode!r}")
+    if policy.mode == "allowlist":
+        for entry in policy.allow:
+            try:
+                _policy.parse_allow(entry)
+            except ValueError as exc:
+                raise ComponentError(f"environment 'sandbox': {where}: {exc}") from None

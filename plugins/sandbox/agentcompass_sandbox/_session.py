@@ -1,0 +1,466 @@
+"""One open ``sandbox`` session: a bubblewrap process tree in its own namespaces.
+
+The session's first process is a keeper shell whose child is ``bwrap`` (run
+as the host's ``nobody``, uid 1000 inside a new user namespace, with new
+mount, pid, ipc, uts, cgroup and network namespaces and ``--die-with-parent``)
+holding ``sleep infinity`` as the sandbox's init; the keeper kills it when
+the runtime closes the session's lifeline pipe or dies. Every ``exec`` enters those namespaces with ``nsenter``,
+so processes an exec leaves in the background live on until ``close``, as in
+a container. Each process tree (the init, each exec) is placed in a leaf of
+the session's cgroup before it starts, which is how a timeout, a
+cancellation or ``close`` kills a whole tree, daemons included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import trio
+
+from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
+
+from . import _host, _policy
+
+#: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
+TIMEOUT_EXIT_CODE = 124
+#: Bounds the shielded kill of one exec's tree.
+KILL_GRACE_SECONDS = 5.0
+_CHUNK = 65536
+# After the command exits, how long to keep reading output a background process may hold.
+_DRAIN_SECONDS = 0.5
+# Puts the process into the cgroups named before "--", then becomes the command.
+_WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+# The init's keeper: joins the cgroups, starts bwrap (whose --die-with-parent
+# then refers to this single-threaded shell), and kills it when its stdin
+# reaches EOF, i.e. when the runtime closes the session's lifeline or dies.
+# The parent of a --die-with-parent process must not be the runtime itself:
+# Trio spawns from worker threads, and the death signal follows the *thread*,
+# which exits when it has been idle for a while.
+_KEEP = (
+    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+    '"$@" < /dev/null & read _; kill -9 $! 2>/dev/null'
+)
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Top-level host entries never bound into the sandbox (made fresh, or the sandbox's own).
+# The host's userland, mounted read-only where it exists (top-level symlinks
+# such as /bin -> usr/bin are recreated). Nothing else of the host is visible:
+# not /root, /mnt, /media, /boot, nor any project directory. Each bind costs
+# a mount and a read-only remount at every open.
+_USERLAND = ("usr", "etc", "opt", "var", "home", "srv", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def fail(message: str) -> IssueError:
+    return IssueError("fatal", "environment_failed", message)
+
+
+def _root_binds() -> list[str]:
+    """bwrap arguments mounting the host's userland read-only (blocking: reads /)."""
+    args: list[str] = []
+    for entry in _USERLAND:
+        path = "/" + entry
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+class SandboxSession(EnvironmentSession):
+    """One open sandbox. File paths: absolute under ``/app``, ``/tests``,
+    ``/logs`` or ``/solution``, or relative to ``/app``; they are read and
+    written from the host side and must resolve inside those directories.
+    Every operation after :meth:`close` raises FATAL ``environment_failed``."""
+
+    def __init__(
+        self,
+        name: str,
+        max_output_bytes: int,
+        memory_mb: int | None,
+        pids_max: int | None,
+        lookup: Callable[[str], list[str]] = _policy.lookup,
+    ):
+        self.name = name
+        self._lookup = lookup
+        self._dir = _host.session_dir(name)
+        self._max_output = max_output_bytes
+        self._memory_mb = memory_mb
+        self._pids_max = pids_max
+        self._cgroups: dict[str, str] = {}
+        self._bwrap: trio.Process | None = None  # the keeper shell, bwrap's parent
+        self._lifeline: int | None = None  # write end of the keeper's stdin
+        self._init_pid: int | None = None
+        self._lease: int | None = None
+        self._ruleset = False  # whether an nftables table is installed in the namespace
+        self._hosts_extended = False  # whether /etc/hosts holds allowlisted names
+        self._policy: NetworkPolicy | None = None
+        self._labels = itertools.count()
+        self._closed = False
+        self._destroyed = False
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return {"name": self.name, "dir": str(self._dir)}
+
+    @property
+    def policy(self) -> NetworkPolicy | None:
+        """The policy in force (``None`` before the first one is applied)."""
+        return self._policy
+
+    # ------------------------------------------------------------ start
+
+    async def start(self, policy: NetworkPolicy) -> None:
+        """Create everything; the caller closes the session if this raises."""
+        try:
+            await trio.to_thread.run_sync(_host.make_session_dir, self.name)
+        except _host.SessionExists as exc:
+            self._closed = self._destroyed = True  # close() must not touch the other session
+            raise fail(str(exc)) from None
+        except (OSError, _host.HostError) as exc:
+            raise fail(f"sandbox {self.name}: {exc}") from None
+        try:
+            self._cgroups = await trio.to_thread.run_sync(
+                _host.make_cgroups, self.name, self._memory_mb, self._pids_max
+            )
+            init_cg = await trio.to_thread.run_sync(_host.exec_cgroup, self._cgroups["track"], "init")
+            binds = await trio.to_thread.run_sync(_root_binds)
+        except (OSError, _host.HostError) as exc:
+            raise fail(f"sandbox {self.name}: {exc}") from None
+        await self._spawn_init(init_cg, binds)
+        await self.set_network_policy(policy)
+
+    def _procs_files(self, track_leaf: str) -> list[str]:
+        files = [os.path.join(track_leaf, "cgroup.procs")]
+        for role in ("memory", "pids"):
+            path = self._cgroups.get(role)
+            if path is not None and path != self._cgroups["track"]:
+                files.append(os.path.join(path, "cgroup.procs"))
+        return files
+
+    async def _spawn_init(self, init_cg: str, binds: list[str]) -> None:
+        read_fd, write_fd = os.pipe()
+        # The keeper's lifeline: the runtime holds the write end (closed on
+        # close(), or by the kernel when the runtime dies); the keeper reads it.
+        keep_read, self._lifeline = os.pipe()
+        mounts: list[str] = []
+        for sub in _host.SUBDIRS:
+            mounts += ["--bind", str(self._dir / sub), "/" + sub]
+        if (self._dir / "hosts").exists():
+            mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
+        argv = [
+            "/bin/sh", "-c", _KEEP, "sh", *self._procs_files(init_cg), "--",
+            "setpriv", f"--reuid={_host.HOST_UID}", f"--regid={_host.HOST_UID}", "--clear-groups",
+            "bwrap", "--die-with-parent", "--unshare-all", "--uid", str(_host.INSIDE_UID),
+            "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", *mounts,
+            "--chdir", "/app", "--info-fd", str(write_fd),
+            "--", "sh", "-c", "echo ready; exec sleep infinity",
+        ]  # fmt: skip
+        log = await trio.to_thread.run_sync(open, self._dir / "bwrap.log", "wb")
+        try:
+            self._bwrap = await trio.lowlevel.open_process(
+                argv, stdin=keep_read, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
+            )
+        except BaseException as exc:
+            os.close(read_fd)
+            if isinstance(exc, OSError):
+                raise fail(f"sandbox {self.name}: could not start bwrap: {exc}") from None
+            raise
+        finally:
+            os.close(write_fd)
+            os.close(keep_read)
+            log.close()
+        info = await self._read_info(read_fd)
+        if info is None:
+            await self._bwrap.wait()
+            log_text = await trio.Path(self._dir / "bwrap.log").read_text(errors="replace")
+            detail = " ".join(log_text.split())[:300]
+            raise fail(f"sandbox {self.name}: bwrap failed (exit {self._bwrap.returncode}): {detail}")
+        # bwrap's own pid 1 may still be moving into the final user namespace;
+        # the command it started prints once everything is set up.
+        assert self._bwrap.stdout is not None
+        ready = b""
+        async with self._bwrap.stdout:
+            while b"\n" not in ready and (chunk := await self._bwrap.stdout.receive_some(64)):
+                ready += chunk
+        children = await trio.to_thread.run_sync(_children, int(info["child-pid"]))
+        if ready != b"ready\n" or len(children) != 1:
+            raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}, children {children})")
+        self._init_pid = children[0]
+        marker = {**_host.read_marker(self.name), "bwrap_pid": self._bwrap.pid, "init_pid": self._init_pid}
+        await trio.to_thread.run_sync(_host.write_marker, self.name, marker)
+
+    async def _read_info(self, fd: int) -> dict[str, Any] | None:
+        """bwrap's ``--info-fd`` JSON, or ``None`` if the pipe ends first (bwrap
+        failed). Parsed as it arrives: the keeper shell holds the pipe open too."""
+        data = b""
+        async with trio.lowlevel.FdStream(fd) as stream:
+            while chunk := await stream.receive_some(_CHUNK):
+                data += chunk
+                try:
+                    info = json.loads(data)
+                except ValueError:
+                    continue
+                return info if isinstance(info, dict) and "child-pid" in info else None
+        return None
+
+    # ------------------------------------------------------------ exec
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise fail(f"sandbox {self.name} is closed")
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (``bash -c cmd``, or an argv list) inside the sandbox as uid 1000.
+
+        ``cwd`` defaults to ``/app``; a relative ``cwd`` is relative to
+        ``/app``. The environment is fresh: ``PATH``, ``HOME=/tmp``,
+        ``LANG=C.UTF-8``, ``APP_DIR=/app``, ``TESTS_DIR=/tests``,
+        ``LOGS_DIR=/logs``, ``SOLUTION_DIR=/solution``, then ``env``.
+        Output keeps each stream's tail, at most ``max_output_bytes``, with a
+        ``[... N earlier bytes dropped ...]`` line when truncated. At
+        ``timeout`` the exec's whole process tree is killed (``timed_out=True``,
+        ``exit_code=124``); a cancellation kills it too and propagates.
+        Processes the command leaves in the background keep running until
+        :meth:`close`; the call does not wait for them.
+        """
+        self._check_open()
+        assert self._init_pid is not None
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
+        workdir = str(PurePosixPath("/app") / (cwd or "."))
+        variables = {
+            "PATH": _PATH,
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "APP_DIR": "/app",
+            "TESTS_DIR": "/tests",
+            "LOGS_DIR": "/logs",
+            "SOLUTION_DIR": "/solution",
+            **(env or {}),
+        }
+        try:
+            leaf = await trio.to_thread.run_sync(_host.exec_cgroup, self._cgroups["track"], f"x{next(self._labels)}")
+        except OSError as exc:
+            raise fail(f"sandbox {self.name}: {exc}") from None
+        self._check_open()
+        uid = str(_host.INSIDE_UID)
+        full = [
+            "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
+            "nsenter", "-t", str(self._init_pid), "-U", "-m", "-p", "-u", "-i", "-n", "-C",
+            "-S", uid, "-G", uid, "-r", "-w",
+            "env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv,
+        ]  # fmt: skip
+        try:
+            proc = await trio.lowlevel.open_process(
+                full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as exc:
+            raise fail(f"sandbox {self.name}: could not start nsenter: {exc}") from None
+        out, err = _TailBuffer(self._max_output), _TailBuffer(self._max_output)
+        timed_out = False
+        try:
+            async with trio.open_nursery() as nursery:
+                out_done, err_done = trio.Event(), trio.Event()
+                nursery.start_soon(_pump, proc.stdout, out, out_done)
+                nursery.start_soon(_pump, proc.stderr, err, err_done)
+                with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
+                    await proc.wait()
+                if deadline.cancelled_caught:
+                    timed_out = True
+                    await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
+                    await proc.wait()
+                with trio.move_on_after(_DRAIN_SECONDS):
+                    await out_done.wait()
+                    await err_done.wait()
+                nursery.cancel_scope.cancel()
+        except BaseException:
+            with trio.move_on_after(KILL_GRACE_SECONDS, shield=True):
+                await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
+                await proc.wait()
+            raise
+        finally:
+            with trio.move_on_after(KILL_GRACE_SECONDS, shield=True):
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        await stream.aclose()
+                await trio.to_thread.run_sync(_host.try_remove_cgroup, leaf)
+        code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
+        assert code is not None
+        return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
+
+    # ------------------------------------------------------------ files
+
+    def _resolve(self, path: str | os.PathLike[str]) -> Path:
+        """Host path of a sandbox path, confined to the Harbor directories (blocking)."""
+        raw = PurePosixPath(os.fspath(path))
+        if not raw.is_absolute():
+            raw = PurePosixPath("/app") / raw
+        parts = raw.parts[1:]
+        if not parts or parts[0] not in _host.SUBDIRS:
+            raise fail(f"path {str(raw)!r} is outside the sandbox's /app, /tests, /logs and /solution")
+        base = (self._dir / parts[0]).resolve()
+        resolved = base.joinpath(*parts[1:]).resolve()
+        if not resolved.is_relative_to(base):
+            raise fail(f"path {str(raw)!r} resolves outside its sandbox directory")
+        return resolved
+
+    async def read_file(self, path: str) -> bytes:
+        """Read a file (path rules in the class docstring)."""
+        self._check_open()
+        return await trio.to_thread.run_sync(lambda: self._resolve(path).read_bytes())
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write a file, creating parent directories, owned by the sandbox user."""
+        self._check_open()
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+
+        def write() -> None:
+            target = self._resolve(path)
+            missing = []
+            parent = target.parent
+            while not parent.exists():
+                missing.append(parent)
+                parent = parent.parent
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(payload)
+            for made in [target, *missing]:
+                _host.chown_tree(made)
+
+        await trio.to_thread.run_sync(write)
+
+    # ------------------------------------------------------------ network
+
+    async def set_network_policy(self, policy: NetworkPolicy) -> None:
+        """Switch the policy live; processes keep running and the new rules
+        apply to their next packet (a connection the new policy forbids stops
+        working). ``allowlist`` names are resolved now, on the host."""
+        self._check_open()
+        assert self._init_pid is not None
+        init_pid = self._init_pid
+        try:
+            if policy.mode not in ("none", "allowlist", "full"):
+                raise ValueError(f"unknown network policy {policy.mode!r}")
+            resolved: list[_policy.Resolved] = []
+            if policy.mode == "allowlist":
+                resolved = await trio.to_thread.run_sync(_policy.resolve, tuple(policy.allow), self._lookup)
+            if resolved or self._hosts_extended:
+                await trio.to_thread.run_sync(self._write_hosts, resolved)
+                self._hosts_extended = any(r.name is not None for r in resolved)
+            # Restrict before connecting: rules go in before a veth is made, so a
+            # failure part-way never leaves the sandbox with more access than asked.
+            if policy.mode != "full" and (policy.mode == "allowlist" or self._lease is not None or self._ruleset):
+                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset(policy.mode, resolved))
+                self._ruleset = True
+            if policy.mode != "none" and self._lease is None:
+                await trio.to_thread.run_sync(self._make_network, init_pid)
+            if policy.mode == "full" and self._ruleset:
+                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset("full"))
+                self._ruleset = False
+        except (OSError, ValueError, _host.HostError) as exc:
+            raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
+        self._policy = policy
+
+    def _write_hosts(self, resolved: list[_policy.Resolved]) -> None:
+        """Blocking: rewrite the sandbox's /etc/hosts in place (it is bind-mounted by inode)."""
+        path = self._dir / "hosts"
+        if not path.exists():
+            return
+        text = _policy.hosts_file(_host.host_hosts(), resolved)
+        with open(path, "r+") as f:
+            if f.read() != text:
+                f.seek(0)
+                f.write(text)
+                f.truncate()
+
+    def _make_network(self, init_pid: int) -> None:
+        """Blocking: lease a subnet (recorded in the marker first, so teardown
+        finds it) and make the veth."""
+        marker = {**_host.read_marker(self.name), "network": True}
+        _host.write_marker(self.name, marker)  # before the lease: teardown then looks for it by name
+        lease = _host.acquire_lease(self.name)
+        self._lease = lease
+        _host.write_marker(self.name, {**marker, "lease": lease})
+        _host.make_veth(self.name, init_pid, lease)
+
+    @property
+    def addresses(self) -> tuple[str, str] | None:
+        """(host end, sandbox end) IPv4 addresses of the veth, once one exists."""
+        return None if self._lease is None else _host.lease_addresses(self._lease)
+
+    # ------------------------------------------------------------ close
+
+    async def close(self) -> None:
+        """Kill every process of the sandbox and remove its cgroups, veth,
+        NAT table, lease and directory. Idempotent; an interrupted close is
+        finished by calling it again (or by ``reap`` / ``sweep``)."""
+        self._closed = True
+        if self._destroyed:
+            return
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+        if self._bwrap is not None:
+            # Killed directly as well as through its cgroup: an open cancelled
+            # while it started may not have joined the cgroup yet. Not reaped
+            # yet, so the pid is still ours; bwrap dies with it (--die-with-parent).
+            if self._bwrap.returncode is None:
+                self._bwrap.kill()
+            await self._bwrap.wait()
+        await trio.to_thread.run_sync(_host.destroy, self.name)
+        self._destroyed = True
+
+
+class _TailBuffer:
+    """The last ``limit`` bytes written to it."""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._chunks: deque[bytes | bytearray] = deque()
+        self._size = 0
+        self._dropped = 0
+
+    def append(self, data: bytes | bytearray) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._chunks and self._size - len(self._chunks[0]) >= self._limit:
+            first = self._chunks.popleft()
+            self._size -= len(first)
+            self._dropped += len(first)
+
+    def text(self) -> str:
+        data = b"".join(self._chunks)
+        dropped = self._dropped + max(0, len(data) - self._limit)
+        data = data[-self._limit :]
+        if dropped:
+            note = f"[... {dropped} earlier bytes dropped ...]\n".encode()
+            if len(note) < self._limit:
+                data = note + data[len(note) :]
+        return data.decode("utf-8", errors="replace")
+
+
+async def _pump(stream: trio.abc.ReceiveStream | None, buffer: _TailBuffer, done: trio.Event) -> None:
+    assert stream is not None
+    while chunk := await stream.receive_some(_CHUNK):
+        buffer.append(chunk)
+    done.set()

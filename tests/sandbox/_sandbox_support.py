@@ -1,0 +1,65 @@
+"""Shared helpers of the sandbox provider's tests: the skip reason, unique
+session names, and a census of every kind of resource a session makes."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+import pytest
+import trio
+from agentcompass_sandbox import _host, host_problem
+
+PROBLEM = host_problem()
+requires_sandbox = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+
+_VETH = re.compile(r"ac[0-9a-f]{12}")
+
+
+def new_tag() -> str:
+    """A name prefix no other test uses."""
+    return f"t{secrets.token_hex(4)}"
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Everything that still carries a session name starting with ``prefix``:
+    state directories, cgroups, subnet leases and processes (blocking; call through ``trio.to_thread``)."""
+    found: list[str] = []
+    if _host.STATE_ROOT.is_dir():
+        found += [f"dir {e}" for e in os.listdir(_host.STATE_ROOT) if e.startswith(prefix)]
+    for base in set(_host.cgroup_bases().values()):
+        if base.is_dir():
+            found += [f"cgroup {base / e}" for e in os.listdir(base) if e.startswith(prefix)]
+    found += [f"lease of {n}" for n in _host.leases_with_prefix(prefix)]
+    marker = f"{_host.STATE_ROOT}/{prefix}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker in cmdline:
+                argv = cmdline.replace(b"\0", b" ")[:120]
+                found.append(f"process {entry}: {argv!r}")
+    return found
+
+
+def veths() -> set[str]:
+    """Host veth ends named like the provider's."""
+    return {e for e in os.listdir("/sys/class/net") if _VETH.fullmatch(e)}
+
+
+async def census(prefix: str) -> list[str]:
+    return await trio.to_thread.run_sync(leftovers, prefix)
+
+
+async def wait_for_file(session, path: str, seconds: float = 10) -> bytes:  # type: ignore[no-untyped-def]
+    """Poll a file a real process inside writes (bounded)."""
+    with trio.fail_after(seconds):
+        while True:
+            try:
+                return await session.read_file(path)
+            except FileNotFoundError:
+                await trio.sleep(0.02)

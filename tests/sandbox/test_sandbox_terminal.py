@@ -1,0 +1,84 @@
+"""Harbor tasks under ``sandbox``: the bundled terminal smoke tasks score the
+same as under ``local`` with no network while the agent runs, and a task
+whose ``environment/`` holds a Dockerfile is flagged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _sandbox_support import census, requires_sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = REPO / "benchmarks_data" / "terminal-smoke"
+
+
+def _launch(tmp_path: Path, name: str, environment: str, tasks: Path, execution: str = "{}") -> dict[str, dict]:  # type: ignore[type-arg]
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(
+        "orchestration: {task_concurrency: 4}\n"
+        "requests:\n"
+        f"  - name: {name}\n"
+        f"    benchmark: {{id: terminal, config: {{path: {tasks}}}}}\n"
+        "    harness: {id: oracle}\n"
+        f"    environment: {{id: {environment}}}\n"
+        f"    execution: {execution}\n"
+    )
+    compass = str(Path(sys.executable).with_name("compass"))
+    done = subprocess.run(
+        [compass, "launch", str(config), "--output-root", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    records = {}
+    for path in (tmp_path / "runs" / name).glob("*/details/*/*.json"):
+        record = json.loads(path.read_text())
+        records[record["task_id"]] = record
+    return records
+
+
+def _outcome(record: dict) -> tuple:  # type: ignore[type-arg]
+    (attempt,) = record["attempts"]
+    return (attempt["values"], [issue["code"] for issue in attempt["issues"]])
+
+
+@requires_sandbox
+async def test_terminal_smoke_scores_the_same_as_local_with_run_none(tmp_path: Path) -> None:
+    local = _launch(tmp_path, "smoke-local", "local", SMOKE)
+    sandboxed = _launch(tmp_path, "smoke-sandbox", "sandbox", SMOKE, "{network: {run: none}}")
+    assert len(local) == 12
+    passing = {task for task, record in local.items() if _outcome(record)[0].get("passed")}
+    assert len(passing) >= 10
+    assert {task: _outcome(r) for task, r in sandboxed.items()} == {task: _outcome(r) for task, r in local.items()}
+    # The run phase really was planned without network.
+    plans = [r["attempts"][0]["plan"]["run_network_policy"]["mode"] for r in sandboxed.values()]
+    assert set(plans) == {"none"}
+    # Every session of the run was opened and closed, leaving nothing behind.
+    journal = [
+        json.loads(line)
+        for path in (tmp_path / "runs" / "smoke-sandbox").glob("*/sessions.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    names = {line["handle"]["name"] for line in journal}
+    assert len(names) == 12
+    for name in names:
+        assert await census(name) == []
+
+
+@pytest.mark.parametrize("environment", ["local", pytest.param("sandbox", marks=requires_sandbox)])
+def test_a_dockerfile_is_not_built_and_says_so(tmp_path: Path, environment: str) -> None:
+    tasks = tmp_path / "tasks"
+    shutil.copytree(SMOKE / "checksum", tasks / "checksum")
+    (tasks / "checksum" / "environment" / "Dockerfile").write_text("FROM debian:12\n")
+    (record,) = _launch(tmp_path, f"docker-{environment}", environment, tasks).values()
+    values, codes = _outcome(record)
+    assert values["passed"] is True
+    assert codes == ["image_not_built"]
+    issue = record["attempts"][0]["issues"][0]
+    assert issue["severity"] == "warning" and "environment/Dockerfile was not built" in issue["message"]

@@ -1,0 +1,255 @@
+"""The viewer's pages driven in a real headless Chromium: a demo run, an agent
+run, a comparison, static files opened from disk, large runs and a live run.
+Each test saves screenshots of the pages it saw under its temp directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+from view_helpers import (
+    COMPASS,
+    LEAKY_KEY,
+    agent_trajectory,
+    append_events,
+    attempt,
+    metrics_for,
+    task,
+    wait_ready,
+    write_json,
+    write_run,
+    writer_lock,
+)
+
+from agentcompass._view import CHUNK_STEPS
+from agentcompass._view._browser import Browser
+
+HANG_GUARD = 120
+
+
+async def test_demo_run_filter_to_failing_task_and_see_its_verifier_output(
+    demo_run: Path, viewer, browser: Browser, tmp_path: Path
+) -> None:
+    record = json.loads((demo_run / "details" / "normal" / "reverse-lines.json").read_text())
+    artifacts = record["attempts"][0]["run_result"]["artifacts"]
+    verifier, harness = artifacts["verifier"], artifacts["harness_command"]
+
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([demo_run])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.text("#task-count") == "12 of 12 tasks"
+        assert "0.8333" in await browser.text("#score")
+        await browser.screenshot(tmp_path / "demo-run.png")
+
+        await browser.click("select[name=outcome] option[value=fail]")
+        assert await browser.text("#task-count") == "2 of 12 tasks"  # reverse-lines, and make-dirs scored 0
+        await browser.type("input[name=text]", "reverse")
+        assert await browser.text("#task-count") == "1 of 12 tasks"
+        await browser.screenshot(tmp_path / "demo-run-filtered.png")
+        links = await browser.execute("return [...document.querySelectorAll('#task-table a.task-link')].map(a => a.textContent)")
+        assert links == ["reverse-lines"]
+
+        await browser.click("#task-table a.task-link")
+        await wait_ready(browser, "attempt")
+        assert "reverse-lines" in await browser.text("h1")
+        panel = await browser.text("#verifier")
+        assert panel.startswith(f"exit code {verifier['exit_code']}\nstdout\n")
+        for stream in ("stdout", "stderr"):
+            assert (verifier[stream].strip().splitlines() or ["(empty)"])[-1] in panel
+        assert (await browser.text("#harness-command")).startswith(f"exit code {harness['exit_code']}")
+        await browser.screenshot(tmp_path / "demo-attempt.png")
+
+
+async def test_agent_demo_run_shows_the_agents_tool_calls(
+    agent_demo_run: Path, viewer, browser: Browser, tmp_path: Path
+) -> None:
+    (path,) = agent_demo_run.glob("details/*/hello-file.json")  # "normal" unless a slow host timed the agent out
+    record = json.loads(path.read_text())
+    trajectory = record["attempts"][0]["run_result"]["trajectory"]
+    expected = [(c["name"], json.loads(c["arguments"])) for m in trajectory for c in m.get("tool_calls") or []]
+    assert len(expected) >= 2
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([agent_demo_run])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        await browser.type("input[name=text]", "hello")
+        await browser.click("#task-table a.task-link")
+        await wait_ready(browser, "attempt")
+        await browser.wait_for(f"document.querySelector('#trajectory').dataset.shown === '{len(trajectory)}'")
+        calls = await browser.execute(
+            "return [...document.querySelectorAll('.tool-call')].map(c => [c.querySelector('.name').textContent, c.querySelector('pre').textContent])")
+        assert [(name, json.loads(args)) for name, args in calls] == expected
+        results = await browser.execute("return [...document.querySelectorAll('.msg.tool pre')].map(p => p.textContent)")
+        assert results == [m["content"] for m in trajectory if m["role"] == "tool"]
+        await browser.screenshot(tmp_path / "agent-demo-attempt.png")
+
+
+async def test_agent_run_shows_tool_calls_results_and_usage(
+    agent_run: Path, viewer, browser: Browser, tmp_path: Path
+) -> None:
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([agent_run])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        await browser.click("select[name=code] option[value='error:harness_max_iterations']")
+        assert await browser.text("#task-count") == "1 of 2 tasks"
+        await browser.click("#task-table a.task-link")
+        await wait_ready(browser, "attempt")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.shown === '9'")
+
+        calls = await browser.execute(
+            "return [...document.querySelectorAll('.tool-call')].map(c => c.querySelector('.name').textContent + ' ' + c.querySelector('pre').textContent)")
+        assert len(calls) == 3
+        assert calls[0].startswith("bash ") and '"command": "wc -l /app/data-0.txt"' in calls[0]
+        roles = await browser.execute("return [...document.querySelectorAll('.msg')].map(m => m.dataset.role)")
+        assert roles == ["system", "user"] + ["assistant", "tool"] * 3 + ["assistant"]
+        usage = await browser.execute("return [...document.querySelectorAll('.msg .usage')].map(u => u.textContent)")
+        assert usage[0] == "100 prompt · 20 completion tokens"
+        tool = await browser.text(".msg.tool .exit")
+        assert tool == "exit 0"
+
+        # The 400-line tool output is folded, and unfolds on request.
+        first_tool = ".msg.tool .folded"
+        assert "line 399" not in await browser.text(first_tool + " pre")
+        await browser.click(first_tool + " button.fold")
+        assert "line 399" in await browser.text(first_tool + " pre")
+
+        assert "HTTP 503" in await browser.text("#discarded")
+        assert "harness_max_iterations" in await browser.text("#issues")
+        assert "FAILED test_count" in await browser.text("#verifier")
+        # Data is text, never markup: the model's "HTML" shows as written and runs nothing.
+        assert '<img src=x onerror="window.pwned=1">' in await browser.text(".msg:last-child pre")
+        assert await browser.execute("return window.pwned === undefined && !document.querySelector('#trajectory img')")
+        html = await browser.execute("return document.documentElement.outerHTML")
+        assert LEAKY_KEY not in html and "**********" in html
+        await browser.screenshot(tmp_path / "agent-attempt.png")
+
+
+async def test_compare_two_runs_per_task_and_category(viewer, browser: Browser, tmp_path: Path) -> None:
+    cats = {"a": "math", "b": "math", "c": "code", "d": "code"}
+    before = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}
+    after = {"a": 1.0, "b": 1.0, "c": 0.0, "d": 1.0}
+    dirs = []
+    for run_id, values in (("20260101T000000.000Z-0001", before), ("20260102T000000.000Z-0002", after)):
+        tasks = [task(t, attempt(values={"reward": v}), category=cats[t]) for t, v in values.items()]
+        dirs.append(write_run(tmp_path / "runs", "bench", run_id, tasks, metrics=metrics_for(values, cats)))
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([tmp_path / "runs"])
+        await browser.goto(url + "#/")
+        await wait_ready(browser, "index")
+        await browser.click("input[data-run='0']")
+        await browser.click("input[data-run='1']")
+        await browser.click("#compare-btn")
+        await wait_ready(browser, "compare")
+        assert await browser.text("#compare-count") == "3 of 4 tasks"  # changed outcome only
+        rows = await browser.execute(
+            "return [...document.querySelectorAll('#compare-tasks .vt-row')].map(r => [...r.children].map(c => c.textContent))")
+        by_task = {r[0]: r for r in rows}
+        assert set(by_task) == {"b", "c", "d"}
+        # Oldest run first, whatever the order they were picked or listed in.
+        assert [by_task[t][-1] for t in "bcd"] == ["better", "worse", "better"]
+        assert by_task["c"][2].startswith("1") and by_task["c"][3].startswith("0")
+        categories = await browser.text("#compare-categories")
+        assert "math" in categories and "code" in categories
+        assert "+0.25" in await browser.text("#compare-series")
+        await browser.screenshot(tmp_path / "compare.png")
+        await browser.click("input[name=changed]")
+        assert await browser.text("#compare-count") == "4 of 4 tasks"
+
+
+async def test_static_pages_open_from_disk(agent_run: Path, browser: Browser, tmp_path: Path) -> None:
+    out = tmp_path / "site"
+    with trio.fail_after(60):
+        await trio.run_process([COMPASS, "view", str(agent_run), "--out", str(out)], capture_stdout=True, capture_stderr=True)
+    with trio.fail_after(HANG_GUARD):
+        await browser.goto((out / "index.html").as_uri() + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.text("#task-count") == "2 of 2 tasks"
+        await browser.type("input[name=text]", "hello")
+        await browser.click("#task-table a.task-link")
+        await wait_ready(browser, "attempt")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.shown === '4'")
+        assert len(await browser.find_all(".tool-call")) == 1
+        await browser.screenshot(tmp_path / "static-attempt.png")
+
+
+async def test_large_task_table_renders_only_visible_rows(viewer, browser: Browser, tmp_path: Path) -> None:
+    n = 3000
+    tasks = [task(f"task-{i:05d}", attempt(values={"reward": float(i % 3 == 0)})) for i in range(n)]
+    run_dir = write_run(tmp_path / "runs", "big", "20260101T000000.000Z-0001", tasks)
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.text("#task-count") == f"{n:,} of {n:,} tasks"
+        assert len(await browser.find_all("#task-table .vt-row")) < 100
+        await browser.execute("document.querySelector('#task-table .vt-body').scrollTop = 1e9")
+        await browser.wait_for("[...document.querySelectorAll('#task-table .vt-row a')].some(a => a.textContent === 'task-02999')")
+        await browser.type("input[name=text]", "task-0299")
+        assert await browser.text("#task-count") == f"10 of {n:,} tasks"
+
+
+async def test_long_trajectory_loads_and_renders_incrementally(viewer, browser: Browser, tmp_path: Path) -> None:
+    steps = 2 * CHUNK_STEPS  # messages: 2 + 2 * steps, over several chunks
+    tasks = [task("long", attempt(trajectory=agent_trajectory(steps)))]
+    run_dir = write_run(tmp_path / "runs", "long", "20260101T000000.000Z-0001", tasks)
+    total = 2 + 2 * steps
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0/task/long/0")
+        await wait_ready(browser, "attempt")
+        await browser.wait_for("+document.querySelector('#trajectory').dataset.shown > 0")
+        first = int(await browser.execute("return document.querySelector('#trajectory').dataset.shown"))
+        assert first < total  # not everything at once
+        shown = first
+        while shown < total:
+            await browser.execute("window.scrollTo(0, document.body.scrollHeight)")
+            await browser.wait_for(f"+document.querySelector('#trajectory').dataset.shown > {shown}")
+            shown = int(await browser.execute("return document.querySelector('#trajectory').dataset.shown"))
+        assert len(await browser.find_all(".msg")) == total
+        assert f"all {total:,} messages" == await browser.text("#trajectory-more")
+
+        # Jumping renders from any message without the ones before it.
+        await browser.click("#jump-end")
+        await browser.wait_for(f"document.querySelector('#trajectory').dataset.shown === '{total}'"
+                               f" && document.querySelector('#trajectory').dataset.first === '{total - 100}'")
+        numbers = await browser.execute("return [...document.querySelectorAll('.msg .meta span:nth-child(2)')].map(s => s.textContent)")
+        assert numbers[0] == f"#{total - 100}" and numbers[-1] == f"#{total - 1}" and len(numbers) == 100
+        await browser.type("input[name=jump]", "777")
+        await browser.click("#jump-go")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.first === '777'")
+        assert (await browser.text(".msg .meta span:nth-child(2)")) == "#777"
+        await browser.screenshot(tmp_path / "long-trajectory.png")
+
+
+async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, tmp_path: Path) -> None:
+    done = task("first", attempt())
+    run_dir = write_run(tmp_path / "runs", "live", "20260101T000000.000Z-0001", [done], status="running", events=[
+        {"event": "run_started", "t": 1.0},
+        {"event": "task_started", "t": 1.1, "task": "first"}, {"event": "task_finished", "t": 1.2, "task": "first"},
+        {"event": "task_started", "t": 1.3, "task": "second"},
+    ])
+    with trio.fail_after(HANG_GUARD), writer_lock(run_dir):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.text("#task-count") == "2 of 2 tasks"
+        await browser.click("select[name=severity] option[value=running]")
+        assert await browser.text("#task-count") == "1 of 2 tasks"
+        assert await browser.text("#live") == "live"
+        await browser.screenshot(tmp_path / "live-before.png")
+
+        # The run goes on: the second task finishes with an error and a third starts.
+        write_json(run_dir / "details" / "error" / "second.json",
+                   task("second", attempt(values={"reward": 0.0}, status="run_error",
+                                          issues=[{"severity": "error", "phase": "run", "code": "harness_timeout", "message": "x"}]),
+                        severity="error"))
+        append_events(run_dir, [{"event": "task_finished", "t": 2.0, "task": "second"},
+                                {"event": "task_started", "t": 2.1, "task": "third"}])
+        await browser.wait_for("document.querySelector('#task-count').textContent === '1 of 3 tasks'")
+        rows = await browser.execute("return [...document.querySelectorAll('#task-table .vt-row > div:first-child')].map(c => c.textContent)")
+        assert rows == ["third"]
+        assert "harness_timeout" in await browser.text("#issue-codes")
+        await browser.screenshot(tmp_path / "live-after.png")
