@@ -20,7 +20,8 @@ Every process a session starts carries ``AGENTCOMPASS_SANDBOX=<sandbox dir>``
 in its environment. On Linux, ``close`` and ``reap`` use it to find and kill
 what the sandbox left running, including daemons that left their process
 group, and to never signal a process-group id that an unrelated process
-reused after the sandbox's group died.
+reused after the sandbox's group died. Sessions closing at the same time
+share their passes over ``/proc``.
 """
 
 from __future__ import annotations
