@@ -7,10 +7,11 @@ are loaded and preflighted before the engine is started. Exit codes of
 ``launch`` / ``run``: 0 succeeded, 1 a request failed / partial failure /
 timed out, 2 invalid config or usage, 130 interrupted.
 
-Only the CLI installs signal handling: the first Ctrl-C cancels the run,
-whose cleanup then gets the orchestration's grace window, and then prints
-each interrupted run directory and the exact command (this one, with
-``--reuse``) that resumes it; a second Ctrl-C exits at once with 130.
+Only the CLI installs signal handling: the first SIGINT (Ctrl-C), SIGTERM
+or SIGHUP cancels the run, whose cleanup then gets the orchestration's
+grace window, and then prints each interrupted run directory and the exact
+command (this one, with ``--reuse``) that resumes it; the exit code is 130,
+143 or 129. A second signal exits at once with its own code.
 
 When a run ends, each request gets a compact report that fits 80 columns
 (see ``_report``); the full one is the run's ``summary.md``.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +44,11 @@ __all__ = ["cli", "main"]
 
 _LATEST = "\0latest"  # --reuse given without a value
 INTERRUPTED_EXIT = 130
+#: The signals that start the cleanup path, and the exit code of a run they stopped (128 + signum).
+_SIGNALS = {
+    signal.SIGINT: INTERRUPTED_EXIT,
+    **{getattr(signal, name): 128 + getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)},
+}
 
 
 def _config_messages(exc: BaseException) -> list[str] | None:
@@ -202,6 +209,12 @@ def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             metavar="[RUN_DIR]",
             help="Reuse finished results: of the latest run of each request, or of RUN_DIR.",
         ),
+        click.option(
+            "--reuse-anyway",
+            is_flag=True,
+            default=False,
+            help="With --reuse: reuse the source run even if it is another experiment (recorded in run_info.json).",
+        ),
         click.option("--timeout-seconds", type=float, help="Overall deadline of the orchestration."),
         click.option("--task-concurrency", type=int, help="Number of tasks run at once."),
         click.option("--output-root", type=click.Path(path_type=Path), help="Where run directories go."),
@@ -218,6 +231,7 @@ def _apply_cli(
     timeout_seconds: float | None,
     task_concurrency: int | None,
     output_root: Path | None,
+    reuse_anyway: bool = False,
 ) -> Orchestration:
     """Command-line flags win over the config."""
     import attrs
@@ -225,6 +239,9 @@ def _apply_cli(
     changes: dict[str, Any] = {}
     if reuse is not None:
         changes["reuse"] = True if reuse == _LATEST else Path(reuse)
+    if reuse_anyway:
+        changes["reuse_anyway"] = True
+        changes.setdefault("reuse", True)
     if output_root is not None:
         changes["output_root"] = output_root
     if changes:
@@ -247,6 +264,7 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
 
     orchestration = _apply_cli(load_config(config, overrides), **flags)
     preflight(orchestration, config.parent)
+    _refuse_live_reuse(orchestration)
     ctx.exit(_execute(orchestration, config.parent, _resume_args(ctx)))
 
 
@@ -272,10 +290,13 @@ def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     """Run one request described by flags."""
     from ._config import build_orchestration, preflight
 
-    flags = {k: options.pop(k) for k in ("reuse", "timeout_seconds", "task_concurrency", "output_root")}
+    flags = {
+        k: options.pop(k) for k in ("reuse", "reuse_anyway", "timeout_seconds", "task_concurrency", "output_root")
+    }
     data = {"plugins": list(options.pop("plugins")), "requests": [_request_from_flags(**options)]}
     orchestration = _apply_cli(build_orchestration(data, overrides, base_dir=Path.cwd()), **flags)
     preflight(orchestration, Path.cwd())
+    _refuse_live_reuse(orchestration)
     ctx.exit(_execute(orchestration, Path.cwd(), _resume_args(ctx)))
 
 
@@ -338,6 +359,22 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
     return value
 
 
+def _refuse_live_reuse(orchestration: Orchestration) -> None:
+    """``--reuse`` of a run that is still alive would reap its sandboxes:
+    refuse it (exit 2) before anything is created, as ``compass reap`` does."""
+    from ._orchestration._reuse import reuse_source
+    from ._store._run_store import run_is_live
+    from .runtime._errors import ConfigError
+
+    for request in orchestration.requests:
+        source = reuse_source(request)
+        if source is not None and source.is_dir() and run_is_live(source):
+            raise ConfigError(
+                f"cannot reuse {source} for request {request.name!r}: its run is still alive "
+                "(already open by another writer); wait for it to end or stop it first"
+            )
+
+
 def _resume_args(ctx: click.Context) -> list[str]:
     """This command line without its ``--reuse``: what resuming it repeats."""
     argv = (ctx.find_root().obj or {}).get("argv")
@@ -377,12 +414,12 @@ def _execute(orchestration: Orchestration, config_dir: Path, resume_args: list[s
     # show_progress: a live table on a TTY, plain lines on stderr otherwise.
     kwargs: dict[str, Any] = {"config_dir": config_dir, "show_progress": True}
     before = _run_dirs(orchestration)
-    result, interrupted = trio.run(_launch_main, engine_launch, orchestration, kwargs)
-    if interrupted:
+    result, stopped_by = trio.run(_launch_main, engine_launch, orchestration, kwargs)
+    if stopped_by is not None:
         from ._report import display_path
 
         _print_resume([display_path(p) for p in sorted(_run_dirs(orchestration) - before)], resume_args)
-        return INTERRUPTED_EXIT
+        return _SIGNALS[stopped_by]
     if result is not None:
         _print_result(result)
     return int(result.exit_code) if result is not None else 1
@@ -399,11 +436,15 @@ def _print_resume(run_dirs: list[Path], resume_args: list[str]) -> None:
     click.echo(f"resume with: {shlex.join(['compass', *resume_args, *reuse])}", err=True)
 
 
-async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs: dict[str, Any]) -> tuple[Any, bool]:
-    """``launch`` inside a cancel scope that the first SIGINT cancels.
+async def _launch_main(
+    engine_launch: Any, orchestration: Orchestration, kwargs: dict[str, Any]
+) -> tuple[Any, int | None]:
+    """``launch``, stopped (its ``stop`` event) by the first SIGINT, SIGTERM
+    or SIGHUP; returns the result and the signal that stopped the run.
 
-    The engine then runs its own bounded cleanup; the watcher keeps running
-    through it so a second SIGINT can still end the process at once.
+    The engine then runs its own cleanup, bounded by the grace; the watcher
+    keeps running through it so a second signal (of any of the three) ends
+    the process at once, with the exit code of that signal.
     """
     import signal
 
@@ -411,31 +452,34 @@ async def _launch_main(engine_launch: Any, orchestration: Orchestration, kwargs:
 
     from ._store._run_store import write_journals_now
 
-    interrupted = False
+    stopped_by: int | None = None
     result = None
-    run_scope = trio.CancelScope()
+    stop = trio.Event()
 
     async def watch(signals: Any) -> None:
-        nonlocal interrupted
-        async for _ in signals:
-            if interrupted:
+        nonlocal stopped_by
+        async for signum in signals:
+            if stopped_by is not None:
                 # Leaving without unwinding: first put every queued session
                 # journal line on disk, so what was opened stays reapable.
                 write_journals_now()
-                os._exit(INTERRUPTED_EXIT)
-            interrupted = True
-            print("interrupted: cleaning up (Ctrl-C again to exit now)", file=sys.stderr, flush=True)
-            run_scope.cancel()
+                os._exit(_SIGNALS[signum])
+            stopped_by = signum
+            if signum == signal.SIGINT:
+                message = "interrupted: cleaning up (Ctrl-C again to exit now)"
+            else:
+                message = f"interrupted by {signal.Signals(signum).name}: cleaning up (send it again to exit now)"
+            print(message, file=sys.stderr, flush=True)
+            stop.set()
 
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+    with trio.open_signal_receiver(*_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch, signals)
             try:
-                with run_scope:
-                    result = await engine_launch(orchestration, **kwargs)
+                result = await engine_launch(orchestration, stop=stop, **kwargs)
             finally:
                 nursery.cancel_scope.cancel()
-    return result, interrupted
+    return result, stopped_by
 
 
 def _print_result(result: Any) -> None:
@@ -474,11 +518,18 @@ def show(run_dir: Path | None, output_root: Path) -> None:
     if not (run_dir / "run_info.json").is_file() and any((p / "run_info.json").is_file() for p in run_dir.iterdir()):
         click.echo(render_run_list(run_dir))
         return
+    from ._store._run_store import run_is_live
+
     try:
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         metrics = None  # the run did not finalize
-    click.echo(render_run_table(load_run(run_dir), metrics).rstrip())
+    loaded = load_run(run_dir)
+    total = loaded.run_info.get("tasks") if isinstance(loaded.run_info, dict) else None
+    table = render_run_table(
+        loaded, metrics, live=run_is_live(run_dir), total=total if isinstance(total, int) else None
+    )
+    click.echo(table.rstrip())
 
 
 def _latest_run(output_root: Path) -> Path:
@@ -539,12 +590,13 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
     import trio
 
     from . import _registry
+    from ._orchestration._reuse import sweep_run
     from ._redact import redact
     from ._store import load_run, open_run_store
     from .runtime._errors import ConfigError
 
     loaded = await trio.to_thread.run_sync(partial(load_run, run_dir, records=False))
-    if not loaded.open_sessions:
+    if not loaded.open_sessions and loaded.tag is None:
         return 0, 0
     configs = _environment_configs(loaded.run_info)
     reaped = failed = 0
@@ -563,6 +615,10 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
                     continue
                 await store.journal_session("closed", session_id, provider, handle)
                 reaped += 1
+            # Sandboxes whose open the kill interrupted before their journal line.
+            for note in await sweep_run(loaded, configs):
+                failed += 1
+                click.echo(f"warning: {redact(note)}", err=True)
     except RuntimeError as exc:
         if entered:
             raise

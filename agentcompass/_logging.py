@@ -22,6 +22,7 @@ console logging does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -70,7 +71,12 @@ def _write_json_logs(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> M
     with _lock:
         for handle, only in _json_logs.values():
             if only is None or request is None or request == only:
-                handle.write(line)
+                try:
+                    handle.write(line)
+                except OSError:
+                    # A full disk under one run's log must not fail the code
+                    # that logs (often the very report of that disk's failure).
+                    pass
     return event_dict
 
 
@@ -145,7 +151,8 @@ def remove_json_log(path: Path) -> None:
     with _lock:
         entry = _json_logs.pop(Path(path), None)
     if entry is not None:
-        entry[0].close()
+        with contextlib.suppress(OSError):  # the buffered tail may not fit on a full disk
+            entry[0].close()
 
 
 def ensure_logging() -> None:

@@ -168,6 +168,9 @@ class _Discard:
 
 def render_run_list(request_dir: Path) -> str:
     """The runs of one request directory, oldest first: id, status, tasks, primary value."""
+    from ._store._run_store import run_is_live
+    from ._store._show import run_status
+
     rows = []
     for run_dir in sorted(p for p in request_dir.iterdir() if (p / "run_info.json").is_file()):
         info = _read_json(run_dir / "run_info.json") or {}
@@ -176,7 +179,9 @@ def render_run_list(request_dir: Path) -> str:
         primary = next(iter(series), None)
         value = fmt_metric(series[primary].get("value")) if primary else "-"
         total = str(series[primary].get("total", "")) if primary else "-"
-        rows.append([run_dir.name, str(info.get("status", "unknown")), total, f"{primary}={value}" if primary else "-"])
+        # A run whose process died before it ended is "interrupted", never "running".
+        status = run_status(info, run_is_live(run_dir)) if isinstance(info, dict) else "unknown"
+        rows.append([run_dir.name, status, total, f"{primary}={value}" if primary else "-"])
     if not rows:
         return f"No runs in {request_dir}."
     return f"Runs of {request_dir.name} in {request_dir}:\n" + text_table(["run", "status", "tasks", "primary"], rows)

@@ -192,7 +192,7 @@ class NoopEnvironment(BaseEnvironment):
     Config: ClassVar[type | None] = NoopEnvironmentConfig
     options: NoopEnvironmentConfig
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> NoopSession:
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> NoopSession:
         if self.options.record_opens:
             NOOP_OPEN_TIMES.append(trio.current_time())
         await _pause(self.options.sleep, self.options.checkpoint)

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 import agentcompass
@@ -300,7 +301,7 @@ class _DropReporter:
     def event(self, kind: str, **fields: Any) -> None:
         pass
 
-    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str = "") -> None:
         pass
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
@@ -423,7 +424,11 @@ def reuse(root: Path, tasks: int = 10_000, concurrency: int = 500, new: int = 1)
     tasks: seconds from ``launch`` until the first new attempt starts."""
     root = Path(root)
     _warm_up(root)
-    first = _launch(Orchestration([_request(root, tasks)], task_concurrency=concurrency))
+    # The same experiment (benchmark config included) with a wider selection:
+    # the first run is limited to ``tasks`` of the ``tasks + new``.
+    first = _launch(
+        Orchestration([attrs.evolve(_request(root, tasks + new), limit=tasks)], task_concurrency=concurrency)
+    )
     source = Path(first.requests[0].run_dir)
     t0 = time.time()
     result = _launch(

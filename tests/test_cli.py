@@ -69,14 +69,14 @@ import agentcompass._orchestration._launch as engine
 from agentcompass._convert import unstructure
 from agentcompass.runtime._results import OrchestrationResult, RequestResult
 
-async def fake_launch(orchestration, *, config_dir=None, show_progress=False):
+async def fake_launch(orchestration, *, config_dir=None, show_progress=False, stop=None):
     out = Path(os.environ["FAKE_OUT"])
     out.write_text(json.dumps({"orchestration": unstructure(orchestration), "config_dir": str(config_dir)}))
     mode = os.environ.get("FAKE_MODE", "ok")
     if mode != "ok":
         Path(str(out) + ".started").touch()
         try:
-            await trio.sleep_forever()
+            await stop.wait()  # the CLI's first signal
         finally:
             with trio.CancelScope(shield=True):
                 await trio.sleep(60 if mode == "slow-cleanup" else 0.1)

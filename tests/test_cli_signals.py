@@ -1,4 +1,4 @@
-"""SIGINT and the deadline against the real engine, through the real CLI.
+"""SIGINT, SIGTERM, SIGHUP and the deadline against the real engine, through the real CLI.
 
 Each test runs ``python -m agentcompass._cli launch`` as a subprocess on
 ``fake-bench`` with the test-only Environment and harness of
@@ -137,9 +137,9 @@ class Child:
                         f"child exited ({self.proc.wait()}) before {count} {kind!r} events: {self.events}\n{self.stderr}"
                     )
 
-    def interrupt(self) -> float:
-        """Send SIGINT; return when it was sent (``time.monotonic``)."""
-        self.proc.send_signal(signal.SIGINT)
+    def interrupt(self, signum: int = signal.SIGINT) -> float:
+        """Send ``signum``; return when it was sent (``time.monotonic``)."""
+        self.proc.send_signal(signum)
         return time.monotonic()
 
     def wait(self, timeout: float) -> tuple[int, float]:
@@ -181,33 +181,46 @@ def _assert_finished(run_dir: Path, status: str) -> None:
     assert events[-1]["status"] == status
 
 
-def test_first_sigint_closes_every_session_and_exits_130(tmp_path: Path) -> None:
+SIGNALS = [
+    pytest.param(signal.SIGINT, 130, "interrupted: cleaning up (Ctrl-C again to exit now)", id="SIGINT"),
+    pytest.param(signal.SIGTERM, 143, "interrupted by SIGTERM: cleaning up", id="SIGTERM"),
+    pytest.param(signal.SIGHUP, 129, "interrupted by SIGHUP: cleaning up", id="SIGHUP"),
+]
+
+
+@pytest.mark.parametrize(("signum", "exit_code", "message"), SIGNALS)
+def test_first_signal_closes_every_session_and_exits_with_its_code(
+    tmp_path: Path, signum: int, exit_code: int, message: str
+) -> None:
     grace = 5.0
     with Child(tmp_path, grace=grace) as child:
         child.expect("running", TASKS)
-        sent = child.interrupt()
+        sent = child.interrupt(signum)
         code, exited = child.wait(timeout=grace + MARGIN)
-    assert code == 130, child.stderr
+    assert code == exit_code, child.stderr
     assert exited - sent < grace + MARGIN
-    assert "interrupted: cleaning up (Ctrl-C again to exit now)" in child.stderr
+    assert message in child.stderr
     assert "Traceback" not in child.stderr
     _assert_finished(child.run_dir(), "cancelled")
 
 
-def test_second_sigint_exits_at_once_while_cleanup_hangs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "exit_code", "message"), SIGNALS)
+def test_second_signal_exits_at_once_while_cleanup_hangs(
+    tmp_path: Path, signum: int, exit_code: int, message: str
+) -> None:
     with Child(tmp_path, close="hang", grace=60) as child:
         child.expect("running", TASKS)
-        child.interrupt()
-        # Every session's close has started and hangs: the first SIGINT is being
+        child.interrupt(signum)
+        # Every session's close has started and hangs: the first signal is being
         # handled and cleanup would wait out the whole 60 s grace.
         child.expect("closing", TASKS)
-        sent = child.interrupt()
+        sent = child.interrupt(signum)
         code, exited = child.wait(timeout=MARGIN)  # well inside the 60 s grace
-    assert code == 130, child.stderr
+    assert code == exit_code, child.stderr
     # At once means not waiting for the hanging cleanup: the bound is far below
     # its 60 s grace and generous for a loaded machine's process teardown.
     assert exited - sent < MARGIN
-    assert child.stderr.count("interrupted: cleaning up") == 1
+    assert child.stderr.count("cleaning up") == 1
     run_dir = child.run_dir()
     # Exited without finishing cleanup: the sessions stay journalled as open
     # (for `compass reap` or the next --reuse) and the run never finalized.

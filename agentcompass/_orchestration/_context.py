@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -27,29 +28,44 @@ __all__ = ["GraceClock", "RequestContext"]
 
 
 class GraceClock:
-    """Cleanup deadlines.
+    """The one cleanup deadline of an orchestration's way out.
 
-    A cleanup may run for ``grace`` seconds from when it starts. Once the
-    orchestration is unwinding because of a cancellation (its deadline, the
-    caller's cancel scope, SIGINT), every cleanup shares one deadline: the
-    first one computed under cancellation. Nested cleanups therefore cannot
-    add up to more than one grace window. The runtime runs cleanups only
-    outside its own phase-timeout scopes, so "cancelled" here always means
-    the orchestration is shutting down. ``hard_deadline`` starts as the
-    orchestration deadline plus the grace.
+    :meth:`begin` is called once, when shutdown starts: the orchestration
+    deadline passing, a stop request (the CLI's first signal), or the
+    caller's cancel scope (noticed by launch's watcher task). From then on
+    every cleanup - sandbox closes, journal lines, finalize, the store's
+    close, the writer process - ends by ``begin`` time + ``grace``: nested
+    cleanups cannot add up to more than one grace window, and none is
+    unbounded. Before shutdown a cleanup (closing a finished task's
+    sandbox) gets ``grace`` seconds from when it starts.
+
+    A cleanup that runs cancelled before :meth:`begin` was called (its
+    cancel scope is the caller's, and the watcher has not run yet) begins
+    the shutdown itself: the first cancelled cleanup fixes the deadline.
+    ``hard_deadline`` starts as the orchestration deadline plus the grace.
     """
 
     def __init__(self, grace: float, hard_deadline: float = math.inf):
         self.grace = grace
         self.hard_deadline = hard_deadline
+        #: When shutdown began (``trio.current_time()``), or None.
+        self.shutdown_at: float | None = None
+
+    def begin(self) -> float:
+        """Shutdown starts now (idempotent); returns the fixed deadline."""
+        if self.shutdown_at is None:
+            now = trio.current_time()
+            self.shutdown_at = now
+            self.hard_deadline = min(self.hard_deadline, now + self.grace)
+        return self.hard_deadline
 
     def deadline(self) -> float:
+        """The deadline of a cleanup starting now."""
+        if self.shutdown_at is not None:
+            return self.hard_deadline
         now = trio.current_time()
-        if self.hard_deadline == math.inf and trio.current_effective_deadline() > now:
-            return now + self.grace  # the common case: not shutting down
         if trio.current_effective_deadline() <= now:
-            # Cancelled: fix the shared deadline for the rest of this unwinding.
-            self.hard_deadline = min(self.hard_deadline, now + self.grace)
+            return self.begin()
         return min(now + self.grace, self.hard_deadline)
 
 
@@ -84,6 +100,9 @@ class RequestContext:
     grants: Grants
     reporter: TaskReporter
     grace: GraceClock
+    #: The run's tag: every session name starts with it (see :meth:`session_name`).
+    tag: str = "run"
+    _names: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     #: ``trio.current_time`` without its lookups: the clock's own method.
     now: Callable[[], float] = attrs.field(factory=lambda: trio.lowlevel.current_clock().current_time)
 
@@ -107,7 +126,13 @@ class RequestContext:
             grants=grants,
             reporter=reporter,
             grace=grace,
+            tag=getattr(reporter, "tag", "run"),
         )
+
+    def session_name(self) -> str:
+        """A new session name: the run's tag, ``-`` and a counter (``[a-z0-9-]``,
+        at most 40 characters, unique within the run)."""
+        return f"{self.tag}-{next(self._names):x}"
 
     @property
     def provider(self) -> str:

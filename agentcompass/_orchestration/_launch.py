@@ -86,11 +86,16 @@ async def launch(
     *,
     config_dir: Path | None = None,
     show_progress: bool = False,
+    stop: trio.Event | None = None,
 ) -> OrchestrationResult:
     """Run every request of ``orchestration`` and return how it ended.
 
     ``show_progress`` renders progress on stderr: a live table on a TTY,
     plain periodic lines otherwise (``compass launch`` turns it on).
+    Setting ``stop`` stops the run as a cancellation does (cleanup within
+    the grace, unfinished requests ``cancelled``), but ``launch`` then
+    returns the result instead of raising (``compass launch`` sets it on
+    the first SIGINT, SIGTERM or SIGHUP).
 
     Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
     rejects the configuration.
@@ -110,10 +115,10 @@ async def launch(
             log.warning("provider_limits", note=note)
         # The model endpoints' shared clients, closed within the grace once the run is done.
         async with open_model_clients(orchestration.task_concurrency, orchestration.cleanup_grace_seconds):
-            return await _launch(orchestration, show_progress)
+            return await _launch(orchestration, show_progress, stop)
 
 
-async def _launch(orchestration: Orchestration, show_progress: bool) -> OrchestrationResult:
+async def _launch(orchestration: Orchestration, show_progress: bool, stop: trio.Event | None) -> OrchestrationResult:
     grants = _LocalGrants()
 
     timeout = orchestration.timeout_seconds
@@ -127,35 +132,64 @@ async def _launch(orchestration: Orchestration, show_progress: bool) -> Orchestr
     scheduler = Scheduler(
         runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
     )
+    work_scope = trio.CancelScope()
+    timed_out = finished = False
+
+    async def watch_for_shutdown() -> None:
+        """Start the shutdown explicitly: fix the grace deadline, then cancel
+        the work, at the orchestration deadline or on ``stop``; fix it too
+        when the caller's cancel scope cancels us."""
+        nonlocal timed_out
+        try:
+            with trio.move_on_at(deadline):
+                if stop is None:
+                    await trio.sleep_forever()
+                await stop.wait()
+            timed_out = not (stop is not None and stop.is_set())
+            grace.begin()
+            work_scope.cancel()
+        except trio.Cancelled:
+            if not work_scope.cancel_called and not finished:
+                grace.begin()  # the caller's cancellation: shutdown starts now
+            raise
+
     try:
         async with trio.open_nursery() as display_nursery:
             if show_progress:
                 from .._progress import ProgressDisplay
 
                 display_nursery.start_soon(ProgressDisplay(runs).run)
-            with trio.move_on_at(deadline) as deadline_scope:
+            display_nursery.start_soon(watch_for_shutdown)
+            with work_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(scheduler.prepare_all, nursery)
                     for _ in range(orchestration.task_concurrency):
                         nursery.start_soon(scheduler.worker)
+            finished = True
             display_nursery.cancel_scope.cancel()
     finally:
         # A request the deadline or a cancellation stopped before it started
         # still gets a run directory with its terminal state (SPEC 7).
         with trio.move_on_at(grace.deadline(), shield=True):
             for run in runs:
-                if run.store is None:
-                    await _persist_unstarted(run, terminal_status())
+                if run.store is None and run.status is None:
+                    try:
+                        await _persist_unstarted(run, terminal_status())
+                    except Exception as exc:  # noqa: BLE001 - one request's disk, not the others'
+                        run.fail(exc, "could not create the run directory")
     results = [run.result() for run in runs]
     for run in runs:
         run.release()
-    status, exit_code = _overall(results, deadline_scope.cancelled_caught)
+    if stop is not None and stop.is_set() and not timed_out:
+        status, exit_code = "cancelled", 130
+    else:
+        status, exit_code = _overall(results, timed_out and work_scope.cancelled_caught)
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
 
 
 async def _persist_unstarted(run: RequestRun, status: str) -> None:
     request = run.request
-    async with open_run_store(request.output_root, request.name) as store:
+    async with open_run_store(request.output_root, request.name, close_deadline=run.grace.deadline) as store:
         run.store = store
         run.started_at = time.time()
         run.started_clock = trio.current_time()

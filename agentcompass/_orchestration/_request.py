@@ -9,6 +9,7 @@ its run directory, through its :class:`RunStore`.
 from __future__ import annotations
 
 import collections
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -21,7 +22,9 @@ import trio
 from .. import _registry
 from .._convert import unstructure
 from .._logging import add_json_log, get_logger, remove_json_log
+from .._redact import redact
 from .._store import compute_metrics, render_summary
+from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
@@ -29,9 +32,21 @@ from ..runtime._values import RunRequest, TaskSpec
 from ._context import GraceClock
 from ._reuse import PendingTask, ReusePlan, plan_reuse
 
-__all__ = ["PendingTask", "RequestRun"]
+__all__ = ["PendingTask", "RequestRun", "failure_line"]
 
 log = get_logger("agentcompass.request")
+
+
+#: Failures of one request noted in its ``run_info.json`` (the rest are counted).
+MAX_FAILURE_NOTES = 5
+
+
+def failure_line(exc: BaseException) -> str:
+    """One redacted line for an error: the first leaf of a group, its type and message."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 @attrs.define(eq=False)
@@ -87,6 +102,14 @@ class RequestRun:
     late: list[TaskRecord] = attrs.Factory(list)
     #: Called after each record is saved (the scheduler's wake-up).
     on_saved: Any = lambda: None
+    #: Called after ``fail`` dropped the pending tasks (the scheduler's wake-up).
+    on_failed: Any = lambda: None
+    #: Unclassified failures so far (see ``fail``).
+    failures: int = 0
+    #: (record counts, metrics, notes) of the last aggregate, see ``_write_results``.
+    _aggregated: Any = None
+    #: Prefix of every Environment session name of this run (``run_info.json`` "tag").
+    tag: str = attrs.Factory(new_run_tag)
 
     # -- preparation ---------------------------------------------------------
 
@@ -125,14 +148,39 @@ class RequestRun:
         # not say "prepared" ran nothing (and may hold only part of what it
         # copied from a reuse source), so a later reuse skips it (_reuse).
         self.queued = True
-        await store.write_run_info(self.run_info("running"))
         self.total = len(tasks)
+        await store.write_run_info(self.run_info("running"))
         for record in self.reuse.reused:
             self._count(record)
         self.pending.extend(self.reuse.pending)
         self.reuse.pending = []
         self.prepared = True
         self.publish_progress()
+
+    def fail(self, exc: BaseException, where: str) -> None:
+        """An error no row of SPEC section 6 classifies (a full disk, a
+        provider rejecting a resumed attempt's plan) fails this request, and
+        only it: status ``failed``, the error in ``run_info.json`` and on the
+        console as one line. Its other tasks still run: their results may
+        well be sound (a task that cannot be written counts as unavailable)."""
+        self.fail_with(f"{where}: {failure_line(exc)}")
+
+    def fail_with(self, line: str) -> None:
+        """:meth:`fail` with the error already made one line. Only the first
+        failure goes to the console; the others are in the notes."""
+        first = self.error is None
+        self.status = "failed"
+        self.error = self.error or line
+        self.failures += 1
+        if self.failures <= MAX_FAILURE_NOTES:
+            self.notes.append(line)
+        elif self.failures == MAX_FAILURE_NOTES + 1:
+            self.notes.append("more failures followed (see log.jsonl)")
+        if not self.prepared:
+            self.prepared = True
+        if first:
+            log.error("request_failed", request=self.request.name, error=line)
+        self.on_failed()
 
     # -- results -------------------------------------------------------------
 
@@ -169,7 +217,8 @@ class RequestRun:
             # would run it again.
             attempts.discard(record.attempt)
             line = f"could not write a checkpoint of task {task_id!r}: {error}".splitlines()[0]
-            log.warning("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
+            # Not a failure by itself (the record holds the attempt); only in the run's log.
+            log.info("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
         elif not self.tallied and not self.store.closed:
             self.store.event(
                 "attempt_finished", task=task_id, attempt=record.attempt, status=record.status, retries=record.retries
@@ -215,7 +264,7 @@ class RequestRun:
             self.all_saved.set()
         if error is not None:
             line = f"could not write the record of task {record.task_id!r}: {error}".splitlines()[0]
-            log.error("record_not_written", request=self.request.name, task=record.task_id, error=line)
+            log.info("record_not_written", request=self.request.name, task=record.task_id, error=line)
         if self.tallied or self.store.closed:
             # After a deadline, finalize counted what was still on its way;
             # a task that finished while the request unwound is counted by
@@ -229,8 +278,7 @@ class RequestRun:
             # Not on disk, so not finished: it counts as unavailable and a
             # --reuse run runs it again. The request cannot succeed.
             self.unsaved.append(record)
-            self.status = "failed"
-            self.error = self.error or line
+            self.fail_with(line)
         else:
             self._count(record)
             event = self.store.event
@@ -297,10 +345,13 @@ class RequestRun:
         info: dict[str, Any] = {
             "request": unstructure(self.request),
             "status": status,
+            "tag": self.tag,
             "started_at": self.started_at,
             "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
         }
         info["prepared"] = self.queued
+        if self.queued:
+            info["tasks"] = self.total  # selected: what an interrupted run left unfinished is counted from it
         if status != "running":
             info["ended_at"] = time.time()
         if self.error:
@@ -309,34 +360,53 @@ class RequestRun:
             info["notes"] = notes
         return info
 
-    async def finalize(self, status: str | None = None) -> None:
+    async def finalize(self, status: str | None = None, save_deadline: float | None = None) -> None:
         """Write metrics, summary and the terminal status. ``status`` overrides
-        the derived one (``timed_out`` or ``cancelled``)."""
+        the derived one (``timed_out`` or ``cancelled``).
+
+        ``finalized`` is set only once the terminal status is written, so a
+        finalize that a deadline or cancellation cut short is done again by
+        the caller's cleanup (with the terminal status): no run stays
+        ``running``. The count is taken once (``tallied``)."""
         if self.finalized or self.store is None:
             return
-        self.finalized = True
-        # Normally nothing is on its way any more (a request drains only then);
-        # after a deadline this waits within the caller's grace. A record still
-        # queued is a result all the same: the store's close writes it.
-        await self.wait_saved()
-        self.tallied = True
-        for record in self.saving.values():
-            self._count(record)
+        if not self.tallied:
+            # Normally nothing is on its way any more (a request drains only
+            # then); after a deadline this waits within the caller's grace. A
+            # record still queued is a result all the same: the store's close
+            # writes it. ``save_deadline`` (shutdown) keeps part of the grace
+            # for the writes below: a record that never lands (a hung disk)
+            # must not leave the run ``running``.
+            with trio.move_on_at(math.inf if save_deadline is None else save_deadline):
+                await self.wait_saved()
+            self.tallied = True
+            for record in self.saving.values():
+                self._count(record)
+        failure = self.store.failure
+        if failure is not None and self.status != "failed":
+            self.status = "failed"
+            self.error = self.error or failure
+            log.error("request_failed", request=self.request.name, error=failure)
         if status is None:
             status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
         self.status = status
-        if status in ("timed_out", "cancelled"):
-            # Tasks that never finished still count: as unavailable (no
-            # valid value), so a partial run never reads like a full score.
-            # Every selected task without a record, not only those pending or
-            # active now: a task cancelled with nothing to clean up may have
-            # unwound already.
-            finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
-            self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
+        # Tasks that never finished still count: as unavailable (no valid
+        # value), so a partial run never reads like a full score. Every
+        # selected task without a record, not only those pending or active
+        # now: a task cancelled with nothing to clean up may have unwound
+        # already, a failed request drops its pending ones.
+        finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
+        self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
         await self._write_results()
+        self.finalized = True
         self.store.event("run_finished", status=status)
         log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
-        remove_json_log(self.store.run_dir / "log.jsonl")
+        self.close_log()
+
+    def close_log(self) -> None:
+        """Detach the run's JSON log from the process-wide logger (idempotent)."""
+        if self.store is not None:
+            remove_json_log(self.store.run_dir / "log.jsonl")
 
     async def recount_late(self) -> None:
         """After a deadline or cancellation, once the request's tasks have
@@ -371,14 +441,23 @@ class RequestRun:
         benchmark = self.benchmark
         metric_names = benchmark.metrics if benchmark is not None else ()
         strategy = self.request.execution.attempts.strategy
-        metrics = None
-        if benchmark is not None:
-            try:
-                metrics = benchmark.aggregate_metrics(records)
-            except Exception as exc:  # noqa: BLE001 - keep the standard metrics
-                notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
-        if metrics is None:
-            metrics = compute_metrics(tuple(metric_names), records, strategy)
+        # A finalize cut short by the deadline is done again in the grace:
+        # the benchmark's (maybe slow) aggregate is not run twice on the same records.
+        key = (len(records), len(self.unsaved), len(self.unfinished))
+        cached = self._aggregated
+        if cached is not None and cached[0] == key:
+            metrics, aggregate_notes = cached[1], cached[2]
+        else:
+            metrics, aggregate_notes = None, []
+            if benchmark is not None:
+                try:
+                    metrics = benchmark.aggregate_metrics(records)
+                except Exception as exc:  # noqa: BLE001 - keep the standard metrics
+                    aggregate_notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
+            if metrics is None:
+                metrics = compute_metrics(tuple(metric_names), records, strategy)
+            self._aggregated = (key, metrics, aggregate_notes)
+        notes += aggregate_notes
         self.metrics = metrics
         self.publish_progress(terminal=status in ("timed_out", "cancelled"))
         summary = render_summary(self.request.name, self.store.run_dir, metrics, records, status)

@@ -14,10 +14,14 @@ checkpoints decide what runs again:
 * attempts missing from a record (``k`` grew, or a FATAL stopped the task
   early) run.
 
-Before anything runs, every Environment session the earlier run opened and
-never closed is reaped. A source run of another benchmark is not reused
-(everything runs, and ``run_info.json`` says why); tasks of the source that
-are no longer selected are ignored and counted in a note.
+Only a run of the same experiment is reused (:func:`experiment_difference`:
+benchmark, harness, model, environment id and attempts must match); another
+reuses nothing and a note says which field differs, unless
+``reuse_anyway``. Before anything runs, every Environment session the earlier run opened and
+never closed is reaped, and every provider it used is swept by its tag
+(``BaseEnvironment.sweep``), holding the earlier run's lock: a run that is
+still alive is refused. Tasks of the source that are no longer selected are
+ignored and counted in a note.
 
 Also before anything runs, the new run gets a copy of everything it takes
 from the source: the reused records and, as checkpoints, the earlier
@@ -45,16 +49,20 @@ import attrs
 import trio
 
 from .. import _registry
+from .._convert import unstructure
+from .._logging import get_logger
 from .._redact import redact_json_text
-from .._store import latest_run, load_run
-from .._store._run_store import RUN_ID_PATTERN
+from .._store import LoadedRun, latest_run, load_run
+from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 
 if TYPE_CHECKING:
     from ._request import RequestRun
 
-__all__ = ["PendingTask", "ReusePlan", "plan_reuse", "reap_sessions"]
+log = get_logger("agentcompass.reuse")
+
+__all__ = ["PendingTask", "ReusePlan", "plan_reuse", "reap_sessions", "experiment_difference", "reuse_source", "sweep_run"]
 
 
 @attrs.frozen
@@ -73,6 +81,50 @@ class ReusePlan:
     reused: list[TaskRecord] = attrs.Factory(list)
     notes: list[str] = attrs.Factory(list)
     source: Path | None = None
+
+
+#: What makes two runs the same experiment (SPEC section 8): request fields,
+#: then the keys compared inside them (None: the whole value).
+EXPERIMENT_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("benchmark", ("id", "config")),
+    ("harness", ("id", "config")),
+    ("model", ("name", "api", "base_url", "params")),
+    ("environment", ("id",)),
+    ("execution", ("attempts",)),
+)
+
+
+def _comparable(value: Any) -> Any:
+    """``value`` as the source run's ``run_info.json`` holds it: JSON, masked."""
+    text = json.dumps(unstructure(value), sort_keys=True, default=str)
+    return json.loads(redact_json_text(text))
+
+
+def experiment_difference(old_request: dict[str, Any], request: RunRequest) -> str | None:
+    """The first field in which the source run's request (``run_info.json``)
+    differs from ``request`` as an experiment, e.g. ``model.name: 'a' != 'b'``;
+    None when they are the same experiment. A source without a recorded
+    request is taken as the same (nothing to compare)."""
+    if not old_request:
+        return None
+    current = _comparable(request)
+    for field, keys in EXPERIMENT_FIELDS:
+        old, new = _as_dict(old_request.get(field)), _as_dict(current.get(field))
+        for key in keys:
+            if old.get(key) != new.get(key):
+                return f"{field}.{key}: {_short(old.get(key))} != {_short(new.get(key))}"
+    return None
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):  # ``harness: none``
+        return {"id": value, "config": {}}
+    return value if isinstance(value, dict) else {}
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _retryable(record: AttemptRecord, patterns: list[re.Pattern[str]]) -> bool:
@@ -102,6 +154,24 @@ async def reap_sessions(
     return notes
 
 
+async def sweep_run(loaded: LoadedRun, configs: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Sweep, by the run's tag, every provider a dead run used; returns notes
+    on failures. This finds sandboxes whose ``open`` the kill interrupted
+    before their journal line. A run recorded before runs had tags is not swept."""
+    tag = loaded.tag
+    if tag is None:
+        return []
+    notes = []
+    configs = configs or {}
+    for provider in loaded.used_providers():
+        try:
+            env = _registry.build("environment", provider, configs.get(provider, {}))
+            await env.sweep(tag)
+        except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the others
+            notes.append(f"sweep of {provider} sandboxes tagged {tag} failed: {type(exc).__name__}: {exc}")
+    return notes
+
+
 async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
     request = run.request
     if request.reuse is False:
@@ -117,20 +187,26 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
     if source is None or not await trio.Path(source).is_dir():
         notes.append(f"reuse: no earlier run of {request.name!r} found; running everything")
         return ReusePlan([PendingTask(task) for task in tasks], notes=notes)
-    loaded = await trio.to_thread.run_sync(partial(load_run, source, keep_files=True))
-    plan = ReusePlan([], source=source, notes=[*notes, f"reuse: from {source}", *loaded.notes])
-    plan.notes.extend(await reap_sessions(loaded.open_sessions, _environment_configs(request, loaded.run_info)))
-    if loaded.open_sessions:
-        plan.notes.append(f"reuse: reaped {len(loaded.open_sessions)} session(s) left open by the earlier run")
+    # Held while the source's sandboxes are reaped: a run that is still alive
+    # is refused (RunLockedError fails this request) and nothing is touched.
+    with run_dir_lock(source):
+        loaded = await trio.to_thread.run_sync(partial(load_run, source, keep_files=True))
+        plan = ReusePlan([], source=source, notes=[*notes, f"reuse: from {source}", *loaded.notes])
+        configs = _environment_configs(request, loaded.run_info)
+        plan.notes.extend(await reap_sessions(loaded.open_sessions, configs))
+        if loaded.open_sessions:
+            plan.notes.append(f"reuse: reaped {len(loaded.open_sessions)} session(s) left open by the earlier run")
+        plan.notes.extend(await sweep_run(loaded, configs))
 
     old_request = loaded.run_info.get("request", {}) if isinstance(loaded.run_info, dict) else {}
-    old_benchmark = (old_request.get("benchmark") or {}).get("id")
-    if old_benchmark is not None and old_benchmark != request.benchmark.id:
-        plan.notes.append(
-            f"reuse: {source} ran benchmark {old_benchmark!r}, not {request.benchmark.id!r}; nothing reused"
-        )
-        plan.pending = [PendingTask(task) for task in tasks]
-        return plan
+    difference = experiment_difference(old_request if isinstance(old_request, dict) else {}, request)
+    if difference is not None:
+        if not request.reuse_anyway:
+            plan.notes.append(f"reuse: {source} is another experiment ({difference}); nothing reused")
+            log.warning("reuse_refused", request=request.name, source=str(source), difference=difference)
+            plan.pending = [PendingTask(task) for task in tasks]
+            return plan
+        plan.notes.append(f"reuse: --reuse-anyway: reused {source} although it is another experiment ({difference})")
 
     execution = request.execution
     k = execution.attempts.k
@@ -234,14 +310,24 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
         raise failures[0]
 
 
-def _latest_prepared_run(output_root: Path, name: str, own: Path) -> tuple[Path | None, list[Path]]:
+def reuse_source(request: RunRequest) -> Path | None:
+    """The run ``request`` would reuse, before its own run exists (blocking):
+    for refusing a live source before anything is touched."""
+    if request.reuse is False:
+        return None
+    if isinstance(request.reuse, Path):
+        return request.reuse
+    return _latest_prepared_run(request.output_root, request.name, None)[0]
+
+
+def _latest_prepared_run(output_root: Path, name: str, own: Path | None) -> tuple[Path | None, list[Path]]:
     """The latest run of request ``name`` (not ``own``) that queued its tasks,
     and the later runs skipped because they did not (blocking: call it in a
     thread). Runs are ordered, and eligible, as for :func:`latest_run`."""
     latest = latest_run(output_root, name, own)
     if latest is None:
         return None, []
-    own = Path(own).resolve()
+    own = Path(own).resolve() if own is not None else None
     names = sorted(
         (e.name for e in latest.parent.iterdir() if e.is_dir() and RUN_ID_PATTERN.fullmatch(e.name)),
         reverse=True,

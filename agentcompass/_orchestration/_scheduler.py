@@ -25,7 +25,7 @@ from .._store import open_run_store
 from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord
 from ._context import GraceClock
-from ._request import RequestRun
+from ._request import RequestRun, failure_line
 
 __all__ = ["Scheduler"]
 
@@ -49,6 +49,7 @@ class _RequestReporter:
 
     def __init__(self, run: RequestRun):
         self.run = run
+        self.tag = run.tag
 
     def event(self, kind: str, **fields: Any) -> None:
         # Replaced by the store's own method once there is one (see
@@ -59,12 +60,12 @@ class _RequestReporter:
         if self.run.store is not None:
             self.event = self.run.store.event  # type: ignore[method-assign]
 
-    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None:
         # Queued, not waited for: the sandbox exists from the moment ``open``
         # returned, so waiting for the line would not shorten the window in
         # which a kill leaks it (the next commit round writes and syncs the
         # line, a few milliseconds); it would only hold the attempt still.
-        await self.run.store.journal_session("opened", session_id, provider, handle, durable=False)
+        await self.run.store.journal_session("opened", session_id, provider, handle, durable=False, name=name)
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
         # Not waited for: a lost "closed" line only means one harmless extra reap.
@@ -114,6 +115,7 @@ class Scheduler:
         self._saved = {run.index: trio.lowlevel.ParkingLot() for run in runs}
         for run in runs:
             run.on_saved = functools.partial(self._on_saved, self._saved[run.index])
+            run.on_failed = self._on_failed
 
     # -- dispatch --------------------------------------------------------------
 
@@ -165,6 +167,16 @@ class Scheduler:
                     self.grants,
                     self._reporters[run.index],
                 )
+            except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
+                run.checkpointed.pop(pending.task.task_id, None)
+                if run.tallied:
+                    # After a deadline or cancellation the request's terminal
+                    # state is taken (its store may be closed): the task is
+                    # unfinished, as in a crash.
+                    log.info("late_task_error", request=run.request.name, error=failure_line(exc))
+                else:
+                    run.fail(exc, f"task {pending.task.task_id!r}")
+            else:
                 run.complete(record, pending, run.checkpointed.pop(pending.task.task_id, set()))
             finally:
                 run.active -= 1
@@ -180,6 +192,13 @@ class Scheduler:
         # One record saved makes room for one waiting worker (waking them
         # all would only send the rest back to wait, at a cost per worker).
         lot.unpark()
+        self._check_drained()
+
+    def _on_failed(self) -> None:
+        # A failed request dropped its pending tasks: the next request may
+        # start preparing, and the failed one may have drained.
+        self._progress.unpark_all()
+        self._work.unpark_all()
         self._check_drained()
 
     def _check_drained(self) -> None:
@@ -211,6 +230,17 @@ class Scheduler:
             self.all_prepared = True
             self._work.unpark_all()
 
+    async def _finalize_failed(self, run: RequestRun) -> None:
+        """Write what a failed request can (its terminal status first of all)
+        once its running tasks drained; a write that fails again is only noted."""
+        self._check_drained()
+        await run.drained.wait()
+        try:
+            await run.finalize("failed")
+        except Exception as exc:  # noqa: BLE001 - the request has failed already
+            # The request_failed line said why; this goes to the run's log only.
+            log.info("request_not_finalized", request=run.request.name, error=failure_line(exc))
+
     async def _hold_store(
         self, run: RequestRun, closed: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -225,8 +255,10 @@ class Scheduler:
         request unwinds; the request scope closes it (``closed``) on every way out.
         """
         request = run.request
+        # Unbounded only until ``closed``, which the request scope sets on
+        # every way out; the store's close is bounded by the grace.
         with trio.CancelScope(shield=True):
-            async with open_run_store(request.output_root, request.name) as store:
+            async with open_run_store(request.output_root, request.name, close_deadline=self.grace.deadline) as store:
                 task_status.started(store)
                 await closed.wait()
 
@@ -236,23 +268,41 @@ class Scheduler:
         """The request scope: owns the run directory from creation to finalize."""
         request = run.request
         closed = trio.Event()
+        started = False
         try:
             # Shielded: trio reparents a started task only when the caller
             # is not cancelled; a deadline passing during the (short) open
             # would otherwise leave the holder waiting here for ``closed``.
-            with trio.CancelScope(shield=True):
-                store = await nursery.start(self._hold_store, run, closed)
+            try:
+                with trio.CancelScope(shield=True):
+                    store = await nursery.start(self._hold_store, run, closed)
+            except Exception as exc:  # noqa: BLE001 - no run directory: this request fails, no other
+                run.fail(exc, "could not create the run directory")
+                task_status.started()
+                return
             try:
                 await run.prepare(store)
                 self._reporters[run.index]._bind()
+                started = True
                 task_status.started()
                 await run.drained.wait()
                 await run.finalize()
+            except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
+                run.fail(exc, "request")
+                if not started:
+                    started = True
+                    task_status.started()
+                await self._finalize_failed(run)
             except BaseException:
                 # Deadline or cancellation: persist the terminal state of what
                 # finished, within the grace window, then keep unwinding.
-                with trio.move_on_at(self.grace.deadline(), shield=True):
-                    await run.finalize(self.terminal_status())
+                limit = self.grace.deadline()
+                with trio.move_on_at(limit, shield=True):
+                    try:
+                        now = trio.current_time()
+                        await run.finalize(self.terminal_status(), save_deadline=now + (limit - now) / 2)
+                    except Exception as exc:  # noqa: BLE001 - the cancellation is what propagates
+                        run.fail(exc, "finalize")
                 raise
             finally:
                 forget = getattr(self.executor, "forget", None)
@@ -263,9 +313,8 @@ class Scheduler:
             # every task of the request has unwound: their sessions' journal
             # lines (a close, or an open that could not be interrupted) and
             # the records of tasks that finished in a cleanup are still
-            # written. Not bounded by the grace: the orchestration's nursery
-            # waits for those workers all the same.
-            with trio.CancelScope(shield=True):
+            # written, within the grace (their own cleanups end by then too).
+            with trio.move_on_at(self.grace.deadline(), shield=True):
                 while run.active:
                     await run.idle.park()
             # The store commits what is queued as it closes; a record still
@@ -274,4 +323,5 @@ class Scheduler:
             if run.tallied:
                 with trio.move_on_at(self.grace.deadline(), shield=True):
                     await run.recount_late()
+            run.close_log()
             closed.set()

@@ -128,8 +128,12 @@ class TrackedSession:
 
     async def open(self, config: Any, policy: NetworkPolicy) -> GuardedSession:
         ctx, phase = self.ctx, self.phase
+        # Named before ``open`` and without a write: the provider labels the
+        # sandbox with it, so ``sweep(tag)`` finds it even if the process is
+        # killed before the journal line below is on disk.
+        name = ctx.session_name()
         try:
-            raw = await ctx.environment.open(config, policy)
+            raw = await ctx.environment.open(config, policy, name)
         except IssueError as exc:
             exc.phase = exc.phase or phase
             raise
@@ -141,7 +145,7 @@ class TrackedSession:
         self.raw = raw
         self.session_id = f"s{next(_session_ids)}"
         self.handle = raw.handle
-        await ctx.reporter.session_opened(self.session_id, ctx.provider, self.handle)
+        await ctx.reporter.session_opened(self.session_id, ctx.provider, self.handle, name)
         return GuardedSession(raw, policy)
 
     async def close(self) -> None:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -77,8 +78,11 @@ MAX_ROUNDS = 3
 #: threads. ``AGENTCOMPASS_STORE_WRITER=thread`` keeps every write in this
 #: process; a writer that cannot be started or dies falls back to threads.
 WRITER_PROCESS = os.environ.get("AGENTCOMPASS_STORE_WRITER", "process") != "thread"
-#: How long a new writer process may take to answer its first frame.
+#: How long a new writer process may take to answer its first frame (until
+#: then rounds run in store threads; the store's close cancels the wait).
 WRITER_START_SECONDS = 10.0
+#: How long to wait for a killed writer to be reaped before leaving it be.
+_KILL_WAIT_SECONDS = 0.1
 
 
 class StoreClosedError(RuntimeError):
@@ -233,9 +237,10 @@ class _WriterProcess:
         for round_id, outcomes, problems in answers:
             self._answers[round_id] = (outcomes, problems)
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, grace: float, reap_within: float | None = None) -> None:
         """End the writer's input and wait (up to ``grace`` seconds) for it
-        to commit what it has and exit; kill it after that."""
+        to commit what it has and exit; kill it after that, and wait for it
+        to die (at most ``reap_within`` seconds when given)."""
         with trio.move_on_after(grace):
             try:
                 await self._stdin.aclose()
@@ -243,9 +248,20 @@ class _WriterProcess:
                 pass
             await self.process.wait()
         if self.process.returncode is None:
-            self.process.kill()
-            await self.process.wait()
+            self.kill()
+            # A process blocked on a stalled disk dies only once its I/O
+            # returns: out of grace, do not wait for that (it is reaped at our exit).
+            with trio.move_on_after(math.inf if reap_within is None else reap_within):
+                await self.process.wait()
         await self._stdout.aclose()
+
+    def kill(self) -> None:
+        """SIGKILL the writer now (a round it was doing is left as a crash leaves it)."""
+        if self.process.returncode is None:
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass
 
 
 #: ``fcntl.F_SETPIPE_SZ`` (Linux; Python 3.10+ names it).
@@ -290,6 +306,19 @@ class GroupCommitter:
     _writer: _WriterProcess | None = None
     #: Set once :meth:`start_writer` is done (for tests and diagnostics).
     writer_started: trio.Event = attrs.Factory(trio.Event)
+    #: When a round in the writer process is given up (the store's close sets
+    #: it to the cleanup grace deadline): past it the writer is killed and the
+    #: round's writes fail, leaving the directory as a crash would.
+    deadline: float = math.inf
+    #: The shielded scopes of rounds in the writer now (see :meth:`set_deadline`).
+    _round_scopes: set[trio.CancelScope] = attrs.Factory(set)
+
+    def set_deadline(self, deadline: float) -> None:
+        """Give up rounds in the writer process at ``deadline``, those in
+        flight included (the store's close: the cleanup grace)."""
+        self.deadline = deadline
+        for scope in self._round_scopes:
+            scope.deadline = deadline
 
     async def start_writer(self, keep_fd: int | None = None) -> None:
         """Commit in a writer process once one is up and answering, if
@@ -310,11 +339,12 @@ class GroupCommitter:
             self.writer_started.set()
 
     async def stop_writer(self, grace: float) -> None:
-        """Let the writer process finish and exit (after :meth:`close`)."""
+        """Let the writer process finish and exit (after :meth:`close`),
+        within ``grace`` seconds; with none left, kill it and move on."""
         writer, self._writer = self._writer, None
         if writer is not None:
             with trio.CancelScope(shield=True):
-                await writer.stop(grace)
+                await writer.stop(grace, reap_within=_KILL_WAIT_SECONDS if grace <= 0 else None)
 
     @property
     def journal_fd(self) -> int:
@@ -450,8 +480,10 @@ class GroupCommitter:
         writer = self._writer
         if writer is not None:
             # Shielded like a store thread, which always finishes its round:
-            # a round is never left half-answered.
-            with trio.CancelScope(shield=True):
+            # a round is never left half-answered - until the grace deadline
+            # (a stalled disk): then the writer is killed and the round fails.
+            with trio.CancelScope(shield=True, deadline=self.deadline) as scope:
+                self._round_scopes.add(scope)
                 try:
                     problems = await writer.commit(batch)
                 except _WriterGone:
@@ -469,6 +501,17 @@ class GroupCommitter:
                         await to_store_thread(self._after_sync, batch)
                     _finish_all(batch, self._journal)
                     return
+                finally:
+                    self._round_scopes.discard(scope)
+            if scope.cancelled_caught or trio.current_time() >= self.deadline:
+                # Out of grace (a stalled disk): no second try in a thread.
+                if self._writer is writer:
+                    self._writer = None
+                writer.kill()
+                for job in batch:
+                    job.error = OSError(errno.ETIMEDOUT, "the run store's writer did not finish within the cleanup grace")
+                _finish_all(batch, self._journal)
+                return
         try:
             await to_store_thread(self._commit_sync, batch)
         except BaseException:

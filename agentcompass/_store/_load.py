@@ -54,6 +54,24 @@ class LoadedRun:
     open_sessions: list[tuple[str, str, dict[str, Any]]]
     notes: list[str] = attrs.Factory(list)
     files: dict[str, tuple[str, bytes]] = attrs.Factory(dict)
+    #: Every provider ``sessions.jsonl`` names (opened or closed).
+    providers: frozenset[str] = frozenset()
+
+    @property
+    def tag(self) -> str | None:
+        """The run's tag (``run_info.json``): the prefix of its session names."""
+        tag = self.run_info.get("tag") if isinstance(self.run_info, dict) else None
+        return tag if isinstance(tag, str) and tag else None
+
+    def used_providers(self) -> list[str]:
+        """The providers the run used or may have used: its request's
+        environment and every provider its journal names."""
+        found = set(self.providers)
+        request = self.run_info.get("request") if isinstance(self.run_info, dict) else None
+        environment = request.get("environment") if isinstance(request, dict) else None
+        if isinstance(environment, dict) and isinstance(environment.get("id"), str):
+            found.add(environment["id"])
+        return sorted(found)
 
 
 def load_run(run_dir: Path, *, keep_files: bool = False, records: bool = True) -> LoadedRun:
@@ -73,8 +91,9 @@ def load_run(run_dir: Path, *, keep_files: bool = False, records: bool = True) -
     if records:
         details = _load_details(run_dir, notes, files if keep_files else None)
         checkpoints = _load_checkpoints(run_dir, details, notes)
-    open_sessions = _load_sessions(run_dir, notes)
-    return LoadedRun(run_dir, run_info, details, checkpoints, open_sessions, notes, files)
+    providers: set[str] = set()
+    open_sessions = _load_sessions(run_dir, notes, providers)
+    return LoadedRun(run_dir, run_info, details, checkpoints, open_sessions, notes, files, frozenset(providers))
 
 
 def latest_run(output_root: Path, request_name: str, exclude: Path | None = None) -> Path | None:
@@ -213,7 +232,7 @@ def _load_checkpoints(
     return checkpoints
 
 
-def _load_sessions(run_dir: Path, notes: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+def _load_sessions(run_dir: Path, notes: list[str], providers: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
     path = run_dir / "sessions.jsonl"
     try:
         lines = _read_bytes(path).split(b"\n")
@@ -235,6 +254,7 @@ def _load_sessions(run_dir: Path, notes: list[str]) -> list[tuple[str, str, dict
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             notes.append(f"skipped unreadable line {number} of sessions.jsonl: {_short(exc)}")
             continue
+        providers.add(provider)
         if event == "opened":
             opened[session] = (session, provider, handle)
         elif event == "closed":

@@ -14,8 +14,9 @@ with two actor tasks: the progress actor (``progress.jsonl`` lines in batches,
 ``progress.json`` at most every :data:`PROGRESS_INTERVAL` seconds) and the
 group committer (:mod:`._group_commit`), through which every durable write
 goes: records, checkpoints, retries, session journal lines, JSON and text
-files. Closing flushes both within :data:`CLOSE_GRACE_SECONDS`, shielded, so
-a cancelled caller loses no event.
+files. Closing flushes both, shielded, until the caller's close deadline
+(the cleanup grace), so a cancelled caller loses no event unless the disk
+stalls past it.
 
 Per-record work is kept small because the runtime persists thousands of
 records per second: task keys and paths are cached, an attempt serialized for
@@ -31,8 +32,8 @@ import re
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -65,10 +66,14 @@ except ImportError:  # pragma: no cover - Windows has no flock
 
 __all__ = [
     "CLOSE_GRACE_SECONDS",
+    "new_run_tag",
     "write_journals_now",
     "PROGRESS_INTERVAL",
+    "RunLockedError",
     "RunStore",
     "StoreClosedError",
+    "run_dir_lock",
+    "run_is_live",
     "new_run_id",
     "open_run_store",
 ]
@@ -143,6 +148,40 @@ def write_journals_now() -> None:
             pass
 
 
+class RunLockedError(RuntimeError):
+    """The run directory is locked by a live run (in this or another process)."""
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the writer lock of ``run_dir`` (blocking, non-waiting): raise
+    :class:`RunLockedError` when a live run holds it. For touching what a
+    dead run left (reaping its sandboxes) without racing a live one. Where
+    there is no ``flock`` (Windows) nothing is locked."""
+    fd = open_dir_fd(Path(run_dir))
+    try:
+        if fcntl is not None and fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunLockedError(f"{run_dir} is already open by another writer") from None
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def run_is_live(run_dir: Path) -> bool:
+    """Whether a live run holds ``run_dir``'s writer lock (blocking)."""
+    try:
+        with run_dir_lock(run_dir):
+            return False
+    except RunLockedError:
+        return True
+    except OSError:
+        return False
+
+
 def new_run_id() -> str:
     """A fresh run id, e.g. ``20261129T233501.482Z-a7f3``.
 
@@ -151,6 +190,14 @@ def new_run_id() -> str:
     """
     now = datetime.now(UTC)
     return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(2)}"
+
+
+def new_run_tag() -> str:
+    """A fresh run tag, e.g. ``ac3f9a1c2b7d``: the prefix of every Environment
+    session name of one run, recorded in its ``run_info.json`` so that
+    ``sweep(tag)`` finds what a killed run left. Fixed length, so that no
+    run's tag is a prefix of another's."""
+    return f"ac{secrets.token_hex(5)}"
 
 
 #: What :func:`new_run_id` makes (and the older second-resolution form).
@@ -194,6 +241,15 @@ class RunStore:
     _fresh: bool = False
     _saved_severity: dict[str, str] = attrs.Factory(dict)
     _checkpointed: dict[str, set[int]] = attrs.Factory(dict)
+    _failure: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """The first error of a write nobody waited for (``progress.jsonl``,
+        ``progress.json``), as one line; None while there was none. Such a
+        write is dropped, not retried: the request fails instead (its owner
+        reads this when it finalizes)."""
+        return self._failure
 
     @property
     def closed(self) -> bool:
@@ -408,8 +464,11 @@ class RunStore:
         *,
         durable: bool = True,
         written: Callable[[Exception | None], None] | None = None,
+        name: str | None = None,
     ) -> None:
-        """Append ``{"event", "session", "provider", "handle", "t"}`` to ``sessions.jsonl``.
+        """Append ``{"event", "session", "provider", "name", "handle", "t"}`` to
+        ``sessions.jsonl`` (``name``, the session name the provider labelled
+        the sandbox with, only when given).
 
         With ``durable`` (the default) this returns once the line is durable.
         ``durable=False`` only queues it: the next commit round writes and
@@ -420,7 +479,10 @@ class RunStore:
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
-        fields = {"session": session_id, "provider": provider, "handle": handle}
+        fields: dict[str, Any] = {"session": session_id, "provider": provider}
+        if name is not None:
+            fields["name"] = name
+        fields["handle"] = handle
         data = (_mask(_line(event, time.time(), fields, "event", last="t")) + "\n").encode()
         if durable:
             await self._committer.append(data)
@@ -515,6 +577,11 @@ class RunStore:
         text = _encode(lines)
         try:
             await to_store_thread(self._write_progress_sync, text, snapshot)
+        except OSError as exc:
+            # A full or failing disk: the lines are lost, the request fails
+            # (see ``failure``), and the actor goes on.
+            if self._failure is None:
+                self._failure = f"could not write progress: {exc}".splitlines()[0]
         except BaseException:
             # Cancelled before the thread started: keep it for the final flush.
             self._lines[:0] = lines
@@ -580,7 +647,7 @@ class RunStore:
                 try:
                     fcntl.flock(run_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise RuntimeError(f"{run_dir} is already open by another writer") from None
+                    raise RunLockedError(f"{run_dir} is already open by another writer") from None
             progress_fd = _open_journal(run_dir / "progress.jsonl")
             opened.append(progress_fd)
             sessions_fd = _open_journal(run_dir / "sessions.jsonl")
@@ -702,15 +769,22 @@ def _open_journal(path: Path) -> int:
 
 @asynccontextmanager
 async def open_run_store(
-    output_root: Path, request_name: str, run_id: str | None = None
+    output_root: Path,
+    request_name: str,
+    run_id: str | None = None,
+    *,
+    close_deadline: Callable[[], float] | None = None,
 ) -> AsyncIterator[RunStore]:
     """Create (or reopen) ``<output_root>/<request_name>/<run_id>/`` and write to it.
 
     ``run_id`` defaults to :func:`new_run_id`. Reopening an existing run id is
     allowed (e.g. to journal reaped sessions); a second writer of the same
     directory, in any process, gets ``RuntimeError``. On exit every queued
-    write and event is flushed, shielded for at most
-    :data:`CLOSE_GRACE_SECONDS` even when the caller is cancelled.
+    write and event is flushed, shielded even when the caller is cancelled,
+    until ``close_deadline()`` (the orchestration's cleanup grace; default
+    :data:`CLOSE_GRACE_SECONDS` from the exit). Past it, the writer process
+    is killed and what was not written is lost, as in a crash (the next
+    ``--reuse`` recovers from that).
     """
     store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
     _OPEN_STORES.add(store)
@@ -724,13 +798,22 @@ async def open_run_store(
                 yield store
             finally:
                 # Actors stop between batches (a batch in a thread always
-                # finishes); _close() then commits what is left, shielded.
+                # finishes, one in the writer process by the close deadline);
+                # _close() then commits what is left, shielded.
+                if close_deadline is not None:
+                    store._committer.set_deadline(close_deadline())
                 nursery.cancel_scope.cancel()
     finally:
+        if close_deadline is not None:
+            limit = close_deadline()
+            store._committer.set_deadline(limit)
+        else:
+            limit = trio.current_time() + CLOSE_GRACE_SECONDS
         try:
-            with trio.move_on_after(CLOSE_GRACE_SECONDS, shield=True):
+            with trio.move_on_at(limit, shield=True):
                 await store._close()
-            await store._committer.stop_writer(WRITER_STOP_SECONDS)
+            remaining = max(0.0, limit - trio.current_time())
+            await store._committer.stop_writer(min(WRITER_STOP_SECONDS, remaining))
         finally:
             _OPEN_STORES.discard(store)
             store._release()

@@ -27,22 +27,50 @@ from ._format import (
 )
 from ._load import LoadedRun
 
-__all__ = ["render_run_table"]
+__all__ = ["TERMINAL_STATUSES", "render_run_table", "run_status"]
 
 
-def render_run_table(loaded: LoadedRun, metrics: dict[str, Any] | None) -> str:
-    """Metrics (if the run wrote ``metrics.json``), then one row per task."""
+#: Statuses a run ends with; any other (``running``, none) means it has not ended.
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+def run_status(info: dict[str, Any], live: bool) -> str:
+    """The status to show: ``interrupted`` for a run whose process died
+    (its lock is free) before it wrote a terminal status."""
+    status = info.get("status") if isinstance(info, dict) else None
+    if status in TERMINAL_STATUSES:
+        return str(status)
+    return "running" if live else "interrupted"
+
+
+def render_run_table(
+    loaded: LoadedRun, metrics: dict[str, Any] | None, *, live: bool = False, total: int | None = None
+) -> str:
+    """Metrics (if the run wrote ``metrics.json``), then one row per task.
+
+    ``live``: a process still holds the run (else a run that never ended is
+    ``interrupted``). ``total``: the run's selected tasks (``progress.json``),
+    so that tasks that never started count as unfinished too."""
     records = list(loaded.details.values())
     counts = severity_counts(records)
     info = loaded.run_info
+    status = run_status(info, live)
+    unfinished = len(loaded.checkpoints)
+    if total is not None and status in ("interrupted", "running"):
+        unfinished = max(unfinished, total - len(records))
     out = [
         f"Run:    {loaded.run_dir}",
-        f"Status: {info.get('status', 'unknown')}",
+        f"Status: {status}",
         (
             f"Tasks:  {len(records)} finished ({counts['fatal']} invalidated, {counts['error']} with errors,"
-            f" {counts['normal']} normal), {len(loaded.checkpoints)} unfinished"
+            f" {counts['normal']} normal), {unfinished} unfinished"
         ),
     ]
+    if status == "interrupted":
+        out.append(
+            "The process running it died before it ended: `compass launch CONFIG --reuse` "
+            "runs the unfinished tasks (and reaps what it left open)"
+        )
     if loaded.open_sessions:
         out.append(
             f"Open sessions: {len(loaded.open_sessions)} (never closed; `compass reap` cleans them up)"

@@ -17,7 +17,10 @@ not a hostile agent, which can run any command as your user anyway. Use the
 ``sandbox`` plugin for isolation.
 
 Every process a session starts carries ``AGENTCOMPASS_SANDBOX=<sandbox dir>``
-in its environment. On Linux, ``close`` and ``reap`` use it to find and kill
+and ``AGENTCOMPASS_SANDBOX_NAME=<session name>`` in its environment, and the
+sandbox directory is ``agentcompass-local-<session name>-XXXXXXXX``, so that
+``sweep(tag)`` finds both even for a session whose handle was never
+journalled. On Linux, ``close`` and ``reap`` use the first to find and kill
 what the sandbox left running, including daemons that left their process
 group, and to never signal a process-group id that an unrelated process
 reused after the sandbox's group died. Sessions closing at the same time
@@ -30,6 +33,8 @@ import contextlib
 import json
 import math
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -62,6 +67,11 @@ SUBDIRS = ("app", "tests", "logs", "solution")
 MARKER_FILE = ".agentcompass-sandbox"
 #: Set in every process a session starts (value: the sandbox directory).
 SANDBOX_ENV = "AGENTCOMPASS_SANDBOX"
+#: Set in every process a session starts (value: the session name; ``sweep`` looks for it).
+SANDBOX_NAME_ENV = "AGENTCOMPASS_SANDBOX_NAME"
+#: Prefix of every sandbox directory, followed by the session name.
+DIR_PREFIX = "agentcompass-local-"
+_NAME = re.compile(r"[a-z0-9-]{1,40}")
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
 
@@ -111,19 +121,26 @@ class LocalEnvironment(BaseEnvironment):
                 )
         return self.options
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> LocalSession:
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> LocalSession:
         """Make the sandbox directory and return its session. ``config`` is what
         :meth:`build_config` returned, a config dict, or ``None`` (this
-        instance's config). A failure removes whatever was made before raising."""
+        instance's config). ``name`` (invented when ``None``) labels the
+        directory (``agentcompass-local-<name>-XXXX``), its marker and every
+        process the session starts. A failure removes whatever was made
+        before raising."""
         if policy.mode != "full":
             raise _fail(f"environment 'local' cannot enforce network policy {policy.mode!r}")
         options = self.options if config is None else config
         if isinstance(options, dict):
             options = LocalEnvironment(options).options  # checked as the component's own config
-        root = await trio.to_thread.run_sync(_make_sandbox, options.root)
+        if name is None:
+            name = f"local-{secrets.token_hex(4)}"
+        elif not _NAME.fullmatch(name):
+            raise _fail(f"session name {name!r} is not 1-40 characters of [a-z0-9-]")
+        root = await trio.to_thread.run_sync(_make_sandbox, options.root, name)
         # No checkpoint between making the directory and handing over the session
         # that owns it, so a cancellation cannot leak it.
-        return LocalSession(root, options.max_output_bytes)
+        return LocalSession(root, options.max_output_bytes, name)
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Kill what the sandbox named by ``handle`` left running and remove its
@@ -133,6 +150,16 @@ class LocalEnvironment(BaseEnvironment):
         if not isinstance(path, str) or not os.path.isabs(path):
             raise IssueError("warning", "cleanup_failed", f"not a local sandbox handle: {handle!r}")
         await trio.to_thread.run_sync(_reap_sandbox, path)
+
+    async def sweep(self, tag: str) -> None:
+        """Kill every process and remove every sandbox directory under ``root``
+        whose session name starts with ``tag`` (idempotent). Finds what a
+        process killed inside :meth:`open` left: the directory is named before
+        anything is put in it, and a directory of ours holding nothing but
+        its empty subdirectories and marker is removed even without a marker."""
+        if not tag or not _NAME.fullmatch(tag):
+            raise ValueError(f"sweep tag {tag!r} is not 1-40 characters of [a-z0-9-]")
+        await trio.to_thread.run_sync(_sweep, self.options.root, tag)
 
 
 class LocalSession(EnvironmentSession):
@@ -144,15 +171,17 @@ class LocalSession(EnvironmentSession):
     the usual ``OSError`` subclasses (``FileNotFoundError`` ...).
     """
 
-    def __init__(self, root: str, max_output_bytes: int):
+    def __init__(self, root: str, max_output_bytes: int, name: str = ""):
         self._root = Path(root)
+        self.name = name
         self._max_output = max_output_bytes
-        self._dirs = {name: str(self._root / name) for name in SUBDIRS}
+        self._dirs = {sub: str(self._root / sub) for sub in SUBDIRS}
         # The host environment as of open, plus the sandbox's variables; copied
         # once here because reading os.environ costs more than spawning takes.
         self._env = os.environ.copy()
-        self._env.update({f"{name.upper()}_DIR": path for name, path in self._dirs.items()})
+        self._env.update({f"{sub.upper()}_DIR": path for sub, path in self._dirs.items()})
         self._env[SANDBOX_ENV] = str(self._root)
+        self._env[SANDBOX_NAME_ENV] = name
         # Process groups started here; close kills whatever is still in them.
         self._pgids: set[int] = set()
         self._closed = False
@@ -230,7 +259,8 @@ class LocalSession(EnvironmentSession):
         full_env = dict(self._env)
         if env:
             full_env.update(env)
-        full_env[SANDBOX_ENV] = self._env[SANDBOX_ENV]
+            full_env[SANDBOX_ENV] = self._env[SANDBOX_ENV]
+            full_env[SANDBOX_NAME_ENV] = self._env[SANDBOX_NAME_ENV]
         try:
             proc = await trio.lowlevel.open_process(
                 argv,
@@ -321,11 +351,14 @@ class LocalSession(EnvironmentSession):
         if self._removed:
             return
         root = str(self._root)
+        # Abandoned if the caller's grace runs out (a stalled disk, a process
+        # that will not die): killing and removing are safe to leave running,
+        # and an interrupted close is finished by another close or by reap.
         if _HAVE_PROC:
             await _sweep_marked(root, set(self._pgids))
         else:
-            await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True)
-        await trio.to_thread.run_sync(_remove_sandbox, root)
+            await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(_remove_sandbox, root, abandon_on_cancel=True)
         self._removed = True
 
 
@@ -369,16 +402,17 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _make_sandbox(root: str | Path | None) -> str:
-    """Blocking: make a sandbox directory with its subdirectories and marker."""
+def _make_sandbox(root: str | Path | None, name: str) -> str:
+    """Blocking: make a sandbox directory (named after the session) with its
+    subdirectories and marker."""
     if root is not None:
         os.makedirs(root, exist_ok=True)
-    path = os.path.realpath(tempfile.mkdtemp(prefix="agentcompass-local-", dir=root))
+    path = os.path.realpath(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{name}-", dir=root))
     try:
-        marker = {"provider": "local", "pid": os.getpid(), "created": time.time()}
+        marker = {"provider": "local", "name": name, "pid": os.getpid(), "created": time.time()}
         Path(path, MARKER_FILE).write_text(json.dumps(marker))
-        for name in SUBDIRS:
-            os.mkdir(os.path.join(path, name))
+        for sub in SUBDIRS:
+            os.mkdir(os.path.join(path, sub))
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -434,6 +468,58 @@ def _reap_sandbox(root: str) -> None:
         )
     _kill_sandbox_processes(root, set(), True)
     _remove_sandbox(root)
+
+
+def _sweep(root: str | Path | None, tag: str) -> None:
+    """Blocking: what :meth:`LocalEnvironment.sweep` does."""
+    base = root if root is not None else tempfile.gettempdir()
+    prefix = f"{DIR_PREFIX}{tag}"
+    try:
+        names = [e for e in os.listdir(base) if e.startswith(prefix)]
+    except FileNotFoundError:
+        names = []
+    for entry in names:
+        path = os.path.realpath(os.path.join(base, entry))
+        if not os.path.isdir(path):
+            continue
+        if not os.path.isfile(os.path.join(path, MARKER_FILE)):
+            # Killed between mkdtemp and the marker (or while close removed
+            # it): only our own empty skeleton is removed without a marker.
+            leftovers = set(os.listdir(path))
+            if leftovers <= set(SUBDIRS) and all(not os.listdir(os.path.join(path, d)) for d in leftovers):
+                for d in leftovers:
+                    os.rmdir(os.path.join(path, d))
+                os.rmdir(path)
+            continue
+        _reap_sandbox(path)
+    if _HAVE_PROC:
+        # Processes of a sandbox whose directory is already gone.
+        own = {os.getpid()}
+        for _ in range(_SWEEP_ROUNDS):
+            pids = [pid for pid in _processes_named(tag) if pid not in own]
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(_SWEEP_PAUSE_SECONDS)
+
+
+def _processes_named(tag: str) -> list[int]:
+    """Pids of live processes whose session name starts with ``tag``."""
+    needle = f"{SANDBOX_NAME_ENV}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if any(item.startswith(needle) for item in environ.split(b"\0")):
+            found.append(int(entry))
+    return found
 
 
 _HAVE_PROC = os.path.isdir("/proc/self")
@@ -539,7 +625,7 @@ class _Scanner:
         self._started += 1
         roots = set(self._pending)
         try:
-            found = await trio.to_thread.run_sync(self._scan_fn, roots)
+            found = await trio.to_thread.run_sync(self._scan_fn, roots, abandon_on_cancel=True)
             for root in roots:
                 self._results[root] = found.get(root, [])
         finally:

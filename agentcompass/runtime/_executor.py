@@ -49,10 +49,13 @@ class TaskReporter(Protocol):
     checkpoint is durable, and writes the task's record only after the
     task's checkpoints landed."""
 
+    #: The run's tag (``[a-z0-9-]``): every Environment session name starts with it.
+    tag: str
+
     def event(self, kind: str, **fields: Any) -> None:
         """A ``progress.jsonl`` event (fire and forget)."""
 
-    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None: ...
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None: ...
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None: ...
 

@@ -144,7 +144,10 @@ class RunRequest:
 
     ``harness`` is :data:`NO_HARNESS` (id ``none``) for a harness-free
     benchmark. ``reuse`` is ``False``, ``True`` (the latest run of this
-    request under ``output_root``) or the path of a run directory.
+    request under ``output_root``) or the path of a run directory. Only a
+    run of the same experiment is reused (SPEC section 8);
+    ``reuse_anyway`` reuses a run that differs too (recorded in its
+    ``run_info.json``).
     """
 
     name: str
@@ -159,6 +162,7 @@ class RunRequest:
     limit: int | None = None
     output_root: Path = Path("runs")
     reuse: bool | Path = False
+    reuse_anyway: bool = False
 
 
 @attrs.frozen

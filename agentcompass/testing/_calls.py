@@ -57,6 +57,8 @@ class CallLog:
     _last_session: int = 0
     _live: set[int] = attrs.Factory(set)
     _session_tasks: dict[int, str | None] = attrs.Factory(dict)
+    _session_names: dict[int, str] = attrs.Factory(dict)
+    _swept: set[int] = attrs.Factory(set)
 
     # -- queries -----------------------------------------------------------
 
@@ -114,7 +116,7 @@ class CallLog:
         return [c.detail["mode"] for c in self.select("set_network_policy", session=session)]
 
     def live_sessions(self) -> set[int]:
-        """Sessions opened and neither closed successfully nor reaped: leaks."""
+        """Sessions opened and neither closed successfully, reaped nor swept: leaks."""
         return set(self._live)
 
     # -- used by the fakes -------------------------------------------------
@@ -138,11 +140,30 @@ class CallLog:
         self._counters[key] = index + 1
         return index
 
-    def new_session(self, task_id: str | None) -> int:
+    def new_session(self, task_id: str | None, name: str | None = None) -> int:
         self._last_session += 1
         self._live.add(self._last_session)
         self._session_tasks[self._last_session] = task_id
+        if name is not None:
+            self._session_names[self._last_session] = name
         return self._last_session
+
+    def session_name(self, session: int) -> str | None:
+        """The name the runtime gave ``session`` when it opened it."""
+        return self._session_names.get(session)
+
+    def sweep(self, session: int) -> None:
+        """The sandbox of ``session`` was destroyed by ``sweep``: released, and
+        its session refuses every operation from now on."""
+        self._swept.add(session)
+        self.release(session)
+
+    def swept(self, session: int) -> bool:
+        return session in self._swept
+
+    def sessions_named(self, tag: str) -> set[int]:
+        """Live sessions whose name starts with ``tag``."""
+        return {sid for sid in self._live if self._session_names.get(sid, "").startswith(tag)}
 
     def session_task(self, session: int) -> str | None:
         return self._session_tasks.get(session)

@@ -80,7 +80,7 @@ class FakeSession(EnvironmentSession):
         return {"session": self.session_id, "log": self.log_name}
 
     async def _step(self, phase: str, **detail: Any) -> str:
-        if self.closed:
+        if self.closed or call_log(self.log_name).swept(self.session_id):
             call_log(self.log_name).record(
                 "environment", phase, self.task_id, self.session_id, {**detail, "refused": "closed"}
             )
@@ -157,9 +157,10 @@ class FakeEnvironment(BaseEnvironment):
     whose baseline, run or evaluation policy has a mode outside ``policies``,
     or whose phases need different policies when it is not ``switchable``.
     The evaluation policy is ignored in evaluation mode ``none`` (no
-    Environment evaluates). ``open`` logs ``open`` (detail ``policy``) before
-    acting, then ``opened`` with the new session id, so a failed or hung open
-    is visible too.
+    Environment evaluates). ``open`` logs ``open`` (detail ``policy`` and
+    ``name``) before acting, then ``opened`` with the new session id, so a
+    failed or hung open is visible too. ``sweep(tag)`` releases every live
+    session whose name starts with ``tag`` and logs ``sweep``.
     """
 
     id: ClassVar[str] = "fake-env"
@@ -186,18 +187,25 @@ class FakeEnvironment(BaseEnvironment):
             )
         return {"task_id": plan.task_id, "attempt": plan.attempt}
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> FakeSession:
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> FakeSession:
         task_id = config.get("task_id") if isinstance(config, Mapping) else None
         log_name = self.options.log
         await step(
-            log_name, self.options.script, "environment", "open", task_id, None, {"policy": policy.mode}
+            log_name,
+            self.options.script,
+            "environment",
+            "open",
+            task_id,
+            None,
+            {"policy": policy.mode} if name is None else {"policy": policy.mode, "name": name},
         )
         if policy.mode not in self.options.policies:
             raise IssueError(
                 "fatal", "environment_failed", f"fake-env cannot enforce network policy {policy.mode!r}"
             )
-        sid = call_log(log_name).new_session(task_id)
-        call_log(log_name).record("environment", "opened", task_id, sid, {"policy": policy.mode})
+        sid = call_log(log_name).new_session(task_id, name)
+        detail = {"policy": policy.mode} if name is None else {"policy": policy.mode, "name": name}
+        call_log(log_name).record("environment", "opened", task_id, sid, detail)
         return FakeSession(
             log_name,
             sid,
@@ -216,3 +224,13 @@ class FakeEnvironment(BaseEnvironment):
         await step(log_name, self.options.script, "environment", "reap", task_id, sid)
         if isinstance(sid, int):
             log.release(sid)
+
+    async def sweep(self, tag: str) -> None:
+        """Log ``sweep`` (detail ``tag`` and the ``swept`` session ids), then
+        release every live session of this log whose name starts with ``tag``."""
+        log = call_log(self.options.log)
+        swept = log.sessions_named(tag)
+        log.record("environment", "sweep", None, None, {"tag": tag, "swept": sorted(swept)})
+        await trio.lowlevel.checkpoint()
+        for sid in swept:
+            log.sweep(sid)

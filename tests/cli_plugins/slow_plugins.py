@@ -71,7 +71,7 @@ class SignalTestEnvironment(BaseEnvironment):
     Config: ClassVar[type | None] = SignalEnvConfig
     options: SignalEnvConfig
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> SignalSession:
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> SignalSession:
         await trio.lowlevel.checkpoint()
         return SignalSession(next(_numbers), self.options)
 

@@ -32,7 +32,7 @@ class MemoryReporter:
     def kinds(self, kind: str) -> list[dict[str, Any]]:
         return [f for k, f in self.events if k == kind]
 
-    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str = "") -> None:
         await trio.lowlevel.checkpoint()
         self.opened.append(session_id)
 

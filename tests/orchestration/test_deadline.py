@@ -260,10 +260,10 @@ class UninterruptibleOpenEnvironment(FakeEnvironment):
 
     id: ClassVar[str] = "orch-test-uninterruptible-open-env"
 
-    async def open(self, config: Any, policy: Any) -> Any:
+    async def open(self, config: Any, policy: Any, name: str | None = None) -> Any:
         with trio.CancelScope(shield=True):
             await trio.sleep(3)
-            return await super().open(config, policy)
+            return await super().open(config, policy, name)
 
 
 async def test_a_sandbox_opened_after_the_deadline_is_journalled_and_closed(autojump_clock, tmp_path: Path):

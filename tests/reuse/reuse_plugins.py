@@ -292,10 +292,10 @@ class KillPointLocalEnvironment(LocalEnvironment):
 
     id: ClassVar[str] = "reuse-kill-local"
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> _Session:
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> _Session:
         _state["opening"] += 1  # until the runtime journalled the handle
         try:
-            return _Session(await super().open(config, policy))
+            return _Session(await super().open(config, policy, name))
         except BaseException:
             _state["opening"] -= 1
             raise

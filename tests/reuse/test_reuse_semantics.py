@@ -451,7 +451,8 @@ async def test_a_grown_task_set_runs_only_the_new_tasks(autojump_clock, tmp_path
     grown = attrs.evolve(
         request, benchmark=ComponentRef("fake-bench", {"log": "grow", "tasks": ["t000", "t001", "t002"]})
     )
-    second = await launch_one(reuse_of(grown))
+    # The task list is benchmark config, so this is another experiment: reused anyway.
+    second = await launch_one(reuse_of(grown, reuse_anyway=True))
     assert [c.task_id for c in call_log("grow").calls[since:] if c.phase == "run"] == ["t002"]
     assert set(details(second.run_dir)) == {"t000", "t001", "t002"}
 
@@ -469,8 +470,9 @@ async def test_reuse_of_an_explicit_run_dir(autojump_clock, tmp_path: Path):
     assert details(run_b.run_dir)["t001"]["_dir"] == "fatal"
     before = agent_calls("explicit")
 
-    # The default source is the latest run (b) ...
-    latest = await launch_one(reuse_of(good))
+    # The default source is the latest run (b; its scripted harness config
+    # makes it another experiment, so reused anyway) ...
+    latest = await launch_one(reuse_of(good, reuse_anyway=True))
     assert f"reuse: from {run_b.run_dir}" in notes(latest.run_dir)
     assert details(latest.run_dir)["t001"]["_dir"] == "fatal"
     # ... an explicit RUN_DIR picks another one (a), though later runs exist.

@@ -26,8 +26,9 @@ kill points wait until no session is in these windows, see
 ``reuse_plugins.py``):
 
 - a kill between a provider's ``open`` making the sandbox and the runtime
-  journalling its handle leaks a sandbox nobody can name (the journal line
-  can only be written once ``open`` returned the handle);
+  journalling its handle leaves a sandbox no journal line names; the next
+  ``--reuse`` finds it by the run's tag (``sweep``), which
+  ``tests/faults/test_sigkill_random.py`` checks at random instants;
 - a kill while ``local`` removes a sandbox, between its marker and the
   directory, leaves an empty unmarked directory, which ``reap`` removes:
   ``test_a_sandbox_whose_close_was_cut_short_is_reaped``.

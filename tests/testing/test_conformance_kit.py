@@ -36,8 +36,9 @@ async def test_fake_env_passes_every_check() -> None:
         failing_config={"task_id": "bad"},
         count_sandboxes=live,
     )
-    # Everything but what needs real processes, a network or named sessions.
-    needs_more = {"timeout_kills_tree", "cancel_kills_tree", "policy_enforced", "sweep"}
+    # Everything but what needs real processes or a network (fake-env names
+    # its sessions and sweeps them).
+    needs_more = {"timeout_kills_tree", "cancel_kills_tree", "policy_enforced"}
     assert kit.checks() == [c for c in EnvironmentConformance.CHECKS if c not in needs_more]
     await kit.run_all()
     log = call_log()
@@ -163,7 +164,7 @@ class MemEnvironment(BaseEnvironment):
             raise self.faults["build_config_raises"]
         return {}
 
-    async def open(self, config: Any, policy: NetworkPolicy) -> MemSession:
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> MemSession:
         if "open_converts_cancelled" in self.faults:
             try:
                 await trio.sleep(0.001)
@@ -242,7 +243,7 @@ async def test_build_config_must_reject_with_component_error() -> None:
 
 async def test_a_hanging_check_fails_as_hung(autojump_clock: trio.abc.Clock) -> None:
     class Hanging(MemEnvironment):
-        async def open(self, config: Any, policy: NetworkPolicy) -> MemSession:
+        async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> MemSession:
             await trio.sleep_forever()
             raise AssertionError("unreachable")
 
