@@ -424,32 +424,48 @@ def _remove_sandbox(root: str) -> None:
     removal cut short can still be recognised (and reaped) later."""
     if not os.path.isdir(root):
         return
-    for entry in os.listdir(root):
+    # Every step tolerates a concurrent removal: a close whose grace ran out
+    # leaves its removal running while another close finishes the job.
+    try:
+        entries = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for entry in entries:
         if entry == MARKER_FILE:
             continue
         path = os.path.join(root, entry)
         if os.path.isdir(path) and not os.path.islink(path):
             _rmtree(path)
         else:
-            os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(root, MARKER_FILE))
-    os.rmdir(root)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(root)
 
 
 def _rmtree(path: str) -> None:
     try:
-        shutil.rmtree(path)
+        shutil.rmtree(path, onerror=_unless_missing)
     except OSError:
         # An agent may have left read-only or unreadable directories behind
         # (chmod -R a-rwx); we own them, so grant ourselves access and retry.
-        os.chmod(path, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path, 0o700)
         for parent, subdirs, _ in os.walk(path):
             for name in subdirs:
                 # Top-down walk: a directory is opened before os.walk descends into it.
                 if not os.path.islink(os.path.join(parent, name)):
-                    os.chmod(os.path.join(parent, name), 0o700)
-        shutil.rmtree(path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.chmod(os.path.join(parent, name), 0o700)
+        shutil.rmtree(path, onerror=_unless_missing)
+
+
+def _unless_missing(function: Any, path: str, exc_info: Any) -> None:
+    """rmtree error handler: what another removal already took is fine."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
 
 
 def _reap_sandbox(root: str) -> None:
