@@ -93,3 +93,8 @@ def test_runtime_exports_the_model_client_api():
     # Harnesses and harness-free benchmarks (plugins included) get model clients from here.
     assert MODEL_NAMES <= _public(agentcompass.runtime)
     assert issubclass(agentcompass.runtime.ModelError, agentcompass.IssueError)
+
+
+def test_runtime_exports_the_exec_streaming_helpers():
+    # Providers and the remote client cut streamed output with the same rule.
+    assert {"OutputCallback", "OutputStream", "OutputTail"} <= _public(agentcompass.runtime)

@@ -213,6 +213,78 @@ async def test_exec_does_not_wait_for_background_processes_holding_its_pipes(ses
     assert (result.exit_code, result.stdout, result.timed_out) == (0, "done\n", False)
 
 
+# -- exec_stream --------------------------------------------------------------
+
+
+async def test_exec_stream_hands_over_every_byte_while_the_command_runs(tmp_path: Path):
+    # The limit is far below the output: it bounds exec's result, not the stream.
+    env = LocalEnvironment({"root": str(tmp_path), "max_output_bytes": 1000})
+    session = await env.open(env.build_config(_plan()), FULL)
+    logs = root_of(session) / "logs"
+    os.mkfifo(logs / "go")
+    received: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    all_before_exit = trio.Event()
+
+    async def on_output(stream: str, chunk: bytes) -> None:
+        received[stream] += chunk
+        if len(received["stdout"]) == 300000 and received["stderr"] == b"err\n":
+            all_before_exit.set()
+
+    async def release_when_streamed() -> None:
+        await all_before_exit.wait()
+        # The command is blocked reading the FIFO: it has not exited yet.
+        await trio.to_thread.run_sync((logs / "go").write_text, "go\n")
+
+    try:
+        with trio.fail_after(HANG_GUARD):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release_when_streamed)
+                result = await session.exec_stream(
+                    'head -c 300000 /dev/zero; echo err >&2; read x < "$LOGS_DIR/go"; echo end',
+                    on_output=on_output,
+                )
+    finally:
+        await session.close()
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (0, "", "", False)
+    assert received == {"stdout": b"\0" * 300000 + b"end\n", "stderr": b"err\n"}
+
+
+@needs_proc
+async def test_exec_stream_keeps_output_a_slow_consumer_has_not_taken_yet(session: LocalSession):
+    # The command writes a line, then (once released) 60000 bytes, which fit
+    # in the pipe, and exits while the consumer still holds the first line for
+    # longer than the half second exec waits for buffered output.
+    logs = root_of(session) / "logs"
+    os.mkfifo(logs / "go")
+    chunks: list[bytes] = []
+
+    async def slow(stream: str, chunk: bytes) -> None:
+        chunks.append(chunk)
+        if len(chunks) == 1:
+            await trio.to_thread.run_sync((logs / "go").write_text, "go\n")
+            await wait_dead(int((logs / "leader").read_text()))
+            await trio.sleep(1)  # a slow consumer, not a wait for a condition
+
+    cmd = 'echo $$ > "$LOGS_DIR/leader"; echo first; read x < "$LOGS_DIR/go"; head -c 60000 /dev/zero; echo last'
+    with trio.fail_after(HANG_GUARD):
+        result = await session.exec_stream(cmd, on_output=slow)
+    assert result.exit_code == 0
+    assert b"".join(chunks) == b"first\n" + b"\0" * 60000 + b"last\n"
+
+
+async def test_an_exception_from_on_output_kills_the_command_and_propagates(session: LocalSession):
+    class Stop(Exception):
+        pass
+
+    async def refuse(stream: str, chunk: bytes) -> None:
+        raise Stop
+
+    with trio.fail_after(HANG_GUARD), pytest.RaisesGroup(Stop, allow_unwrapped=True, flatten_subgroups=True):
+        await session.exec_stream('echo $$ > "$LOGS_DIR/leader"; echo hi; exec sleep 1000', on_output=refuse)
+    await wait_dead(int((root_of(session) / "logs" / "leader").read_text()))
+    assert (await session.exec("echo again")).stdout == "again\n"
+
+
 # -- close and reap -----------------------------------------------------------
 
 
