@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
-from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession
+from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession, _Scanner
 from agentcompass.runtime import (
     ComponentError,
     ComponentRef,
@@ -307,6 +309,95 @@ async def test_close_kills_leftover_background_processes(session: LocalSession):
     for pid in pids:
         await wait_dead(pid)
         assert not is_alive(pid)
+
+
+@needs_proc
+async def test_concurrent_closes_kill_every_sessions_escaped_daemon(tmp_path: Path):
+    env = LocalEnvironment({"root": str(tmp_path)})
+    sessions = [await env.open(None, FULL) for _ in range(8)]
+    pids = []
+    for session in sessions:
+        escaped = await session.exec("setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!")
+        pids.append(int(escaped.stdout))
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(session.close)
+    for pid in pids:
+        await wait_dead(pid)
+        assert not is_alive(pid)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_closes_share_proc_scans_begun_after_they_asked():
+    calls: list[set[str]] = []
+    first_scan_may_end = threading.Event()
+
+    def scan(roots):
+        calls.append(set(roots))
+        if len(calls) == 1:
+            first_scan_may_end.wait(HANG_GUARD)
+        return {root: [(100 + len(calls), 1)] for root in roots if root != "c"}
+
+    scanner = _Scanner(scan)
+    results: dict[str, list[tuple[int, int]]] = {}
+
+    async def ask(root: str) -> None:
+        results[root] = await scanner.marked(root)
+
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "a")
+            await trio.testing.wait_all_tasks_blocked()
+            # b and c ask while a's scan runs: they must not take its result.
+            nursery.start_soon(ask, "b")
+            nursery.start_soon(ask, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            first_scan_may_end.set()
+    assert calls == [{"a"}, {"b", "c"}]
+    assert results == {"a": [(101, 1)], "b": [(102, 1)], "c": []}
+
+
+async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
+    calls: list[set[str]] = []
+    first_scan_may_end = threading.Event()
+
+    def scan(roots):
+        calls.append(set(roots))
+        if len(calls) == 1:
+            first_scan_may_end.wait(HANG_GUARD)
+        if len(calls) == 2:
+            raise OSError("proc unreadable")
+        return {}
+
+    scanner = _Scanner(scan)
+    outcome: dict[str, object] = {}
+
+    async def ask(root: str) -> None:
+        try:
+            outcome[root] = await scanner.marked(root)
+        except OSError as exc:
+            outcome[root] = exc
+
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "a")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(ask, "b")
+            nursery.start_soon(ask, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            first_scan_may_end.set()
+    # Whichever of b and c ran the failing scan sees the error; the other asks for a new scan.
+    assert calls[:2] == [{"a"}, {"b", "c"}] and len(calls) == 3
+    (retried,) = calls[2]
+    (failed,) = {"b", "c"} - {retried}
+    assert outcome["a"] == [] and outcome[retried] == [] and isinstance(outcome[failed], OSError)
+
+
+async def test_exec_reports_a_removed_app_directory(session: LocalSession):
+    await session.exec('rmdir "$APP_DIR"')
+    with pytest.raises(IssueError, match="working directory '/app' does not exist"):
+        await session.exec("true")
 
 
 async def test_operations_after_close_raise(session: LocalSession):

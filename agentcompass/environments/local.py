@@ -23,7 +23,8 @@ sandbox directory is ``agentcompass-local-<session name>-XXXXXXXX``, so that
 journalled. On Linux, ``close`` and ``reap`` use the first to find and kill
 what the sandbox left running, including daemons that left their process
 group, and to never signal a process-group id that an unrelated process
-reused after the sandbox's group died.
+reused after the sandbox's group died. Sessions closing at the same time
+share their passes over ``/proc``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
@@ -182,7 +183,13 @@ class LocalSession(EnvironmentSession):
         self._root = Path(root)
         self.name = name
         self._max_output = max_output_bytes
-        self._dirs = {name: str(self._root / name) for name in SUBDIRS}
+        self._dirs = {sub: str(self._root / sub) for sub in SUBDIRS}
+        # The host environment as of open, plus the sandbox's variables; copied
+        # once here because reading os.environ costs more than spawning takes.
+        self._env = os.environ.copy()
+        self._env.update({f"{sub.upper()}_DIR": path for sub, path in self._dirs.items()})
+        self._env[SANDBOX_ENV] = str(self._root)
+        self._env[SANDBOX_NAME_ENV] = name
         # Process groups started here; close kills whatever is still in them.
         self._pgids: set[int] = set()
         self._closed = False
@@ -230,7 +237,8 @@ class LocalSession(EnvironmentSession):
         """Run ``cmd`` (``bash -c cmd``, or an argv list) in a new process group.
 
         ``cwd`` defaults to ``app``; a relative ``cwd`` is relative to the
-        sandbox directory, like file paths. The environment is the host's plus
+        sandbox directory, like file paths. The environment is the host's (as
+        of :meth:`LocalEnvironment.open`) plus
         ``APP_DIR``, ``TESTS_DIR``, ``LOGS_DIR``, ``SOLUTION_DIR``, then ``env``
         (which may override them), then ``AGENTCOMPASS_SANDBOX``.
 
@@ -275,18 +283,16 @@ class LocalSession(EnvironmentSession):
         not count time spent in ``on_output``."""
         self._check_open()
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
-        workdir = await trio.to_thread.run_sync(self._resolve_dir, cwd)
-        self._check_open()
-        full_env = {
-            **os.environ,
-            "APP_DIR": self._dirs["app"],
-            "TESTS_DIR": self._dirs["tests"],
-            "LOGS_DIR": self._dirs["logs"],
-            "SOLUTION_DIR": self._dirs["solution"],
-            **(env or {}),
-            SANDBOX_ENV: str(self._root),
-            SANDBOX_NAME_ENV: self.name,
-        }
+        if cwd is None:
+            workdir = self._dirs["app"]  # checked below only if the spawn fails: no thread hop per exec
+        else:
+            workdir = await trio.to_thread.run_sync(self._resolve_dir, cwd)
+            self._check_open()
+        full_env = dict(self._env)
+        if env:
+            full_env.update(env)
+            full_env[SANDBOX_ENV] = self._env[SANDBOX_ENV]
+            full_env[SANDBOX_NAME_ENV] = self._env[SANDBOX_NAME_ENV]
         try:
             proc = await trio.lowlevel.open_process(
                 argv,
@@ -298,6 +304,8 @@ class LocalSession(EnvironmentSession):
                 start_new_session=True,
             )
         except OSError as exc:
+            if cwd is None and not await trio.to_thread.run_sync(os.path.isdir, workdir):
+                raise _fail("working directory '/app' does not exist in the sandbox") from None
             raise _fail(f"could not start {argv[0]!r}: {exc}") from None
         # start_new_session makes the child a group leader: its pid is the pgid.
         self._pgids.add(proc.pid)
@@ -375,7 +383,10 @@ class LocalSession(EnvironmentSession):
         # Abandoned if the caller's grace runs out (a stalled disk, a process
         # that will not die): killing and removing are safe to leave running,
         # and an interrupted close is finished by another close or by reap.
-        await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True, abandon_on_cancel=True)
+        if _HAVE_PROC:
+            await _sweep_marked(root, set(self._pgids))
+        else:
+            await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True, abandon_on_cancel=True)
         await trio.to_thread.run_sync(_remove_sandbox, root, abandon_on_cancel=True)
         self._removed = True
 
@@ -453,32 +464,48 @@ def _remove_sandbox(root: str) -> None:
     removal cut short can still be recognised (and reaped) later."""
     if not os.path.isdir(root):
         return
-    for entry in os.listdir(root):
+    # Every step tolerates a concurrent removal: a close whose grace ran out
+    # leaves its removal running while another close finishes the job.
+    try:
+        entries = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for entry in entries:
         if entry == MARKER_FILE:
             continue
         path = os.path.join(root, entry)
         if os.path.isdir(path) and not os.path.islink(path):
             _rmtree(path)
         else:
-            os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(root, MARKER_FILE))
-    os.rmdir(root)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(root)
 
 
 def _rmtree(path: str) -> None:
     try:
-        shutil.rmtree(path)
+        shutil.rmtree(path, onerror=_unless_missing)
     except OSError:
         # An agent may have left read-only or unreadable directories behind
         # (chmod -R a-rwx); we own them, so grant ourselves access and retry.
-        os.chmod(path, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path, 0o700)
         for parent, subdirs, _ in os.walk(path):
             for name in subdirs:
                 # Top-down walk: a directory is opened before os.walk descends into it.
                 if not os.path.islink(os.path.join(parent, name)):
-                    os.chmod(os.path.join(parent, name), 0o700)
-        shutil.rmtree(path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.chmod(os.path.join(parent, name), 0o700)
+        shutil.rmtree(path, onerror=_unless_missing)
+
+
+def _unless_missing(function: Any, path: str, exc_info: Any) -> None:
+    """rmtree error handler: what another removal already took is fine."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
 
 
 def _reap_sandbox(root: str) -> None:
@@ -586,8 +613,17 @@ def _kill_sandbox_processes(root: str, pgids: Collection[int], sweep: bool) -> N
 
 def _marked_processes(root: str) -> list[tuple[int, int]]:
     """(pid, pgid) of each live process whose environment has ``AGENTCOMPASS_SANDBOX=root``."""
-    tag = f"{SANDBOX_ENV}={root}".encode()
-    found = []
+    return _scan_marked({root}).get(root, [])
+
+
+_TAG_PREFIX = f"{SANDBOX_ENV}=".encode()
+
+
+def _scan_marked(roots: Collection[str]) -> dict[str, list[tuple[int, int]]]:
+    """Blocking: one pass over ``/proc``; for each of ``roots``, the (pid, pgid)
+    of each live process marked with it (roots with none are absent)."""
+    wanted = {f"{SANDBOX_ENV}={root}".encode(): root for root in roots}
+    found: dict[str, list[tuple[int, int]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -596,8 +632,84 @@ def _marked_processes(root: str) -> list[tuple[int, int]]:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read()
             # A zombie has an empty environ and is already dead: it never matches.
-            if tag in environ.split(b"\0"):
-                found.append((pid, os.getpgid(pid)))
+            if _TAG_PREFIX not in environ:
+                continue
+            for item in environ.split(b"\0"):
+                root = wanted.get(item)
+                if root is not None:
+                    found.setdefault(root, []).append((pid, os.getpgid(pid)))
         except (OSError, ValueError):
             continue  # gone, or not ours to read
     return found
+
+
+class _Scanner:
+    """Shares ``/proc`` scans between the sessions of one Trio run that close
+    at the same time: a scan serves every root registered before it started,
+    so N concurrent closes cost a few scans instead of N."""
+
+    def __init__(self, scan: Callable[[Collection[str]], dict[str, list[tuple[int, int]]]] = _scan_marked) -> None:
+        self._scan_fn = scan
+        self._pending: set[str] = set()
+        self._results: dict[str, list[tuple[int, int]]] = {}
+        self._started = 0  # scans begun
+        self._finished = 0  # scans ended (successfully or not)
+        self._scanning = False
+        self._changed = trio.Event()
+
+    async def marked(self, root: str) -> list[tuple[int, int]]:
+        """The processes marked with ``root`` per a scan begun after this call."""
+        self._pending.add(root)
+        self._results.pop(root, None)
+        needed = self._started + 1
+        try:
+            while self._finished < needed or root not in self._results:
+                if self._scanning:
+                    await self._changed.wait()
+                    continue
+                if self._finished >= needed:
+                    # A scan that included this root failed: run one more.
+                    needed = self._started + 1
+                await self._scan()
+            return self._results.pop(root)
+        finally:
+            self._pending.discard(root)
+            self._results.pop(root, None)
+
+    async def _scan(self) -> None:
+        self._scanning = True
+        self._started += 1
+        roots = set(self._pending)
+        try:
+            found = await trio.to_thread.run_sync(self._scan_fn, roots, abandon_on_cancel=True)
+            for root in roots:
+                self._results[root] = found.get(root, [])
+        finally:
+            self._finished = self._started
+            self._scanning = False
+            self._changed.set()
+            self._changed = trio.Event()
+
+
+_SCANNER: trio.lowlevel.RunVar[_Scanner] = trio.lowlevel.RunVar("agentcompass_local_scanner")
+
+
+async def _sweep_marked(root: str, pgids: Collection[int]) -> None:
+    """Like :func:`_kill_sandbox_processes` with ``sweep``, on shared scans."""
+    try:
+        scanner = _SCANNER.get()
+    except LookupError:
+        scanner = _Scanner()
+        _SCANNER.set(scanner)
+    own = {os.getpid(), os.getpgrp()}
+    for _ in range(_SWEEP_ROUNDS):
+        marked = [(pid, pgid) for pid, pgid in await scanner.marked(root) if pid not in own]
+        if not marked:
+            return
+        for pid, pgid in marked:
+            if pgid in pgids and pgid not in own:
+                _killpg(pgid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        # Give the kernel a moment to tear the killed processes down before re-scanning.
+        await trio.sleep(_SWEEP_PAUSE_SECONDS)
