@@ -644,7 +644,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
 
     import trio
 
-    from ._view import Site, find_runs, serve, write_site
+    from ._view import ROW_BUDGET_SECONDS, Site, find_runs, serve, write_site
     from .runtime._errors import ConfigError
 
     paths = list(run_dirs) or [Path("runs")]
@@ -659,6 +659,10 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
         for run in runs:
             if target == run or run in target.parents:
                 raise ConfigError(f"--out {out} is inside the run directory {run}; the viewer never writes there")
+            if target in run.parents:
+                raise ConfigError(f"--out {out} holds the run directory {run}; write the pages elsewhere")
+        if (target / "run_info.json").exists() or (target / "progress.jsonl").exists():
+            raise ConfigError(f"--out {out} is a run directory; the viewer never writes there")
         count = write_site(Site(runs, live=False), target)
         click.echo(f"wrote {count} file(s) for {len(runs)} run(s); open {target / 'index.html'}")
         return
@@ -667,7 +671,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 try:
-                    url = await nursery.start(serve, Site(runs, live=True), port)
+                    url = await nursery.start(serve, Site(runs, live=True, row_budget=ROW_BUDGET_SECONDS), port)
                 except OSError as exc:
                     raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
                 click.echo(f"serving {len(runs)} run(s) at {url} (Ctrl-C to stop)")

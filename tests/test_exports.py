@@ -98,3 +98,8 @@ def test_runtime_exports_the_model_client_api():
 def test_runtime_exports_the_cleanup_deadline():
     # Providers (plugins included) bound their own shielded cleanup by it.
     assert {"cleanup_deadline", "DEFAULT_CLEANUP_GRACE_SECONDS"} <= _public(agentcompass.runtime)
+
+
+def test_runtime_exports_the_exec_streaming_helpers():
+    # Providers and the remote client cut streamed output with the same rule.
+    assert {"OutputCallback", "OutputStream", "OutputTail"} <= _public(agentcompass.runtime)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
-from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession
+from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession, _Scanner
 from agentcompass.runtime import (
     ComponentError,
     ComponentRef,
@@ -211,6 +213,78 @@ async def test_exec_does_not_wait_for_background_processes_holding_its_pipes(ses
     assert (result.exit_code, result.stdout, result.timed_out) == (0, "done\n", False)
 
 
+# -- exec_stream --------------------------------------------------------------
+
+
+async def test_exec_stream_hands_over_every_byte_while_the_command_runs(tmp_path: Path):
+    # The limit is far below the output: it bounds exec's result, not the stream.
+    env = LocalEnvironment({"root": str(tmp_path), "max_output_bytes": 1000})
+    session = await env.open(env.build_config(_plan()), FULL)
+    logs = root_of(session) / "logs"
+    os.mkfifo(logs / "go")
+    received: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    all_before_exit = trio.Event()
+
+    async def on_output(stream: str, chunk: bytes) -> None:
+        received[stream] += chunk
+        if len(received["stdout"]) == 300000 and received["stderr"] == b"err\n":
+            all_before_exit.set()
+
+    async def release_when_streamed() -> None:
+        await all_before_exit.wait()
+        # The command is blocked reading the FIFO: it has not exited yet.
+        await trio.to_thread.run_sync((logs / "go").write_text, "go\n")
+
+    try:
+        with trio.fail_after(HANG_GUARD):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release_when_streamed)
+                result = await session.exec_stream(
+                    'head -c 300000 /dev/zero; echo err >&2; read x < "$LOGS_DIR/go"; echo end',
+                    on_output=on_output,
+                )
+    finally:
+        await session.close()
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (0, "", "", False)
+    assert received == {"stdout": b"\0" * 300000 + b"end\n", "stderr": b"err\n"}
+
+
+@needs_proc
+async def test_exec_stream_keeps_output_a_slow_consumer_has_not_taken_yet(session: LocalSession):
+    # The command writes a line, then (once released) 60000 bytes, which fit
+    # in the pipe, and exits while the consumer still holds the first line for
+    # longer than the half second exec waits for buffered output.
+    logs = root_of(session) / "logs"
+    os.mkfifo(logs / "go")
+    chunks: list[bytes] = []
+
+    async def slow(stream: str, chunk: bytes) -> None:
+        chunks.append(chunk)
+        if len(chunks) == 1:
+            await trio.to_thread.run_sync((logs / "go").write_text, "go\n")
+            await wait_dead(int((logs / "leader").read_text()))
+            await trio.sleep(1)  # a slow consumer, not a wait for a condition
+
+    cmd = 'echo $$ > "$LOGS_DIR/leader"; echo first; read x < "$LOGS_DIR/go"; head -c 60000 /dev/zero; echo last'
+    with trio.fail_after(HANG_GUARD):
+        result = await session.exec_stream(cmd, on_output=slow)
+    assert result.exit_code == 0
+    assert b"".join(chunks) == b"first\n" + b"\0" * 60000 + b"last\n"
+
+
+async def test_an_exception_from_on_output_kills_the_command_and_propagates(session: LocalSession):
+    class Stop(Exception):
+        pass
+
+    async def refuse(stream: str, chunk: bytes) -> None:
+        raise Stop
+
+    with trio.fail_after(HANG_GUARD), pytest.RaisesGroup(Stop, allow_unwrapped=True, flatten_subgroups=True):
+        await session.exec_stream('echo $$ > "$LOGS_DIR/leader"; echo hi; exec sleep 1000', on_output=refuse)
+    await wait_dead(int((root_of(session) / "logs" / "leader").read_text()))
+    assert (await session.exec("echo again")).stdout == "again\n"
+
+
 # -- close and reap -----------------------------------------------------------
 
 
@@ -235,6 +309,95 @@ async def test_close_kills_leftover_background_processes(session: LocalSession):
     for pid in pids:
         await wait_dead(pid)
         assert not is_alive(pid)
+
+
+@needs_proc
+async def test_concurrent_closes_kill_every_sessions_escaped_daemon(tmp_path: Path):
+    env = LocalEnvironment({"root": str(tmp_path)})
+    sessions = [await env.open(None, FULL) for _ in range(8)]
+    pids = []
+    for session in sessions:
+        escaped = await session.exec("setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!")
+        pids.append(int(escaped.stdout))
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(session.close)
+    for pid in pids:
+        await wait_dead(pid)
+        assert not is_alive(pid)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_closes_share_proc_scans_begun_after_they_asked():
+    calls: list[set[str]] = []
+    first_scan_may_end = threading.Event()
+
+    def scan(roots):
+        calls.append(set(roots))
+        if len(calls) == 1:
+            first_scan_may_end.wait(HANG_GUARD)
+        return {root: [(100 + len(calls), 1)] for root in roots if root != "c"}
+
+    scanner = _Scanner(scan)
+    results: dict[str, list[tuple[int, int]]] = {}
+
+    async def ask(root: str) -> None:
+        results[root] = await scanner.marked(root)
+
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "a")
+            await trio.testing.wait_all_tasks_blocked()
+            # b and c ask while a's scan runs: they must not take its result.
+            nursery.start_soon(ask, "b")
+            nursery.start_soon(ask, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            first_scan_may_end.set()
+    assert calls == [{"a"}, {"b", "c"}]
+    assert results == {"a": [(101, 1)], "b": [(102, 1)], "c": []}
+
+
+async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
+    calls: list[set[str]] = []
+    first_scan_may_end = threading.Event()
+
+    def scan(roots):
+        calls.append(set(roots))
+        if len(calls) == 1:
+            first_scan_may_end.wait(HANG_GUARD)
+        if len(calls) == 2:
+            raise OSError("proc unreadable")
+        return {}
+
+    scanner = _Scanner(scan)
+    outcome: dict[str, object] = {}
+
+    async def ask(root: str) -> None:
+        try:
+            outcome[root] = await scanner.marked(root)
+        except OSError as exc:
+            outcome[root] = exc
+
+    with trio.fail_after(HANG_GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "a")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(ask, "b")
+            nursery.start_soon(ask, "c")
+            await trio.testing.wait_all_tasks_blocked()
+            first_scan_may_end.set()
+    # Whichever of b and c ran the failing scan sees the error; the other asks for a new scan.
+    assert calls[:2] == [{"a"}, {"b", "c"}] and len(calls) == 3
+    (retried,) = calls[2]
+    (failed,) = {"b", "c"} - {retried}
+    assert outcome["a"] == [] and outcome[retried] == [] and isinstance(outcome[failed], OSError)
+
+
+async def test_exec_reports_a_removed_app_directory(session: LocalSession):
+    await session.exec('rmdir "$APP_DIR"')
+    with pytest.raises(IssueError, match="working directory '/app' does not exist"):
+        await session.exec("true")
 
 
 async def test_operations_after_close_raise(session: LocalSession):

@@ -5,6 +5,7 @@ Private package: the CLI is its only user-facing entry point.
 """
 
 from ._data import CHUNK_STEPS as CHUNK_STEPS
+from ._data import ROW_BUDGET_SECONDS as ROW_BUDGET_SECONDS
 from ._data import find_runs as find_runs
 from ._server import serve as serve
 from ._site import Site as Site

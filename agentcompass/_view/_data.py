@@ -5,9 +5,16 @@ or locked in a run directory, so a live run can be viewed while it writes.
 Records are read as plain JSON (not through the converter): a viewer must show
 what is on disk, including records of an older or newer format.
 
-Large trajectories are split into chunks of :data:`CHUNK_STEPS` messages that
-the page loads one at a time. Parsed files are cached by (mtime, size), so a
-live page that polls every few seconds re-reads only what changed.
+Serving is lazy. The run page's task index comes from the ``details/``
+listing and a compact row per record, cached by (mtime, size) so a live page
+that polls re-reads only what changed; a request reads rows for a bounded time
+and answers the rest as placeholders (``pending``) that a background pass
+fills in, so the first page of a 10,000-task run does not wait for every
+record. A record is read in full only for its attempt page. Large records are
+split at read time: each trajectory is scanned one message at a time (other
+threads, and the server's event loop, run between messages) and kept as the
+JSON text of its chunks of :data:`CHUNK_STEPS` messages, in a cache bounded by
+characters, so a chunk request never re-parses the record.
 """
 
 from __future__ import annotations
@@ -15,9 +22,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .._store._keys import task_key
 
 __all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
 
@@ -25,7 +37,17 @@ __all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
 CHUNK_STEPS = 500
 _SEVERITIES = ("fatal", "error", "normal")
 _ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
-_RECORD_CACHE = 8  # whole task records (with trajectories) kept parsed
+#: Characters of parsed records (trajectory chunks as JSON text) kept per run.
+RECORD_CACHE_CHARS = 256 * 1024 * 1024
+#: Records at least this large are split at read time and summarized by the
+#: background pass rather than by a page request.
+LARGE_RECORD = 256 * 1024
+#: How long a run page request reads rows before answering with placeholders.
+ROW_BUDGET_SECONDS = 0.5
+_CHECKPOINT = "checkpoint.json"
+_TRAJECTORY_KEY = re.compile(r'"trajectory"[ \t\n\r]*:[ \t\n\r]*\[')
+_WS = re.compile(r"[ \t\n\r]*")
+_MARK = "\u0000compass-trajectory-"
 _PRIMARY_FALLBACK = ("reward", "passed", "correct", "score", "accuracy")
 
 
@@ -79,15 +101,49 @@ def _number(value: Any) -> float | None:
     return None
 
 
-class RunData:
-    """One run directory as the viewer sees it (blocking reads: call from a thread)."""
+class Trajectory:
+    """A trajectory kept as the JSON text of its chunks (far smaller than the
+    parsed messages), with the counts the attempt page shows."""
 
-    def __init__(self, run_dir: Path) -> None:
+    __slots__ = ("chunks", "steps", "tool_calls")
+
+    def __init__(self, chunks: list[str], steps: int, tool_calls: int) -> None:
+        self.chunks = chunks
+        self.steps = steps
+        self.tool_calls = tool_calls
+
+    @classmethod
+    def of(cls, messages: Any) -> Trajectory:
+        messages = messages if isinstance(messages, list) else []
+        chunks = [json.dumps(messages[i : i + CHUNK_STEPS], separators=(",", ":"), default=str)
+                  for i in range(0, len(messages), CHUNK_STEPS)]
+        return cls(chunks, len(messages), sum(_tool_calls(m) for m in messages))
+
+    @property
+    def chars(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+
+class RawJSON(str):
+    """JSON text to send as it is (a trajectory chunk, already serialized)."""
+
+
+class RunData:
+    """One run directory as the viewer sees it (blocking reads: call from
+    worker threads; the caches are shared under a lock)."""
+
+    def __init__(self, run_dir: Path, *, record_cache_chars: int = RECORD_CACHE_CHARS) -> None:
         self.run_dir = Path(run_dir)
+        self._lock = threading.Lock()
         self._rows: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # file -> (stat, row)
-        self._records: OrderedDict[str, tuple[tuple[int, int], dict[str, Any]]] = OrderedDict()
+        self._records: OrderedDict[str, tuple[tuple[int, int], Any, int]] = OrderedDict()  # file -> (stat, value, chars)
+        self._record_chars = 0
+        self._record_cache_chars = record_cache_chars
+        self._loading: dict[str, threading.Lock] = {}
+        #: Files parsed in full so far (records and checkpoints): what the cache saves.
+        self.records_read = 0
         self._progress: tuple[tuple[int, int], dict[str, Any]] | None = None
-        self._files: tuple[tuple[tuple[int, int] | None, ...], dict[str, str]] | None = None
+        self._files: tuple[tuple[tuple[int, int] | None, ...], dict[str, tuple[str, str, tuple[int, int]]]] | None = None
 
     # ------------------------------------------------------------ run page
 
@@ -114,15 +170,19 @@ class RunData:
             "ended_at": info.get("ended_at"),
         }
 
-    def run(self) -> dict[str, Any]:
-        """Everything the run page shows, with one compact row per task."""
+    def run(self, budget: float | None = None) -> dict[str, Any]:
+        """Everything the run page shows, with one compact row per task.
+
+        With ``budget`` (seconds), rows not read yet after that long, and
+        rows of large records, are placeholders from the listing (task key
+        and severity) and ``pending`` counts them; None reads everything."""
         info = self._run_info()
         metrics = self._optional_json("metrics.json")
         progress = self._optional_json("progress.json")
         series = list(((metrics or {}).get("series") or {}).keys())
-        rows = self._task_rows()
+        rows, pending = self._task_rows(budget)
         if not series:
-            series = _guess_series(rows)
+            series = _guess_series([r for r in rows if r is not None and "pending" not in r])
         primary = series[0] if series else None
         strategy = ((info.get("request") or {}).get("execution") or {}).get("attempts", {}).get("strategy", "avg")
         live = self._live()
@@ -148,7 +208,8 @@ class RunData:
         for task_id in live["active"]:
             if task_id not in done:
                 state = "running" if header["status"] == "running" else "unfinished"
-                tasks.append([task_id, None, None, state, [state], None, [], 0, 0, 0.0])
+                key, statuses = self._checkpointed(task_id)
+                tasks.append([task_id, key, None, state, statuses or [state], None, [], 0, len(statuses), 0.0])
         return {
             "header": header,
             "request": info.get("request"),
@@ -164,10 +225,24 @@ class RunData:
             "usage": dict(usage),
             "timings": {k: round(v, 3) for k, v in timings.items()},
             "retries": retries,
+            "pending": pending,
             "columns": ["task_id", "key", "category", "severity", "statuses", "value", "codes",
                         "retries", "attempts", "seconds"],
             "tasks": tasks,
         }
+
+    def warm(self, check: Callable[[], None] = lambda: None) -> None:
+        """Read every row, small records first then large ones (whose parsed
+        form the cache keeps for their attempt pages), from the end of the
+        listing: a page request reads from its start, so the two rarely
+        read the same record."""
+        files = self._detail_files()
+        small = [k for k, (_, _, st) in files.items() if st[1] < LARGE_RECORD]
+        large = [k for k, (_, _, st) in files.items() if st[1] >= LARGE_RECORD]
+        for key in sorted(small, reverse=True) + sorted(large, key=lambda k: files[k][2][1]):
+            check()
+            path, _, stat = files[key]
+            self._row_of(key, path, stat)
 
     def _run_info(self) -> dict[str, Any]:
         info = self._optional_json("run_info.json")
@@ -179,20 +254,23 @@ class RunData:
         except (OSError, ValueError):
             return None
 
-    def _detail_files(self) -> dict[str, str]:
-        """Task key -> path of its countable record (the newest if two).
+    def _detail_files(self) -> dict[str, tuple[str, str, tuple[int, int]]]:
+        """Task key -> (path, severity, stat) of its countable record (the
+        newest if two).
 
         Cached until one of the ``details/<severity>`` directories changes
         (the store renames records into them, which updates their mtime)."""
         stamp = tuple(_stat_key(str(self.run_dir / "details" / s)) for s in _SEVERITIES)
-        if self._files is not None and self._files[0] == stamp:
-            return self._files[1]
+        with self._lock:
+            if self._files is not None and self._files[0] == stamp:
+                return self._files[1]
         files = self._scan_details()
-        self._files = (stamp, files)
+        with self._lock:
+            self._files = (stamp, files)
         return files
 
-    def _scan_details(self) -> dict[str, str]:
-        files: dict[str, str] = {}
+    def _scan_details(self) -> dict[str, tuple[str, str, tuple[int, int]]]:
+        files: dict[str, tuple[str, str, tuple[int, int]]] = {}
         for severity in _SEVERITIES:
             try:
                 entries = list(os.scandir(self.run_dir / "details" / severity))
@@ -201,32 +279,55 @@ class RunData:
             for entry in entries:
                 if entry.name.endswith(".json") and not entry.name.startswith("."):
                     key = entry.name[: -len(".json")]
-                    if key not in files or _stat_key(entry.path) > _stat_key(files[key]):  # type: ignore[operator]
-                        files[key] = entry.path
+                    try:
+                        st = entry.stat()
+                    except OSError:
+                        continue
+                    stat = (st.st_mtime_ns, st.st_size)
+                    if key not in files or stat > files[key][2]:
+                        files[key] = (entry.path, severity, stat)
         return files
 
-    def _task_rows(self) -> list[dict[str, Any]]:
+    def _task_rows(self, budget: float | None) -> tuple[list[dict[str, Any]], int]:
         files = self._detail_files()
+        deadline = None if budget is None else time.monotonic() + budget
         rows = []
-        seen = set()
-        for key, path in sorted(files.items()):
-            stat = _stat_key(path)
-            if stat is None:
+        pending = 0
+        for key, (path, severity, stat) in sorted(files.items()):
+            with self._lock:
+                cached = self._rows.get(path)
+            if cached is not None and cached[0] == stat:
+                rows.append(cached[1])
                 continue
-            seen.add(path)
-            cached = self._rows.get(path)
-            if cached is None or cached[0] != stat:
-                try:
-                    row = _row(key, _read_json(path))
-                except (OSError, ValueError, TypeError, AttributeError, KeyError):
-                    continue
-                self._rows[path] = (stat, row)
-                cached = self._rows[path]
-            rows.append(cached[1])
-        for path in list(self._rows):
-            if path not in seen:
+            if deadline is not None and (stat[1] >= LARGE_RECORD or time.monotonic() > deadline):
+                rows.append(_placeholder(key, severity))
+                pending += 1
+                continue
+            row = self._row_of(key, path, stat)
+            if row is not None:
+                rows.append(row)
+        with self._lock:
+            paths = {path for path, _, _ in files.values()}
+            for path in [p for p in self._rows if p not in paths]:
                 del self._rows[path]
-        return rows
+        return rows, pending
+
+    def _row_of(self, key: str, path: str, stat: tuple[int, int]) -> dict[str, Any] | None:
+        with self._lock:
+            cached = self._rows.get(path)
+        if cached is not None and cached[0] == stat:
+            return cached[1]
+        try:
+            if stat[1] >= LARGE_RECORD:
+                record = self._load(path, stat)
+            else:
+                record = _read_json(path)
+            row = _row(key, record)
+        except (OSError, ValueError, TypeError, AttributeError, KeyError):
+            return None
+        with self._lock:
+            self._rows[path] = (stat, row)
+        return row
 
     def _live(self) -> dict[str, Any]:
         """Active tasks and the last event, from ``progress.jsonl``."""
@@ -234,8 +335,9 @@ class RunData:
         stat = _stat_key(path)
         if stat is None:
             return {"running": False, "active": [], "events": 0, "last": None}
-        if self._progress is not None and self._progress[0] == stat:
-            return self._progress[1]
+        with self._lock:
+            if self._progress is not None and self._progress[0] == stat:
+                return self._progress[1]
         started: dict[str, None] = {}
         finished: set[str] = set()
         running = False
@@ -264,14 +366,41 @@ class RunData:
             "events": events,
             "last": last,
         }
-        self._progress = (stat, live)
+        with self._lock:
+            self._progress = (stat, live)
         return live
+
+    def _checkpointed(self, task_id: str) -> tuple[str | None, list[Any]]:
+        """The key and attempt statuses of a task that so far only has
+        checkpoints (no record yet); no key when it has none either."""
+        attempts = self._checkpoints(task_key(task_id))
+        if not attempts:
+            return None, []
+        return task_key(task_id), [a.get("status") for a in attempts]
+
+    def _checkpoints(self, key: str) -> list[dict[str, Any]]:
+        """The attempt records checkpointed under ``tasks/<key>``, in order."""
+        found = []
+        for attempt_dir in _subdirs(self.run_dir / "tasks" / key):
+            match = _ATTEMPT_DIR.fullmatch(attempt_dir.name)
+            path = attempt_dir / _CHECKPOINT
+            stat = _stat_key(str(path))
+            if not match or stat is None:
+                continue
+            try:
+                attempt = self._load(str(path), stat)
+            except (OSError, ValueError):
+                continue  # being replaced right now: the next refresh shows it
+            if isinstance(attempt, dict):
+                found.append((int(match.group(1)), attempt))
+        return [a for _, a in sorted(found, key=lambda x: x[0])]
 
     # ------------------------------------------------------------ attempt page
 
     def task(self, key: str) -> dict[str, Any] | None:
         """A task's record with each trajectory replaced by its length and
-        chunk count, plus its discarded tries."""
+        chunk count, plus its discarded tries. A task that has no record yet
+        shows the attempts it has checkpointed."""
         record = self._record(key)
         if record is None:
             return None
@@ -279,12 +408,13 @@ class RunData:
         for attempt in record.get("attempts") or []:
             attempt = dict(attempt)
             run_result = dict(attempt.get("run_result") or {})
-            trajectory = run_result.pop("trajectory", None) or []
-            steps = len(trajectory)
-            run_result["trajectory_steps"] = steps
-            run_result["trajectory_chunks"] = (steps + CHUNK_STEPS - 1) // CHUNK_STEPS
+            trajectory = run_result.pop("trajectory", None)
+            if not isinstance(trajectory, Trajectory):
+                trajectory = Trajectory.of(trajectory)
+            run_result["trajectory_steps"] = trajectory.steps
+            run_result["trajectory_chunks"] = len(trajectory.chunks)
             run_result["trajectory_chunk_steps"] = CHUNK_STEPS
-            run_result["tool_calls"] = sum(len(m.get("tool_calls") or []) for m in trajectory if isinstance(m, dict))
+            run_result["tool_calls"] = trajectory.tool_calls
             attempt["run_result"] = run_result
             attempts.append(attempt)
         return {
@@ -292,45 +422,78 @@ class RunData:
             "key": key,
             "category": record.get("category"),
             "severity": record.get("severity"),
+            "checkpointed": bool(record.get("checkpointed")),
             "attempts": attempts,
             "discarded": self._discarded(key),
         }
 
-    def trajectory_chunk(self, key: str, attempt_index: int, chunk: int) -> list[Any] | None:
+    def trajectory_chunk(self, key: str, attempt_index: int, chunk: int) -> RawJSON | None:
         record = self._record(key)
         if record is None:
             return None
         for attempt in record.get("attempts") or []:
             if attempt.get("attempt") == attempt_index:
-                trajectory = (attempt.get("run_result") or {}).get("trajectory") or []
-                start = chunk * CHUNK_STEPS
-                if chunk < 0 or (start >= len(trajectory) and chunk > 0):
+                trajectory = (attempt.get("run_result") or {}).get("trajectory")
+                if not isinstance(trajectory, Trajectory):
+                    trajectory = Trajectory.of(trajectory)
+                if chunk == 0 and not trajectory.chunks:
+                    return RawJSON("[]")
+                if not 0 <= chunk < len(trajectory.chunks):
                     return None
-                return list(trajectory[start : start + CHUNK_STEPS])
+                return RawJSON(trajectory.chunks[chunk])
         return None
 
     def task_keys(self) -> list[str]:
         return sorted(self._detail_files())
 
     def _record(self, key: str) -> dict[str, Any] | None:
-        path = self._detail_files().get(key)
-        if path is None:
-            return None
-        stat = _stat_key(path)
-        cached = self._records.get(path)
-        if cached is not None and cached[0] == stat:
-            self._records.move_to_end(path)
-            return cached[1]
+        found = self._detail_files().get(key)
+        if found is None:
+            attempts = self._checkpoints(key)
+            if not attempts:
+                return None
+            return {"task_id": _task_id_of(attempts) or key, "key": key, "category": None,
+                    "severity": None, "checkpointed": True, "attempts": attempts}
+        path, _, stat = found
         try:
-            record = _read_json(path)
+            record = self._load(path, stat)
         except (OSError, ValueError):
             return None
-        if not isinstance(record, dict) or stat is None:
-            return None
-        self._records[path] = (stat, record)
-        while len(self._records) > _RECORD_CACHE:
-            self._records.popitem(last=False)
-        return record
+        return record if isinstance(record, dict) else None
+
+    def _load(self, path: str, stat: tuple[int, int]) -> Any:
+        """The parsed file at ``path`` with its trajectories as
+        :class:`Trajectory`, from the bounded cache or read once (two
+        threads asking for the same file wait for one read)."""
+        with self._lock:
+            cached = self._records.get(path)
+            if cached is not None and cached[0] == stat:
+                self._records.move_to_end(path)
+                return cached[1]
+            gate = self._loading.setdefault(path, threading.Lock())
+        with gate:
+            with self._lock:
+                cached = self._records.get(path)
+                if cached is not None and cached[0] == stat:
+                    self._records.move_to_end(path)
+                    return cached[1]
+            try:
+                value, chars = read_record(path)
+                with self._lock:
+                    self.records_read += 1
+            finally:
+                with self._lock:
+                    self._loading.pop(path, None)
+            with self._lock:
+                old = self._records.pop(path, None)
+                if old is not None:
+                    self._record_chars -= old[2]
+                self._records[path] = (stat, value, chars)
+                self._record_chars += chars
+                while self._record_chars > self._record_cache_chars and len(self._records) > 1:
+                    _, (_, _, freed) = self._records.popitem(last=False)
+                    self._record_chars -= freed
+            return value
 
     def _discarded(self, key: str) -> list[dict[str, Any]]:
         """Discarded tries of every attempt, in attempt then try order."""
@@ -349,6 +512,118 @@ class RunData:
                     continue
                 tries.append({"attempt": int(match.group(1)), "try": name[: -len(".json")], "data": data})
         return tries
+
+
+def read_record(path: str) -> tuple[Any, int]:
+    """A record or checkpoint with every ``run_result.trajectory`` as a
+    :class:`Trajectory`, and the characters it holds (for the cache bound).
+
+    A large file's trajectories are located and scanned one message at a time
+    (the rest of the file is parsed with them cut out), so the interpreter
+    switches threads between messages instead of holding the lock for the
+    whole parse; anything unexpected falls back to one plain parse."""
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8")
+    if len(text) >= LARGE_RECORD:
+        try:
+            return _read_split(text), len(text)
+        except (ValueError, IndexError, StopIteration):
+            pass
+    value = json.loads(text)
+    for run_result in _run_results(value):
+        run_result["trajectory"] = Trajectory.of(run_result.get("trajectory"))
+    return value, len(text)
+
+
+def _read_split(text: str) -> Any:
+    pieces: list[str] = []
+    trajectories: list[Trajectory] = []
+    pos = 0
+    while match := _TRAJECTORY_KEY.search(text, pos):
+        start = match.end() - 1
+        trajectory, end = _scan_array(text, start)
+        pieces += [text[pos:start], json.dumps(f"{_MARK}{len(trajectories)}")]
+        trajectories.append(trajectory)
+        pos = end
+    pieces.append(text[pos:])
+    value = json.loads("".join(pieces))
+    placed = 0
+    for run_result in _run_results(value):
+        mark = run_result.get("trajectory")
+        if isinstance(mark, str) and mark.startswith(_MARK):
+            run_result["trajectory"] = trajectories[int(mark[len(_MARK):])]
+            placed += 1
+        elif "trajectory" in run_result:
+            run_result["trajectory"] = Trajectory.of(mark)
+    if placed != len(trajectories):
+        raise ValueError("a trajectory key outside a run result")
+    return value
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _scan_array(text: str, start: int) -> tuple[Trajectory, int]:
+    """The array of messages opening at ``text[start]`` ('['), as chunk texts
+    sliced from ``text``, and the index after its ']'."""
+    scan = _DECODER.scan_once
+    ws = _WS.match
+    bounds: list[int] = []
+    tool_calls = 0
+    i = ws(text, start + 1).end()
+    if text[i] == "]":
+        return Trajectory([], 0, 0), i + 1
+    while True:
+        message, end = scan(text, i)
+        bounds.append(i)
+        tool_calls += _tool_calls(message)
+        i = ws(text, end).end()
+        if text[i] == ",":
+            i = ws(text, i + 1).end()
+            continue
+        if text[i] != "]":
+            raise ValueError(f"unexpected {text[i]!r} in a trajectory")
+        bounds.append(end)  # the end of the last message
+        break
+    steps = len(bounds) - 1
+    chunks = []
+    for first in range(0, steps, CHUNK_STEPS):
+        last = min(first + CHUNK_STEPS, steps)
+        stop = bounds[last] if last == steps else text.rindex(",", bounds[last - 1], bounds[last])
+        chunks.append("[" + text[bounds[first]:stop] + "]")
+    return Trajectory(chunks, steps, tool_calls), i + 1
+
+
+def _run_results(value: Any) -> list[dict[str, Any]]:
+    """The run results of a record (its attempts') or of one attempt."""
+    if not isinstance(value, dict):
+        return []
+    attempts = value.get("attempts") if "attempts" in value else [value]
+    found = []
+    for attempt in attempts if isinstance(attempts, list) else []:
+        run_result = attempt.get("run_result") if isinstance(attempt, dict) else None
+        if isinstance(run_result, dict):
+            found.append(run_result)
+    return found
+
+
+def _tool_calls(message: Any) -> int:
+    return len(message.get("tool_calls") or []) if isinstance(message, dict) else 0
+
+
+def _task_id_of(attempts: list[dict[str, Any]]) -> str | None:
+    for attempt in attempts:
+        plan = attempt.get("plan")
+        if isinstance(plan, dict) and isinstance(plan.get("task_id"), str):
+            return plan["task_id"]
+    return None
+
+
+def _placeholder(key: str, severity: str) -> dict[str, Any]:
+    """A row not read yet: what the listing tells (key and severity)."""
+    return {"task_id": key, "key": key, "category": None, "severity": severity, "statuses": ["loading"],
+            "codes": [], "values": [], "usage": {}, "timings": {}, "seconds": 0.0, "retries": 0,
+            "attempts": 0, "pending": True}
 
 
 def writer_alive(run_dir: Path) -> bool | None:

@@ -3,8 +3,9 @@
 It answers ``GET`` and ``HEAD`` of the :class:`~._site.Site`'s paths and
 nothing else, listens on loopback only, and refuses a ``Host`` other than
 the loopback address it serves (so a web page that rebinds a DNS name to
-127.0.0.1 cannot read results). Reads of run directories run in a worker
-thread, one at a time (the site's caches are not shared between threads).
+127.0.0.1 cannot read results). Reads of run directories run in worker
+threads, two at a time, beside one background thread that reads every run's
+task rows from the start, so the event loop never waits on a parse.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ async def serve(
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     hosts = {f"{host}:{bound}".encode(), f"localhost:{bound}".encode()}
-    limiter = trio.CapacityLimiter(1)
+    limiter = trio.CapacityLimiter(2)
     async with trio.open_nursery() as nursery:
-        # Reading thousands of records takes seconds: start now, not on the first request.
-        nursery.start_soon(partial(trio.to_thread.run_sync, site.warm, limiter=limiter))
+        # Reading thousands of records takes seconds: start now, beside the requests.
+        nursery.start_soon(trio.to_thread.run_sync, partial(site.warm, trio.from_thread.check_cancelled))
         task_status.started(f"http://{host}:{bound}/")
         await trio.serve_listeners(partial(_connection, site, hosts, limiter), listeners)
 

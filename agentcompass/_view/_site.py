@@ -23,13 +23,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .._redact import redact_json_text
-from ._data import RunData
+from ._data import RawJSON, RunData
 
 __all__ = ["Site", "write_site"]
 
@@ -42,12 +42,17 @@ _TRAJ = re.compile(r"data/(\d+)/traj/([a-z0-9._~-]+)/(\d+)-(\d+)\.js")
 
 
 class Site:
-    """The viewer over ``run_dirs``; :meth:`get` is blocking (file reads) and
-    not thread-safe (per-run caches): call it from one thread at a time."""
+    """The viewer over ``run_dirs``; :meth:`get` is blocking (file reads):
+    call it from worker threads (the per-run caches are thread-safe).
 
-    def __init__(self, run_dirs: list[Path], *, live: bool) -> None:
+    ``row_budget`` bounds the seconds a run page request spends reading task
+    rows (the rest come as placeholders until :meth:`warm` reads them); None
+    reads every row, as the static site needs."""
+
+    def __init__(self, run_dirs: list[Path], *, live: bool, row_budget: float | None = None) -> None:
         self.runs = [RunData(d) for d in run_dirs]
         self.live = live
+        self.row_budget = row_budget
 
     def get(self, path: str) -> tuple[bytes, str] | None:
         """The content and media type at ``path`` (no leading ``/``), or None."""
@@ -60,11 +65,13 @@ class Site:
         ident, value = data
         return _script(ident, value), _JS
 
-    def warm(self) -> None:
-        """Read every run's records once, so the first page load finds them cached."""
+    def warm(self, check: Callable[[], None] = lambda: None) -> None:
+        """Read every run's task rows once (large records last), so pages
+        find them cached; a request does not wait for this. ``check`` is
+        called between records and may raise to stop early."""
         for run in self.runs:
             try:
-                run.run()
+                run.warm(check)
             except Exception:  # noqa: BLE001, S112 - the page reports what it cannot read
                 continue
 
@@ -91,7 +98,7 @@ class Site:
             return ident, [run.header() for run in self.runs]
         if m := _RUN.fullmatch(path):
             run = self._run(m.group(1))
-            return (ident, run.run()) if run else None
+            return (ident, run.run(self.row_budget)) if run else None
         if m := _TASK.fullmatch(path):
             run = self._run(m.group(1))
             task = run.task(m.group(2)) if run else None
@@ -112,12 +119,18 @@ def _static(name: str) -> bytes:
 
 
 def _script(ident: str, value: Any) -> bytes:
-    text = redact_json_text(json.dumps(value, separators=(",", ":"), default=str))
+    text = value if isinstance(value, RawJSON) else json.dumps(value, separators=(",", ":"), default=str)
+    text = redact_json_text(text)
     return f"COMPASS.put({json.dumps(ident)},{text});\n".encode()
 
 
 def write_site(site: Site, out_dir: Path) -> int:
-    """Write every page and data file under ``out_dir``; the number of files."""
+    """Write every page and data file under ``out_dir``; the number of files.
+
+    Data files a previous write left there and this one does not (a task or
+    run no longer shown) are removed; only paths this function writes are
+    touched, so nothing else in ``out_dir`` is."""
+    stale = set(_written_before(out_dir))
     count = 0
     for path in site.paths():
         found = site.get(path)
@@ -128,5 +141,27 @@ def write_site(site: Site, out_dir: Path) -> int:
         tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_bytes(found[0])
         os.replace(tmp, target)
+        stale.discard(path)
         count += 1
+    for path in sorted(stale):
+        (out_dir / path).unlink(missing_ok=True)
+    for directory in sorted({(out_dir / p).parent for p in stale}, key=lambda d: len(d.parts), reverse=True):
+        while directory != out_dir / "data" and directory.is_relative_to(out_dir / "data"):
+            try:
+                directory.rmdir()  # only if empty
+            except OSError:
+                break
+            directory = directory.parent
     return count
+
+
+def _written_before(out_dir: Path) -> Iterator[str]:
+    """The data files under ``out_dir`` whose paths :meth:`Site.get` answers."""
+    data = out_dir / "data"
+    if not data.is_dir():
+        return
+    for dirpath, _, names in os.walk(data):
+        for name in names:
+            path = Path(dirpath, name).relative_to(out_dir).as_posix()
+            if path in ("data/config.js", "data/runs.js") or any(p.fullmatch(path) for p in (_RUN, _TASK, _TRAJ)):
+                yield path

@@ -24,6 +24,9 @@ from ._errors import RunFailedError as RunFailedError
 from ._executor import Executor as Executor
 from ._executor import Grants as Grants
 from ._executor import TaskReporter as TaskReporter
+from ._output import OutputCallback as OutputCallback
+from ._output import OutputStream as OutputStream
+from ._output import OutputTail as OutputTail
 from ._results import AttemptRecord as AttemptRecord
 from ._results import Evaluation as Evaluation
 from ._results import ExecResult as ExecResult

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import attrs
+
 from .._convert import structure_config
 from ._errors import ComponentError
 from ._results import Evaluation, ExecResult, RunBudget, RunResult, TaskRecord
@@ -32,6 +34,8 @@ from ._values import (
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from ._output import OutputCallback
 
 __all__ = [
     "BaseAnalyzer",
@@ -293,6 +297,44 @@ class EnvironmentSession:
         """
         raise NotImplementedError
 
+    async def exec_stream(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        on_output: OutputCallback,
+    ) -> ExecResult:
+        """Run ``cmd`` as :meth:`exec` does, handing its output to ``on_output``
+        as it arrives instead of keeping it.
+
+        ``await on_output(stream, chunk)`` is called with ``stream``
+        ``"stdout"`` or ``"stderr"`` and the next bytes of that stream, in
+        order, none dropped: the caller decides what to keep
+        (:class:`OutputTail` keeps what ``exec`` would). While a call is
+        awaited, the provider reads no more of that stream, so a slow
+        consumer slows the command down (its pipe fills) instead of making
+        output pile up in memory. The result has ``exit_code`` and
+        ``timed_out`` as ``exec`` would; its ``stdout`` and ``stderr`` are
+        empty. Timeout and cancellation work as in ``exec`` (the timeout
+        still fires while ``on_output`` blocks); an exception raised by
+        ``on_output`` kills the command's tree and propagates (in an
+        exception group where the provider runs tasks: catch it with
+        ``except*``).
+
+        Optional: this default runs :meth:`exec` and then hands over its
+        result's text (already cut to the provider's limit, UTF-8 encoded),
+        so every provider has it. A provider that reads output in chunks
+        should override it and build ``exec`` on it.
+        """
+        result = await self.exec(cmd, timeout, cwd, env)
+        if result.stdout:
+            await on_output("stdout", result.stdout.encode("utf-8", errors="surrogateescape"))
+        if result.stderr:
+            await on_output("stderr", result.stderr.encode("utf-8", errors="surrogateescape"))
+        return attrs.evolve(result, stdout="", stderr="")
+
     async def read_file(self, path: str) -> bytes:
         """Return the bytes of the file at ``path``.
 
@@ -406,4 +448,3 @@ class BaseAnalyzer(Component):
 
     async def analyze(self, task: TaskSpec, attempt_record: Any) -> dict[str, Any]:
         raise NotImplementedError
-

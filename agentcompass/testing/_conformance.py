@@ -193,6 +193,7 @@ class EnvironmentConformance:
                     self._fail(f"exec({cmd!r}) exited {result.exit_code}: {result.stderr[:200]!r}")
                 if self.exec_output and "hi" not in result.stdout:
                     self._fail(f"exec({cmd!r}) printed {result.stdout[:200]!r}, expected 'hi'")
+            await self._check_exec_stream(session)
             handle = session.handle
             if not isinstance(handle, dict):
                 self._fail(f"handle is a {type(handle).__name__}, not a dict")
@@ -208,6 +209,25 @@ class EnvironmentConformance:
                 self._fail(
                     f"handle is {len(encoded.encode())} bytes of JSON; keep it under {self.max_handle_bytes}"
                 )
+
+    async def _check_exec_stream(self, session: EnvironmentSession) -> None:
+        """exec_stream hands the output to its callback and returns empty text."""
+        chunks: list[tuple[str, bytes]] = []
+
+        async def on_output(stream: str, chunk: bytes) -> None:
+            chunks.append((stream, bytes(chunk)))
+
+        what = "exec_stream('echo hi')"
+        result = await self._ok(what, session.exec_stream("echo hi", on_output=on_output))
+        if not isinstance(result, ExecResult) or result.exit_code != 0:
+            self._fail(f"{what} returned {result!r}, expected an ExecResult with exit_code 0")
+        if result.stdout or result.stderr:
+            self._fail(f"{what} returned output in its result; it belongs to on_output only")
+        if any(stream not in ("stdout", "stderr") for stream, _ in chunks):
+            self._fail(f"{what} called on_output with streams {sorted({s for s, _ in chunks})}")
+        stdout = b"".join(chunk for stream, chunk in chunks if stream == "stdout")
+        if self.exec_output and b"hi" not in stdout:
+            self._fail(f"{what} streamed {stdout[:200]!r} to stdout, expected 'hi'")
 
     async def check_file_round_trip(self) -> None:
         """write_file then read_file returns the same bytes (str is written as UTF-8)."""

@@ -15,6 +15,7 @@ from agentcompass.runtime import (
     ExecResult,
     ExecutionPlan,
     NetworkPolicy,
+    OutputCallback,
 )
 from agentcompass.testing import (
     EnvironmentConformance,
@@ -119,6 +120,20 @@ class MemSession(EnvironmentSession):
         words = cmd.split() if isinstance(cmd, str) else cmd
         return ExecResult(0, stdout=" ".join(words[1:]) + "\n")
 
+    async def exec_stream(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        on_output: OutputCallback,
+    ) -> ExecResult:
+        result = await super().exec_stream(cmd, timeout, cwd, env, on_output=on_output)
+        if "stream_keeps_output" in self.env.faults:
+            return await self.exec(cmd, timeout, cwd, env)
+        return result
+
     async def read_file(self, path: str) -> bytes:
         await trio.lowlevel.checkpoint()
         self._check_open()
@@ -206,6 +221,7 @@ async def test_a_working_provider_passes_with_output_checks() -> None:
         ),
         ({"open_converts_cancelled": True}, "close_after_cancelled_open", "let Cancelled propagate"),
         ({"close_hangs": 0.2}, "close_under_cancellation", "did not finish within the 0.05s grace"),
+        ({"stream_keeps_output": True}, "open_exec_handle", "it belongs to on_output only"),
     ],
 )
 async def test_broken_provider_fails_with_a_clear_message(

@@ -5,6 +5,8 @@ Each test saves screenshots of the pages it saw under its temp directory."""
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -22,7 +24,7 @@ from view_helpers import (
     writer_lock,
 )
 
-from agentcompass._view import CHUNK_STEPS
+from agentcompass._view import CHUNK_STEPS, Site, find_runs, serve
 from agentcompass._view._browser import Browser
 
 HANG_GUARD = 120
@@ -253,3 +255,55 @@ async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, t
         assert rows == ["third"]
         assert "harness_timeout" in await browser.text("#issue-codes")
         await browser.screenshot(tmp_path / "live-after.png")
+
+
+class _GatedSite(Site):
+    """A site whose background pass waits for the test, so the first page
+    surely gets placeholders."""
+
+    def __init__(self, run_dirs: list[Path], gate: threading.Event) -> None:
+        super().__init__(run_dirs, live=True, row_budget=0)
+        self.gate = gate
+
+    def warm(self, check: Callable[[], None] = lambda: None) -> None:
+        while not self.gate.wait(0.05):
+            check()
+        super().warm(check)
+
+
+async def test_run_page_shows_the_listing_first_and_fills_rows_in(nursery: trio.Nursery, browser: Browser, tmp_path: Path) -> None:
+    tasks = [task(f"t{i}", attempt(values={"reward": float(i % 2)}), category=f"cat{i}") for i in range(3)]
+    run_dir = write_run(tmp_path / "runs", "lazy", "20260101T000000.000Z-0001", tasks)
+    gate = threading.Event()
+    with trio.fail_after(HANG_GUARD):
+        url = await nursery.start(serve, _GatedSite(find_runs([run_dir]), gate), 0)
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.text("#live") == "reading 3 more task(s)…"
+        assert await browser.text("#task-count") == "3 of 3 tasks"
+        await browser.type("input[name=text]", "t1")
+        assert await browser.text("#task-count") == "1 of 3 tasks"  # filterable before every record is read
+        assert "loading" in await browser.text("#task-table .vt-row")
+        await browser.screenshot(tmp_path / "run-pending.png")
+        gate.set()
+        await browser.wait_for("document.querySelector('#live').textContent === ''"
+                               " && document.querySelector('#task-table .vt-row').textContent.includes('cat1')")
+        assert await browser.text("#task-count") == "1 of 3 tasks"
+        await browser.screenshot(tmp_path / "run-filled.png")
+
+
+async def test_an_unfinished_task_opens_from_its_checkpoint(viewer, browser: Browser, tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", "live", "20260101T000000.000Z-0001", [], status="running", events=[
+        {"event": "run_started", "t": 1.0}, {"event": "task_started", "t": 1.1, "task": "slow"}])
+    write_json(run_dir / "tasks" / "slow" / "attempt-0" / "checkpoint.json",
+               attempt(0, status="completed", values={"reward": 0.0}, trajectory=agent_trajectory(2)))
+    with trio.fail_after(HANG_GUARD), writer_lock(run_dir):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        await browser.click("#task-table a.task-link")
+        await wait_ready(browser, "attempt")
+        assert "Not finished" in await browser.text("#checkpointed")
+        await browser.wait_for("document.querySelectorAll('.msg').length === 6")
+        assert "wc -l /app/data-1.txt" in await browser.text("#trajectory")
+        await browser.screenshot(tmp_path / "checkpointed-attempt.png")

@@ -337,7 +337,12 @@ async function showRun(i) {
   setMain(top, panel("Tasks", filters, table.root));
   render();
   ready("run");
-  if (config.live && isLive(data)) {
+  // Refresh while the run is live, or while the server is still reading rows (pending).
+  const again = () => (config.live && isLive(data)) || data.pending > 0;
+  const wasLive = config.live && isLive(data);
+  const status = () => data.pending > 0 ? `reading ${data.pending.toLocaleString("en")} more task(s)…`
+    : isLive(data) ? "live · refreshed " + new Date().toLocaleTimeString() : wasLive ? "run finished" : "";
+  if (again()) {
     let timer = null, stopped = false;
     const liveEl = document.getElementById("live");
     const tick = async () => {
@@ -345,12 +350,12 @@ async function showRun(i) {
         data = await COMPASS.load(`${i}/run`, { fresh: true });
         if (stopped) return;
         render();
-        liveEl.textContent = isLive(data) ? "live · refreshed " + new Date().toLocaleTimeString() : "run finished";
+        liveEl.textContent = status();
       } catch (e) { liveEl.textContent = "live · " + e.message; }
-      if (!stopped && isLive(data)) timer = setTimeout(tick, 2000);
+      if (!stopped && again()) timer = setTimeout(tick, data.pending > 0 ? 500 : 2000);
     };
-    liveEl.textContent = "live";
-    timer = setTimeout(tick, 2000);
+    liveEl.textContent = data.pending > 0 ? status() : "live";
+    timer = setTimeout(tick, data.pending > 0 ? 500 : 2000);
     stopCurrent = () => { stopped = true; clearTimeout(timer); };
   }
 }
@@ -431,7 +436,8 @@ async function showAttempt(i, key, attemptIndex) {
   const attempt = attempts.find((a) => a.attempt === attemptIndex) || attempts[0];
   const tabs = h("div", { class: "tabs" }, attempts.map((a) =>
     h("a", { href: attemptHref(i, key, a.attempt), class: a === attempt ? "on" : null }, `attempt ${a.attempt} · ${a.status}`)));
-  const head = h("h1", null, task.task_id, " ", badge(task.severity), task.category ? h("span", { class: "muted" }, " " + task.category) : null);
+  const head = h("h1", null, task.task_id, " ", badge(task.checkpointed ? "running" : task.severity), task.category ? h("span", { class: "muted" }, " " + task.category) : null);
+  const note = task.checkpointed ? h("p", { class: "muted", id: "checkpointed" }, "Not finished: these attempts are read from their checkpoints; the task's record is written when it ends.") : null;
   if (!attempt) { setMain(head, h("p", null, "This task has no attempts.")); ready("attempt"); return; }
   const rr = attempt.run_result || {};
   const artifacts = rr.artifacts || {};
@@ -447,7 +453,7 @@ async function showAttempt(i, key, attemptIndex) {
     ? h("table", { class: "t", id: "issues" }, h("tr", null, ["severity", "phase", "code", "message"].map((c) => h("th", null, c))),
       attempt.issues.map((it) => h("tr", null, h("td", null, badge(it.severity, it.severity === "fatal" ? "b-bad" : it.severity === "error" ? "b-warn" : "")), h("td", null, it.phase), h("td", { class: "mono" }, it.code), h("td", null, it.message))))
     : h("p", { class: "muted" }, "No issues.");
-  const sections = [head, tabs, cards, panel("Issues", issues, artifacts.execution_diagnostics ? h("details", null, h("summary", null, "diagnostics"), jsonBlock(artifacts.execution_diagnostics)) : null)];
+  const sections = [head, note, tabs, cards, panel("Issues", issues, artifacts.execution_diagnostics ? h("details", null, h("summary", null, "diagnostics"), jsonBlock(artifacts.execution_diagnostics)) : null)];
   const outputs = commandOutputs(artifacts);
   const grid = h("div", { class: "grid2" },
     h("div", null, outputs, panel("Timings", phaseBars(attempt.timings))),
@@ -610,7 +616,15 @@ async function showCompare(indices) {
   indices = indices.filter((i) => i >= 0 && i < runs.length);
   if (indices.length < 2) { setMain(h("p", null, "Pick two or more runs on the ", h("a", { href: "#/" }, "runs page"), ".")); ready("compare"); return; }
   setMain(h("p", { class: "muted" }, "Loading runs…"));
-  const loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { cache: false })));
+  let loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { cache: false })));
+  // A comparison needs every row: wait while the server is still reading some.
+  while (loaded.some((d) => d.pending > 0)) {
+    const here = location.hash;
+    setMain(h("p", { class: "muted" }, `Reading runs… ${loaded.reduce((n, d) => n + (d.pending || 0), 0).toLocaleString("en")} task(s) left`));
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    if (location.hash !== here) return;
+    loaded = await Promise.all(indices.map((i) => COMPASS.load(`${i}/run`, { fresh: true })));
+  }
   // Oldest first: "better" and "worse" read as the change from the first run to the last.
   const order = loaded.map((d, k) => k).sort((a, b) => compare(loaded[a].header.started_at, loaded[b].header.started_at) || compare(loaded[a].header.run_id, loaded[b].header.run_id));
   const datas = order.map((k) => loaded[k]);

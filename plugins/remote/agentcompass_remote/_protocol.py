@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; both sides refuse another version.
-VERSION = 1
+VERSION = 2
 #: Binary message prefix: operation id (u32), kind (u8).
 HEADER = struct.Struct("!IB")
 STDOUT, STDERR, FILE = 1, 2, 3

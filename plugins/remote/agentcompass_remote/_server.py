@@ -224,9 +224,13 @@ class SandboxServer:
             hosted = _Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope())
             self.sessions[name] = hosted
             self.opened_total += 1
-            await ws.send_message(
-                p.encode({"type": "opened", "session": hosted.session_id, "handle": session.handle})
-            )
+            opened = {
+                "type": "opened",
+                "session": hosted.session_id,
+                "handle": session.handle,
+                "output_limit": _output_limit(backend, session),
+            }
+            await ws.send_message(p.encode(opened))
             with hosted.scope:
                 await self._serve_session(ws, hosted)
         finally:
@@ -253,10 +257,16 @@ class SandboxServer:
         """Read the client's requests until ``close`` or a dropped connection.
         Operations run as tasks so that ``cancel`` can reach a running exec."""
         running: dict[int, trio.CancelScope] = {}
-        send_lock = trio.Lock()
+        # Operations hand their messages to one writer over an unbuffered
+        # channel: a cancelled operation never cuts a frame in half, and an
+        # operation waits while the client is slow (backpressure, no queue).
+        outbox, outgoing = trio.open_memory_channel[dict[str, Any] | bytes](0)
 
         async def send(message: dict[str, Any] | bytes) -> None:
-            async with send_lock:
+            await outbox.send(message)
+
+        async def write() -> None:
+            async for message in outgoing:
                 await ws.send_message(p.encode(message) if isinstance(message, dict) else message)
 
         async def run(op: int, scope: trio.CancelScope, fn: Any, *args: Any) -> None:
@@ -276,6 +286,7 @@ class SandboxServer:
             nursery.start_soon(run, op, running[op], fn, *args)
 
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
             while True:
                 message = await ws.get_message()
                 if isinstance(message, bytes):
@@ -368,6 +379,17 @@ async def _open(backend: BaseEnvironment, config: Any, policy: NetworkPolicy, na
     return await backend.open(config, policy)
 
 
+def _output_limit(backend: BaseEnvironment, session: EnvironmentSession) -> int | None:
+    """The per-stream limit the client applies to streamed exec output: the
+    provider's ``max_output_bytes`` when the session streams raw output (its
+    own ``exec_stream``); ``None`` when the output arrives as the provider's
+    final, already truncated text (the default ``exec_stream``)."""
+    if type(session).exec_stream is EnvironmentSession.exec_stream:
+        return None
+    limit = getattr(getattr(backend, "options", None), "max_output_bytes", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
 async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[str, Any]) -> None:
     cmd = request.get("cmd")
     if not (isinstance(cmd, str) or (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd))):
@@ -381,11 +403,15 @@ async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[s
     timeout = request.get("timeout")
     if timeout is not None and not isinstance(timeout, int | float):
         raise p.ProtocolError("timeout must be a number")
-    result = await session.exec(cmd, timeout, cwd, env)
-    for kind, text in ((p.STDOUT, result.stdout), (p.STDERR, result.stderr)):
-        data = memoryview(text.encode("utf-8", errors="surrogateescape"))
+
+    async def forward(stream: str, chunk: bytes) -> None:
+        # Awaiting the send is the backpressure: a slow client stalls the command's pipe.
+        kind = p.STDOUT if stream == "stdout" else p.STDERR
+        data = memoryview(chunk)
         for start in range(0, len(data), p.OUTPUT_CHUNK):
             await send(p.pack_chunk(op, kind, data[start : start + p.OUTPUT_CHUNK]))
+
+    result = await session.exec_stream(cmd, timeout, cwd, env, on_output=forward)
     await send({"type": "exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out})
 
 

@@ -8,13 +8,13 @@ usable; a lost connection is FATAL ``environment_failed``.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
-from agentcompass.runtime import cleanup_deadline
+from agentcompass.runtime import OutputCallback, OutputStream, OutputTail, cleanup_deadline
 
 from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost
@@ -24,9 +24,12 @@ if TYPE_CHECKING:
 
 __all__ = ["RemoteSession", "fail", "policy_message", "reason", "reply_error"]
 
-#: The client keeps at most this multiple of the backend's output limit per
-#: stream (decoding with replacement characters can grow text up to 3 x).
+#: When the server's provider sends its final text rather than raw output
+#: (no ``output_limit``), the client keeps at most this multiple of the
+#: configured limit per stream (decoding with replacement characters can grow
+#: text up to 3 x).
 _OUTPUT_SLACK = 4
+_STREAMS: dict[int, OutputStream] = {p.STDOUT: "stdout", p.STDERR: "stderr"}
 
 
 def fail(message: str) -> IssueError:
@@ -65,24 +68,6 @@ class _SessionEnded(Exception):
     """The server closed the session (a reap or sweep from elsewhere)."""
 
 
-class _Tail:
-    """The last ``limit`` bytes received, plus how many came before them."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.chunks: deque[bytes] = deque()
-        self.size = 0
-
-    def append(self, data: bytes) -> None:
-        self.chunks.append(data)
-        self.size += len(data)
-        while self.chunks and self.size - len(self.chunks[0]) >= self.limit:
-            self.size -= len(self.chunks.popleft())
-
-    def text(self) -> str:
-        return b"".join(self.chunks)[-self.limit :].decode("utf-8", errors="replace")
-
-
 class RemoteSession(EnvironmentSession):
     """One session on a server. Its connection is its lifetime: closing the
     session, or losing the connection, ends the sandbox on the server."""
@@ -98,6 +83,9 @@ class RemoteSession(EnvironmentSession):
         inner = reply.get("handle")
         if isinstance(inner, dict):
             self._handle["inner"] = inner
+        limit = reply.get("output_limit")
+        # Raw output is cut as the provider cuts it; final text only bounded.
+        self._output_limit = limit if isinstance(limit, int) and limit > 0 else env._max_output * _OUTPUT_SLACK
 
     @property
     def handle(self) -> dict[str, Any]:
@@ -160,7 +148,7 @@ class RemoteSession(EnvironmentSession):
                 chunk_op, kind, payload = p.unpack_chunk(message)
                 if chunk_op != op or on_chunk is None:
                     raise p.ProtocolError("unexpected binary data")
-                on_chunk(kind, payload)
+                await on_chunk(kind, payload)
                 continue
             kind = message["type"]
             if kind == "closed":
@@ -196,28 +184,44 @@ class RemoteSession(EnvironmentSession):
         env: dict[str, str] | None = None,
     ) -> ExecResult:
         """Run ``cmd`` on the server's provider: the same semantics as that
-        provider's ``exec`` (timeout, cancellation, output limit), the output
-        streamed back in chunks."""
-        limit = self._env._max_output * _OUTPUT_SLACK
-        streams = {p.STDOUT: _Tail(limit), p.STDERR: _Tail(limit)}
+        provider's ``exec`` (timeout, cancellation, output limit and marker),
+        the output streamed back and only its tail kept."""
+        out, err = OutputTail(self._output_limit), OutputTail(self._output_limit)
 
-        def on_chunk(kind: int, payload: bytes) -> None:
-            tail = streams.get(kind)
-            if tail is None:
+        async def keep(stream: OutputStream, chunk: bytes) -> None:
+            (out if stream == "stdout" else err).append(chunk)
+
+        result = await self.exec_stream(cmd, timeout, cwd, env, on_output=keep)
+        return attrs.evolve(result, stdout=out.text(), stderr=err.text())
+
+    async def exec_stream(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        on_output: OutputCallback,
+    ) -> ExecResult:
+        """Run ``cmd`` on the server's provider, handing output to
+        ``on_output`` as the server forwards it (see
+        :meth:`EnvironmentSession.exec_stream`). With a provider that streams
+        (``local``) chunks arrive while the command runs, and a slow
+        ``on_output`` slows the command down through the connection; with
+        one that does not, they arrive as its final text when it exits."""
+
+        async def on_chunk(kind: int, payload: bytes) -> None:
+            stream = _STREAMS.get(kind)
+            if stream is None:
                 raise p.ProtocolError(f"unknown output stream {kind}")
-            tail.append(payload)
+            await on_output(stream, payload)
 
         message = {"type": "exec", "cmd": cmd, "timeout": timeout, "cwd": cwd, "env": env}
         reply = await self._request(message, on_chunk)
         exit_code = reply.get("exit_code")
         if reply["type"] != "exit" or not isinstance(exit_code, int):
             raise fail(f"unexpected reply {reply['type']!r} to exec")
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=streams[p.STDOUT].text(),
-            stderr=streams[p.STDERR].text(),
-            timed_out=bool(reply.get("timed_out")),
-        )
+        return ExecResult(exit_code=exit_code, timed_out=bool(reply.get("timed_out")))
 
     async def read_file(self, path: str) -> bytes:
         """Read a file (paths as the server's provider takes them; ``..`` out
@@ -225,7 +229,11 @@ class RemoteSession(EnvironmentSession):
         ``/logs``, ``/solution`` are refused)."""
         _check_path(path)
         chunks: list[bytes] = []
-        await self._request({"type": "read_file", "path": path}, lambda _kind, payload: chunks.append(payload))
+
+        async def keep(_kind: int, payload: bytes) -> None:
+            chunks.append(payload)
+
+        await self._request({"type": "read_file", "path": path}, keep)
         return b"".join(chunks)
 
     async def write_file(self, path: str, data: bytes | str) -> None:

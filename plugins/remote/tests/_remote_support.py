@@ -122,7 +122,7 @@ async def start_spawned(token_file: Path, root: Path, port: int = 0, *extra: str
 
 async def hello(ws: Any, token: str | None = TOKEN) -> dict[str, Any]:
     """Authenticate a raw trio-websocket connection; return the welcome."""
-    message: dict[str, Any] = {"type": "hello", "version": 1}
+    message: dict[str, Any] = {"type": "hello", "version": 2}
     if token is not None:
         message["token"] = token
     await ws.send_message(json.dumps(message))

@@ -1,16 +1,28 @@
 """The provider conformance kit against ``remote`` backed by ``local``, on a
-real server: every check, with the leak probe on the server's sandbox directory."""
+real server: every check, with the leak probe on the server's sandbox
+directory; and backed by ``sandbox`` where the host can run it."""
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, InProcess, start_in_process
-from agentcompass_remote import RemoteEnvironment
+from _remote_support import TOKEN, InProcess, start_in_process, wait_for
+from agentcompass_remote import RemoteEnvironment, SandboxServer, serve_sandboxes
 
-from agentcompass.testing import EnvironmentConformance, hang_guard
+from agentcompass import NetworkPolicy
+from agentcompass.testing import EnvironmentConformance, check_environment, hang_guard
+
+try:
+    import agentcompass_sandbox
+    from agentcompass_sandbox import _host as sandbox_host
+except ImportError:  # the remote plugin does not need the sandbox plugin
+    agentcompass_sandbox = None
+SANDBOX_PROBLEM = "the sandbox plugin is not installed" if agentcompass_sandbox is None else agentcompass_sandbox.host_problem()
+requires_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=SANDBOX_PROBLEM or "")
 
 
 @pytest.mark.parametrize("check", EnvironmentConformance.CHECKS)
@@ -39,3 +51,37 @@ async def test_a_pool_conforms(server: InProcess, nursery: trio.Nursery, tmp_pat
     )
     with hang_guard(120):
         await kit.run_all()
+
+
+@requires_sandbox
+async def test_remote_backed_by_sandbox_conforms(nursery: trio.Nursery):
+    # Skipped with the sandbox's own preflight message where this host cannot
+    # create namespaces. The leak probe counts the sandbox's state directories
+    # (as the sandbox's own conformance test does).
+    server = SandboxServer("sandbox", TOKEN, grace=10.0)
+    port = await nursery.start(serve_sandboxes, server, "127.0.0.1", 0)
+    tag = f"r{secrets.token_hex(4)}"
+
+    async def count() -> int:
+        await wait_for(lambda: server.load == 0, "the server to close its sessions")
+        root = sandbox_host.STATE_ROOT
+        return len([e for e in os.listdir(root) if not e.startswith(".")]) if root.is_dir() else 0
+
+    env = RemoteEnvironment({"url": f"ws://127.0.0.1:{port}", "token": TOKEN, "provider": "sandbox"})
+    try:
+        with hang_guard(240):
+            await check_environment(
+                env,
+                # A provider config the server's sandbox refuses: the open fails on the server.
+                failing_config={"provider_config": {"bogus": 1}},
+                count_sandboxes=count,
+                isolated=True,
+                tag=tag,
+                # Literal addresses: this host may have no DNS.
+                policies=[NetworkPolicy("none"), NetworkPolicy("allowlist", ("127.0.0.1:9",)), NetworkPolicy("full")],
+                grace_seconds=10,
+            )
+        assert server.opened_total >= 10 and server.peak_load >= 3  # the sweep check held three at once
+    finally:
+        with trio.move_on_after(30, shield=True):
+            await env.sweep(tag)

@@ -32,7 +32,7 @@ async def _refused(ws: trio_websocket.WebSocketConnection) -> int | None:
 @pytest.mark.parametrize("token", [None, "", "wrong-token", TOKEN + "x", TOKEN[:-1]])
 async def test_a_missing_or_wrong_token_is_refused_before_any_session(server: InProcess, token: str | None):
     async with trio_websocket.open_websocket_url(server.url) as ws:
-        message = {"type": "hello", "version": 1} | ({} if token is None else {"token": token})
+        message = {"type": "hello", "version": 2} | ({} if token is None else {"token": token})
         await ws.send_message(json.dumps(message))
         # An open sent right behind the bad hello must not create anything.
         await ws.send_message(json.dumps(OPEN))
@@ -54,7 +54,7 @@ async def test_a_token_sent_after_the_auth_timeout_is_refused(nursery: trio.Nurs
         assert await _refused(ws) == 4001  # the server hangs up on its own
         assert trio.current_time() - started >= 0.3
         with pytest.raises(trio_websocket.ConnectionClosed):
-            await ws.send_message(json.dumps({"type": "hello", "version": 1, "token": TOKEN}))
+            await ws.send_message(json.dumps({"type": "hello", "version": 2, "token": TOKEN}))
     assert served.server.load == 0 and served.sandboxes() == []
 
 

@@ -1,0 +1,57 @@
+"""Exec output: the streaming callback type and the standard tail truncation.
+
+Providers keep each stream's **tail** (the end of a log is where the verdict
+and the traceback are) within their ``max_output_bytes``; :class:`OutputTail`
+is that rule, shared so that every place that cuts output (a provider's
+``exec``, a client rebuilding a result from streamed chunks) writes the same
+marker.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+__all__ = ["OutputCallback", "OutputStream", "OutputTail"]
+
+OutputStream = Literal["stdout", "stderr"]
+#: ``await on_output(stream, chunk)``: called by ``EnvironmentSession.exec_stream``.
+OutputCallback = Callable[[OutputStream, bytes], Awaitable[None]]
+
+
+class OutputTail:
+    """The last ``limit`` bytes appended, in O(limit + one chunk) memory.
+
+    :meth:`text` decodes them as UTF-8 with ``errors="replace"``; when bytes
+    were dropped, the text starts with a ``[... N earlier bytes dropped ...]``
+    line and stays within ``limit`` bytes before decoding. Don't confuse it
+    with a buffer that keeps everything: it exists so that output larger
+    than the limit is never held whole.
+    """
+
+    def __init__(self, limit: int):
+        if limit <= 0:
+            raise ValueError(f"limit must be positive, not {limit}")
+        self._limit = limit
+        self._chunks: deque[bytes | bytearray] = deque()
+        self._size = 0
+        self._dropped = 0
+
+    def append(self, data: bytes | bytearray) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._chunks and self._size - len(self._chunks[0]) >= self._limit:
+            first = self._chunks.popleft()
+            self._size -= len(first)
+            self._dropped += len(first)
+
+    def text(self) -> str:
+        data = b"".join(self._chunks)
+        dropped = self._dropped + max(0, len(data) - self._limit)
+        data = data[-self._limit :]
+        if dropped:
+            note = f"[... {dropped} earlier bytes dropped ...]\n".encode()
+            if len(note) < self._limit:
+                data = note + data[len(note) :]
+        return data.decode("utf-8", errors="replace")

@@ -1,0 +1,146 @@
+"""Lazy serving: the run index from the listing and a row budget, large
+records split once into cached chunks, checkpoint-only attempts, and
+``--out`` cleaning up its own stale files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from view_helpers import COMPASS, agent_trajectory, attempt, run_dir_state, task, write_json, write_run, writer_lock
+
+from agentcompass._store._keys import task_key
+from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
+from agentcompass._view._data import LARGE_RECORD, RunData, read_record
+
+
+def _large_task(task_id: str, steps: int) -> dict:
+    record = task(task_id, attempt(trajectory=agent_trajectory(steps), values={"reward": 0.0}), category="big")
+    assert len(json.dumps(record)) >= LARGE_RECORD
+    return record
+
+
+def test_a_budgeted_run_page_answers_placeholders_that_the_background_pass_fills(tmp_path: Path) -> None:
+    small = [task(f"t{i}", attempt(values={"reward": float(i % 2)}), category="c", severity="error" if i == 3 else "normal")
+             for i in range(6)]
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [*small, _large_task("huge", 2000)])
+    run = RunData(run_dir)
+
+    page = run.run(budget=0)  # no time to read anything: the listing alone
+    assert page["pending"] == 7
+    rows = {t[0]: t for t in page["tasks"]}
+    assert set(rows) == {"huge", *(f"t{i}" for i in range(6))}
+    assert rows["t3"][3] == "error" and rows["t3"][4] == ["loading"]  # severity from the directory
+    assert run.records_read == 0
+
+    page = run.run(budget=60)  # small records are read within the budget; a large one is left to the background pass
+    assert page["pending"] == 1 and {t[0]: t[4] for t in page["tasks"]}["huge"] == ["loading"]
+    assert run.records_read == 0
+
+    run.warm()
+    assert run.records_read == 1  # the large record, parsed once and kept for its attempt page
+    page = run.run(budget=0)
+    assert page["pending"] == 0
+    rows = {t[0]: t for t in page["tasks"]}
+    assert rows["huge"][2:5] == ["big", "normal", ["completed"]] and rows["t1"][5] == 1.0
+    assert page == run.run(budget=None) | {"header": page["header"]}
+
+    detail = run.task("huge")
+    assert detail is not None and detail["attempts"][0]["run_result"]["trajectory_steps"] == 2 + 2 * 2000
+    assert run.records_read == 1  # the attempt page found the background pass's parse
+
+
+def test_a_large_record_is_split_once_into_the_same_chunks(tmp_path: Path) -> None:
+    trajectory = agent_trajectory(1500)
+    trajectory[5]["content"] = 'he wrote "trajectory": [1, 2] and ] and [ in a string'
+    record = task("big", attempt(trajectory=trajectory), attempt(1, trajectory=[]))
+    record["attempts"][1]["run_result"]["trajectory"] = []
+    path = tmp_path / "big.json"
+    for text in (json.dumps(record), json.dumps(record, indent=2)):  # compact as the store writes, and spaced
+        path.write_text(text)
+        value, chars = read_record(str(path))
+        assert chars == len(text)
+        first, second = (a["run_result"]["trajectory"] for a in value["attempts"])
+        assert (first.steps, first.tool_calls, second.steps, second.chunks) == (len(trajectory), 1500, 0, [])
+        assert [m for c in first.chunks for m in json.loads(c)] == trajectory
+        assert all(len(json.loads(c)) <= CHUNK_STEPS for c in first.chunks)
+        assert value["attempts"][0]["plan"] == record["attempts"][0]["plan"]
+
+    record["attempts"][0]["plan"]["trajectory"] = [{"not": "a run result"}]  # the key elsewhere: one plain parse
+    path.write_text(json.dumps(record))
+    value, _ = read_record(str(path))
+    assert value["attempts"][0]["plan"]["trajectory"] == [{"not": "a run result"}]
+    assert [m for c in value["attempts"][0]["run_result"]["trajectory"].chunks for m in json.loads(c)] == trajectory
+
+
+def test_chunks_come_from_one_parse_and_the_cache_is_bounded(tmp_path: Path) -> None:
+    records = [_large_task("a", 1200), _large_task("b", 1200)]
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", records)
+    size = (run_dir / "details" / "normal" / "a.json").stat().st_size
+    run = RunData(run_dir, record_cache_chars=size + size // 2)  # room for one of them
+    detail = run.task("a")
+    assert detail is not None
+    chunks = detail["attempts"][0]["run_result"]["trajectory_chunks"]
+    assert chunks == 5
+    served = [json.loads(run.trajectory_chunk("a", 0, n) or "null") for n in range(chunks)]
+    assert [m for c in served for m in c] == records[0]["attempts"][0]["run_result"]["trajectory"]
+    assert run.trajectory_chunk("a", 0, chunks) is None
+    assert run.records_read == 1
+    assert run.trajectory_chunk("b", 0, 0) is not None and run.records_read == 2  # evicts a
+    assert run.trajectory_chunk("b", 0, 1) is not None and run.records_read == 2
+    assert run.trajectory_chunk("a", 0, 0) is not None and run.records_read == 3
+
+
+def test_a_task_with_only_checkpoints_shows_its_attempts(tmp_path: Path) -> None:
+    done = task("done", attempt())
+    events = [{"event": "run_started", "t": 1.0}, {"event": "task_started", "t": 1.1, "task": "done"},
+              {"event": "task_started", "t": 1.2, "task": "Slow Task"}, {"event": "task_finished", "t": 2.0, "task": "done"}]
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [done], status="running", events=events)
+    first = attempt(0, values={"reward": 0.0}, status="completed", trajectory=agent_trajectory(3))
+    first["plan"]["task_id"] = "Slow Task"
+    key = task_key("Slow Task")  # not the task id: the row must link by the store's key
+    assert key != "Slow Task"
+    write_json(run_dir / "tasks" / key / "attempt-0" / "checkpoint.json", first)
+    before = run_dir_state(run_dir)
+    with writer_lock(run_dir):
+        site = Site(find_runs([run_dir]), live=True)
+        page = site.runs[0].run()
+        rows = {t[0]: t for t in page["tasks"]}
+        assert rows["Slow Task"][1:5] == [key, None, "running", ["completed"]]
+        detail = site.runs[0].task(key)
+        assert detail is not None and detail["checkpointed"] and detail["task_id"] == "Slow Task"
+        assert [a["attempt"] for a in detail["attempts"]] == [0]
+        assert detail["attempts"][0]["run_result"]["trajectory_steps"] == 8
+        found = site.get(f"data/0/traj/{key}/0-0.js")
+        assert found is not None and b"Count the lines" in found[0]
+    assert site.runs[0].task("nothing") is None
+    assert run_dir_state(run_dir) == before
+
+
+def test_out_removes_its_own_stale_files_and_nothing_else(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001",
+                        [task("keep", attempt()), task("gone", attempt(trajectory=agent_trajectory(2)))])
+    out = tmp_path / "site"
+    write_site(Site(find_runs([run_dir]), live=False), out)
+    assert (out / "data/0/task/gone.js").is_file() and (out / "data/0/traj/gone/0-0.js").is_file()
+    (out / "data/notes.txt").write_text("mine")
+    (out / "data/0/task/mine.json").write_text("{}")
+    (out / "README").write_text("mine")
+    (run_dir / "details" / "normal" / "gone.json").unlink()
+
+    write_site(Site(find_runs([run_dir]), live=False), out)
+    assert not (out / "data/0/task/gone.js").exists() and not (out / "data/0/traj/gone").exists()
+    assert (out / "data/0/task/keep.js").is_file() and (out / "data/0/run.js").is_file()
+    assert [(out / p).read_text() for p in ("data/notes.txt", "data/0/task/mine.json", "README")] == ["mine", "{}", "mine"]
+
+
+def test_out_refuses_a_run_directory_or_one_that_holds_runs(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [task("a", attempt())])
+    other = write_run(tmp_path / "other", "o", "20260101T000000.000Z-0002", [task("b", attempt())])
+    before = run_dir_state(tmp_path)
+    for out, message in ((tmp_path / "runs", "holds the run directory"), (other, "is a run directory")):
+        done = subprocess.run([COMPASS, "view", str(run_dir), "--out", str(out)], capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert run_dir_state(tmp_path) == before
