@@ -266,8 +266,12 @@ class EnvironmentSession:
     tasks (a harness's tools, a benchmark's collection) but never after
     ``close`` started. Every method is cancellable: on ``trio.Cancelled`` it
     stops what it started (kills the process tree, drops the transfer) and
-    lets the cancellation propagate. ``agentcompass.testing`` has a
-    conformance kit that checks a provider against this contract.
+    lets the cancellation propagate. Such cleanup (killing the tree,
+    cancelling a remote operation) runs shielded: bound it with
+    ``trio.move_on_at(agentcompass.runtime.cleanup_deadline(), shield=True)``,
+    the run's one grace deadline, never a fixed number of seconds of your
+    own. ``agentcompass.testing`` has a conformance kit that checks a
+    provider against this contract.
     """
 
     @property
@@ -362,7 +366,8 @@ class EnvironmentSession:
 
         Idempotent, and safe after a partial open, a failed operation or a
         cancellation. The runtime calls it inside a shielded scope bounded by
-        the cleanup grace, so it must finish or give up within bounded time;
+        the cleanup grace (:func:`~agentcompass.runtime.cleanup_deadline`
+        says until when), so it must finish or give up within bounded time;
         whatever it cannot destroy, raise about (WARNING ``cleanup_failed``)
         so ``compass reap`` can retry from :attr:`handle`.
         """
