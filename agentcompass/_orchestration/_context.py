@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -52,6 +53,8 @@ class GraceClock:
         self.hard_deadline = hard_deadline
         #: When shutdown began (``trio.current_time()``), or None.
         self.shutdown_at: float | None = None
+        # Shields opened before shutdown that must end by its deadline too.
+        self._bounded: set[trio.CancelScope] = set()
 
     def begin(self) -> float:
         """Shutdown starts now (idempotent); returns the fixed deadline."""
@@ -59,7 +62,21 @@ class GraceClock:
             now = trio.current_time()
             self.shutdown_at = now
             self.hard_deadline = min(self.hard_deadline, now + self.grace)
+            for scope in self._bounded:
+                scope.deadline = min(scope.deadline, self.hard_deadline)
         return self.hard_deadline
+
+    @contextlib.contextmanager
+    def bounded_shield(self) -> Iterator[trio.CancelScope]:
+        """A shield for work that must outlive a cancellation (a request's
+        store) yet end by the one deadline: ``hard_deadline`` now, and the
+        fixed deadline as soon as shutdown begins."""
+        with trio.CancelScope(shield=True, deadline=self.hard_deadline) as scope:
+            self._bounded.add(scope)
+            try:
+                yield scope
+            finally:
+                self._bounded.discard(scope)
 
     def deadline(self) -> float:
         """The deadline of a cleanup starting now."""

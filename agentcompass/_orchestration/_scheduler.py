@@ -255,9 +255,9 @@ class Scheduler:
         request unwinds; the request scope closes it (``closed``) on every way out.
         """
         request = run.request
-        # Unbounded only until ``closed``, which the request scope sets on
-        # every way out; the store's close is bounded by the grace.
-        with trio.CancelScope(shield=True):
+        # Held until ``closed``, which the request scope sets on every way
+        # out, and never past the grace deadline once shutdown begins.
+        with self.grace.bounded_shield():
             async with open_run_store(request.output_root, request.name, close_deadline=self.grace.deadline) as store:
                 task_status.started(store)
                 await closed.wait()
@@ -274,7 +274,7 @@ class Scheduler:
             # is not cancelled; a deadline passing during the (short) open
             # would otherwise leave the holder waiting here for ``closed``.
             try:
-                with trio.CancelScope(shield=True):
+                with self.grace.bounded_shield():
                     store = await nursery.start(self._hold_store, run, closed)
             except Exception as exc:  # noqa: BLE001 - no run directory: this request fails, no other
                 run.fail(exc, "could not create the run directory")

@@ -259,3 +259,26 @@ async def test_the_stores_files_close_only_after_a_given_up_thread() -> None:
     assert closed == ["fds"]
     with pytest.raises(OSError):  # nothing starts after the release
         await threads.run(work)
+
+
+async def test_a_shield_opened_before_shutdown_ends_by_its_deadline(autojump_clock: Any) -> None:
+    # A request's store is held under a shield opened long before shutdown:
+    # it outlives the cancellation, but not the one grace deadline.
+    from agentcompass._orchestration._context import GraceClock
+
+    grace = GraceClock(7.0)
+    ended_at: list[float] = []
+
+    async def holder(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with grace.bounded_shield():
+            task_status.started()
+            await trio.sleep_forever()
+        ended_at.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(holder)
+        await trio.sleep(100)
+        shutdown = trio.current_time()
+        grace.begin()
+        nursery.cancel_scope.cancel()  # the shield keeps the holder alive...
+    assert ended_at == [shutdown + 7.0]  # ...until the fixed deadline, not forever
