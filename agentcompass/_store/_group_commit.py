@@ -237,10 +237,10 @@ class _WriterProcess:
         for round_id, outcomes, problems in answers:
             self._answers[round_id] = (outcomes, problems)
 
-    async def stop(self, grace: float, reap_within: float | None = None) -> None:
+    async def stop(self, grace: float, reap_within: float = _KILL_WAIT_SECONDS) -> None:
         """End the writer's input and wait (up to ``grace`` seconds) for it
-        to commit what it has and exit; kill it after that, and wait for it
-        to die (at most ``reap_within`` seconds when given)."""
+        to commit what it has and exit; kill it after that, and wait at most
+        ``reap_within`` seconds for it to die."""
         with trio.move_on_after(grace):
             try:
                 await self._stdin.aclose()
@@ -251,7 +251,7 @@ class _WriterProcess:
             self.kill()
             # A process blocked on a stalled disk dies only once its I/O
             # returns: out of grace, do not wait for that (it is reaped at our exit).
-            with trio.move_on_after(math.inf if reap_within is None else reap_within):
+            with trio.move_on_after(reap_within):
                 await self.process.wait()
         await self._stdout.aclose()
 
@@ -348,7 +348,7 @@ class GroupCommitter:
         writer, self._writer = self._writer, None
         if writer is not None:
             with trio.CancelScope(shield=True):
-                await writer.stop(grace, reap_within=_KILL_WAIT_SECONDS if grace <= 0 else None)
+                await writer.stop(grace)
 
     @property
     def journal_fd(self) -> int:

@@ -282,3 +282,34 @@ async def test_a_shield_opened_before_shutdown_ends_by_its_deadline(autojump_clo
         grace.begin()
         nursery.cancel_scope.cancel()  # the shield keeps the holder alive...
     assert ended_at == [shutdown + 7.0]  # ...until the fixed deadline, not forever
+
+
+class _UnkillableWriter:
+    """A writer process stuck in uninterruptible I/O (a stalled disk): SIGKILL
+    is delivered but it does not die until the I/O returns, which it never does."""
+
+    returncode = None
+    pid = 0
+
+    def __init__(self) -> None:
+        self.stdin = self.stdout = self
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+    async def wait(self) -> None:
+        await trio.sleep_forever()
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_writer_stuck_on_a_stalled_disk_does_not_hold_its_stop(autojump_clock: Any) -> None:
+    stuck = _UnkillableWriter()
+    writer = _group_commit._WriterProcess(stuck)  # type: ignore[arg-type]
+    start = trio.current_time()
+    with trio.fail_after(60):  # unbounded before: the wait after the kill never returned
+        await writer.stop(2.0)
+    assert stuck.killed
+    assert trio.current_time() - start < 3.0
