@@ -203,7 +203,18 @@ def _self_cgroup(hierarchy: str) -> str:
     return ""
 
 
+_cgroup_bases: dict[str, Path] | None = None
+
+
 def cgroup_bases() -> dict[str, Path]:
+    """:func:`find_cgroup_bases`, read once per process (every open and close needs it)."""
+    global _cgroup_bases
+    if _cgroup_bases is None:
+        _cgroup_bases = find_cgroup_bases()
+    return dict(_cgroup_bases)
+
+
+def find_cgroup_bases() -> dict[str, Path]:
     """The parent directories of session cgroups: ``track`` (cgroup v2, where
     ``cgroup.kill`` ends a process tree), and ``memory`` / ``pids`` where a
     controller for that limit exists. Nested under this process's own cgroup,

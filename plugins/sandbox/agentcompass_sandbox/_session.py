@@ -60,8 +60,15 @@ def fail(message: str) -> IssueError:
     return IssueError("fatal", "environment_failed", message)
 
 
+_root_binds_cache: list[str] | None = None
+
+
 def _root_binds() -> list[str]:
-    """bwrap arguments mounting the host's userland read-only (blocking: reads /)."""
+    """bwrap arguments mounting the host's userland read-only (blocking: reads /
+    once per process; the layout of / does not change under a running runtime)."""
+    global _root_binds_cache
+    if _root_binds_cache is not None:
+        return list(_root_binds_cache)
     args: list[str] = []
     for entry in _USERLAND:
         path = "/" + entry
@@ -69,7 +76,8 @@ def _root_binds() -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    return args
+    _root_binds_cache = args
+    return list(args)
 
 
 def _children(pid: int) -> list[int]:
@@ -133,15 +141,20 @@ class SandboxSession(EnvironmentSession):
         except (OSError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: {exc}") from None
         try:
-            self._cgroups = await trio.to_thread.run_sync(
-                _host.make_cgroups, self.name, self._memory_mb, self._pids_max
-            )
-            init_cg = await trio.to_thread.run_sync(_host.exec_cgroup, self._cgroups["track"], "init")
-            binds = await trio.to_thread.run_sync(_root_binds)
+            init_cg, binds = await trio.to_thread.run_sync(self._prepare)
         except (OSError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: {exc}") from None
         await self._spawn_init(init_cg, binds)
         await self.set_network_policy(policy)
+
+    def _prepare(self) -> tuple[str, list[str]]:
+        """Blocking, in one worker-thread hop: the cgroups, the init's leaf and the binds."""
+        self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max)
+        return _host.exec_cgroup(self._cgroups["track"], "init"), _root_binds()
+
+    def _open_log(self) -> tuple[Any, bool]:
+        """Blocking: bwrap's log file, and whether the session has its own /etc/hosts."""
+        return open(self._dir / "bwrap.log", "wb"), (self._dir / "hosts").exists()
 
     def _procs_files(self, track_leaf: str) -> list[str]:
         files = [os.path.join(track_leaf, "cgroup.procs")]
@@ -152,6 +165,7 @@ class SandboxSession(EnvironmentSession):
         return files
 
     async def _spawn_init(self, init_cg: str, binds: list[str]) -> None:
+        log, own_hosts = await trio.to_thread.run_sync(self._open_log)
         read_fd, write_fd = os.pipe()
         # The keeper's lifeline: the runtime holds the write end (closed on
         # close(), or by the kernel when the runtime dies); the keeper reads it.
@@ -159,7 +173,7 @@ class SandboxSession(EnvironmentSession):
         mounts: list[str] = []
         for sub in _host.SUBDIRS:
             mounts += ["--bind", str(self._dir / sub), "/" + sub]
-        if (self._dir / "hosts").exists():
+        if own_hosts:
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
         argv = [
             "/bin/sh", "-c", _KEEP, "sh", *self._procs_files(init_cg), "--",
@@ -170,7 +184,6 @@ class SandboxSession(EnvironmentSession):
             "--chdir", "/app", "--info-fd", str(write_fd),
             "--", "sh", "-c", "echo ready; exec sleep infinity",
         ]  # fmt: skip
-        log = await trio.to_thread.run_sync(open, self._dir / "bwrap.log", "wb")
         try:
             self._bwrap = await trio.lowlevel.open_process(
                 argv, stdin=keep_read, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
@@ -197,12 +210,19 @@ class SandboxSession(EnvironmentSession):
         async with self._bwrap.stdout:
             while b"\n" not in ready and (chunk := await self._bwrap.stdout.receive_some(64)):
                 ready += chunk
-        children = await trio.to_thread.run_sync(_children, int(info["child-pid"]))
+        bwrap_pid = self._bwrap.pid
+
+        def record_init() -> list[int]:
+            children = _children(int(info["child-pid"]))
+            if ready == b"ready\n" and len(children) == 1:
+                marker = {**_host.read_marker(self.name), "bwrap_pid": bwrap_pid, "init_pid": children[0]}
+                _host.write_marker(self.name, marker)
+            return children
+
+        children = await trio.to_thread.run_sync(record_init)
         if ready != b"ready\n" or len(children) != 1:
             raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}, children {children})")
         self._init_pid = children[0]
-        marker = {**_host.read_marker(self.name), "bwrap_pid": self._bwrap.pid, "init_pid": self._init_pid}
-        await trio.to_thread.run_sync(_host.write_marker, self.name, marker)
 
     async def _read_info(self, fd: int) -> dict[str, Any] | None:
         """bwrap's ``--info-fd`` JSON, or ``None`` if the pipe ends first (bwrap
