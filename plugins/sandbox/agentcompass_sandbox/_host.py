@@ -307,6 +307,10 @@ def kill_cgroup(path_str: str, remove: bool) -> None:
     if not path.is_dir():
         return
     kill_file = path / "cgroup.kill"
+    if kill_file.exists() and _kill_v2(path, kill_file):
+        if remove:
+            remove_cgroup(path)
+        return
     for _ in range(_KILL_ROUNDS):
         pids = _all_procs(path)
         if not pids:
@@ -321,6 +325,29 @@ def kill_cgroup(path_str: str, remove: bool) -> None:
         time.sleep(_KILL_PAUSE)
     if remove:
         remove_cgroup(path)
+
+
+def _populated(path: Path) -> bool:
+    try:
+        with open(path / "cgroup.events") as f:
+            return "populated 1" in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def _kill_v2(path: Path, kill_file: Path) -> bool:
+    """cgroup v2: ``cgroup.kill`` the subtree, then watch the one ``populated``
+    flag of ``cgroup.events`` (cheaper than walking every ``cgroup.procs`` per
+    round); the kill is repeated now and then for a process caught mid-fork.
+    False if the subtree is still populated at the end of the bounded wait."""
+    for round_ in range(_KILL_ROUNDS):
+        if not _populated(path):
+            return True
+        if round_ % 50 == 0:
+            with contextlib.suppress(OSError):
+                kill_file.write_text("1")
+        time.sleep(_KILL_PAUSE)
+    return not _populated(path)
 
 
 def remove_cgroup(path: Path) -> None:
