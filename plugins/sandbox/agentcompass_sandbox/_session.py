@@ -37,14 +37,16 @@ _CHUNK = 65536
 _DRAIN_SECONDS = 0.5
 # Puts the process into the cgroups named before "--", then becomes the command.
 _WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-# The init's keeper, started as the sandbox user: waits for the runtime to
-# place it in the session's cgroups (a line on its stdin), starts bwrap (whose
-# --die-with-parent then refers to this single-threaded shell), and kills it
-# when its stdin reaches EOF, i.e. when the runtime closes the session's
-# lifeline or dies. The parent of a --die-with-parent process must not be the
-# runtime itself: Trio spawns from worker threads, and the death signal
-# follows the *thread*, which exits when it has been idle for a while.
-_KEEP = 'read _ || exit 0; "$@" < /dev/null & read _; kill -9 $! 2>/dev/null'
+# The init's keeper: joins the cgroups, starts bwrap (whose --die-with-parent
+# then refers to this single-threaded shell), and kills it when its stdin
+# reaches EOF, i.e. when the runtime closes the session's lifeline or dies.
+# The parent of a --die-with-parent process must not be the runtime itself:
+# Trio spawns from worker threads, and the death signal follows the *thread*,
+# which exits when it has been idle for a while.
+_KEEP = (
+    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+    '"$@" < /dev/null & read _; kill -9 $! 2>/dev/null'
+)
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Top-level host entries never bound into the sandbox (made fresh, or the sandbox's own).
 # The host's userland, mounted read-only where it exists (top-level symlinks
@@ -76,13 +78,6 @@ def _root_binds() -> list[str]:
             args += ["--ro-bind", path, path]
     _root_binds_cache = args
     return list(args)
-
-
-def _join_cgroups(pid: int, procs_files: list[str]) -> None:
-    """Blocking: move ``pid`` into each cgroup (before it forks anything)."""
-    for path in procs_files:
-        with open(path, "w") as f:
-            f.write(str(pid))
 
 
 def _children(pid: int) -> list[int]:
@@ -181,7 +176,8 @@ class SandboxSession(EnvironmentSession):
         if own_hosts:
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
         argv = [
-            "/bin/sh", "-c", _KEEP, "sh",
+            "/bin/sh", "-c", _KEEP, "sh", *self._procs_files(init_cg), "--",
+            "setpriv", f"--reuid={_host.HOST_UID}", f"--regid={_host.HOST_UID}", "--clear-groups",
             "bwrap", "--die-with-parent", "--unshare-all", "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", *mounts,
@@ -190,14 +186,7 @@ class SandboxSession(EnvironmentSession):
         ]  # fmt: skip
         try:
             self._bwrap = await trio.lowlevel.open_process(
-                argv,
-                stdin=keep_read,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                pass_fds=(write_fd,),
-                user=_host.HOST_UID,
-                group=_host.HOST_UID,
-                extra_groups=[],
+                argv, stdin=keep_read, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
             )
         except BaseException as exc:
             os.close(read_fd)
@@ -208,15 +197,6 @@ class SandboxSession(EnvironmentSession):
             os.close(write_fd)
             os.close(keep_read)
             log.close()
-        try:
-            await trio.to_thread.run_sync(_join_cgroups, self._bwrap.pid, self._procs_files(init_cg))
-        except BaseException as exc:
-            os.close(read_fd)
-            if isinstance(exc, OSError):
-                raise fail(f"sandbox {self.name}: could not place the sandbox in its cgroups: {exc}") from None
-            raise
-        assert self._lifeline is not None
-        os.write(self._lifeline, b"go\n")  # the keeper may start bwrap now
         info = await self._read_info(read_fd)
         if info is None:
             await self._bwrap.wait()
