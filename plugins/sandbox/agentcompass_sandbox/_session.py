@@ -18,7 +18,6 @@ import json
 import math
 import os
 import subprocess
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
-from agentcompass.runtime import cleanup_deadline
+from agentcompass.runtime import OutputTail, cleanup_deadline
 
 from . import _host, _policy
 
@@ -296,7 +295,7 @@ class SandboxSession(EnvironmentSession):
             )
         except OSError as exc:
             raise fail(f"sandbox {self.name}: could not start nsenter: {exc}") from None
-        out, err = _TailBuffer(self._max_output), _TailBuffer(self._max_output)
+        out, err = OutputTail(self._max_output), OutputTail(self._max_output)
         timed_out = False
         try:
             async with trio.open_nursery() as nursery:
@@ -450,35 +449,7 @@ class SandboxSession(EnvironmentSession):
         self._destroyed = True
 
 
-class _TailBuffer:
-    """The last ``limit`` bytes written to it."""
-
-    def __init__(self, limit: int):
-        self._limit = limit
-        self._chunks: deque[bytes | bytearray] = deque()
-        self._size = 0
-        self._dropped = 0
-
-    def append(self, data: bytes | bytearray) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
-        while self._chunks and self._size - len(self._chunks[0]) >= self._limit:
-            first = self._chunks.popleft()
-            self._size -= len(first)
-            self._dropped += len(first)
-
-    def text(self) -> str:
-        data = b"".join(self._chunks)
-        dropped = self._dropped + max(0, len(data) - self._limit)
-        data = data[-self._limit :]
-        if dropped:
-            note = f"[... {dropped} earlier bytes dropped ...]\n".encode()
-            if len(note) < self._limit:
-                data = note + data[len(note) :]
-        return data.decode("utf-8", errors="replace")
-
-
-async def _pump(stream: trio.abc.ReceiveStream | None, buffer: _TailBuffer, done: trio.Event) -> None:
+async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:
     assert stream is not None
     while chunk := await stream.receive_some(_CHUNK):
         buffer.append(chunk)
