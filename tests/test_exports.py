@@ -102,4 +102,4 @@ def test_runtime_exports_the_cleanup_deadline():
 
 def test_runtime_exports_the_exec_streaming_helpers():
     # Providers and the remote client cut streamed output with the same rule.
-    assert {"OutputCallback", "OutputStream", "OutputTail"} <= _public(agentcompass.runtime)
+    assert {"OutputCallback", "OutputStream", "OutputTail", "exec_keeping_tails"} <= _public(agentcompass.runtime)

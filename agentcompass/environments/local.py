@@ -59,8 +59,8 @@ from agentcompass.runtime import (
     NetworkPolicy,
     OutputCallback,
     OutputStream,
-    OutputTail,
     cleanup_deadline,
+    exec_keeping_tails,
 )
 
 __all__ = ["LocalEnvironment", "LocalSession"]
@@ -256,13 +256,7 @@ class LocalSession(EnvironmentSession):
         A command killed by a signal has ``exit_code=-signum``. Failing to start
         the process at all raises FATAL ``environment_failed``.
         """
-        out, err = OutputTail(self._max_output), OutputTail(self._max_output)
-
-        async def keep(stream: OutputStream, chunk: bytes) -> None:
-            (out if stream == "stdout" else err).append(chunk)
-
-        result = await self.exec_stream(cmd, timeout, cwd, env, on_output=keep)
-        return attrs.evolve(result, stdout=out.text(), stderr=err.text())
+        return await exec_keeping_tails(self.exec_stream, self._max_output, cmd, timeout, cwd, env)
 
     async def exec_stream(
         self,

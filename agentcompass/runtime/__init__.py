@@ -27,6 +27,7 @@ from ._executor import TaskReporter as TaskReporter
 from ._output import OutputCallback as OutputCallback
 from ._output import OutputStream as OutputStream
 from ._output import OutputTail as OutputTail
+from ._output import exec_keeping_tails as exec_keeping_tails
 from ._results import AttemptRecord as AttemptRecord
 from ._results import Evaluation as Evaluation
 from ._results import ExecResult as ExecResult

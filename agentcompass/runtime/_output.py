@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Literal, Protocol
 
-__all__ = ["OutputCallback", "OutputStream", "OutputTail"]
+import attrs
+
+from ._results import ExecResult
+
+__all__ = ["OutputCallback", "OutputStream", "OutputTail", "exec_keeping_tails"]
 
 OutputStream = Literal["stdout", "stderr"]
 #: ``await on_output(stream, chunk)``: called by ``EnvironmentSession.exec_stream``.
@@ -55,3 +59,35 @@ class OutputTail:
             if len(note) < self._limit:
                 data = note + data[len(note) :]
         return data.decode("utf-8", errors="replace")
+
+
+class _StreamingExec(Protocol):
+    def __call__(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: dict[str, str] | None = ...,
+        *,
+        on_output: OutputCallback,
+    ) -> Awaitable[ExecResult]: ...
+
+
+async def exec_keeping_tails(
+    exec_stream: _StreamingExec,
+    limit: int,
+    cmd: str | list[str],
+    timeout: float | None = None,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+) -> ExecResult:
+    """Run ``exec_stream`` (a session's bound method) and return its result
+    with each stream's tail kept by :class:`OutputTail` within ``limit``:
+    how a provider that streams natively builds its ``exec``."""
+    out, err = OutputTail(limit), OutputTail(limit)
+
+    async def keep(stream: OutputStream, chunk: bytes) -> None:
+        (out if stream == "stdout" else err).append(chunk)
+
+    result = await exec_stream(cmd, timeout, cwd, env, on_output=keep)
+    return attrs.evolve(result, stdout=out.text(), stderr=err.text())

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-import attrs
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
-from agentcompass.runtime import OutputCallback, OutputStream, OutputTail, cleanup_deadline
+from agentcompass.runtime import OutputCallback, OutputStream, cleanup_deadline, exec_keeping_tails
 
 from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost
@@ -186,13 +185,7 @@ class RemoteSession(EnvironmentSession):
         """Run ``cmd`` on the server's provider: the same semantics as that
         provider's ``exec`` (timeout, cancellation, output limit and marker),
         the output streamed back and only its tail kept."""
-        out, err = OutputTail(self._output_limit), OutputTail(self._output_limit)
-
-        async def keep(stream: OutputStream, chunk: bytes) -> None:
-            (out if stream == "stdout" else err).append(chunk)
-
-        result = await self.exec_stream(cmd, timeout, cwd, env, on_output=keep)
-        return attrs.evolve(result, stdout=out.text(), stderr=err.text())
+        return await exec_keeping_tails(self.exec_stream, self._output_limit, cmd, timeout, cwd, env)
 
     async def exec_stream(
         self,
