@@ -25,7 +25,7 @@ from ..runtime._components import (
 from ..runtime._executor import Grants, TaskReporter
 from ..runtime._values import RunRequest, Secret
 
-__all__ = ["GraceClock", "RequestContext"]
+__all__ = ["GraceClock", "RequestContext", "Slots"]
 
 
 class GraceClock:
@@ -83,6 +83,20 @@ class GraceClock:
         if self.shutdown_at is not None:
             return self.hard_deadline
         return min(trio.current_time() + self.grace, self.hard_deadline)
+
+
+class Slots:
+    """The ``task_concurrency`` limit: free slots, and the dispatcher's wake-up
+    (a slot freed, a record durable, a request prepared)."""
+
+    def __init__(self, free: int):
+        self.free = free
+        self.changed = trio.lowlevel.ParkingLot()
+
+    def release(self) -> None:
+        self.free += 1
+        self.changed.unpark_all()
+
 
 
 def _register_secrets(value: Any) -> None:

@@ -11,8 +11,10 @@ the same cleanup runs and ``launch`` returns status ``timed_out``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from ..runtime._results import OrchestrationResult, RequestResult
 from ..runtime._values import Orchestration, RunRequest
 from ._context import GraceClock
 from ._request import RequestRun
-from ._scheduler import Scheduler
+from ._scheduler import Dispatcher
 from ._task import InProcessExecutor
 
 __all__ = ["launch", "run_evaluation"]
@@ -39,36 +41,20 @@ log = get_logger("agentcompass.launch")
 
 
 class _LocalGrants:
-    """Driver-owned limits granted in-process (see ``runtime._executor.Grants``)."""
+    """Driver-owned limits granted in-process (see ``runtime._executor.Grants``).
+    Each call is a schedule point, a permit or token free or not."""
 
     def __init__(self) -> None:
         self.registry = provider_limits()
 
     async def acquire_capacity(self, provider: str, holder: object) -> None:
-        # A free permit is taken without a schedule point: trio's own
-        # ``acquire_on_behalf_of`` yields even then, and every attempt asks
-        # for one. Under load that yield puts the attempt behind every other
-        # runnable task, so the workers advance in lockstep: all of them
-        # reach the harness only at the end of each wave (measured: a 50 ms
-        # harness run took about 0.5 s + N x the per-attempt cost instead of
-        # max(0.5 s, N x cost)). Cancellation is still checked first, and
-        # ``acquire_on_behalf_of_nowait`` refuses while others wait (FIFO).
-        limiter = self.registry.capacity(provider)
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            limiter.acquire_on_behalf_of_nowait(holder)
-        except trio.WouldBlock:
-            await limiter.acquire_on_behalf_of(holder)
+        await self.registry.capacity(provider).acquire_on_behalf_of(holder)
 
     def release_capacity(self, provider: str, holder: object) -> None:
         self.registry.capacity(provider).release_on_behalf_of(holder)
 
     async def open_token(self, provider: str) -> None:
-        bucket = self.registry.open_rate_bucket(provider)
-        if bucket is not None:
-            await bucket.acquire()
-        # Else no checkpoint of its own: the try asks for a token right after
-        # the capacity permit, whose acquisition checked for cancellation.
+        await self.registry.acquire_open_token(provider)
 
 
 def _overall(results: list[RequestResult], timed_out: bool) -> tuple[str, int]:
@@ -133,18 +119,13 @@ async def _launch(
     def terminal_status() -> str:
         return "timed_out" if trio.current_time() >= deadline else "cancelled"
 
-    scheduler = Scheduler(
-        runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, grace, terminal_status
-    )
+    dispatcher = Dispatcher(runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, terminal_status)
     work_scope = trio.CancelScope()
-    work_shield: list[trio.CancelScope] = []
     timed_out = finished = False
 
     def shut_down() -> None:
         grace.begin()
         work_scope.cancel()
-        for scope in work_shield:  # the shutdown is under way: nothing left to shield from
-            scope.shield = False
 
     async def watch_for_shutdown() -> None:
         """Start the shutdown explicitly: fix the grace deadline, then cancel
@@ -164,52 +145,62 @@ async def _launch(
                 shut_down()  # the caller's cancellation: shutdown starts now
             raise
 
-    try:
-        async with trio.open_nursery() as display_nursery:
-            if show_progress:
-                from .._progress import ProgressDisplay
+    async with trio.open_nursery() as display_nursery:
+        if show_progress:
+            from .._progress import ProgressDisplay
 
-                display_nursery.start_soon(ProgressDisplay(runs).run)
-            display_nursery.start_soon(watch_for_shutdown)
-            # Shielded from the caller's cancellation until the watcher has
-            # fixed the grace deadline and cancelled ``work_scope`` (every
-            # cleanup inside is bounded by that deadline).
-            with trio.CancelScope(shield=True) as shield, work_scope:
-                work_shield.append(shield)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(scheduler.prepare_all, nursery)
-                    for _ in range(orchestration.task_concurrency):
-                        nursery.start_soon(scheduler.worker)
-            finished = True
-            display_nursery.cancel_scope.cancel()
-    finally:
-        # A request the deadline or a cancellation stopped before it started
-        # still gets a run directory with its terminal state (SPEC 7).
-        with trio.move_on_at(grace.deadline(), shield=True):
-            for run in runs:
-                if run.store is None and run.status is None:
-                    try:
-                        await _persist_unstarted(run, terminal_status())
-                    except Exception as exc:  # noqa: BLE001 - one request's disk, not the others'
-                        run.fail(exc, "could not create the run directory")
+            display_nursery.start_soon(ProgressDisplay(runs).run)
+        display_nursery.start_soon(watch_for_shutdown)
+        # Shielded from the caller's cancellation (the watcher turns it into
+        # the shutdown) and ended by the one grace deadline. The stores are
+        # opened outside the work's scope: the deadline never reaches them.
+        with grace.bounded_shield() as shield:
+            async with _open_stores(runs, grace):
+                with work_scope:
+                    await dispatcher.run()
+                # A request the deadline or a cancellation stopped before it
+                # started still gets its terminal state (SPEC 7).
+                with trio.move_on_at(grace.deadline(), shield=True):
+                    for run in runs:
+                        if run.store is not None and not run.started_at and not run.finalized:
+                            await _stop_unstarted(run, terminal_status())
+        finished = True
+        display_nursery.cancel_scope.cancel()
     results = [run.result() for run in runs]
     for run in runs:
         run.release()
     if stop is not None and stop.is_set() and not timed_out:
         status, exit_code = "cancelled", 130
     else:
-        status, exit_code = _overall(results, timed_out and any(s.cancelled_caught for s in (work_scope, *work_shield)))
+        status, exit_code = _overall(results, timed_out and (work_scope.cancelled_caught or shield.cancelled_caught))
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
 
 
-async def _persist_unstarted(run: RequestRun, status: str) -> None:
-    request = run.request
-    async with open_run_store(request.output_root, request.name, close_deadline=run.grace.deadline) as store:
-        run.store = store
-        run.started_at = time.time()
-        run.started_clock = trio.current_time()
-        run.notes.append(f"the run was {status} before this request started")
+@contextlib.asynccontextmanager
+async def _open_stores(runs: list[RequestRun], grace: GraceClock) -> AsyncIterator[None]:
+    """Every request's run store, open for the whole orchestration and closed
+    by the grace deadline. A run directory that cannot be created fails its
+    request only."""
+    async with contextlib.AsyncExitStack() as stores:
+        for run in runs:
+            request = run.request
+            try:
+                run.store = await stores.enter_async_context(
+                    open_run_store(request.output_root, request.name, close_deadline=grace.deadline)
+                )
+            except Exception as exc:  # noqa: BLE001 - no run directory: this request fails, no other
+                run.fail(exc, "could not create the run directory")
+        yield
+
+
+async def _stop_unstarted(run: RequestRun, status: str) -> None:
+    run.started_at = time.time()
+    run.started_clock = trio.current_time()
+    run.notes.append(f"the run was {status} before this request started")
+    try:
         await run.finalize(status)
+    except Exception as exc:  # noqa: BLE001 - one request's disk, not the others'
+        run.fail(exc, "could not finalize")
 
 
 async def run_evaluation(

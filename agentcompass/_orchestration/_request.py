@@ -1,19 +1,27 @@
-"""The request scope: run directory, task loading and selection, reuse,
-results as tasks finish, and finalize (metrics, summary, terminal status).
+"""The request scope: task loading and selection, reuse, a nursery in which
+the request's tasks run, their records, and finalize (metrics, summary,
+terminal status).
 
-The driver side of a request. Its tasks run through an ``Executor``; the
-request only sees serializable results come back and owns every write to
-its run directory, through its :class:`RunStore`.
+:func:`request_scope` is the scope itself, one task per request. Its run
+directory's store is opened by ``launch`` (outside the deadline); the scope
+prepares the request, opens the nursery the dispatcher starts its tasks in,
+waits until every task it was given has finished, and finalizes. After the
+deadline or a cancellation it writes the terminal status at once, while its
+tasks unwind, and counts again the tasks that finished in their cleanup.
+
+One task's life here (:meth:`RequestRun.run_task`): the dispatcher starts
+it holding a concurrency slot; it runs its attempts, gives the slot back,
+waits for its checkpoints to land, awaits its record's durability (the
+dispatcher starts no task of a request with too many records on their way:
+a slow disk makes it wait, not memory grow), and is counted.
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import platform
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import attrs
@@ -27,12 +35,13 @@ from .._store import compute_metrics, render_summary
 from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
+from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
-from ._context import GraceClock
+from ._context import GraceClock, Slots
 from ._reuse import PendingTask, ReusePlan, plan_reuse
 
-__all__ = ["PendingTask", "RequestRun", "failure_line"]
+__all__ = ["PendingTask", "RequestRun", "failure_line", "request_scope"]
 
 log = get_logger("agentcompass.request")
 
@@ -50,74 +59,134 @@ def failure_line(exc: BaseException) -> str:
 
 
 @attrs.define(eq=False)
+class _Landing:
+    """One task's checkpoints on their way to disk; its record waits for them
+    (commit rounds may finish out of order, and the record's round removes them)."""
+
+    count: int = 0
+    #: Attempts whose checkpoint is durable (reported finished already).
+    durable: set[int] = attrs.Factory(set)
+    lot: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+
+    async def wait(self) -> None:
+        while self.count:
+            await self.lot.park()
+
+
+class _Reporter:
+    """The in-process short-circuit of the task -> driver channel of one request."""
+
+    def __init__(self, run: RequestRun):
+        self.run = run
+        self.store = run.store
+        self.tag = run.tag
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.store.event(kind, **fields)
+
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None:
+        # Queued, not waited for: the sandbox exists from the moment ``open``
+        # returned, so waiting for the line would not shorten the window in
+        # which a kill leaks it (``sweep`` by the run's tag covers it).
+        await self.store.journal_session("opened", session_id, provider, handle, durable=False, name=name)
+
+    async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+        # Not waited for: a lost "closed" line only means one harmless extra reap.
+        await self.store.journal_session("closed", session_id, provider, handle, durable=False)
+
+    async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
+        # The next attempt does not wait for the disk; the task's record does.
+        run = self.run
+        landing = run.landing[task_id]
+        landing.count += 1
+        assert run.nursery is not None
+        run.nursery.start_soon(run.save_checkpoint, task_id, record, landing)
+        await trio.lowlevel.checkpoint()
+
+    async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
+        self.run.retries += 1
+        issues = data.get("issues") or [{}]
+        log.info(
+            "attempt_retry",
+            request=self.run.request.name,
+            task=task_id,
+            attempt=attempt,
+            scope=data.get("scope"),
+            code=issues[0].get("code"),
+            message=issues[0].get("message"),
+        )
+        await self.store.save_retry(task_id, attempt, try_number, data)
+
+
+@attrs.define(eq=False)
 class RequestRun:
-    """Driver-side state of one request of an orchestration."""
+    """Driver-side state of one request of an orchestration.
+
+    Its life: ``prepared`` (tasks queued in ``pending``, or the request failed
+    before), ``dispatched`` (every pending task handed to the nursery),
+    ``tallied`` (finalize took its count), ``finalized`` (terminal status on
+    disk). ``active`` tasks hold a concurrency slot; ``saving`` are finished
+    records on their way to disk."""
 
     index: int
     request: RunRequest
     grace: GraceClock
     store: Any = None
     benchmark: BaseBenchmark | None = None
-    pending: collections.deque[PendingTask] = attrs.Factory(collections.deque)
-    active: int = 0
-    retries: int = 0
-    total: int = 0
-    prepared: bool = False
-    finalized: bool = False
-    status: str | None = None
-    error: str | None = None
-    records: list[TaskRecord] = attrs.Factory(list)
-    counts: dict[str, int] = attrs.Factory(lambda: {"fatal": 0, "error": 0, "warning": 0})
-    started_at: float = 0.0
-    started_clock: float = 0.0
-    drained: trio.Event = attrs.Factory(trio.Event)
-    metrics: dict[str, Any] = attrs.Factory(dict)
-    reuse: ReusePlan | None = None
-    notes: list[str] = attrs.Factory(list)
-    order: dict[str, int] = attrs.Factory(dict)
-    #: The selected tasks, in order.
-    tasks: list[TaskSpec] = attrs.Factory(list)
-    active_tasks: dict[int, PendingTask] = attrs.Factory(dict)
-    #: task id -> attempts checkpointed in this run, until the task completes.
-    checkpointed: dict[str, set[int]] = attrs.Factory(dict)
-    #: task id -> how many of its checkpoints are on their way to disk.
-    landing: dict[str, int] = attrs.Factory(dict)
-    #: task id -> queues its finished record, once those checkpoints landed.
-    deferred: dict[str, Callable[[], None]] = attrs.Factory(dict)
-    #: Woken when ``active`` drops to 0 (the request scope's last wait).
-    idle: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
-    #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
-    queued: bool = False
-    #: task id -> finished record on its way to disk (see ``complete``).
-    saving: dict[str, TaskRecord] = attrs.Factory(dict)
-    #: Finished records that could not be written (they count as unavailable).
-    unsaved: list[TaskRecord] = attrs.Factory(list)
-    all_saved: trio.Event = attrs.Factory(trio.Event)
-    #: Finalize took its count: records saved from now on are not counted again.
-    tallied: bool = False
-    #: After a deadline or cancellation: task id -> task that had not
-    #: finished when finalize took its count.
-    unfinished: dict[str, TaskSpec] = attrs.Factory(dict)
-    #: Records of such tasks that finished while the request unwound.
-    late: list[TaskRecord] = attrs.Factory(list)
-    #: Called after each record is saved (the scheduler's wake-up).
-    on_saved: Any = lambda: None
-    #: Called after ``fail`` dropped the pending tasks (the scheduler's wake-up).
-    on_failed: Any = lambda: None
-    #: Unclassified failures so far (see ``fail``).
-    failures: int = 0
-    #: (record counts, metrics, notes) of the last aggregate, see ``_write_results``.
-    _aggregated: Any = None
     #: Prefix of every Environment session name of this run (``run_info.json`` "tag").
     tag: str = attrs.Factory(new_run_tag)
+    started_at: float = 0.0
+    started_clock: float = 0.0
+    # -- preparation
+    prepared: bool = False
+    #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
+    queued: bool = False
+    #: The selected tasks, in order, and their positions.
+    tasks: list[TaskSpec] = attrs.Factory(list)
+    order: dict[str, int] = attrs.Factory(dict)
+    total: int = 0
+    reuse: ReusePlan | None = None
+    notes: list[str] = attrs.Factory(list)
+    # -- running
+    pending: collections.deque[PendingTask] = attrs.Factory(collections.deque)
+    dispatched: trio.Event = attrs.Factory(trio.Event)
+    nursery: trio.Nursery | None = None
+    reporter: _Reporter | None = None
+    active: int = 0
+    retries: int = 0
+    #: Tasks started and not yet durable; ``_idle`` wakes when none is.
+    in_flight: int = 0
+    _idle: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+    #: task id -> its checkpoints on their way.
+    landing: dict[str, _Landing] = attrs.Factory(dict)
+    saving: dict[str, TaskRecord] = attrs.Factory(dict)
+    _all_saved: trio.Event = attrs.Factory(trio.Event)
+    # -- results
+    status: str | None = None
+    error: str | None = None
+    #: Unclassified failures so far (see ``fail``).
+    failures: int = 0
+    records: list[TaskRecord] = attrs.Factory(list)
+    counts: dict[str, int] = attrs.Factory(lambda: {"fatal": 0, "error": 0, "warning": 0})
+    #: Finished records that could not be written (they count as unavailable).
+    unsaved: list[TaskRecord] = attrs.Factory(list)
+    tallied: bool = False
+    #: After a deadline or cancellation: task id -> task that had not
+    #: finished when finalize took its count; ``late``: those that finished since.
+    unfinished: dict[str, TaskSpec] = attrs.Factory(dict)
+    late: list[TaskRecord] = attrs.Factory(list)
+    finalized: bool = False
+    metrics: dict[str, Any] = attrs.Factory(dict)
+    #: (record counts, metrics, notes) of the last aggregate, see ``_write_results``.
+    _aggregated: Any = None
 
     # -- preparation ---------------------------------------------------------
 
-    async def prepare(self, store: Any) -> None:
-        """Create the run, load and select tasks, decide reuse, queue the rest.
-        A failure here fails the request (status ``failed``), not the run."""
-        request = self.request
-        self.store = store
+    async def prepare(self) -> list[PendingTask]:
+        """Start the run, load and select tasks, decide reuse; returns the
+        tasks to run. A benchmark's failure here fails the request (status
+        ``failed``), not the run."""
+        request, store = self.request, self.store
         self.started_at = time.time()
         self.started_clock = trio.current_time()
         add_json_log(store.run_dir / "log.jsonl", request=request.name)
@@ -134,13 +203,11 @@ class RequestRun:
                 if task.task_id in seen:
                     raise ComponentError(f"benchmark {request.benchmark.id!r}: duplicate task id {task.task_id!r}")
                 seen.add(task.task_id)
-            self.reuse = await plan_reuse(self, tasks)
+            primary = self.benchmark.metrics[0] if self.benchmark.metrics else ""
+            self.reuse = await plan_reuse(request, primary, store, tasks)
         except Exception as exc:  # noqa: BLE001 - the request fails, the orchestration goes on
-            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            self.status = "failed"
-            self.prepared = True
-            log.error("request_failed", request=request.name, error=self.error)
-            return
+            self.fail_with(f"{type(exc).__name__}: {exc}".splitlines()[0], note=False)
+            return []
         self.order = {task.task_id: i for i, task in enumerate(tasks)}
         self.tasks = tasks
         self.notes.extend(self.reuse.notes)
@@ -152,10 +219,8 @@ class RequestRun:
         await store.write_run_info(self.run_info("running"))
         for record in self.reuse.reused:
             self._count(record)
-        self.pending.extend(self.reuse.pending)
-        self.reuse.pending = []
-        self.prepared = True
-        self.publish_progress()
+        pending, self.reuse.pending = self.reuse.pending, []
+        return pending
 
     def fail(self, exc: BaseException, where: str) -> None:
         """An error no row of SPEC section 6 classifies (a full disk, a
@@ -165,24 +230,137 @@ class RequestRun:
         well be sound (a task that cannot be written counts as unavailable)."""
         self.fail_with(f"{where}: {failure_line(exc)}")
 
-    def fail_with(self, line: str) -> None:
+    def fail_with(self, line: str, *, note: bool = True) -> None:
         """:meth:`fail` with the error already made one line. Only the first
         failure goes to the console; the others are in the notes."""
         first = self.error is None
         self.status = "failed"
         self.error = self.error or line
         self.failures += 1
-        if self.failures <= MAX_FAILURE_NOTES:
+        if note and self.failures <= MAX_FAILURE_NOTES:
             self.notes.append(line)
-        elif self.failures == MAX_FAILURE_NOTES + 1:
+        elif note and self.failures == MAX_FAILURE_NOTES + 1:
             self.notes.append("more failures followed (see log.jsonl)")
-        if not self.prepared:
-            self.prepared = True
         if first:
             log.error("request_failed", request=self.request.name, error=line)
-        self.on_failed()
 
-    # -- results -------------------------------------------------------------
+    def drop_pending(self) -> None:
+        """No more tasks of this request start (it is finishing or stopped)."""
+        self.pending.clear()
+        self.prepared = True
+        self.dispatched.set()
+
+    # -- tasks -----------------------------------------------------------------
+
+    def start_task(self, pending: PendingTask, slots: Slots, executor: Executor, grants: Grants) -> None:
+        """Start ``pending`` in this request's nursery, holding one of ``slots``
+        (the dispatcher's call)."""
+        assert self.nursery is not None
+        if not self.pending:
+            self.dispatched.set()
+        self.in_flight += 1
+        self.active += 1
+        k = self.request.execution.attempts.k
+        attempts = list(range(k)) if pending.attempts is None else list(pending.attempts)
+        self.store.event("task_started", task=pending.task.task_id, attempts=attempts)
+        self.nursery.start_soon(self.run_task, pending, attempts, slots, executor, grants)
+
+    async def run_task(
+        self, pending: PendingTask, attempts: list[int], slots: Slots, executor: Executor, grants: Grants
+    ) -> None:
+        """One task: its attempts (holding its slot), then its counted record."""
+        task_id = pending.task.task_id
+        landing = self.landing[task_id] = _Landing()
+        try:
+            try:
+                assert self.reporter is not None
+                record = await executor.run_task(
+                    self.request, pending.task, attempts, pending.done or {}, pending.resume or {}, grants, self.reporter
+                )
+            finally:
+                self.active -= 1
+                slots.release()
+            # A finished task's record is its result: it is made durable
+            # even when the deadline passed during its last cleanup.
+            with self.grace.bounded_shield():
+                await landing.wait()
+                await self._save(record, pending.done or {}, landing.durable)
+        except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
+            if self.tallied:
+                # The request's terminal state is taken: the task is
+                # unfinished, as in a crash.
+                log.info("late_task_error", request=self.request.name, error=failure_line(exc))
+            else:
+                self.fail(exc, f"task {task_id!r}")
+        finally:
+            del self.landing[task_id]
+            self.in_flight -= 1
+            slots.changed.unpark_all()
+            if not self.in_flight:
+                self._idle.unpark_all()
+            if not self.tallied:
+                self.publish_progress()
+
+    async def save_checkpoint(self, task_id: str, record: AttemptRecord, landing: _Landing) -> None:
+        """Make one evaluated attempt of a running task durable; report it
+        finished once it is. A failure only means the task's record holds it."""
+        try:
+            await self.store.save_checkpoint(task_id, record)
+        except Exception as exc:  # noqa: BLE001 - the record holds the attempt
+            line = f"could not write a checkpoint of task {task_id!r}: {failure_line(exc)}"
+            log.info("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
+        else:
+            landing.durable.add(record.attempt)
+            if not self.tallied:
+                self.store.event(
+                    "attempt_finished", task=task_id, attempt=record.attempt, status=record.status, retries=record.retries
+                )
+        finally:
+            landing.count -= 1
+            if not landing.count:
+                landing.lot.unpark_all()
+
+    async def _save(self, record: TaskRecord, earlier: dict[int, Any], checkpointed: set[int]) -> None:
+        """Make ``record`` durable, then count it and report its attempts
+        (those not ``checkpointed`` or taken from a reused run) and the task
+        finished. A record that cannot be written is not finished: it counts
+        as unavailable, a --reuse run runs it again, and the request fails."""
+        task_id = record.task_id
+        self.saving[task_id] = record
+        try:
+            await self.store.save_task(record)
+        except Exception as exc:  # noqa: BLE001 - one record; reported below
+            line = f"could not write the record of task {task_id!r}: {failure_line(exc)}"
+            log.info("record_not_written", request=self.request.name, task=task_id, error=line)
+            if not self.tallied:
+                self.unsaved.append(record)
+                self.fail_with(line)
+            return
+        finally:
+            del self.saving[task_id]
+            if not self.saving:
+                self._all_saved.set()
+        if self.tallied:
+            # Finalize counted what was on its way; a task that finished
+            # while the request unwound is counted by :meth:`recount_late`.
+            if task_id in self.unfinished:
+                self.late.append(record)
+            return
+        self._count(record)
+        event = self.store.event
+        for attempt in record.attempts:
+            if attempt.attempt not in checkpointed and attempt.attempt not in earlier:
+                event("attempt_finished", task=task_id, attempt=attempt.attempt, status=attempt.status, retries=attempt.retries)
+        event("task_finished", task=task_id, severity=record.severity)
+        if record.severity == "fatal":
+            issue = next((i for a in record.attempts for i in a.issues if i.severity == "fatal"), None)
+            log.warning(
+                "task_invalidated",
+                request=self.request.name,
+                task=task_id,
+                code=issue.code if issue else None,
+                message=issue.message if issue else None,
+            )
 
     def _count(self, record: TaskRecord) -> None:
         self.records.append(record)
@@ -193,128 +371,24 @@ class RequestRun:
         elif any(issue.severity == "warning" for a in record.attempts for issue in a.issues):
             self.counts["warning"] += 1
 
-    def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
-        """Queue the checkpoint of an evaluated attempt of a running task;
-        the attempt is reported finished once it is durable (see
-        :meth:`_checkpoint_saved`)."""
-        attempts = self.checkpointed.setdefault(task_id, set())
-        attempts.add(record.attempt)
-        self.landing[task_id] = self.landing.get(task_id, 0) + 1
-        self.store.save_checkpoint_soon(task_id, record, partial(self._checkpoint_saved, task_id, record, attempts))
+    async def until_done(self) -> None:
+        """Until every task was handed out, has run and has its record saved."""
+        await self.dispatched.wait()
+        while self.in_flight:
+            await self._idle.park()
 
-    def _checkpoint_saved(
-        self, task_id: str, record: AttemptRecord, attempts: set[int], error: Exception | None
-    ) -> None:
-        left = self.landing[task_id] - 1
-        if left:
-            self.landing[task_id] = left
-        else:
-            del self.landing[task_id]
-        if error is not None:
-            # Not durable: the attempt is reported finished with the task's
-            # record, which holds it (``attempts`` is what :meth:`complete`
-            # is or will be given). Only a kill before the record lands
-            # would run it again.
-            attempts.discard(record.attempt)
-            line = f"could not write a checkpoint of task {task_id!r}: {error}".splitlines()[0]
-            # Not a failure by itself (the record holds the attempt); only in the run's log.
-            log.info("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
-        elif not self.tallied and not self.store.closed:
-            self.store.event(
-                "attempt_finished", task=task_id, attempt=record.attempt, status=record.status, retries=record.retries
-            )
-        if not left:
-            queue = self.deferred.pop(task_id, None)
-            if queue is not None:
-                queue()
-
-    def complete(self, record: TaskRecord, pending: PendingTask, checkpointed: set[int]) -> None:
-        """A task finished: queue its record. Once the record is durable it is
-        counted and the attempts that went straight into it (not
-        ``checkpointed``, not taken from a reused run) and the task are
-        reported finished (see :meth:`_saved`). The worker does not wait for
-        the disk: it takes its next task meanwhile (``saving`` bounds how many
-        records may be on their way).
-
-        A record whose task still has checkpoints on their way is queued once
-        they landed: commit rounds may finish out of order, and the record's
-        round removes the checkpoints it supersedes."""
-        self.saving[record.task_id] = record
-        queue = partial(self.store.save_task_soon, record, partial(self._saved, record, pending.done or {}, checkpointed))
-        if record.task_id in self.landing:
-            self.deferred[record.task_id] = queue
-        else:
-            queue()
-
-    def queue_deferred(self) -> None:
-        """Queue every record still waiting for its checkpoints, now: for a
-        request scope about to close its store after a deadline or
-        cancellation (the close commits what is queued, and a checkpoint
-        landing then could no longer queue its record). A checkpoint that
-        lands after its record is harmless: readers prefer the record."""
-        deferred, self.deferred = self.deferred, {}
-        for queue in deferred.values():
-            queue()
-
-    def _saved(
-        self, record: TaskRecord, earlier: dict[int, Any], checkpointed: set[int], error: Exception | None
-    ) -> None:
-        del self.saving[record.task_id]
-        if not self.saving:
-            self.all_saved.set()
-        if error is not None:
-            line = f"could not write the record of task {record.task_id!r}: {error}".splitlines()[0]
-            log.info("record_not_written", request=self.request.name, task=record.task_id, error=line)
-        if self.tallied or self.store.closed:
-            # After a deadline, finalize counted what was still on its way;
-            # a task that finished while the request unwound is counted by
-            # recount_late. The store may be closing (the grace ran out
-            # before finalize did, and the store's close commits what is
-            # queued): nothing more to report.
-            if error is None and record.task_id in self.unfinished:
-                self.late.append(record)
-            return
-        if error is not None:
-            # Not on disk, so not finished: it counts as unavailable and a
-            # --reuse run runs it again. The request cannot succeed.
-            self.unsaved.append(record)
-            self.fail_with(line)
-        else:
-            self._count(record)
-            event = self.store.event
-            for attempt in record.attempts:
-                if attempt.attempt not in checkpointed and attempt.attempt not in earlier:
-                    event(
-                        "attempt_finished",
-                        task=record.task_id,
-                        attempt=attempt.attempt,
-                        status=attempt.status,
-                        retries=attempt.retries,
-                    )
-            event("task_finished", task=record.task_id, severity=record.severity)
-            if record.severity == "fatal":
-                issue = next((i for a in record.attempts for i in a.issues if i.severity == "fatal"), None)
-                log.warning(
-                    "task_invalidated",
-                    request=self.request.name,
-                    task=record.task_id,
-                    code=issue.code if issue else None,
-                    message=issue.message if issue else None,
-                )
-        self.publish_progress()
-        self.on_saved()
-
-    async def wait_saved(self) -> None:
-        """Until every queued record is durable (or failed)."""
+    async def _wait_saved(self) -> None:
         if self.saving:
-            self.all_saved = trio.Event()
-            await self.all_saved.wait()
+            self._all_saved = trio.Event()
+            await self._all_saved.wait()
+
+    # -- progress ----------------------------------------------------------------
 
     def publish_progress(self, *, terminal: bool = False) -> None:
         """Queue the progress snapshot. After a deadline or cancellation
         (``terminal``) nothing runs any more: every unfinished task counts as
         pending, none as active, whatever is still unwinding."""
-        if self.store is None:
+        if self.store is None or self.store.closed:
             return
         if terminal:
             self.store.set_progress(self.snapshot(terminal=True))
@@ -323,7 +397,7 @@ class RequestRun:
             self.store.set_progress(self.snapshot)
 
     def snapshot(self, *, terminal: bool = False) -> dict[str, Any]:
-        unfinished = len(self.unfinished) if self.tallied else len(self.pending) + len(self.active_tasks)
+        unfinished = len(self.unfinished) if self.tallied else len(self.pending) + self.active
         return {
             "total": self.total,
             "pending": unfinished if terminal else len(self.pending),
@@ -360,7 +434,7 @@ class RequestRun:
             info["notes"] = notes
         return info
 
-    async def finalize(self, status: str | None = None, save_deadline: float | None = None) -> None:
+    async def finalize(self, status: str | None = None) -> None:
         """Write metrics, summary and the terminal status. ``status`` overrides
         the derived one (``timed_out`` or ``cancelled``).
 
@@ -371,22 +445,20 @@ class RequestRun:
         if self.finalized or self.store is None:
             return
         if not self.tallied:
-            # Normally nothing is on its way any more (a request drains only
-            # then); after a deadline this waits within the caller's grace. A
-            # record still queued is a result all the same: the store's close
-            # writes it. ``save_deadline`` (shutdown) keeps part of the grace
-            # for the writes below: a record that never lands (a hung disk)
-            # must not leave the run ``running``.
-            with trio.move_on_at(math.inf if save_deadline is None else save_deadline):
-                await self.wait_saved()
+            if status is not None:
+                # Shutdown: records on their way get half of what is left of
+                # the grace; one that never lands (a hung disk) must not leave
+                # the run ``running``. It is a result all the same: counted.
+                limit = self.grace.deadline()
+                now = trio.current_time()
+                with trio.move_on_at(now + (limit - now) / 2):
+                    await self._wait_saved()
             self.tallied = True
             for record in self.saving.values():
                 self._count(record)
         failure = self.store.failure
         if failure is not None and self.status != "failed":
-            self.status = "failed"
-            self.error = self.error or failure
-            log.error("request_failed", request=self.request.name, error=failure)
+            self.fail_with(failure, note=False)
         if status is None:
             status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
         self.status = status
@@ -394,7 +466,7 @@ class RequestRun:
         # value), so a partial run never reads like a full score. Every
         # selected task without a record, not only those pending or active
         # now: a task cancelled with nothing to clean up may have unwound
-        # already, a failed request drops its pending ones.
+        # already.
         finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
         self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
         await self._write_results()
@@ -414,9 +486,8 @@ class RequestRun:
         deadline passed during) and write metrics, summary and run info
         again. The caller bounds this by the grace; until then, the results
         written at the deadline stand."""
-        await self.wait_saved()
         late, self.late = self.late, []
-        if not late:
+        if not late or not self.finalized:
             return
         for record in late:
             self.unfinished.pop(record.task_id, None)
@@ -473,17 +544,83 @@ class RequestRun:
         await self.store.write_run_info(self.run_info(status, notes))
 
     def release(self) -> None:
-        """Drop the per-task state once :meth:`result` was taken.
-
-        The request's scheduler and reporters refer back to it, so without
-        this its records would wait for a cyclic collection, which then
-        walks all of them (they are acyclic: reference counting frees them
-        here at once)."""
+        """Drop the per-task state once :meth:`result` was taken, so that the
+        records are freed by reference counting, not by a cyclic collection
+        walking all of them."""
         self.records, self.tasks, self.order = [], [], {}
         self.pending.clear()
         self.saving, self.unsaved, self.late, self.unfinished = {}, [], [], {}
         self.reuse = None
+        self.nursery = None
 
     def result(self) -> RequestResult:
         run_dir = str(self.store.run_dir) if self.store is not None else ""
         return RequestResult(self.request.name, run_dir, self.status or "cancelled", self.metrics)  # type: ignore[arg-type]
+
+
+async def request_scope(
+    run: RequestRun,
+    earlier: list[RequestRun],
+    terminal_status: Callable[[], str],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The request scope (SPEC 2): prepare, hold the nursery the dispatcher
+    starts this request's tasks in until they are done, finalize once every
+    ``earlier`` request handed out its tasks. Reports started once its tasks
+    are queued. An error no row of SPEC 6 classifies fails this request only;
+    after the deadline or a cancellation the terminal state is written at
+    once, and again once the tasks unwound if some finished meanwhile."""
+    if run.store is None:  # no run directory (``launch`` failed the request)
+        run.drop_pending()
+        task_status.started()
+        return
+    run.reporter = _Reporter(run)
+    try:
+        try:
+            pending = await run.prepare()
+        except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
+            run.fail(exc, "request")
+            pending = []
+        async with trio.open_nursery() as nursery:
+            run.nursery = nursery
+            run.pending.extend(pending)
+            run.prepared = True
+            if not run.pending:
+                run.dispatched.set()
+            run.publish_progress()
+            task_status.started()
+            try:
+                await run.until_done()
+            except BaseException:
+                # Freeze the terminal state now, while the tasks unwind.
+                run.drop_pending()
+                await _stop(run, terminal_status())
+                raise
+        for other in earlier:
+            await other.dispatched.wait()
+        await run.finalize()
+    except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
+        run.fail(exc, "request")
+        try:
+            await run.finalize("failed")
+        except Exception as again:  # noqa: BLE001 - the request has failed already
+            # The request_failed line said why; this goes to the run's log only.
+            log.info("request_not_finalized", request=run.request.name, error=failure_line(again))
+    except BaseException:
+        await _stop(run, terminal_status())
+        with trio.move_on_at(run.grace.deadline(), shield=True):
+            await run.recount_late()
+        raise
+    finally:
+        run.drop_pending()
+        run.close_log()
+
+
+async def _stop(run: RequestRun, status: str) -> None:
+    """Write the terminal state after a deadline or cancellation, within the grace."""
+    with trio.move_on_at(run.grace.deadline(), shield=True):
+        try:
+            await run.finalize(status)
+        except Exception as exc:  # noqa: BLE001 - the cancellation is what propagates
+            run.fail(exc, "finalize")

@@ -43,7 +43,7 @@ import json
 import re
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
@@ -56,9 +56,7 @@ from .._store import LoadedRun, latest_run, load_run
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
-
-if TYPE_CHECKING:
-    from ._request import RequestRun
+from ._task import is_success
 
 log = get_logger("agentcompass.reuse")
 
@@ -172,8 +170,10 @@ async def sweep_run(loaded: LoadedRun, configs: dict[str, dict[str, Any]] | None
     return notes
 
 
-async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
-    request = run.request
+async def plan_reuse(request: RunRequest, primary: str, store: Any, tasks: list[TaskSpec]) -> ReusePlan:
+    """What of an earlier run ``request`` takes over (``primary``: the
+    benchmark's primary metric), copied into ``store``'s run before anything
+    runs; the rest is pending."""
     if request.reuse is False:
         return ReusePlan([PendingTask(task) for task in tasks])
     skipped: list[Path] = []
@@ -181,7 +181,7 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
         source: Path | None = request.reuse
     else:
         source, skipped = await trio.to_thread.run_sync(
-            _latest_prepared_run, request.output_root, request.name, run.store.run_dir
+            _latest_prepared_run, request.output_root, request.name, store.run_dir
         )
     notes = [f"reuse: skipped {path}: it was stopped before it queued its tasks" for path in skipped]
     if source is None or not await trio.Path(source).is_dir():
@@ -210,7 +210,6 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
 
     execution = request.execution
     k = execution.attempts.k
-    primary = run.benchmark.metrics[0] if run.benchmark is not None else ""
     patterns = [re.compile(p) for p in (execution.retry_pattern_list or [])]
     selected = {task.task_id for task in tasks}
     ignored = sum(1 for task_id in loaded.details if task_id not in selected)
@@ -242,7 +241,7 @@ async def plan_reuse(run: RequestRun, tasks: list[TaskSpec]) -> ReusePlan:
                 plan.reused.append(attrs.evolve(record, attempts=[done[i] for i in sorted(done)]))
             continue
         plan.pending.append(PendingTask(task, tuple(sorted(missing + list(resume))), done, resume))
-    await _copy_into(run.store, plan, verbatim)
+    await _copy_into(store, plan, verbatim)
     return plan
 
 
@@ -372,8 +371,6 @@ def _environment_configs(request: RunRequest, run_info: Any) -> dict[str, dict[s
 def _finished(record: TaskRecord, strategy: str, primary: str) -> bool:
     """True when the earlier record already settled the task (a FATAL stop,
     or a ``pass`` success), so its missing attempts need not run."""
-    from ._task import is_success
-
     if record.severity == "fatal":
         return True
     return strategy == "pass" and any(is_success(a.values.get(primary)) for a in record.attempts)

@@ -55,7 +55,6 @@ async def run_task(
     resume = resume or {}
     strategy = ctx.request.execution.attempts.strategy
     primary = ctx.benchmark.metrics[0]
-    ctx.reporter.event("task_started", task=task.task_id, attempts=list(attempts))
     todo = sorted(attempts)
     for position, index in enumerate(todo):
         if _settled(records, strategy, primary):

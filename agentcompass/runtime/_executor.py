@@ -83,3 +83,6 @@ class Executor:
         reporter: TaskReporter,
     ) -> TaskRecord:
         raise NotImplementedError
+
+    def forget(self, request: RunRequest) -> None:
+        """The request is done: drop whatever was kept for its tasks."""

@@ -30,25 +30,28 @@ from agentcompass._store._run_store import RunStore
 
 
 class HeldCheckpoints:
-    """Queues checkpoints with the real store only once released."""
+    """Holds checkpoint writes back from the real store until released, one
+    at a time, in the order they were asked for."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.held: list[tuple[Any, ...]] = []
+        self.held: list[tuple[str, Any, trio.Event]] = []
         self.released = False
-        self._save = RunStore.save_checkpoint_soon
+        save = RunStore.save_checkpoint
 
-        def hold(store: RunStore, task_id: str, record: Any, notify: Any) -> None:
-            if self.released:
-                self._save(store, task_id, record, notify)
-            else:
-                self.held.append((store, task_id, record, notify))
+        async def hold(store: RunStore, task_id: str, record: Any) -> None:
+            if not self.released:
+                gate = trio.Event()
+                self.held.append((task_id, record, gate))
+                await gate.wait()
+            await save(store, task_id, record)
 
-        monkeypatch.setattr(RunStore, "save_checkpoint_soon", hold)
+        monkeypatch.setattr(RunStore, "save_checkpoint", hold)
 
-    def release(self) -> None:
+    async def release(self) -> None:
         self.released = True
-        for args in self.held:
-            self._save(*args)
+        for _, _, gate in self.held:
+            gate.set()
+            await trio.testing.wait_all_tasks_blocked()
 
 
 def _k(k: int) -> ExecutionSpec:
@@ -64,12 +67,12 @@ async def test_attempts_go_on_while_checkpoints_are_on_their_way(autojump_clock,
         await trio.testing.wait_all_tasks_blocked()
         # Every attempt ran while no checkpoint was durable...
         assert len(timeline.select("run", "a")) == 3
-        assert [record.attempt for _, _, record, _ in checkpoints.held] == [0, 1]
+        assert [record.attempt for _, record, _ in checkpoints.held] == [0, 1]
         # ... nothing is reported finished, and the record waits for them.
         assert timeline.events("a", "attempt_finished") == []
         run_dir = only_run_dir(tmp_path, "a")
         assert not (run_dir / "details" / "normal" / "a00.json").exists()
-        checkpoints.release()
+        await checkpoints.release()
     events = [e for e in read_jsonl(run_dir / "progress.jsonl") if e["event"] in ("attempt_finished", "task_finished")]
     assert [(e["event"], e.get("attempt")) for e in events] == [
         ("attempt_finished", 0),
@@ -84,10 +87,10 @@ async def test_attempts_go_on_while_checkpoints_are_on_their_way(autojump_clock,
 
 
 async def test_a_checkpoint_that_cannot_be_written_is_reported_with_the_record(autojump_clock, tmp_path: Path, monkeypatch):
-    def failing(store: RunStore, task_id: str, record: Any, notify: Any) -> None:
-        notify(OSError(errno.ENOSPC, "No space left on device"))
+    async def failing(store: RunStore, task_id: str, record: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(RunStore, "save_checkpoint_soon", failing)
+    monkeypatch.setattr(RunStore, "save_checkpoint", failing)
     request = sleepy_request("a", [1], tmp_path, execution=_k(2))
     result = await agentcompass.launch(Orchestration([request]))
     # Only crash safety was lost: the record holds both attempts.
@@ -103,10 +106,9 @@ async def test_a_checkpoint_that_cannot_be_written_is_reported_with_the_record(a
 async def test_a_record_still_waiting_for_its_checkpoints_is_written_at_the_deadline(
     autojump_clock, tmp_path: Path, monkeypatch
 ):
-    # The checkpoint never lands (a disk that hangs): at the deadline,
-    # finalize waits for it only part of the grace, writes the terminal
-    # status, and the store's close writes the task's record - all within
-    # the grace, which bounds the whole way out.
+    # The checkpoint never lands (a disk that hangs): the deadline stops the
+    # wait for it, the task's record is written and finalize writes the
+    # terminal status - all within the grace, which bounds the whole way out.
     HeldCheckpoints(monkeypatch)
     request = sleepy_request("a", [1, 100], tmp_path, execution=_k(2))
     orchestration = Orchestration([request], task_concurrency=2, timeout_seconds=10, cleanup_grace_seconds=2)

@@ -246,39 +246,40 @@ async def test_preparation_waits_while_pending_work_fills_the_workers(
 # -- records on their way to disk ----------------------------------------------------
 
 
-async def test_workers_wait_while_too_many_records_are_on_their_way_to_disk(
+async def test_tasks_wait_while_too_many_records_are_on_their_way_to_disk(
     autojump_clock, tmp_path: Path, timeline: Timeline, monkeypatch
 ):
-    """A worker does not wait for its task's record to be durable, but the
-    backlog is bounded: with the disk stalled, workers stop taking tasks."""
+    """A task gives its slot back before its record is durable, but the
+    backlog of a request is bounded: with the disk stalled, no task starts."""
+    from agentcompass._orchestration._scheduler import MIN_IN_FLIGHT
     from agentcompass._store._run_store import RunStore
 
-    held: list = []
-    monkeypatch.setattr(RunStore, "save_task_soon", lambda self, record, notify: held.append(notify))
-    from agentcompass._orchestration._scheduler import MIN_SAVING
+    held: list[trio.Event] = []
+    save = RunStore.save_task
 
-    total = MIN_SAVING + 20
+    async def stalled_disk(self, record):
+        gate = trio.Event()
+        held.append(gate)
+        await gate.wait()
+        await save(self, record)
+
+    monkeypatch.setattr(RunStore, "save_task", stalled_disk)
+    total = MIN_IN_FLIGHT + 20
     request = sleepy_request("a", [0] * total, tmp_path)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(launch, [request], 2)
         await trio.testing.wait_all_tasks_blocked()
-        # max(MIN_SAVING, SAVING_PER_WORKER * concurrency) records queued
-        # (each worker checks before its next task, so the other may add
-        # one), then both workers wait.
-        stalled = len(held)
-        assert MIN_SAVING <= stalled <= MIN_SAVING + 1
-        assert len(timeline.events("a", "task_started")) == stalled
-        release, held[:] = list(held), []
-        for notify in release[:3]:
-            notify(None)
+        # max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * concurrency) tasks started,
+        # all of them with their record on its way; then nothing starts.
+        assert len(held) == MIN_IN_FLIGHT
+        assert len(timeline.events("a", "task_started")) == MIN_IN_FLIGHT
+        for gate in held[:3]:
+            gate.set()
         await trio.testing.wait_all_tasks_blocked()
         # Each saved record let one more task start.
-        assert len(timeline.events("a", "task_started")) == stalled + 3
-        for notify in release[3:]:
-            notify(None)
+        assert len(timeline.events("a", "task_started")) == MIN_IN_FLIGHT + 3
         while len(timeline.events("a", "task_finished")) < total:
-            for notify in held:
-                notify(None)
-            held.clear()
+            for gate in held:
+                gate.set()
             await trio.testing.wait_all_tasks_blocked()
     assert len(timeline.events("a", "run_finished")) == 1

@@ -1,11 +1,8 @@
-"""The runtime's own schedule points on the per-attempt path.
+"""The runtime's own schedule points: every blocking call checkpoints.
 
-Under load, every schedule point puts an attempt behind every other
-runnable task, so attempts that yield several times between two harness
-calls advance in lockstep. The runtime therefore adds none of its own to an
-attempt (a free capacity permit is taken without one), and a worker yields
-once every :data:`YIELD_EVERY` tasks so that components that never yield
-cannot starve the rest of the run.
+Asking for a capacity permit or an open-rate token is a schedule point even
+when one is free, so components that never yield cannot starve the rest of
+the run, and a cancelled caller takes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from _orch_support import _instrumented  # noqa: F401  (fixtures)
 
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest, launch
 from agentcompass._orchestration._launch import _LocalGrants
-from agentcompass._orchestration._scheduler import YIELD_EVERY
 from agentcompass.runtime._results import RunBudget
 from agentcompass.runtime._values import NetworkPolicy, PreparedTask, TaskSpec
 from bench._noop import NOOP_SESSIONS, NoopEnvironment, NoopHarness
@@ -37,15 +33,16 @@ class _Steps(trio.abc.Instrument):
             self.steps += 1
 
 
-async def test_a_free_permit_is_taken_without_a_schedule_point() -> None:
+async def test_a_free_permit_and_token_are_schedule_points() -> None:
     grants = _LocalGrants()
     steps = _Steps(trio.lowlevel.current_task())
     trio.lowlevel.add_instrument(steps)
     try:
         await grants.acquire_capacity("schedule-points-free", object())
+        await grants.open_token("schedule-points-free")
     finally:
         trio.lowlevel.remove_instrument(steps)
-    assert steps.steps == 0
+    assert steps.steps == 2
     assert grants.registry.capacity("schedule-points-free").borrowed_tokens == 1
 
 
@@ -83,7 +80,7 @@ async def test_a_busy_provider_still_queues_in_order() -> None:
 
 async def test_components_that_never_yield_do_not_starve_the_run(tmp_path: Path) -> None:
     # The no-op components make no schedule point unless asked to.
-    tasks = 4 * YIELD_EVERY
+    tasks = 64
     request = RunRequest(
         name="instant",
         benchmark=ComponentRef("noop-bench", {"tasks": tasks}),
@@ -107,11 +104,11 @@ async def test_components_that_never_yield_do_not_starve_the_run(tmp_path: Path)
         done = True
     assert result.status == "succeeded"
     assert NOOP_SESSIONS["opened"] - opened == tasks
-    # One worker, tasks that never yield: the worker still yields every
-    # YIELD_EVERY tasks. Both tasks run once per scheduler batch, in either
-    # order, so the ticker sees at most two of the worker's stretches pass.
+    # One slot, components that never yield: the runtime's own schedule
+    # points (the permit, the token, the record's write) still let the
+    # ticker run between every two sandbox opens.
     gaps = [after - before for before, after in zip(seen, seen[1:], strict=False)]
-    assert max(gaps) <= 2 * YIELD_EVERY < tasks
+    assert max(gaps) <= 1
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])

@@ -45,15 +45,14 @@ async def test_a_record_that_cannot_be_written_fails_the_request_and_is_unavaila
 
     from agentcompass._store._run_store import RunStore
 
-    save = RunStore.save_task_soon
+    save = RunStore.save_task
 
-    def failing(self, record, notify):
+    async def failing(self, record):
         if record.task_id == "a01":
-            notify(OSError(errno.ENOSPC, "No space left on device"))
-        else:
-            save(self, record, notify)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        await save(self, record)
 
-    monkeypatch.setattr(RunStore, "save_task_soon", failing)
+    monkeypatch.setattr(RunStore, "save_task", failing)
     request = sleepy_request("a", [1, 1, 1], tmp_path)
     result = await agentcompass.launch(Orchestration([request], task_concurrency=2))
     assert result.status == "failed" and result.exit_code == 1

@@ -48,7 +48,7 @@ that ``reap`` refuses (``test_a_sandbox_whose_close_was_cut_short_is_reaped``).
 
 The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
 (``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
-``save_checkpoint_soon``, ``_superseded_cleanup``) and ``agentcompass._store._run_store._link_sync``
+``_superseded_cleanup``) and ``agentcompass._store._run_store._link_sync``
 (reuse links the records it takes unchanged); a missing one fails at
 import, loudly.
 """
@@ -125,14 +125,13 @@ async def _stop_here() -> None:
 
 # -- store hooks ----------------------------------------------------------------
 
-for _name in ("event", "journal_session", "save_task", "save_checkpoint", "save_checkpoint_soon", "_superseded_cleanup"):
+for _name in ("event", "journal_session", "save_task", "save_checkpoint", "_superseded_cleanup"):
     assert hasattr(RunStore, _name), f"RunStore.{_name} is gone: update reuse_plugins.py"
 
 _event = RunStore.event
 _journal_session = RunStore.journal_session
 _save_task = RunStore.save_task
 _save_checkpoint = RunStore.save_checkpoint
-_save_checkpoint_soon = RunStore.save_checkpoint_soon
 _superseded_cleanup = RunStore._superseded_cleanup
 
 
@@ -168,18 +167,14 @@ async def _hooked_save_task(self: RunStore, *args: Any) -> None:
 
 
 async def _hooked_save_checkpoint(self: RunStore, *args: Any) -> None:
-    # Durable checkpoints: the ones a --reuse run copies.
-    await _copy_hook(_save_checkpoint, self, *args)
-
-
-def _hooked_save_checkpoint_soon(self: RunStore, task_id: str, record: Any, notify: Any) -> None:
-    # Queued checkpoints: the ones of running tasks.
-    def saved(error: Exception | None) -> None:
-        notify(error)
-        if error is None and _reached("checkpoint_saved"):
-            _arm()
-
-    _save_checkpoint_soon(self, task_id, record, saved)
+    if not _state["tasks_started"]:
+        # The checkpoints a --reuse run copies.
+        await _copy_hook(_save_checkpoint, self, *args)
+        return
+    # The checkpoints of running tasks.
+    await _save_checkpoint(self, *args)
+    if _reached("checkpoint_saved"):
+        _arm()
 
 
 def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
@@ -230,7 +225,6 @@ RunStore.event = _hooked_event  # type: ignore[method-assign]
 RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign]
 RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]
 RunStore.save_checkpoint = _hooked_save_checkpoint  # type: ignore[method-assign]
-RunStore.save_checkpoint_soon = _hooked_save_checkpoint_soon  # type: ignore[method-assign]
 RunStore._superseded_cleanup = _hooked_superseded_cleanup  # type: ignore[method-assign]
 
 
