@@ -48,9 +48,8 @@ that ``reap`` refuses (``test_a_sandbox_whose_close_was_cut_short_is_reaped``).
 
 The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
 (``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
-``save_checkpoint_soon``, ``_superseded_cleanup``) and ``agentcompass._store._run_store._link_sync``
-(reuse links the records it takes unchanged); a missing one fails at
-import, loudly.
+``save_checkpoint_soon``, ``_remove_superseded``, ``_link_sync``: reuse
+links the records it takes unchanged); a missing one fails at import, loudly.
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
-from agentcompass._store import _run_store
 from agentcompass._store._run_store import RunStore
 from agentcompass.environments import local
 from agentcompass.environments.local import LocalEnvironment
@@ -125,7 +123,9 @@ async def _stop_here() -> None:
 
 # -- store hooks ----------------------------------------------------------------
 
-for _name in ("event", "journal_session", "save_task", "save_checkpoint", "save_checkpoint_soon", "_superseded_cleanup"):
+for _name in (
+    "event", "journal_session", "save_task", "save_checkpoint", "save_checkpoint_soon", "_remove_superseded", "_link_sync"
+):  # fmt: skip
     assert hasattr(RunStore, _name), f"RunStore.{_name} is gone: update reuse_plugins.py"
 
 _event = RunStore.event
@@ -133,7 +133,8 @@ _journal_session = RunStore.journal_session
 _save_task = RunStore.save_task
 _save_checkpoint = RunStore.save_checkpoint
 _save_checkpoint_soon = RunStore.save_checkpoint_soon
-_superseded_cleanup = RunStore._superseded_cleanup
+_remove_superseded = RunStore._remove_superseded
+_link_sync = RunStore._link_sync
 
 
 def _hooked_event(self: RunStore, kind: str, **fields: Any) -> None:
@@ -182,56 +183,47 @@ def _hooked_save_checkpoint_soon(self: RunStore, task_id: str, record: Any, noti
     _save_checkpoint_soon(self, task_id, record, saved)
 
 
-def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
-    # The removals become an after-hook, which runs in a store thread where
-    # the kill can land between the durable record and the removals.
-    remove, cleanup = _superseded_cleanup(self, *args)
-
-    def after() -> None:  # in a commit thread, once the record is durable
-        if _reached("details_saved"):
+def _hooked_remove_superseded(self: RunStore, renamed: list[Any]) -> list[str]:
+    # In the commit thread, once the batch's records are durable: the kill
+    # can land between a durable record and its removals.
+    kept = []
+    for write in renamed:
+        if f"{os.sep}details{os.sep}" in write.path and _reached("details_saved"):
             # Never remove this task's checkpoints: the kill lands first. The
-            # round itself finishes (blocking it would also hold back the
+            # batch itself finishes (blocking it would also hold back the
             # "written" news of session lines it carries, and the stop waits
             # for those).
             _state["token"].run_sync_soon(_arm)
-            return
-        for path in remove:
-            _run_store.unlink_quietly(path)
-        if cleanup is not None:  # None: nothing to list
-            cleanup()
-
-    return (), after
+            continue
+        kept.append(write)
+    return _remove_superseded(self, kept)
 
 
-assert hasattr(_run_store, "_link_sync"), "_run_store._link_sync is gone: update reuse_plugins.py"
-_link_sync = _run_store._link_sync
-
-
-def _hooked_link_sync(targets: list[tuple[str, str]]) -> list[int]:
+def _hooked_link_sync(self: RunStore, targets: list[tuple[str, str]]) -> set[int]:
     # In a store thread, before any task started. Each link is a write of the
     # copy ("copy": stop before it is made) and, once synced, a durable
     # record ("details_saved": stop right after).
     for index in range(len(targets)):
         if _reached("copy"):
-            _stop_in_thread(targets[:index])
+            _stop_in_thread(self, targets[:index])
         if _reached("details_saved"):
-            _stop_in_thread(targets[: index + 1])
-    return _link_sync(targets)
+            _stop_in_thread(self, targets[: index + 1])
+    return _link_sync(self, targets)
 
 
-def _stop_in_thread(linked: list[tuple[str, str]]) -> None:
-    _link_sync(linked)
+def _stop_in_thread(self: RunStore, linked: list[tuple[str, str]]) -> None:
+    _link_sync(self, linked)
     _state["token"].run_sync_soon(_arm)
     threading.Event().wait()  # never link the others
 
 
-_run_store._link_sync = _hooked_link_sync
+RunStore._link_sync = _hooked_link_sync  # type: ignore[method-assign]
 RunStore.event = _hooked_event  # type: ignore[method-assign]
 RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign]
 RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]
 RunStore.save_checkpoint = _hooked_save_checkpoint  # type: ignore[method-assign]
 RunStore.save_checkpoint_soon = _hooked_save_checkpoint_soon  # type: ignore[method-assign]
-RunStore._superseded_cleanup = _hooked_superseded_cleanup  # type: ignore[method-assign]
+RunStore._remove_superseded = _hooked_remove_superseded  # type: ignore[method-assign]
 
 
 # -- local sandbox removal: never cut in the middle -------------------------------
