@@ -11,11 +11,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-
 from test_cli_signals import HANG_GUARD, REPO, TASKS, Child, _sessions, _status
 
 

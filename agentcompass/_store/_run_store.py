@@ -11,25 +11,20 @@
 
 A :class:`RunStore` (made by :func:`open_run_store`) owns one *committer*
 task. Every write is queued; the committer takes what is queued as a batch
-and makes it durable in one :meth:`Disk.run <._disk.Disk.run>` call:
-
-1. append journal lines (``sessions.jsonl``, ``progress.jsonl``), create
-   missing directories, write every file to a hidden temporary file;
-2. one sync of all of that;
-3. rename every temporary file over its target;
-4. one sync of the directories;
-5. remove what the writes supersede (a task's checkpoints and its record
-   under another severity, once its record is durable).
+and makes it durable in one :meth:`Disk.run <._disk.Disk.run>` call (see
+:mod:`._commit`): temporary files, one sync, renames, one sync of the
+directories, then removal of what the batch supersedes.
 
 A caller awaits its write: it returns once the write is durable, or raises
-(``OSError``); a cancelled caller's write still happens. Progress lines and
+``OSError``; a cancelled caller's write still happens. Progress lines and
 the ``progress.json`` snapshot have no caller: they ride with the next batch,
 at most :data:`PROGRESS_BATCH_SECONDS` later, and a failure to write them is
-kept in :attr:`RunStore.failure`. Closing commits what is left, shielded
-until the close deadline; past it the disk's thread is abandoned and what
-was not written is lost, as in a crash (the next ``--reuse`` recovers).
+kept in :attr:`RunStore.failure`. Closing commits what is left (writes
+queued meanwhile included), shielded until the close deadline; past it the
+disk's worker is abandoned and what was not written is lost, as in a crash
+(the next ``--reuse`` recovers).
 
-Non-goal: ordering between writes of one batch; a caller that needs A
+Non-goal: ordering between the writes of one batch; a caller that needs A
 durable before B awaits A first.
 """
 
@@ -57,7 +52,9 @@ from .. import _redact
 from .._convert import unstructure
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import AttemptRecord, TaskRecord
-from ._disk import Disk, RunLockedError, temp_name, timed_out
+from . import _commit
+from ._commit import CHECKPOINT, Write
+from ._disk import Disk, RunLockedError, timed_out
 from ._keys import task_key
 
 __all__ = [
@@ -82,7 +79,6 @@ PROGRESS_INTERVAL = 0.5
 PROGRESS_BATCH_SECONDS = 0.05
 
 SEVERITIES = ("fatal", "error", "normal")
-CHECKPOINT = "checkpoint.json"
 
 
 def _json_default(value: Any) -> Any:
@@ -124,7 +120,7 @@ def write_journals_now() -> None:
     appear twice (readers match lines by session id). Errors are ignored.
     """
     for store in list(_OPEN_STORES):
-        lines = [w for w in (*store._pending, *store._in_flight) if w.path is None and not w.written]
+        lines = [w for w in (*store._pending, *store._in_flight) if w.path == store._sessions and not w.written]
         with contextlib.suppress(OSError):
             store._disk.append(store._sessions, b"".join(w.data for w in lines))
             for w in lines:
@@ -182,22 +178,6 @@ def _mask(text: str) -> str:
     return _redact.redact_json_text(text)
 
 
-@attrs.define(eq=False, slots=True)
-class _Write:
-    """Replace ``path`` by ``data`` (``path`` None: append to ``sessions.jsonl``)."""
-
-    path: str | None
-    data: bytes
-    #: Files to remove once this write is durable.
-    remove: tuple[str, ...] = ()
-    #: A task directory whose checkpoints to remove then (found by listing it).
-    sweep: str | None = None
-    notify: Callable[[Exception | None], None] | None = None
-    done: trio.Event = attrs.Factory(trio.Event)
-    error: Exception | None = None
-    written: bool = False
-
-
 @attrs.define(eq=False)
 class RunStore:
     """The one writer of a run directory; make it with :func:`open_run_store`.
@@ -213,9 +193,12 @@ class RunStore:
     _fresh: bool
     _lock: contextlib.ExitStack
     _known_dirs: set[str]
+    _sessions: str = attrs.field(
+        init=False, default=attrs.Factory(lambda self: str(self.run_dir / "sessions.jsonl"), takes_self=True)
+    )
     _keys: dict[str, str] = attrs.Factory(dict)
-    _pending: list[_Write] = attrs.Factory(list)
-    _in_flight: list[_Write] = attrs.Factory(list)
+    _pending: list[Write] = attrs.Factory(list)
+    _in_flight: list[Write] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
     _lines: list[tuple[str, float, dict[str, Any]]] = attrs.Factory(list)
     _lines_due: float = math.inf
@@ -248,10 +231,6 @@ class RunStore:
         """Problems that did not fail a write, for ``run_info.json``: e.g. a
         checkpoint that could not be removed after its record was saved."""
         return list(self._notes)
-
-    @property
-    def _sessions(self) -> str:
-        return str(self.run_dir / "sessions.jsonl")
 
     # -- progress (non-blocking) --------------------------------------------
 
@@ -294,12 +273,12 @@ class RunStore:
     async def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` as indented JSON to ``name`` (relative to the run directory)."""
         payload = _mask(_PRETTY.encode(unstructure(data))) + "\n"
-        await self._write(_Write(self._path(name), payload.encode()))
+        await self._write(Write(self._path(name), payload.encode()))
 
     async def write_text(self, name: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
         data = _redact.redact(text).encode("utf-8", "backslashreplace")
-        await self._write(_Write(self._path(name), data))
+        await self._write(Write(self._path(name), data))
 
     async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated
@@ -315,7 +294,7 @@ class RunStore:
         """
         payload = _mask(_COMPACT.encode({"task_id": task_id, **unstructure(data)}))
         path = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "retries", f"{try_number}.json")
-        await self._write(_Write(path, payload.encode()))
+        await self._write(Write(path, payload.encode()))
 
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
         """Write ``details/<severity>/<key>.json``, the task's countable record.
@@ -354,7 +333,7 @@ class RunStore:
                 self._saved_severity[record.task_id] = record.severity
                 targets.append((source, f"{self._details_dir(record.severity)}{os.sep}{self._key(record.task_id)}.json"))
             try:
-                failed = await self._run(self._link_sync, targets)
+                failed = await self._run(_commit.link, self._disk, targets)
             except OSError as exc:  # not known durable
                 for record, _, _ in links:
                     self._saved_severity.pop(record.task_id, None)
@@ -397,7 +376,7 @@ class RunStore:
             entry["name"] = name
         entry["handle"] = handle
         entry["t"] = time.time()
-        write = _Write(None, (_mask(_COMPACT.encode(entry)) + "\n").encode())
+        write = Write(self._sessions, (_mask(_COMPACT.encode(entry)) + "\n").encode(), append=True)
         if durable:
             await self._write(write)
             if written is not None:
@@ -458,13 +437,13 @@ class RunStore:
             raise ValueError(f"{name!r} is not a path inside the run directory")
         return str(self.run_dir / relative)
 
-    def _checkpoint_write(self, task_id: str, record: AttemptRecord) -> _Write:
+    def _checkpoint_write(self, task_id: str, record: AttemptRecord) -> Write:
         data = _mask(_COMPACT.encode({"task_id": task_id, "record": unstructure(record)}))
         path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
         self._checkpointed.setdefault(task_id, set()).add(record.attempt)
-        return _Write(path, data.encode())
+        return Write(path, data.encode())
 
-    def _task_write(self, record: TaskRecord, data: bytes | None) -> tuple[_Write, Callable[[], None]]:
+    def _task_write(self, record: TaskRecord, data: bytes | None) -> tuple[Write, Callable[[], None]]:
         """The write of a task record, and how to undo its bookkeeping if it fails."""
         if record.severity not in SEVERITIES:
             raise ValueError(f"unknown task severity {record.severity!r}")
@@ -479,10 +458,10 @@ class RunStore:
         if self._fresh:
             remove = [] if previous in (None, severity) else [os.path.join(self._details_dir(previous), name)]
             remove += [os.path.join(self._task_dir(task_id), f"attempt-{n}", CHECKPOINT) for n in sorted(attempts)]
-            write = _Write(os.path.join(self._details_dir(severity), name), data, tuple(remove))
+            write = Write(os.path.join(self._details_dir(severity), name), data, remove=tuple(remove))
         else:  # files of an earlier writer may be anywhere
             others = tuple(os.path.join(self._details_dir(s), name) for s in SEVERITIES if s != severity)
-            write = _Write(os.path.join(self._details_dir(severity), name), data, others, self._task_dir(task_id))
+            write = Write(os.path.join(self._details_dir(severity), name), data, remove=others, sweep=self._task_dir(task_id))
         self._saved_severity[task_id] = severity
 
         def rollback() -> None:
@@ -493,12 +472,12 @@ class RunStore:
 
         return write, rollback
 
-    def _queue(self, write: _Write) -> None:
+    def _queue(self, write: Write) -> None:
         self._check_open()
         self._pending.append(write)
         self._wake.set()
 
-    async def _write(self, write: _Write) -> None:
+    async def _write(self, write: Write) -> None:
         self._queue(write)
         await write.done.wait()
         if write.error is not None:
@@ -552,13 +531,14 @@ class RunStore:
                 snapshot = snapshot()
         if not (batch or lines or snapshot is not None):
             return
-        # Progress lines and the snapshot: writes nobody waits for.
-        progress = _Write(str(self.run_dir / "progress.jsonl"), _encode_lines(lines)) if lines else None
-        shot = None if snapshot is None else _Write(str(self.run_dir / "progress.json"), (_PRETTY.encode(snapshot) + "\n").encode())
-        unattended = [w for w in (progress, shot) if w is not None]
+        unattended = []  # writes nobody waits for
+        if lines:
+            unattended.append(Write(str(self.run_dir / "progress.jsonl"), _encode_lines(lines), append=True))
+        if snapshot is not None:
+            unattended.append(Write(str(self.run_dir / "progress.json"), (_PRETTY.encode(snapshot) + "\n").encode()))
         self._in_flight = batch
         try:
-            self._notes.extend(await self._run(self._commit_sync, batch, progress, shot))
+            self._notes.extend(await self._run(_commit.commit, self._disk, batch + unattended, self._known_dirs))
         except Exception as exc:  # noqa: BLE001 - out of grace or a bug: every write of the batch fails
             for write in (*batch, *unattended):
                 write.error = write.error or exc
@@ -571,108 +551,6 @@ class RunStore:
                 write.done.set()
                 if write.notify is not None:
                     write.notify(write.error)
-
-    def _commit_sync(self, batch: list[_Write], progress: _Write | None, snapshot: _Write | None) -> list[str]:
-        """Steps 1-5 of the module docstring (blocking); returns notes."""
-        disk = self._disk
-        synced: list[str] = []
-        lines = [w for w in batch if w.path is None]
-        files = [w for w in batch if w.path is not None] + ([] if snapshot is None else [snapshot])
-        if lines:
-            try:
-                disk.append(self._sessions, b"".join(w.data for w in lines if not w.written))
-            except OSError as exc:
-                _fail(lines, exc)
-            else:
-                for w in lines:
-                    w.written = True
-                synced.append(self._sessions)
-        if progress is not None:
-            try:
-                disk.append(progress.path, progress.data)  # type: ignore[arg-type]
-            except OSError as exc:
-                progress.error = exc
-            else:
-                synced.append(progress.path)
-        dirs: dict[str, None] = {}  # an ordered set
-        new_dirs: list[str] = []
-        temps: list[tuple[_Write, str, str]] = []
-        for write in files:
-            try:
-                parent, name = os.path.split(write.path)  # type: ignore[arg-type]
-                self._make_dirs(parent, dirs, new_dirs)
-                tmp = os.path.join(parent, temp_name(name))
-                disk.write(tmp, write.data)
-            except OSError as exc:
-                write.error = exc
-                continue
-            temps.append((write, tmp, parent))
-            synced.append(tmp)
-        try:
-            disk.sync(synced)
-        except OSError as exc:
-            _fail([*batch, *(w for w in (progress, snapshot) if w is not None)], exc)
-            for _, tmp, _ in temps:
-                _unlink_quietly(disk, tmp)
-            return []
-        renamed: list[_Write] = []
-        for write, tmp, parent in temps:
-            try:
-                disk.replace(tmp, write.path)  # type: ignore[arg-type]
-            except OSError as exc:
-                write.error = exc
-                _unlink_quietly(disk, tmp)
-            else:
-                renamed.append(write)
-                dirs[parent] = None
-        try:
-            disk.sync(dirs)
-        except OSError as exc:  # rare (EIO): none of the renames is known durable
-            _fail(renamed, exc)
-            return []
-        self._known_dirs.update(new_dirs)
-        return self._remove_superseded(renamed)
-
-    def _make_dirs(self, path: str, dirs: dict[str, None], new_dirs: list[str]) -> None:
-        """Create ``path`` and missing parents; their parents need a sync."""
-        if path in self._known_dirs or path in new_dirs:
-            return
-        parent = os.path.dirname(path)
-        self._make_dirs(parent, dirs, new_dirs)
-        self._disk.mkdir(path)  # an existing one is not known durable: sync its parent anyway
-        dirs[parent] = None
-        new_dirs.append(path)
-
-    def _remove_superseded(self, renamed: list[_Write]) -> list[str]:
-        notes = []
-        for write in renamed:
-            paths = list(write.remove)
-            if write.sweep is not None:
-                paths += [
-                    os.path.join(write.sweep, name, CHECKPOINT)
-                    for name in self._disk.listdir(write.sweep)
-                    if name.startswith("attempt-")
-                ]
-            for path in paths:
-                try:
-                    self._disk.unlink(path)
-                except OSError as exc:
-                    notes.append(f"after writing {write.path}: {exc}")
-        return notes
-
-    def _link_sync(self, targets: list[tuple[str, str]]) -> set[int]:
-        """Link each ``(source, target)``, then sync; the indexes not linked."""
-        failed: set[int] = set()
-        dirs: dict[str, None] = {}
-        for index, (source, target) in enumerate(targets):
-            try:
-                self._disk.link(source, target)
-            except OSError:
-                failed.add(index)
-            else:
-                dirs[os.path.dirname(target)] = None
-        self._disk.sync(dirs)
-        return failed
 
     @classmethod
     def _open_sync(cls, disk: Disk, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
@@ -705,17 +583,6 @@ class RunStore:
             lock.close()
             raise
         return cls(run_dir=run_dir, disk=disk, fresh=fresh, lock=lock, known_dirs={str(run_dir), *subdirs})
-
-
-def _fail(writes: list[_Write], exc: Exception) -> None:
-    for write in writes:
-        if write.error is None:
-            write.error = exc
-
-
-def _unlink_quietly(disk: Disk, path: str) -> None:
-    with contextlib.suppress(OSError):
-        disk.unlink(path)
 
 
 def _encode_lines(events: list[tuple[str, float, dict[str, Any]]]) -> bytes:
@@ -775,8 +642,8 @@ async def open_run_store(
         finally:
             store._closed = True
             leftovers, store._pending = store._pending, []
-            _fail(leftovers, OSError(errno.ECANCELED, "run store closed before this write"))
             for write in leftovers:
+                write.error = OSError(errno.ECANCELED, "run store closed before this write")
                 write.done.set()
                 if write.notify is not None:
                     write.notify(write.error)

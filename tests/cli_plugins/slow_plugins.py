@@ -31,8 +31,8 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
-from agentcompass.runtime import BaseEnvironment, BaseHarness, NetworkPolicy, PreparedTask, RunBudget, RunResult
 from agentcompass._store import Disk, use_disk
+from agentcompass.runtime import BaseEnvironment, BaseHarness, NetworkPolicy, PreparedTask, RunBudget, RunResult
 from agentcompass.testing import MemorySession
 
 _numbers = itertools.count(1)

@@ -13,7 +13,6 @@ tests' subject, not ours.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -46,10 +46,11 @@ directory (``_remove_sandbox`` runs under a lock the stop takes): a kill
 between its marker's removal and the directory's leaves an empty directory
 that ``reap`` refuses (``test_a_sandbox_whose_close_was_cut_short_is_reaped``).
 
-The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
+The hooks wrap methods of ``agentcompass._store._run_store.RunStore``
 (``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
-``save_checkpoint_soon``, ``_remove_superseded``, ``_link_sync``: reuse
-links the records it takes unchanged); a missing one fails at import, loudly.
+``save_checkpoint_soon``) and the functions ``remove_superseded`` and
+``link`` of ``agentcompass._store._commit`` (reuse links the records it
+takes unchanged); a missing one fails at import, loudly.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
+from agentcompass._store import _commit
 from agentcompass._store._run_store import RunStore
 from agentcompass.environments import local
 from agentcompass.environments.local import LocalEnvironment
@@ -123,9 +125,7 @@ async def _stop_here() -> None:
 
 # -- store hooks ----------------------------------------------------------------
 
-for _name in (
-    "event", "journal_session", "save_task", "save_checkpoint", "save_checkpoint_soon", "_remove_superseded", "_link_sync"
-):  # fmt: skip
+for _name in ("event", "journal_session", "save_task", "save_checkpoint", "save_checkpoint_soon"):
     assert hasattr(RunStore, _name), f"RunStore.{_name} is gone: update reuse_plugins.py"
 
 _event = RunStore.event
@@ -133,8 +133,10 @@ _journal_session = RunStore.journal_session
 _save_task = RunStore.save_task
 _save_checkpoint = RunStore.save_checkpoint
 _save_checkpoint_soon = RunStore.save_checkpoint_soon
-_remove_superseded = RunStore._remove_superseded
-_link_sync = RunStore._link_sync
+for _name in ("remove_superseded", "link"):
+    assert hasattr(_commit, _name), f"_commit.{_name} is gone: update reuse_plugins.py"
+_remove_superseded = _commit.remove_superseded
+_link = _commit.link
 
 
 def _hooked_event(self: RunStore, kind: str, **fields: Any) -> None:
@@ -183,7 +185,7 @@ def _hooked_save_checkpoint_soon(self: RunStore, task_id: str, record: Any, noti
     _save_checkpoint_soon(self, task_id, record, saved)
 
 
-def _hooked_remove_superseded(self: RunStore, renamed: list[Any]) -> list[str]:
+def _hooked_remove_superseded(disk: Any, renamed: list[Any]) -> list[str]:
     # In the commit thread, once the batch's records are durable: the kill
     # can land between a durable record and its removals.
     kept = []
@@ -196,34 +198,34 @@ def _hooked_remove_superseded(self: RunStore, renamed: list[Any]) -> list[str]:
             _state["token"].run_sync_soon(_arm)
             continue
         kept.append(write)
-    return _remove_superseded(self, kept)
+    return _remove_superseded(disk, kept)
 
 
-def _hooked_link_sync(self: RunStore, targets: list[tuple[str, str]]) -> set[int]:
+def _hooked_link(disk: Any, targets: list[tuple[str, str]]) -> set[int]:
     # In a store thread, before any task started. Each link is a write of the
     # copy ("copy": stop before it is made) and, once synced, a durable
     # record ("details_saved": stop right after).
     for index in range(len(targets)):
         if _reached("copy"):
-            _stop_in_thread(self, targets[:index])
+            _stop_in_thread(disk, targets[:index])
         if _reached("details_saved"):
-            _stop_in_thread(self, targets[: index + 1])
-    return _link_sync(self, targets)
+            _stop_in_thread(disk, targets[: index + 1])
+    return _link(disk, targets)
 
 
-def _stop_in_thread(self: RunStore, linked: list[tuple[str, str]]) -> None:
-    _link_sync(self, linked)
+def _stop_in_thread(disk: Any, linked: list[tuple[str, str]]) -> None:
+    _link(disk, linked)
     _state["token"].run_sync_soon(_arm)
     threading.Event().wait()  # never link the others
 
 
-RunStore._link_sync = _hooked_link_sync  # type: ignore[method-assign]
+_commit.link = _hooked_link
 RunStore.event = _hooked_event  # type: ignore[method-assign]
 RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign]
 RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]
 RunStore.save_checkpoint = _hooked_save_checkpoint  # type: ignore[method-assign]
 RunStore.save_checkpoint_soon = _hooked_save_checkpoint_soon  # type: ignore[method-assign]
-RunStore._remove_superseded = _hooked_remove_superseded  # type: ignore[method-assign]
+_commit.remove_superseded = _hooked_remove_superseded
 
 
 # -- local sandbox removal: never cut in the middle -------------------------------
