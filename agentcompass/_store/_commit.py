@@ -42,7 +42,7 @@ class Write:
     remove: tuple[str, ...] = ()
     #: A task directory whose checkpoints to remove then (found by listing it).
     sweep: str | None = None
-    notify: Callable[[Exception | None], None] | None = None
+    notify: Callable[[Exception | None], None] | None = None  # compat: removed once orchestration awaits
     done: trio.Event = attrs.Factory(trio.Event)
     error: Exception | None = None
     #: The appended data is in the file (it may not be durable yet).

@@ -109,6 +109,10 @@ class Disk:
             return False
         return True
 
+    def makedirs(self, path: str) -> None:
+        """Create directory ``path`` and its missing parents."""
+        os.makedirs(path, exist_ok=True)
+
     def write(self, path: str, data: bytes) -> None:
         """Create or truncate ``path`` and write ``data`` (not yet durable)."""
         fd = os.open(path, _WRITE_FLAGS, 0o644)

@@ -106,6 +106,10 @@ class FakeDisk(Disk):
         self._do("mkdir", path)
         return super().mkdir(path)
 
+    def makedirs(self, path: str) -> None:
+        self._do("mkdir", path)
+        super().makedirs(path)
+
     def write(self, path: str, data: bytes) -> None:
         self._do("write", path)
         super().write(path, data)

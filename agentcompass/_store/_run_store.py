@@ -381,7 +381,7 @@ class RunStore:
             await self._write(write)
             if written is not None:
                 written(None)
-        else:
+        else:  # compat: removed once orchestration awaits
             write.notify = written
             self._queue(write)
 
@@ -549,14 +549,14 @@ class RunStore:
                     self._failure = f"could not write progress: {write.error}".splitlines()[0]
             for write in batch:
                 write.done.set()
-                if write.notify is not None:
+                if write.notify is not None:  # compat: removed once orchestration awaits
                     write.notify(write.error)
 
     @classmethod
     def _open_sync(cls, disk: Disk, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
         _check_name(request_name, "request name")
         request_dir = Path(output_root) / request_name
-        os.makedirs(request_dir, exist_ok=True)
+        disk.makedirs(str(request_dir))
         fresh = True
         while True:
             if run_id is None:
