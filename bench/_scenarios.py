@@ -182,7 +182,7 @@ def latency_bound(
         "wall_over_ideal": wall / ideal,
         "cpu_us_per_attempt": cpu / tasks * 1e6,
         # The Trio thread runs every task's code: its CPU per attempt is
-        # what bounds this scenario (the writer process works beside it).
+        # what bounds this scenario (the store's worker thread works beside it).
         "trio_thread_us_per_attempt": own / tasks * 1e6,
         "before_first_attempt_s": first_start - unix0,
         "after_last_record_s": unix1 - last_finish,
@@ -205,7 +205,7 @@ SPLIT_PROCESSES = 2
 def _split_wall(root: Path, tasks: int, concurrency: int, latency: float) -> float:
     """The latency-bound workload split over :data:`SPLIT_PROCESSES`
     independent processes started together, each with its share of the
-    tasks and of the concurrency, its own run and writer: wall seconds from
+    tasks and of the concurrency, its own run and store: wall seconds from
     the first start to the last end. What tasks in several processes (SPEC
     11's ``Executor``) could reach at best on this machine, with nothing
     spent coordinating them."""

@@ -10,8 +10,7 @@ import agentcompass.testing  # noqa: F401
 from agentcompass import ComponentRef, Orchestration, RunRequest
 from agentcompass._orchestration._launch import launch
 from agentcompass._progress import ProgressDisplay
-from agentcompass._store import _group_commit, _run_store
-from agentcompass._store._atomic import StoreThreads
+from agentcompass._store import FakeDisk, use_disk
 
 
 class _Tty(io.StringIO):
@@ -19,23 +18,7 @@ class _Tty(io.StringIO):
         return True
 
 
-async def _inline_store_io(fn, *args):
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
-
-
-async def _inline_store_run(_threads, fn, *args):
-    # Shielded, as a store thread is (until the deadline, which inline I/O never reaches).
-    with trio.CancelScope(shield=True):
-        return await _inline_store_io(fn, *args)
-
-
-async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys, monkeypatch):
-    # Store I/O inline: a worker thread's real time would let the mock clock
-    # jump past a record's completion, and the counts below would race.
-    monkeypatch.setattr(StoreThreads, "run", _inline_store_run)
-    monkeypatch.setattr(_run_store, "to_store_thread", _inline_store_io)
-    monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
+async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
     request = RunRequest(
         name="p",
         benchmark=ComponentRef("fake-bench", {"tasks": 4, "log": "progress"}),
@@ -43,7 +26,10 @@ async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys, monk
         harness=ComponentRef("fake-harness", {"log": "progress", "script": {"*": {"run": ["sleep:30"]}}}),
         output_root=tmp_path,
     )
-    result = await launch(Orchestration([request], task_concurrency=2), show_progress=True)
+    # A fake store disk: a worker thread's real time would let the mock clock
+    # jump past a record's completion, and the counts below would race.
+    with use_disk(FakeDisk()):
+        result = await launch(Orchestration([request], task_concurrency=2), show_progress=True)
     assert result.status == "succeeded"
     captured = capsys.readouterr()
     lines = captured.err.splitlines()

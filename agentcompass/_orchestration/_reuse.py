@@ -254,57 +254,53 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
     A record reused unchanged (``verbatim``: task id -> its file in the
     source and that file's content) is not serialized again: its file is
     hard-linked into the new run (see :meth:`RunStore.link_tasks`), or, where that
-    cannot be done, its content is written. Everything else goes through the
-    store. All writes are queued at once, so that they share commit rounds,
-    and awaited together; if any failed, the first failure is raised once
-    the others finished."""
+    cannot be done, its content is written. All writes are asked for at once,
+    so that they share commits; if any failed, the first failure is raised
+    once the others finished."""
     failures: list[Exception] = []
-    remaining = 1
-    all_done = trio.Event()
 
-    def written(error: Exception | None) -> None:
-        nonlocal remaining
-        if error is not None:
-            failures.append(error)
-        remaining -= 1
-        if not remaining:
-            all_done.set()
+    async def save(write: Any, *args: Any) -> None:
+        try:
+            await write(*args)
+        except Exception as exc:  # noqa: BLE001 - reported once, below
+            failures.append(exc)
 
     links: list[tuple[TaskRecord, str, bytes]] = []
-    for record in plan.reused:
-        file = verbatim.get(record.task_id)
-        if file is not None:
+    all_linked = trio.Event()
+    reported = 0
+
+    def linked(error: Exception | None) -> None:
+        # Once per record; a record that could not be linked is written instead.
+        nonlocal reported
+        reported += 1
+        if error is not None:
+            failures.append(error)
+        if reported == len(links):
+            all_linked.set()
+
+    async def link() -> None:
+        await store.link_tasks(links, linked)
+        await all_linked.wait()
+
+    async with trio.open_nursery() as nursery:
+        for record in plan.reused:
+            file = verbatim.get(record.task_id)
+            if file is None:
+                nursery.start_soon(save, store.save_task, record)
+                continue
             source, data = file
             # The store masks everything it writes: the current secrets may
             # not be the ones the source run masked.
             masked = redact_json_text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
             if masked == data:
                 links.append((record, source, data))
-                continue
-        remaining += 1
-        try:
-            if file is None:
-                store.save_task_soon(record, written)
             else:
-                store.save_task_data_soon(record, masked, written)
-        except Exception as exc:  # noqa: BLE001 - reported once, below
-            written(exc)
-    remaining += len(links)
-
-    async def checkpoint(task_id: str, attempt: AttemptRecord) -> None:
-        try:
-            await store.save_checkpoint(task_id, attempt)
-        except Exception as exc:  # noqa: BLE001 - reported once, below
-            failures.append(exc)
-
-    async with trio.open_nursery() as nursery:
+                nursery.start_soon(save, store.save_task, record, masked)
         for pending in plan.pending:
             for attempt in {**(pending.done or {}), **(pending.resume or {})}.values():
-                nursery.start_soon(checkpoint, pending.task.task_id, attempt)
+                nursery.start_soon(save, store.save_checkpoint, pending.task.task_id, attempt)
         if links:
-            nursery.start_soon(store.link_tasks, links, written)
-    written(None)  # the checkpoints and links
-    await all_done.wait()
+            nursery.start_soon(save, link)
     if failures:
         raise failures[0]
 

@@ -1,13 +1,11 @@
-"""The results store (SPEC 8): run directories, atomic writes, task keys,
+"""The results store (SPEC 8): run directories, durable writes, task keys,
 reading runs back, metrics, summary and ``compass show``.
 
 Private package: the runtime imports these names; users see only the files.
 """
 
-from ._atomic import STORE_THREADS as STORE_THREADS
-from ._atomic import store_limiter as store_limiter
-from ._atomic import write_atomic as write_atomic
-from ._group_commit import StoreClosedError as StoreClosedError
+from ._disk import Disk as Disk
+from ._fake_disk import FakeDisk as FakeDisk
 from ._keys import task_key as task_key
 from ._load import LoadedRun as LoadedRun
 from ._load import latest_run as latest_run
@@ -15,7 +13,9 @@ from ._load import load_run as load_run
 from ._metrics import compute_metrics as compute_metrics
 from ._metrics import reduce_task as reduce_task
 from ._run_store import RunStore as RunStore
+from ._run_store import StoreClosedError as StoreClosedError
 from ._run_store import new_run_id as new_run_id
 from ._run_store import open_run_store as open_run_store
+from ._run_store import use_disk as use_disk
 from ._show import render_run_table as render_run_table
 from ._summary import render_summary as render_summary

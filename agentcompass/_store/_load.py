@@ -16,10 +16,9 @@ from typing import Any
 
 import attrs
 
-from .._convert import error_line
+from .._convert import converter, error_line
 from ..runtime._results import AttemptRecord, TaskRecord
-from ._atomic import is_temp_name
-from ._records import attempt_from_data, task_from_data
+from ._disk import is_temp_name
 from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
 
 __all__ = ["LoadedRun", "latest_run", "load_run"]
@@ -174,7 +173,7 @@ def _load_details(
             where = f"details/{severity}/{entry.name}"
             try:
                 content = _read_bytes(entry.path)
-                record = task_from_data(json.loads(content))
+                record = converter.structure(json.loads(content), TaskRecord)
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
                 notes.append(f"skipped unreadable record {where}: {_short(exc)}")
                 continue
@@ -223,7 +222,7 @@ def _load_checkpoints(
                 task_id = data["task_id"]
                 if not isinstance(task_id, str):
                     raise TypeError("task_id is not a string")
-                record = attempt_from_data(data["record"])
+                record = converter.structure(data["record"], AttemptRecord)
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
                 notes.append(f"skipped unreadable checkpoint {where}: {_short(exc)}")
                 continue

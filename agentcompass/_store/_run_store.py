@@ -9,33 +9,39 @@
       tasks/<task key>/attempt-<n>/retries/<try>.json
       metrics.json  summary.md
 
-A :class:`RunStore` is opened with :func:`open_run_store` and owns a nursery
-with two actor tasks: the progress actor (``progress.jsonl`` lines in batches,
-``progress.json`` at most every :data:`PROGRESS_INTERVAL` seconds) and the
-group committer (:mod:`._group_commit`), through which every durable write
-goes: records, checkpoints, retries, session journal lines, JSON and text
-files. Closing flushes both, shielded, until the caller's close deadline
-(the cleanup grace), so a cancelled caller loses no event unless the disk
-stalls past it.
+A :class:`RunStore` (made by :func:`open_run_store`) owns one *committer*
+task. Every write is queued; the committer takes what is queued as a batch
+and makes it durable in one :meth:`Disk.run <._disk.Disk.run>` call (see
+:mod:`._commit`): temporary files, one sync, renames, one sync of the
+directories, then removal of what the batch supersedes.
 
-Per-record work is kept small because the runtime persists thousands of
-records per second: task keys and paths are cached, an attempt serialized for
-its checkpoint is reused verbatim in the task record, JSON is compact, and the
-blocking work of many records shares one thread hop and one fsync round.
+A caller awaits its write: it returns once the write is durable, or raises
+``OSError``; a cancelled caller's write still happens. Progress lines and
+the ``progress.json`` snapshot have no caller: they ride with the next batch,
+at most :data:`PROGRESS_BATCH_SECONDS` later, and a failure to write them is
+kept in :attr:`RunStore.failure`. Closing commits what is left (writes
+queued meanwhile included), shielded until the close deadline; past it the
+disk's worker is abandoned and what was not written is lost, as in a crash
+(the next ``--reuse`` recovers).
+
+Non-goal: ordering between the writes of one batch; a caller that needs A
+durable before B awaits A first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import errno
 import json
+import math
 import os
 import re
 import secrets
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,90 +52,63 @@ from .. import _redact
 from .._convert import unstructure
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import AttemptRecord, TaskRecord
-from ._atomic import (
-    _O_CLOEXEC,
-    fsync_dir,
-    open_dir_fd,
-    to_store_thread,
-    unlink_quietly,
-    write_all,
-    write_atomic_sync,
-)
-from ._group_commit import GroupCommitter, StoreClosedError
+from . import _commit
+from ._commit import CHECKPOINT, Write
+from ._disk import Disk, RunLockedError, timed_out
 from ._keys import task_key
-from ._records import attempt_to_data
-from ._writer import SYNCFS, Disk
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows has no flock
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "new_run_tag",
-    "write_journals_now",
+    "PROGRESS_BATCH_SECONDS",
     "PROGRESS_INTERVAL",
+    "RUN_ID_PATTERN",
     "RunLockedError",
     "RunStore",
     "StoreClosedError",
+    "new_run_id",
+    "new_run_tag",
+    "open_run_store",
     "run_dir_lock",
     "run_is_live",
-    "new_run_id",
-    "open_run_store",
+    "use_disk",
+    "write_journals_now",
 ]
 
 #: Minimum seconds between two rewrites of ``progress.json``.
 PROGRESS_INTERVAL = 0.5
-#: How long the progress actor lets events gather before writing a batch.
+#: How long progress lines and snapshots wait for a batch to ride with.
 PROGRESS_BATCH_SECONDS = 0.05
-#: How long a writer process may take to exit once its input ended (it has
-#: answered every round when closing finished in time); then it is killed,
-#: which leaves the directory as a crash would.
-WRITER_STOP_SECONDS = 5.0
 
 SEVERITIES = ("fatal", "error", "normal")
-CHECKPOINT = "checkpoint.json"
-
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def _json_default(value: Any) -> Any:
-    if attrs.has(type(value)):
-        return unstructure(value)
-    return str(value)
+    # Free-form data never fails to serialize: an odd field (a Path, an
+    # exception) is written as text rather than losing the line.
+    return unstructure(value) if attrs.has(type(value)) else str(value)
 
 
-# Progress events and free-form data never fail to serialize: an odd field
-# (a Path, an exception) is written as text rather than losing the line.
-_LENIENT = json.JSONEncoder(separators=(",", ":"), default=_json_default)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), default=_json_default)
 _PRETTY = json.JSONEncoder(indent=2, default=_json_default)
 
-# The record JSON is assembled from pre-serialized attempts; that is only right
-# while TaskRecord has exactly these fields (else: the generic path).
-_FAST_TASK_JSON = tuple(f.name for f in attrs.fields(TaskRecord)) == (
-    "task_id",
-    "category",
-    "attempts",
-    "severity",
-)
-
-_SEP = os.sep
-_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | _O_CLOEXEC
-
-
-def _mask(text: str) -> str:
-    """``text`` with every registered secret value masked (SPEC 8: no secret
-    in any file). Applied to everything the store writes, since a component
-    may put a credential anywhere (an agent's output or trajectory that echoes
-    its API key), and every recognized credential shape (``sk-...``,
-    ``Bearer ...``, ``api_key=...``) without ever breaking the JSON. A value is
-    masked as it appears in the JSON text, i.e. when JSON escapes none of its
-    characters (true of API keys and tokens)."""
-    return _redact.redact_json_text(text)
-
-
+#: The disk of stores opened without ``disk=`` (see :func:`use_disk`).
+_DISK: contextvars.ContextVar[Disk | None] = contextvars.ContextVar("agentcompass_store_disk", default=None)
 #: Every store open in this process (for :func:`write_journals_now`).
 _OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
+
+
+class StoreClosedError(RuntimeError):
+    """The run store was already closed when asked to write."""
+
+
+@contextlib.contextmanager
+def use_disk(disk: Disk) -> Iterator[Disk]:
+    """Open every store opened without ``disk=`` in this context on ``disk``
+    (e.g. a :class:`~._fake_disk.FakeDisk` for a whole ``launch``)."""
+    token = _DISK.set(disk)
+    try:
+        yield disk
+    finally:
+        _DISK.reset(token)
 
 
 def write_journals_now() -> None:
@@ -137,36 +116,24 @@ def write_journals_now() -> None:
 
     For a process about to exit without unwinding (a second Ctrl-C): the
     sandboxes it opened stay journalled, so ``compass reap`` or the next
-    ``--reuse`` finds them. Errors are ignored: the process is leaving.
+    ``--reuse`` finds them. A line a batch writes at the same moment may
+    appear twice (readers match lines by session id). Errors are ignored.
     """
     for store in list(_OPEN_STORES):
-        try:
-            store._committer.write_journal_now()
-        except OSError:
-            pass
+        lines = [w for w in (*store._pending, *store._in_flight) if w.path == store._sessions and not w.written]
+        with contextlib.suppress(OSError):
+            store._disk.append(store._sessions, b"".join(w.data for w in lines))
+            for w in lines:
+                w.written = True
 
 
-class RunLockedError(RuntimeError):
-    """The run directory is locked by a live run (in this or another process)."""
-
-
-@contextmanager
+@contextlib.contextmanager
 def run_dir_lock(run_dir: Path) -> Iterator[None]:
-    """Hold the writer lock of ``run_dir`` (blocking, non-waiting): raise
+    """Hold ``run_dir``'s writer lock (blocking, non-waiting): raise
     :class:`RunLockedError` when a live run holds it. For touching what a
-    dead run left (reaping its sandboxes) without racing a live one. Where
-    there is no ``flock`` (Windows) nothing is locked."""
-    fd = open_dir_fd(Path(run_dir))
-    try:
-        if fcntl is not None and fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunLockedError(f"{run_dir} is already open by another writer") from None
+    dead run left without racing a live one."""
+    with Disk().lock(str(run_dir)):
         yield
-    finally:
-        if fd is not None:
-            os.close(fd)
 
 
 def run_is_live(run_dir: Path) -> bool:
@@ -181,11 +148,9 @@ def run_is_live(run_dir: Path) -> bool:
 
 
 def new_run_id() -> str:
-    """A fresh run id, e.g. ``20261129T233501.482Z-a7f3``.
-
-    Fixed-width UTC time to the millisecond, so the lexically greatest id is the
-    latest run, plus a random suffix so that two runs never share a directory.
-    """
+    """A fresh run id, e.g. ``20261129T233501.482Z-a7f3``: UTC time to the
+    millisecond (the greatest id is the latest run) and a random suffix (two
+    runs never share a directory)."""
     now = datetime.now(UTC)
     return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(2)}"
 
@@ -207,46 +172,53 @@ def _check_name(name: str, what: str) -> None:
         raise ValueError(f"{what} {name!r} cannot be used as a directory name")
 
 
+def _mask(text: str) -> str:
+    """``text`` with every registered secret and credential shape masked,
+    without breaking the JSON (SPEC 8: no secret in any file)."""
+    return _redact.redact_json_text(text)
+
+
 @attrs.define(eq=False)
 class RunStore:
     """The one writer of a run directory; make it with :func:`open_run_store`.
 
-    All methods are called from the Trio thread. ``event`` and
-    ``set_progress`` never block; every ``async`` method returns once its
-    data is durable (if its caller is cancelled while waiting, the write still
-    completes). Records are values: mutating one after handing it to the store
-    is unsupported, since its serialized form may be cached.
+    Call it from the Trio thread. ``event`` and ``set_progress`` never block;
+    every ``async`` method returns once its data is durable or raises
+    ``OSError`` (if its caller is cancelled while waiting, the write still
+    happens).
     """
 
     run_dir: Path
-    _committer: GroupCommitter
-    _progress_fd: int
-    _sessions_fd: int
-    _dir_fds: dict[str, int]
-    # Plain strings, not Paths: path building is on the per-record hot path.
-    _details_dirs: dict[str, str]
-    _tasks_dir: str
+    _disk: Disk
+    _fresh: bool
+    _lock: contextlib.ExitStack
+    _known_dirs: set[str]
+    _sessions: str = attrs.field(
+        init=False, default=attrs.Factory(lambda self: str(self.run_dir / "sessions.jsonl"), takes_self=True)
+    )
     _keys: dict[str, str] = attrs.Factory(dict)
-    _attempt_json: dict[str, dict[int, tuple[AttemptRecord, str]]] = attrs.Factory(dict)
+    _pending: list[Write] = attrs.Factory(list)
+    _in_flight: list[Write] = attrs.Factory(list)
+    _wake: trio.Event = attrs.Factory(trio.Event)
     _lines: list[tuple[str, float, dict[str, Any]]] = attrs.Factory(list)
+    _lines_due: float = math.inf
     _snapshot: dict[str, Any] | Callable[[], dict[str, Any]] | None = None
-    _snapshot_due: float = -float("inf")
-    _progress_wake: trio.Event = attrs.Factory(trio.Event)
+    _snapshot_due: float = math.inf
+    _snapshot_written: float = -math.inf
+    _deadline: float = math.inf
+    _scopes: set[trio.CancelScope] = attrs.Factory(set)
     _closed: bool = False
+    _failure: str | None = None
+    _notes: list[str] = attrs.Factory(list)
     # What this store wrote, so that a record's clean-up knows its targets
-    # without listing directories. Only complete when the store created the
-    # run directory (``_fresh``); a reopened one may hold older files.
-    _fresh: bool = False
+    # without listing directories (complete only in a run directory it created).
     _saved_severity: dict[str, str] = attrs.Factory(dict)
     _checkpointed: dict[str, set[int]] = attrs.Factory(dict)
-    _failure: str | None = None
 
     @property
     def failure(self) -> str | None:
         """The first error of a write nobody waited for (``progress.jsonl``,
-        ``progress.json``), as one line; None while there was none. Such a
-        write is dropped, not retried: the request fails instead (its owner
-        reads this when it finalizes)."""
+        ``progress.json``), as one line; None while there was none."""
         return self._failure
 
     @property
@@ -258,7 +230,7 @@ class RunStore:
     def notes(self) -> list[str]:
         """Problems that did not fail a write, for ``run_info.json``: e.g. a
         checkpoint that could not be removed after its record was saved."""
-        return list(self._committer.cleanup_errors)
+        return list(self._notes)
 
     # -- progress (non-blocking) --------------------------------------------
 
@@ -267,30 +239,30 @@ class RunStore:
 
         Kinds used by the runtime: ``run_started``, ``task_started``,
         ``attempt_started``, ``attempt_retry``, ``retry_wait``,
-        ``attempt_finished``, ``task_finished``, ``run_finished``. Lines are
-        appended in batches and fsynced at the end of each batch; all queued
-        lines are on disk once the store is closed. A value JSON cannot hold
-        is written as text; fields named ``event`` or ``t`` are overridden.
+        ``attempt_finished``, ``task_finished``, ``run_finished``. A value
+        JSON cannot hold is written as text; fields named ``event`` or ``t``
+        are overridden. All queued lines are on disk once the store closed.
         """
-        if self._closed:
-            raise StoreClosedError("the run store is closed")
-        # Encoded by the progress actor, a batch at a time (see _encode).
+        self._check_open()
         self._lines.append((kind, time.time(), fields))
-        self._progress_wake.set()
+        if self._lines_due == math.inf:
+            self._lines_due = trio.current_time() + PROGRESS_BATCH_SECONDS
+            self._wake.set()
 
     def set_progress(self, snapshot: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
         """Make ``snapshot`` the next ``progress.json`` (total, pending, active,
         completed, failed_tasks, error_tasks, warning_tasks, elapsed).
 
-        Only the latest snapshot is kept; it is written at most every
+        Only the latest is kept; it is written at most every
         :data:`PROGRESS_INTERVAL` seconds and at close. A callable is called
-        when the snapshot is written (so a caller whose counts change often
-        builds it only that often).
+        when the snapshot is written.
         """
-        if self._closed:
-            raise StoreClosedError("the run store is closed")
+        self._check_open()
         self._snapshot = snapshot if callable(snapshot) else dict(snapshot)
-        self._progress_wake.set()
+        if self._snapshot_due == math.inf:
+            now = trio.current_time()
+            self._snapshot_due = max(now + PROGRESS_BATCH_SECONDS, self._snapshot_written + PROGRESS_INTERVAL)
+            self._wake.set()
 
     # -- durable writes -------------------------------------------------------
 
@@ -301,37 +273,18 @@ class RunStore:
     async def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` as indented JSON to ``name`` (relative to the run directory)."""
         payload = _mask(_PRETTY.encode(unstructure(data))) + "\n"
-        await self._committer.write(self._path(name), payload.encode())
+        await self._write(Write(self._path(name), payload.encode()))
 
     async def write_text(self, name: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
-        await self._committer.write(self._path(name), _redact.redact(text).encode("utf-8", "backslashreplace"))
+        data = _redact.redact(text).encode("utf-8", "backslashreplace")
+        await self._write(Write(self._path(name), data))
 
     async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
-        """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated attempt.
-
-        The file is ``{"task_id": ..., "record": <AttemptRecord>}``; ``n`` is
-        ``record.attempt``. Durable when this returns.
-        """
-        await self._committer.write(*self._checkpoint_write(task_id, record))
-
-    def save_checkpoint_soon(
-        self, task_id: str, record: AttemptRecord, notify: Callable[[Exception | None], None]
-    ) -> None:
-        """:meth:`save_checkpoint` without waiting: ``notify(error)`` runs in
-        the Trio thread once the checkpoint is durable (``error`` None) or
-        could not be written. Commit rounds may finish out of order: a
-        caller that also saves the task's record queues it only once its
-        checkpoints were notified (the record's round removes them)."""
-        path, data = self._checkpoint_write(task_id, record)
-        self._committer.write_soon(path, data, None, notify)
-
-    def _checkpoint_write(self, task_id: str, record: AttemptRecord) -> tuple[str, bytes]:
-        attempt_json = self._attempt_to_json(task_id, record)
-        data = f'{{"task_id":{_COMPACT.encode(task_id)},"record":{attempt_json}}}'
-        path = f"{self._tasks_dir}{_SEP}{self._key(task_id)}{_SEP}attempt-{record.attempt}{_SEP}{CHECKPOINT}"
-        self._checkpointed.setdefault(task_id, set()).add(record.attempt)
-        return path, data.encode()
+        """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated
+        attempt: ``{"task_id": ..., "record": <AttemptRecord>}``, ``n`` being
+        ``record.attempt``."""
+        await self._write(self._checkpoint_write(task_id, record))
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
@@ -339,119 +292,61 @@ class RunStore:
         ``data`` is free-form (diagnostics, stage, matched pattern, delay,
         redacted plan); the task id is added to it.
         """
-        payload = _mask(_LENIENT.encode({"task_id": task_id, **unstructure(data)}))
-        key = self._key(task_id)
-        path = f"{self._tasks_dir}{_SEP}{key}{_SEP}attempt-{attempt}{_SEP}retries{_SEP}{try_number}.json"
-        await self._committer.write(path, payload.encode())
+        payload = _mask(_COMPACT.encode({"task_id": task_id, **unstructure(data)}))
+        path = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "retries", f"{try_number}.json")
+        await self._write(Write(path, payload.encode()))
 
-    async def save_task(self, record: TaskRecord) -> None:
-        """Write the countable record to ``details/<severity>/<key>.json``.
+    async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
+        """Write ``details/<severity>/<key>.json``, the task's countable record.
 
-        Once it is durable, the task's checkpoints are removed (``retries/``
-        stays) and so is a record of the same task under another severity (a
-        reused task may change severity); a failed removal does not fail the
-        call (see :attr:`notes`). Concurrent calls share fsync rounds (group
-        commit); each returns once its own record is durable.
+        ``data``, if given, is the file's content (a JSON form of ``record``
+        already masked, e.g. a reused record's file). Once it is durable the
+        task's checkpoints and its record under another severity are removed.
         """
-        path, data, remove, after, rollback = self._task_write(record)
+        write, rollback = self._task_write(record, data)
         try:
-            await self._committer.write(path, data, after, remove)
-        except BaseException:
+            await self._write(write)
+        except Exception:
             rollback()
             raise
-
-    def save_task_soon(self, record: TaskRecord, notify: Callable[[Exception | None], None]) -> None:
-        """:meth:`save_task` without waiting: ``notify(error)`` runs in the
-        Trio thread once the record is durable (``error`` None) or could not
-        be written. Lets a worker take its next task while the disk works."""
-        self._queue_task(record, None, notify)
-
-    def save_task_data_soon(
-        self, record: TaskRecord, data: bytes, notify: Callable[[Exception | None], None]
-    ) -> None:
-        """:meth:`save_task_soon` with ``data``, a JSON form of ``record``
-        already masked (e.g. a reused record's file), as the file's content
-        instead of ``record`` serialized again."""
-        self._queue_task(record, data, notify)
-
-    def _queue_task(
-        self, record: TaskRecord, data: bytes | None, notify: Callable[[Exception | None], None]
-    ) -> None:
-        path, content, remove, after, rollback = self._task_write(record, data)
-
-        def written(error: Exception | None) -> None:
-            if error is not None:
-                rollback()
-            notify(error)
-
-        self._committer.write_soon(path, content, after, written, remove)
 
     async def link_tasks(
         self, links: list[tuple[TaskRecord, str, bytes]], notify: Callable[[Exception | None], None]
     ) -> None:
         """Store records whose files already exist elsewhere, unchanged and
         masked (``links``: record, that file's path, its content): each file
-        is hard-linked to its place here, then the new entries are made
-        durable; a record that cannot be linked (another filesystem, one
-        without hard links, or a run directory this store did not create) is
-        written instead. ``notify(error)`` runs once per record, as for
-        :meth:`save_task_soon`.
+        is hard-linked to its place here and the links are made durable; a
+        record that cannot be linked (another filesystem, or a run directory
+        this store did not create) is written instead. ``notify(error)`` runs
+        once per record.
 
-        Creating a file costs an inode, which on the virtual disks we measured
-        takes 0.3-1 ms, and a link about 25 us: most of the time a reuse of
-        thousands of records took before its first new attempt. Sharing a file
-        with another run is safe because no store ever changes a file in place
-        (every write replaces it by a rename, a clean-up unlinks it), and its
-        content is durable since that run wrote it. Only into a fresh run
-        directory: there no older record of the task can exist, so the shared
-        (older) modification time cannot lose a "newest record wins" contest
-        (see :mod:`._load`). Non-goal: a record file edited in place by hand
-        changes in both runs.
+        Creating a file costs an inode, a link much less (bench: reuse).
+        Sharing a file with another run is safe because no store changes a
+        file in place (every write renames, a clean-up unlinks). Only into a
+        fresh run directory: there no older record of the task can lose a
+        "newest record wins" contest against the shared older mtime.
         """
-        if not self._fresh:
-            for record, _, data in links:
-                self.save_task_data_soon(record, data, notify)
-            return
-        targets = []
-        for record, source, _ in links:
-            self._saved_severity[record.task_id] = record.severity
-            targets.append((source, f"{self._details_dirs[record.severity]}{_SEP}{self._key(record.task_id)}.json"))
-        try:
-            failed = await self._committer.threads.run(_link_sync, targets)
-        except OSError as exc:  # the directories could not be synced: none is known durable
+        written = []
+        if self._fresh:
+            targets = []
+            for record, source, _ in links:
+                self._saved_severity[record.task_id] = record.severity
+                targets.append((source, f"{self._details_dir(record.severity)}{os.sep}{self._key(record.task_id)}.json"))
+            try:
+                failed = await self._run(_commit.link, self._disk, targets)
+            except OSError as exc:  # not known durable
+                for record, _, _ in links:
+                    self._saved_severity.pop(record.task_id, None)
+                    notify(exc)
+                return
+            written = [links[i] for i in range(len(links)) if i not in failed]
+            links = [links[i] for i in failed]
             for record, _, _ in links:
                 self._saved_severity.pop(record.task_id, None)
-                notify(exc)
-            return
-        for index in failed:
-            record, _, data = links[index]
-            self._saved_severity.pop(record.task_id, None)
+        for record, _, data in links:
             self.save_task_data_soon(record, data, notify)
-        for _ in range(len(links) - len(failed)):
+        for _ in written:
             notify(None)
-
-    def _task_write(
-        self, record: TaskRecord, data: bytes | None = None
-    ) -> tuple[str, bytes, tuple[str, ...], Callable[[], None] | None, Callable[[], None]]:
-        if record.severity not in self._details_dirs:
-            raise ValueError(f"unknown task severity {record.severity!r}")
-        task_id = record.task_id
-        key = self._key(task_id)
-        if data is None:
-            data = self._task_to_json(record).encode()
-        path = f"{self._details_dirs[record.severity]}{_SEP}{key}.json"
-        previous = self._saved_severity.get(task_id)
-        attempts = self._checkpointed.pop(task_id, set())
-        remove, after = self._superseded_cleanup(task_id, key, record.severity, previous, attempts)
-        self._saved_severity[task_id] = record.severity
-
-        def rollback() -> None:
-            # Maybe not written: a later save_task must still find what to clean.
-            self._checkpointed.setdefault(task_id, set()).update(attempts)
-            if previous is not None and previous != record.severity:
-                self._saved_severity[task_id] = previous
-
-        return path, data, remove, after, rollback
 
     async def journal_session(
         self,
@@ -466,30 +361,63 @@ class RunStore:
     ) -> None:
         """Append ``{"event", "session", "provider", "name", "handle", "t"}`` to
         ``sessions.jsonl`` (``name``, the session name the provider labelled
-        the sandbox with, only when given).
+        the sandbox with, only when given). ``handle`` must be enough to find
+        the session again and must hold no secret.
 
-        With ``durable`` (the default) this returns once the line is durable.
-        ``durable=False`` only queues it: the next commit round writes and
-        syncs it, then calls ``written(error)`` if given. ``handle`` must be
-        enough to find the session again and must hold no secret. Lines of
-        concurrent rounds may land out of order, so a reader matches
-        "closed" to "opened" by session id, not by position.
+        With ``durable`` (the default) this returns once the line is
+        durable. ``durable=False`` only queues it (``written(error)`` runs
+        once its batch is done). Readers match "closed" to "opened" by
+        session id, not by position.
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
-        fields: dict[str, Any] = {"session": session_id, "provider": provider}
+        entry: dict[str, Any] = {"event": event, "session": session_id, "provider": provider}
         if name is not None:
-            fields["name"] = name
-        fields["handle"] = handle
-        data = (_mask(_line(event, time.time(), fields, "event", last="t")) + "\n").encode()
+            entry["name"] = name
+        entry["handle"] = handle
+        entry["t"] = time.time()
+        write = Write(self._sessions, (_mask(_COMPACT.encode(entry)) + "\n").encode(), append=True)
         if durable:
-            await self._committer.append(data)
+            await self._write(write)
             if written is not None:
                 written(None)
-        else:
-            self._committer.append_nowait(data, written)
+        else:  # compat: removed once orchestration awaits
+            write.notify = written
+            self._queue(write)
+
+    # -- compat: removed once orchestration awaits ----------------------------
+
+    def save_checkpoint_soon(
+        self, task_id: str, record: AttemptRecord, notify: Callable[[Exception | None], None]
+    ) -> None:
+        """:meth:`save_checkpoint` without waiting; ``notify(error)`` after."""  # compat: removed once orchestration awaits
+        write = self._checkpoint_write(task_id, record)
+        write.notify = notify
+        self._queue(write)
+
+    def save_task_soon(self, record: TaskRecord, notify: Callable[[Exception | None], None]) -> None:
+        """:meth:`save_task` without waiting; ``notify(error)`` after."""  # compat: removed once orchestration awaits
+        self.save_task_data_soon(record, None, notify)
+
+    def save_task_data_soon(
+        self, record: TaskRecord, data: bytes | None, notify: Callable[[Exception | None], None]
+    ) -> None:
+        """:meth:`save_task` with ``data`` without waiting."""  # compat: removed once orchestration awaits
+        write, rollback = self._task_write(record, data)
+
+        def done(error: Exception | None) -> None:
+            if error is not None:
+                rollback()
+            notify(error)
+
+        write.notify = done
+        self._queue(write)
 
     # -- helpers ----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the run store is closed")
 
     def _key(self, task_id: str) -> str:
         key = self._keys.get(task_id)
@@ -497,319 +425,227 @@ class RunStore:
             key = self._keys[task_id] = task_key(task_id)
         return key
 
-    def _path(self, name: str) -> Path:
+    def _task_dir(self, task_id: str) -> str:
+        return os.path.join(self.run_dir, "tasks", self._key(task_id))
+
+    def _details_dir(self, severity: str) -> str:
+        return os.path.join(self.run_dir, "details", severity)
+
+    def _path(self, name: str) -> str:
         relative = Path(name)
         if not name or relative.is_absolute() or ".." in relative.parts:
             raise ValueError(f"{name!r} is not a path inside the run directory")
-        return self.run_dir / relative
+        return str(self.run_dir / relative)
 
-    def _attempt_to_json(self, task_id: str, record: AttemptRecord) -> str:
-        cached = self._attempt_json.get(task_id, {}).get(record.attempt)
-        if cached is not None and cached[0] is record:
-            return cached[1]
-        text = _mask(_compact(attempt_to_data(record)))
-        self._attempt_json.setdefault(task_id, {})[record.attempt] = (record, text)
-        return text
+    def _checkpoint_write(self, task_id: str, record: AttemptRecord) -> Write:
+        data = _mask(_COMPACT.encode({"task_id": task_id, "record": unstructure(record)}))
+        path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
+        self._checkpointed.setdefault(task_id, set()).add(record.attempt)
+        return Write(path, data.encode())
 
-    def _task_to_json(self, record: TaskRecord) -> str:
-        if not _FAST_TASK_JSON:
-            self._attempt_json.pop(record.task_id, None)
-            return _mask(_COMPACT.encode(unstructure(record)))
-        attempts = ",".join(self._attempt_to_json(record.task_id, a) for a in record.attempts)
-        self._attempt_json.pop(record.task_id, None)
-        return (
-            f'{{"task_id":{_COMPACT.encode(record.task_id)},'
-            f'"category":{_COMPACT.encode(record.category)},'
-            f'"attempts":[{attempts}],'
-            f'"severity":{_COMPACT.encode(record.severity)}}}'
-        )
-
-    def _superseded_cleanup(
-        self, task_id: str, key: str, severity: str, previous: str | None, attempts: set[int]
-    ) -> tuple[tuple[str, ...], Callable[[], None] | None]:
-        """What to remove once a record is durable: the task's checkpoints and
-        its record under another severity. Files this store wrote are named
-        (the round removes them, in the writer process); in a run directory
-        it did not create, an after-hook lists the task's directory first
-        (in a store thread).
-
-        No fsync: if a crash undoes these removals, readers still prefer the
-        details record (and the newest of two, see _load). The emptied attempt
-        directories stay: removing a directory frees a disk block, which on a
-        virtual disk can block for milliseconds per call.
-        """
-        name = f"{_SEP}{key}.json"
-        task_dir = f"{self._tasks_dir}{_SEP}{key}"
+    def _task_write(self, record: TaskRecord, data: bytes | None) -> tuple[Write, Callable[[], None]]:
+        """The write of a task record, and how to undo its bookkeeping if it fails."""
+        if record.severity not in SEVERITIES:
+            raise ValueError(f"unknown task severity {record.severity!r}")
+        task_id, severity = record.task_id, record.severity
+        if data is None:
+            data = _mask(_COMPACT.encode(unstructure(record))).encode()
+        name = f"{self._key(task_id)}.json"
+        previous = self._saved_severity.get(task_id)
+        attempts = self._checkpointed.pop(task_id, set())
+        # No sync for the removals: if a crash undoes one, readers still
+        # prefer the record (and the newest of two, see _load).
         if self._fresh:
-            stale = [] if previous in (None, severity) else [self._details_dirs[previous] + name]
-            stale += [f"{task_dir}{_SEP}attempt-{n}{_SEP}{CHECKPOINT}" for n in sorted(attempts)]
-            return tuple(stale), None
-        others = [d + name for sev, d in self._details_dirs.items() if sev != severity]
-        return (), partial(_unlink_all_and_checkpoints, others, task_dir)
+            remove = [] if previous in (None, severity) else [os.path.join(self._details_dir(previous), name)]
+            remove += [os.path.join(self._task_dir(task_id), f"attempt-{n}", CHECKPOINT) for n in sorted(attempts)]
+            write = Write(os.path.join(self._details_dir(severity), name), data, remove=tuple(remove))
+        else:  # files of an earlier writer may be anywhere
+            others = tuple(os.path.join(self._details_dir(s), name) for s in SEVERITIES if s != severity)
+            write = Write(os.path.join(self._details_dir(severity), name), data, remove=others, sweep=self._task_dir(task_id))
+        self._saved_severity[task_id] = severity
 
-    # -- progress actor and lifetime -------------------------------------------
+        def rollback() -> None:
+            # Maybe not written: a later save_task must still find what to clean.
+            self._checkpointed.setdefault(task_id, set()).update(attempts)
+            if previous is not None and previous != severity:
+                self._saved_severity[task_id] = previous
 
-    async def _progress_actor(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            deadline = self._snapshot_due if self._snapshot is not None else float("inf")
-            with trio.move_on_at(deadline):
-                await self._progress_wake.wait()
-                # Let a batch gather: one thread hop and fsync per batch, not
-                # per burst of events (several are reported per attempt).
-                await trio.sleep(PROGRESS_BATCH_SECONDS)
-            await self._flush_progress(final=False)
+        return write, rollback
 
-    async def _flush_progress(self, *, final: bool) -> None:
-        self._progress_wake = trio.Event()
-        lines, self._lines = self._lines, []
-        snapshot = None
+    def _queue(self, write: Write) -> None:
+        self._check_open()
+        self._pending.append(write)
+        self._wake.set()
+
+    async def _write(self, write: Write) -> None:
+        self._queue(write)
+        await write.done.wait()
+        if write.error is not None:
+            # A fresh exception per caller: one error may fail a whole batch.
+            err = write.error
+            if isinstance(err, OSError):
+                raise OSError(err.errno, err.strerror, err.filename) from err
+            raise RuntimeError("the run store failed to write") from err
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the disk, shielded until the close deadline."""
+        with trio.CancelScope(shield=True, deadline=self._deadline) as scope:
+            self._scopes.add(scope)
+            try:
+                return await self._disk.run(fn, *args)
+            finally:
+                self._scopes.discard(scope)
+        raise timed_out()
+
+    def _set_deadline(self, deadline: float) -> None:
+        self._deadline = deadline
+        for scope in self._scopes:
+            scope.deadline = deadline
+
+    # -- the committer -----------------------------------------------------------
+
+    async def _committer(self, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            while True:
+                with trio.move_on_at(min(self._lines_due, self._snapshot_due)):
+                    await self._wake.wait()
+                await self._commit(final=False)
+
+    def _has_work(self) -> bool:
+        return bool(self._pending or self._lines or self._snapshot is not None)
+
+    async def _commit(self, *, final: bool) -> None:
+        """Take what is queued and make it durable (one batch)."""
+        self._wake = trio.Event()
         now = trio.current_time()
+        batch, self._pending = self._pending, []
+        lines: list[tuple[str, float, dict[str, Any]]] = []
+        if final or batch or now >= self._lines_due:
+            lines, self._lines, self._lines_due = self._lines, [], math.inf
+        snapshot = None
         if self._snapshot is not None and (final or now >= self._snapshot_due):
-            snapshot, self._snapshot = self._snapshot, None
-            self._snapshot_due = now + PROGRESS_INTERVAL
+            snapshot, self._snapshot, self._snapshot_due = self._snapshot, None, math.inf
+            self._snapshot_written = now
             if callable(snapshot):
                 snapshot = snapshot()
-        if not lines and snapshot is None:
+        if not (batch or lines or snapshot is not None):
             return
-        text = _encode(lines)
-        try:
-            await self._committer.threads.run(self._write_progress_sync, text, snapshot)
-        except OSError as exc:
-            # A full or failing disk: the lines are lost, the request fails
-            # (see ``failure``), and the actor goes on.
-            if self._failure is None:
-                self._failure = f"could not write progress: {exc}".splitlines()[0]
-
-    def _write_progress_sync(self, text: str, snapshot: dict[str, Any] | None) -> None:
-        if text:
-            write_all(self._progress_fd, text.encode())
-            os.fsync(self._progress_fd)
+        unattended = []  # writes nobody waits for
+        if lines:
+            unattended.append(Write(str(self.run_dir / "progress.jsonl"), _encode_lines(lines), append=True))
         if snapshot is not None:
-            data = (_PRETTY.encode(snapshot) + "\n").encode()
-            write_atomic_sync(self.run_dir / "progress.json", data)
-
-    async def _close(self) -> None:
-        self._closed = True
+            unattended.append(Write(str(self.run_dir / "progress.json"), (_PRETTY.encode(snapshot) + "\n").encode()))
+        self._in_flight = batch
         try:
-            await self._committer.close()
+            self._notes.extend(await self._run(_commit.commit, self._disk, batch + unattended, self._known_dirs))
+        except Exception as exc:  # noqa: BLE001 - out of grace or a bug: every write of the batch fails
+            for write in (*batch, *unattended):
+                write.error = write.error or exc
         finally:
-            await self._flush_progress(final=True)
-
-    def _release(self) -> None:
-        fds = {self._progress_fd, self._sessions_fd, *self._dir_fds.values()}
-
-        def close() -> None:
-            for fd in fds:  # the run directory's fd goes too, releasing the writer lock
-                os.close(fd)
-
-        # A thread given up at the grace deadline may still use them.
-        self._committer.threads.release(close)
+            self._in_flight = []
+            for write in unattended:
+                if write.error is not None and self._failure is None:
+                    self._failure = f"could not write progress: {write.error}".splitlines()[0]
+            for write in batch:
+                write.done.set()
+                if write.notify is not None:  # compat: removed once orchestration awaits
+                    write.notify(write.error)
 
     @classmethod
-    def _open_sync(cls, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
+    def _open_sync(cls, disk: Disk, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
         _check_name(request_name, "request name")
         request_dir = Path(output_root) / request_name
-        request_dir.mkdir(parents=True, exist_ok=True)
+        disk.makedirs(str(request_dir))
         fresh = True
-        if run_id is None:
-            while True:
+        while True:
+            if run_id is None:
                 run_dir = request_dir / new_run_id()
-                try:
-                    run_dir.mkdir()
-                except FileExistsError:
-                    continue
+            else:
+                _check_name(run_id, "run id")
+                run_dir = request_dir / run_id
+            if disk.mkdir(str(run_dir)):
                 break
-        else:
-            _check_name(run_id, "run id")
-            run_dir = request_dir / run_id
-            try:
-                run_dir.mkdir()
-            except FileExistsError:
+            if run_id is not None:
                 fresh = False
-        details = {severity: run_dir / "details" / severity for severity in SEVERITIES}
-        tasks_dir = run_dir / "tasks"
-        for directory in (*details.values(), tasks_dir):
-            directory.mkdir(parents=True, exist_ok=True)
-        dir_fds: dict[str, int] = {}
-        opened: list[int] = []
+                break
+        subdirs = [str(run_dir / "details"), *(str(run_dir / "details" / s) for s in SEVERITIES), str(run_dir / "tasks")]
+        for path in subdirs:
+            disk.mkdir(path)
+        lock = contextlib.ExitStack()
+        lock.enter_context(disk.lock(str(run_dir)))
         try:
-            for directory in (run_dir, run_dir / "details", *details.values(), tasks_dir):
-                fd = open_dir_fd(directory)
-                if fd is not None:
-                    dir_fds[str(directory)] = fd
-                    opened.append(fd)
-            run_fd = dir_fds.get(str(run_dir))
-            if fcntl is not None and run_fd is not None:
-                try:
-                    fcntl.flock(run_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise RunLockedError(f"{run_dir} is already open by another writer") from None
-            progress_fd = _open_journal(run_dir / "progress.jsonl")
-            opened.append(progress_fd)
-            sessions_fd = _open_journal(run_dir / "sessions.jsonl")
-            opened.append(sessions_fd)
-            # The new tree itself must survive a crash: fsync each parent once.
-            for fd in dir_fds.values():
-                os.fsync(fd)
-            fsync_dir(request_dir)
-            fsync_dir(request_dir.parent)
+            for name in ("progress.jsonl", "sessions.jsonl"):  # exist from the start; a cut line is ended
+                disk.append(str(run_dir / name), b"")
+            # The new tree itself must survive a crash.
+            disk.sync([str(run_dir), *subdirs, str(request_dir), str(request_dir.parent)])
         except BaseException:
-            for fd in opened:
-                os.close(fd)
+            lock.close()
             raise
-        committer = GroupCommitter(
-            Disk(
-                known_dirs={str(d) for d in (run_dir, *details.values(), tasks_dir)},
-                dir_fds=dir_fds,
-                journal_fd=sessions_fd,
-                syncfs=SYNCFS,
-            )
-        )
-        return cls(
-            run_dir=run_dir,
-            committer=committer,
-            progress_fd=progress_fd,
-            sessions_fd=sessions_fd,
-            dir_fds=dir_fds,
-            details_dirs={severity: str(d) for severity, d in details.items()},
-            tasks_dir=str(tasks_dir),
-            fresh=fresh,
-        )
+        return cls(run_dir=run_dir, disk=disk, fresh=fresh, lock=lock, known_dirs={str(run_dir), *subdirs})
 
 
-def _encode(events: list[tuple[str, float, dict[str, Any]]]) -> str:
-    """``progress.jsonl`` lines for queued events, masked as one text (no
-    pattern spans a line: JSON escapes every newline inside a string)."""
-    if not events:
-        return ""
-    lines = [_line(kind, now, fields) for kind, now, fields in events]
+def _encode_lines(events: list[tuple[str, float, dict[str, Any]]]) -> bytes:
+    """``progress.jsonl`` lines, masked as one text (no pattern spans a line:
+    JSON escapes every newline inside a string)."""
+    lines = []
+    for kind, now, fields in events:
+        entry: dict[str, Any] = {"event": kind, "t": now}
+        for name, value in fields.items():
+            if name != "event" and name != "t":
+                entry[name] = value
+        lines.append(_COMPACT.encode(entry))
     lines.append("")
-    return _mask("\n".join(lines))
+    return _mask("\n".join(lines)).encode()
 
 
-def _make_encoder() -> Any:
-    """The C encoder behind ``_LENIENT``, made once instead of per call
-    (``JSONEncoder.encode`` builds a new one every time: a third of its cost
-    on a progress line). Without circular-reference markers it keeps no
-    state, so any thread may use it (a cycle raises RecursionError instead
-    of ValueError). None where the C accelerator is missing."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return None
-    return make(None, _json_default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
-
-
-_ENCODER = _make_encoder()
-
-
-def _compact(value: Any) -> str:
-    """``_LENIENT.encode(value)``, faster."""
-    if _ENCODER is None:
-        return _LENIENT.encode(value)
-    return "".join(_ENCODER(value, 0))
-
-
-def _line(kind: str, now: float, fields: dict[str, Any], key: str = "event", last: str | None = None) -> str:
-    """``{key: kind, "t": now, **fields}`` (or with ``"t"`` last) as compact
-    JSON; fields named like the fixed keys are dropped (ours win)."""
-    entry: dict[str, Any] = {key: kind} if last is not None else {key: kind, "t": now}
-    for name, value in fields.items():
-        if name != key and name != "t":
-            entry[name] = value
-    if last is not None:
-        entry[last] = now
-    return _compact(entry)
-
-
-def _link_sync(targets: list[tuple[str, str]]) -> list[int]:
-    """Link each ``(source, target)``, then fsync the targets' directories
-    (blocking). Returns the indexes of the pairs that could not be linked."""
-    failed: list[int] = []
-    directories: dict[str, None] = {}
-    for index, (source, target) in enumerate(targets):
-        try:
-            os.link(source, target)
-        except OSError:
-            failed.append(index)
-        else:
-            directories[os.path.dirname(target)] = None
-    for directory in directories:
-        fsync_dir(directory)
-    return failed
-
-
-def _unlink_all(paths: list[str]) -> None:
-    for path in paths:
-        unlink_quietly(path)
-
-
-def _unlink_all_and_checkpoints(paths: list[str], task_dir: str) -> None:
-    _unlink_all(paths)
-    try:
-        with os.scandir(task_dir) as entries:
-            attempt_dirs = [e.name for e in entries if e.name.startswith("attempt-")]
-    except FileNotFoundError:
-        return
-    _unlink_all([os.path.join(task_dir, name, CHECKPOINT) for name in attempt_dirs])
-
-
-def _open_journal(path: Path) -> int:
-    """Open a ``.jsonl`` file for appending; if a crash cut its last line short,
-    end that line so the next one starts clean (readers skip the fragment)."""
-    fd = os.open(path, _APPEND_FLAGS, 0o644)
-    size = os.fstat(fd).st_size
-    if size and os.pread(fd, 1, size - 1) != b"\n":
-        write_all(fd, b"\n")
-    return fd
-
-
-@asynccontextmanager
+@contextlib.asynccontextmanager
 async def open_run_store(
     output_root: Path,
     request_name: str,
     run_id: str | None = None,
     *,
     close_deadline: Callable[[], float] | None = None,
+    disk: Disk | None = None,
 ) -> AsyncIterator[RunStore]:
     """Create (or reopen) ``<output_root>/<request_name>/<run_id>/`` and write to it.
 
     ``run_id`` defaults to :func:`new_run_id`. Reopening an existing run id is
     allowed (e.g. to journal reaped sessions); a second writer of the same
-    directory, in any process, gets ``RuntimeError``. On exit every queued
-    write and event is flushed, shielded even when the caller is cancelled,
-    until ``close_deadline()`` (default:
-    :func:`agentcompass.runtime.cleanup_deadline`, the run's cleanup grace).
-    Past it, the writer process is killed, a store thread still blocked on
-    the disk is given up, and what was not written is lost, as in a crash
-    (the next ``--reuse`` recovers from that).
+    directory, in any process, gets :class:`RunLockedError`. ``disk``
+    defaults to the one of :func:`use_disk`, else the real one. On exit
+    every queued write and event is committed, shielded even when the caller
+    is cancelled, until ``close_deadline()`` (default:
+    :func:`agentcompass.runtime.cleanup_deadline`); past it what was not
+    written is lost, as in a crash.
     """
     if close_deadline is None:
         close_deadline = cleanup_deadline
-    store = await to_store_thread(RunStore._open_sync, output_root, request_name, run_id)
+    disk = disk or _DISK.get() or Disk()
+    with trio.CancelScope(shield=True):  # never leave a lock half-taken
+        store = await disk.run(RunStore._open_sync, disk, output_root, request_name, run_id)
     _OPEN_STORES.add(store)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(store._progress_actor)
-            await nursery.start(store._committer.run)
-            # Rounds run in store threads until the writer answers.
-            nursery.start_soon(store._committer.start_writer, store._dir_fds.get(str(store.run_dir)))
+            committer = await nursery.start(store._committer)
             try:
                 yield store
             finally:
-                # Actors stop between batches (a batch in flight finishes or
-                # is given up at the close deadline); _close() then commits
-                # what is left, shielded until that deadline.
-                store._committer.set_deadline(close_deadline())
-                nursery.cancel_scope.cancel()
+                store._set_deadline(close_deadline())
+                committer.cancel()  # a batch in flight finishes (shielded)
     finally:
-        limit = close_deadline()
-        store._committer.set_deadline(limit)
         try:
-            with trio.move_on_at(limit, shield=True):
-                await store._close()
-            remaining = max(0.0, limit - trio.current_time())
-            await store._committer.stop_writer(min(WRITER_STOP_SECONDS, remaining))
+            # Writes queued meanwhile (by tasks ending at the same deadline) still go.
+            with trio.move_on_at(close_deadline(), shield=True):
+                while store._has_work():
+                    await store._commit(final=True)
         finally:
+            store._closed = True
+            leftovers, store._pending = store._pending, []
+            for write in leftovers:
+                write.error = OSError(errno.ECANCELED, "run store closed before this write")
+                write.done.set()
+                if write.notify is not None:
+                    write.notify(write.error)
             _OPEN_STORES.discard(store)
-            store._release()
+            store._lock.close()

@@ -5,8 +5,7 @@ shutdown starts, not guessed from a cleanup's own cancel status."""
 from __future__ import annotations
 
 import errno
-import os
-import threading
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -17,35 +16,24 @@ import trio.testing
 import agentcompass
 from agentcompass import Orchestration, register
 from agentcompass._models import _pool
-from agentcompass._store import _group_commit, _run_store, _writer
-from agentcompass._store._atomic import StoreThreads
-from agentcompass._store._group_commit import GroupCommitter
-from agentcompass.runtime import DEFAULT_CLEANUP_GRACE_SECONDS, cleanup_deadline, open_model_clients
+from agentcompass._store import FakeDisk, load_run, open_run_store, use_disk
+from agentcompass.runtime import (
+    DEFAULT_CLEANUP_GRACE_SECONDS,
+    AttemptRecord,
+    TaskRecord,
+    cleanup_deadline,
+    open_model_clients,
+)
 from agentcompass.testing import FakeEnvironment, fake_request, reset_logs
 from agentcompass.testing._harness import FakeHarness
 
 
-async def _inline(_threads: Any, fn: Any, *args: Any) -> Any:
-    with trio.CancelScope(shield=True):
-        await trio.lowlevel.checkpoint()
-        return fn(*args)
-
-
-async def _inline_io(fn: Any, *args: Any) -> Any:
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
-
-
 @pytest.fixture
-def inline_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def inline_store() -> Iterator[None]:
     # Under the autojump clock a real thread lets the clock race ahead of the
-    # disk: the store's I/O runs inline (and without fsync) for launch tests.
-    monkeypatch.setattr(StoreThreads, "run", _inline)
-    monkeypatch.setattr(_run_store, "to_store_thread", _inline_io)
-    monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
-    monkeypatch.setattr(_writer.Disk, "_syncfs", lambda self: None)
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
-    yield
+    # disk: launch tests write through a fake disk (no thread, no flush).
+    with use_disk(FakeDisk()):
+        yield
 
 
 #: What each cleanup saw: (trio time, cleanup_deadline()).
@@ -173,92 +161,40 @@ async def test_open_model_clients_closes_by_the_given_deadline(autojump_clock: A
     assert trio.current_time() - start == 3
 
 
-class _StalledDisk:
-    """A :class:`Disk` whose rounds block until released (a stalled disk)."""
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.release = threading.Event()
-        self.journal_fd = -1
-
-    def commit(self, batch: Any) -> list[str]:
-        self.started.set()
-        self.release.wait()
-        for job in batch:
-            job.error = None
-        return []
+def _record(task_id: str) -> TaskRecord:
+    return TaskRecord(task_id, None, [AttemptRecord(attempt=0, status="completed")], "normal")
 
 
-async def _committer_with_stalled_round(
-    nursery: trio.Nursery,
-) -> tuple[GroupCommitter, _StalledDisk, list[Any], trio.CancelScope]:
-    """A committer in store threads (no writer process) whose one round is
-    stalled in its thread; the scope stops its actor (as the store's close does)."""
-    disk = _StalledDisk()
-    committer = GroupCommitter(disk)  # type: ignore[arg-type]
-    actor = trio.CancelScope()
-
-    async def run_actor(task_status: Any) -> None:
-        with actor:
-            await committer.run(task_status=task_status)
-
-    await nursery.start(run_actor)
+async def test_a_stalled_store_disk_is_given_up_at_the_grace_deadline(autojump_clock: Any, tmp_path: Any) -> None:
+    disk = FakeDisk()
     outcomes: list[Any] = []
-    committer.write_soon("/nowhere", b"data", None, outcomes.append)
-    await trio.to_thread.run_sync(disk.started.wait)
-    return committer, disk, outcomes, actor
+    deadline = trio.current_time() + 5
+    async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: deadline) as store:
+        disk.stall()
+        store.save_task_soon(_record("t1"), outcomes.append)
+        await trio.testing.wait_all_tasks_blocked()
+    assert trio.current_time() == deadline  # not before the deadline, not after
+    assert len(outcomes) == 1 and isinstance(outcomes[0], OSError)
+    assert outcomes[0].errno == errno.ETIMEDOUT
 
 
-async def test_a_stalled_store_thread_is_given_up_at_the_grace_deadline(mock_clock: trio.testing.MockClock) -> None:
+async def test_a_store_disk_is_never_given_up_before_the_deadline(autojump_clock: Any, tmp_path: Any) -> None:
+    # The store closing with no deadline: the batch finishes whatever the
+    # clock says, and its write is durable.
+    disk = FakeDisk()
+    outcomes: list[Any] = []
+
+    async def resume_later() -> None:
+        await trio.sleep(1000)
+        disk.resume()
+
     async with trio.open_nursery() as nursery:
-        committer, disk, outcomes, _ = await _committer_with_stalled_round(nursery)
-        try:
-            committer.set_deadline(trio.current_time() + 5)
-            mock_clock.jump(4.9)
-            await trio.testing.wait_all_tasks_blocked()
-            assert outcomes == []  # not before the deadline
-            mock_clock.jump(0.2)
-            await trio.testing.wait_all_tasks_blocked()
-            assert len(outcomes) == 1 and isinstance(outcomes[0], OSError)
-            assert outcomes[0].errno == errno.ETIMEDOUT
-        finally:
-            disk.release.set()
-            nursery.cancel_scope.cancel()
-
-
-async def test_a_store_thread_is_never_given_up_before_the_deadline(mock_clock: trio.testing.MockClock) -> None:
-    # The store closing (its actor cancelled) with no deadline yet: the round
-    # finishes whatever the clock says, and its write is durable.
-    async with trio.open_nursery() as nursery:
-        committer, disk, outcomes, actor = await _committer_with_stalled_round(nursery)
-        try:
-            actor.cancel()
-            mock_clock.jump(1000)
-            await trio.testing.wait_all_tasks_blocked()
-            assert outcomes == []
-        finally:
-            disk.release.set()
+        async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: math.inf) as store:
+            disk.stall()
+            store.save_task_soon(_record("t1"), outcomes.append)
+            nursery.start_soon(resume_later)
     assert outcomes == [None]
-
-
-async def test_the_stores_files_close_only_after_a_given_up_thread() -> None:
-    threads = StoreThreads()
-    entered, leave = threading.Event(), threading.Event()
-    closed: list[str] = []
-
-    def work() -> None:
-        entered.set()
-        leave.wait()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(threads.run, work)
-        await trio.to_thread.run_sync(entered.wait)
-        threads.release(lambda: closed.append("fds"))
-        assert closed == []  # the thread may still use them
-        leave.set()
-    assert closed == ["fds"]
-    with pytest.raises(OSError):  # nothing starts after the release
-        await threads.run(work)
+    assert set(load_run(store.run_dir).details) == {"t1"}
 
 
 async def test_a_shield_opened_before_shutdown_ends_by_its_deadline(autojump_clock: Any) -> None:
@@ -282,34 +218,3 @@ async def test_a_shield_opened_before_shutdown_ends_by_its_deadline(autojump_clo
         grace.begin()
         nursery.cancel_scope.cancel()  # the shield keeps the holder alive...
     assert ended_at == [shutdown + 7.0]  # ...until the fixed deadline, not forever
-
-
-class _UnkillableWriter:
-    """A writer process stuck in uninterruptible I/O (a stalled disk): SIGKILL
-    is delivered but it does not die until the I/O returns, which it never does."""
-
-    returncode = None
-    pid = 0
-
-    def __init__(self) -> None:
-        self.stdin = self.stdout = self
-        self.killed = False
-
-    def kill(self) -> None:
-        self.killed = True
-
-    async def wait(self) -> None:
-        await trio.sleep_forever()
-
-    async def aclose(self) -> None:
-        pass
-
-
-async def test_a_writer_stuck_on_a_stalled_disk_does_not_hold_its_stop(autojump_clock: Any) -> None:
-    stuck = _UnkillableWriter()
-    writer = _group_commit._WriterProcess(stuck)  # type: ignore[arg-type]
-    start = trio.current_time()
-    with trio.fail_after(60):  # unbounded before: the wait after the kill never returned
-        await writer.stop(2.0)
-    assert stuck.killed
-    assert trio.current_time() - start < 3.0

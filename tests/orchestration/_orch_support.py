@@ -1,13 +1,9 @@
-"""Helpers for orchestration tests: store I/O inline, and a mock-time timeline.
+"""Helpers for orchestration tests: a fake store disk, and a mock-time timeline.
 
-Store I/O runs inline and without flushes to the disk. Why inline: the run
-store does its blocking work in worker threads. Under
-``MockClock(autojump_threshold=0)`` every task blocked on a thread counts as
-idle, so the clock jumps to the next timer while the disk works: a deadline
-would expire during the first ``fsync``. Running the same functions inline
-(after a checkpoint) keeps the store's behaviour and makes mock time exact.
-Why no flushes: ``fsync``/``syncfs`` are most of the wall time of a run of
-fakes, and durability is the store tests' subject.
+Run stores write through a :class:`FakeDisk` (real files, no flushes, no
+worker thread). Under ``MockClock(autojump_threshold=0)`` every task blocked
+on a thread counts as idle, so the clock would jump to the next timer while
+a real disk works; the fake disk keeps mock time exact.
 
 The :class:`Timeline` records, in one global order and with
 ``trio.current_time()``, every call the fake components log (from every call
@@ -20,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,20 +26,8 @@ import trio
 
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import RunRequest
-from agentcompass._store import _group_commit, _run_store, _writer
-from agentcompass._store._atomic import StoreThreads
+from agentcompass._store import FakeDisk, _run_store, use_disk
 from agentcompass.testing import CallLog, fake_request, reset_logs
-
-
-async def _inline_store_io(fn: Any, *args: Any) -> Any:
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
-
-
-async def _inline_store_run(_threads: Any, fn: Any, *args: Any) -> Any:
-    # Shielded, as a store thread is (until the deadline, which inline I/O never reaches).
-    with trio.CancelScope(shield=True):
-        return await _inline_store_io(fn, *args)
 
 
 @attrs.frozen
@@ -112,7 +95,7 @@ class Timeline:
 
 @contextlib.contextmanager
 def instrumented() -> Iterator[Timeline]:
-    """Inline store I/O and record a :class:`Timeline` while the block runs."""
+    """A fake store disk, and record a :class:`Timeline` while the block runs."""
     timeline = Timeline()
     record = CallLog.record
     event = _run_store.RunStore.event
@@ -130,12 +113,7 @@ def instrumented() -> Iterator[Timeline]:
             Mark(trio.current_time(), f"store:{self.run_dir.parent.name}", kind, fields.get("task"), None, fields)
         )
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_run_store, "to_store_thread", _inline_store_io)
-        mp.setattr(StoreThreads, "run", _inline_store_run)
-        mp.setattr(_group_commit, "WRITER_PROCESS", False)
-        mp.setattr(_writer.Disk, "_syncfs", lambda self: None)
-        mp.setattr(os, "fsync", lambda fd: None)
+    with pytest.MonkeyPatch.context() as mp, use_disk(FakeDisk()):
         mp.setattr(CallLog, "record", timed_record)
         mp.setattr(_run_store.RunStore, "event", timed_event)
         yield timeline

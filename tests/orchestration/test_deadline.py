@@ -28,7 +28,7 @@ from _orch_support import (  # noqa: F401  (fixtures)
 
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
-from agentcompass._store import _run_store
+from agentcompass._store import FakeDisk, RunStore, use_disk
 from agentcompass.testing import FakeEnvironment, call_log, fake_request
 
 
@@ -180,24 +180,22 @@ async def test_a_deadline_during_task_loading_persists_the_terminal_state(autoju
     assert call_log("a").count("plan") == 0
 
 
-async def test_a_deadline_while_the_run_store_opens(autojump_clock, tmp_path: Path, monkeypatch):
+async def test_a_deadline_while_the_run_store_opens(autojump_clock, tmp_path: Path):
     # Opening a run store cannot be cancelled (its disk work runs in a thread
     # that is never abandoned). Here it takes 3 s and the deadline passes at
     # 1 s: the request still records its terminal state, right after the
     # open. (A regression here is a hang: the store's holder task waiting
     # for a request scope that waits for it.)
-    inline = _run_store.to_store_thread
-
-    async def slow_open(fn: Any, *args: Any) -> Any:
-        if fn == _run_store.RunStore._open_sync:
-            with trio.CancelScope(shield=True):
+    class SlowOpen(FakeDisk):
+        async def run(self, fn: Any, *args: Any) -> Any:
+            if fn == RunStore._open_sync:
                 await trio.sleep(3)
-        return await inline(fn, *args)
+            return await super().run(fn, *args)
 
-    monkeypatch.setattr(_run_store, "to_store_thread", slow_open)
     request = sleepy_request("a", [10], tmp_path)
     start = trio.current_time()
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=1))
+    with use_disk(SlowOpen()):
+        result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=1))
     assert trio.current_time() - start == 3
     assert [r.status for r in result.requests] == ["timed_out"]
     assert read_json(only_run_dir(tmp_path, "a") / "run_info.json")["status"] == "timed_out"

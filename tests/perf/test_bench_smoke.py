@@ -112,7 +112,7 @@ def test_report_rows() -> None:
     )
     met = {(r["scenario"], r["metric"]): r["ok"] for r in rows}
     assert met[("overhead-bound", "attempts/s")] is True
-    assert met[("overhead-bound", "CPU us/attempt, writer included")] is True
+    assert met[("overhead-bound", "CPU us/attempt, persistence included")] is True
     assert met[("latency-bound", "wall / ideal")] is False
     assert met[("overhead-bound", "x Inspect AI samples/s")] is None
     assert met[("latency-bound", "bare Trio loop wall / ideal")] is None

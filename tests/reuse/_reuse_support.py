@@ -13,7 +13,6 @@ tests' subject, not ours.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,7 @@ import trio
 import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, RunRequest
-from agentcompass._store import _group_commit, _run_store, _writer
-from agentcompass._store._atomic import StoreThreads
+from agentcompass._store import FakeDisk, use_disk
 from agentcompass.testing import call_log, reset_logs
 
 
@@ -35,22 +33,11 @@ async def _inline_store_io(fn: Any, *args: Any, **_thread_options: Any) -> Any:
     return fn(*args)
 
 
-async def _inline_store_run(_threads: Any, fn: Any, *args: Any) -> Any:
-    # Shielded, as a store thread is (until the deadline, which inline I/O never reaches).
-    with trio.CancelScope(shield=True):
-        return await _inline_store_io(fn, *args)
-
-
 @pytest.fixture(autouse=True)
 def _inline_store() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_run_store, "to_store_thread", _inline_store_io)
-        mp.setattr(StoreThreads, "run", _inline_store_run)
-        mp.setattr(_group_commit, "WRITER_PROCESS", False)
-        mp.setattr(_writer.Disk, "_syncfs", lambda self: None)
+    with pytest.MonkeyPatch.context() as mp, use_disk(FakeDisk()):
         mp.setattr(trio.to_thread, "run_sync", _inline_store_io)
         mp.setattr(trio._path, "run_sync", _inline_store_io)
-        mp.setattr(os, "fsync", lambda fd: None)
         yield
 
 

@@ -46,11 +46,11 @@ directory (``_remove_sandbox`` runs under a lock the stop takes): a kill
 between its marker's removal and the directory's leaves an empty directory
 that ``reap`` refuses (``test_a_sandbox_whose_close_was_cut_short_is_reaped``).
 
-The hooks wrap private methods of ``agentcompass._store._run_store.RunStore``
-(``event``, ``journal_session``, ``save_task``, ``save_checkpoint``,
-``_superseded_cleanup``) and ``agentcompass._store._run_store._link_sync``
-(reuse links the records it takes unchanged); a missing one fails at
-import, loudly.
+The hooks wrap methods of ``agentcompass._store._run_store.RunStore``
+(``event``, ``journal_session``, ``save_task``, ``save_checkpoint``) and
+the functions ``remove_superseded`` and ``link`` of
+``agentcompass._store._commit`` (reuse links the records it takes
+unchanged); a missing one fails at import, loudly.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
-from agentcompass._store import _run_store
+from agentcompass._store import _commit
 from agentcompass._store._run_store import RunStore
 from agentcompass.environments import local
 from agentcompass.environments.local import LocalEnvironment
@@ -125,14 +125,17 @@ async def _stop_here() -> None:
 
 # -- store hooks ----------------------------------------------------------------
 
-for _name in ("event", "journal_session", "save_task", "save_checkpoint", "_superseded_cleanup"):
+for _name in ("event", "journal_session", "save_task", "save_checkpoint"):
     assert hasattr(RunStore, _name), f"RunStore.{_name} is gone: update reuse_plugins.py"
 
 _event = RunStore.event
 _journal_session = RunStore.journal_session
 _save_task = RunStore.save_task
 _save_checkpoint = RunStore.save_checkpoint
-_superseded_cleanup = RunStore._superseded_cleanup
+for _name in ("remove_superseded", "link"):
+    assert hasattr(_commit, _name), f"_commit.{_name} is gone: update reuse_plugins.py"
+_remove_superseded = _commit.remove_superseded
+_link = _commit.link
 
 
 def _hooked_event(self: RunStore, kind: str, **fields: Any) -> None:
@@ -177,55 +180,46 @@ async def _hooked_save_checkpoint(self: RunStore, *args: Any) -> None:
         _arm()
 
 
-def _hooked_superseded_cleanup(self: RunStore, *args: Any) -> Any:
-    # The removals become an after-hook, which runs in a store thread where
-    # the kill can land between the durable record and the removals.
-    remove, cleanup = _superseded_cleanup(self, *args)
-
-    def after() -> None:  # in a commit thread, once the record is durable
-        if _reached("details_saved"):
+def _hooked_remove_superseded(disk: Any, renamed: list[Any]) -> list[str]:
+    # In the commit thread, once the batch's records are durable: the kill
+    # can land between a durable record and its removals.
+    kept = []
+    for write in renamed:
+        if f"{os.sep}details{os.sep}" in write.path and _reached("details_saved"):
             # Never remove this task's checkpoints: the kill lands first. The
-            # round itself finishes (blocking it would also hold back the
+            # batch itself finishes (blocking it would also hold back the
             # "written" news of session lines it carries, and the stop waits
             # for those).
             _state["token"].run_sync_soon(_arm)
-            return
-        for path in remove:
-            _run_store.unlink_quietly(path)
-        if cleanup is not None:  # None: nothing to list
-            cleanup()
-
-    return (), after
+            continue
+        kept.append(write)
+    return _remove_superseded(disk, kept)
 
 
-assert hasattr(_run_store, "_link_sync"), "_run_store._link_sync is gone: update reuse_plugins.py"
-_link_sync = _run_store._link_sync
-
-
-def _hooked_link_sync(targets: list[tuple[str, str]]) -> list[int]:
+def _hooked_link(disk: Any, targets: list[tuple[str, str]]) -> set[int]:
     # In a store thread, before any task started. Each link is a write of the
     # copy ("copy": stop before it is made) and, once synced, a durable
     # record ("details_saved": stop right after).
     for index in range(len(targets)):
         if _reached("copy"):
-            _stop_in_thread(targets[:index])
+            _stop_in_thread(disk, targets[:index])
         if _reached("details_saved"):
-            _stop_in_thread(targets[: index + 1])
-    return _link_sync(targets)
+            _stop_in_thread(disk, targets[: index + 1])
+    return _link(disk, targets)
 
 
-def _stop_in_thread(linked: list[tuple[str, str]]) -> None:
-    _link_sync(linked)
+def _stop_in_thread(disk: Any, linked: list[tuple[str, str]]) -> None:
+    _link(disk, linked)
     _state["token"].run_sync_soon(_arm)
     threading.Event().wait()  # never link the others
 
 
-_run_store._link_sync = _hooked_link_sync
+_commit.link = _hooked_link
 RunStore.event = _hooked_event  # type: ignore[method-assign]
 RunStore.journal_session = _hooked_journal_session  # type: ignore[method-assign]
 RunStore.save_task = _hooked_save_task  # type: ignore[method-assign]
 RunStore.save_checkpoint = _hooked_save_checkpoint  # type: ignore[method-assign]
-RunStore._superseded_cleanup = _hooked_superseded_cleanup  # type: ignore[method-assign]
+_commit.remove_superseded = _hooked_remove_superseded
 
 
 # -- local sandbox removal: never cut in the middle -------------------------------

@@ -24,7 +24,7 @@ import agentcompass
 from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
 from agentcompass._orchestration._reuse import ReusePlan, _copy_into
 from agentcompass._redact import MASK, _values_pattern
-from agentcompass._store import _run_store, load_run, open_run_store, task_key
+from agentcompass._store import FakeDisk, load_run, open_run_store, task_key, use_disk
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 from agentcompass.testing import fake_request, reset_logs
 
@@ -84,14 +84,12 @@ async def test_a_record_reused_with_fewer_attempts_is_written_anew(tmp_path: Pat
         assert [a["attempt"] for a in json.loads(old[task_id].read_bytes())["attempts"]] == [0, 1]
 
 
-async def test_a_record_that_cannot_be_linked_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_record_that_cannot_be_linked_is_written(tmp_path: Path) -> None:
     first = await _launch(_request(tmp_path, 1))
-
-    def cross_device(source: str, target: str) -> None:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(os, "link", cross_device)
-    second = await _launch(_request(tmp_path, 1, reuse=True))
+    disk = FakeDisk()
+    disk.fail("link", errno.EXDEV, times=None)
+    with use_disk(disk):
+        second = await _launch(_request(tmp_path, 1, reuse=True))
     old, new = _record_files(first.run_dir), _record_files(second.run_dir)
     assert set(new) == set(old)
     for task_id, path in new.items():
@@ -153,15 +151,13 @@ async def test_into_a_reopened_run_directory_records_are_written_and_replace_old
     assert load_run(store.run_dir).details == {"t1": records[0]}
 
 
-async def test_links_not_known_durable_fail_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_links_not_known_durable_fail_the_copy(tmp_path: Path) -> None:
     source = await _source(tmp_path, _record("t1"), _record("t2"))
     records, verbatim = _verbatim(source)
+    disk = FakeDisk()
 
-    def broken(path: str) -> None:
-        raise OSError(errno.EIO, "Input/output error")
-
-    async with open_run_store(tmp_path, "new") as store:
-        monkeypatch.setattr(_run_store, "fsync_dir", broken)  # once the store is open
+    async with open_run_store(tmp_path, "new", disk=disk) as store:
+        disk.fail("sync", errno.EIO)
         with pytest.raises(OSError, match="Input/output error"):
             await _copy_into(store, ReusePlan([], reused=records), verbatim)
         # The store's bookkeeping does not claim them.

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from agentcompass._store import (
+    Disk,
+    FakeDisk,
     StoreClosedError,
-    _group_commit,
     _run_store,
     latest_run,
     load_run,
     open_run_store,
     task_key,
+    use_disk,
 )
-from agentcompass._store._atomic import StoreThreads
+from agentcompass._store._disk import is_temp_name, temp_name
 from agentcompass._store._run_store import RUN_ID_PATTERN, RunStore
 from agentcompass.runtime import AttemptRecord, Issue, RunResult, TaskRecord
 
@@ -36,12 +39,6 @@ def attempt(n: int, value: object = 1.0, *issues: Issue) -> AttemptRecord:
 
 def task(task_id: str, severity: str = "normal", *attempts: AttemptRecord) -> TaskRecord:
     return TaskRecord(task_id, "cat", list(attempts) or [attempt(0)], severity)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def in_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Commit rounds in store threads, where a test can reach into them."""
-    monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
 
 
 async def save_noting_failure(store: RunStore, record: TaskRecord, failures: list[str]) -> None:
@@ -140,38 +137,40 @@ async def test_save_task_with_changed_severity_removes_stale_record(tmp_path: Pa
     assert load_run(run_dir).details == {"t1": rerun}
 
 
-async def test_group_commit_shares_rounds_and_isolates_failures(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_threads: None
-) -> None:
-    rounds: list[int] = []
-    real_commit = _group_commit.GroupCommitter._commit_sync
-
-    def counting_commit(self: _group_commit.GroupCommitter, batch: list) -> None:
-        rounds.append(len(batch))
-        real_commit(self, batch)
-
-    monkeypatch.setattr(_group_commit.GroupCommitter, "_commit_sync", counting_commit)
-    real_replace = os.replace
-
-    def flaky_replace(src: object, dst: object) -> None:
-        if str(dst).endswith("bad.json"):
-            raise OSError(28, "simulated: no space left")
-        real_replace(src, dst)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_group_commit.os, "replace", flaky_replace)
+async def test_writes_share_batches_and_a_failed_write_fails_alone(tmp_path: Path) -> None:
+    disk = FakeDisk(latency=0.002)
+    disk.fail("write", errno.ENOSPC, "*bad.json*", times=None)
     failures: list[str] = []
 
-    async with open_run_store(tmp_path, "req") as store:
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        opened = disk.runs
         async with trio.open_nursery() as nursery:
             for i in range(200):
                 nursery.start_soon(save_noting_failure, store, task(f"t{i:03d}"), failures)
             nursery.start_soon(save_noting_failure, store, task("bad"), failures)
         run_dir = store.run_dir
+        batches = disk.runs - opened
     assert failures == ["bad"]
     assert len(load_run(run_dir).details) == 200
-    assert sum(rounds) == 201
-    assert len(rounds) < 201  # records shared fsync rounds
+    assert batches < 10  # 201 writes, a handful of disk calls
+    syncs = [path for op, path in disk.ops if op == "sync"]
+    assert len(syncs) < 10 * 201
     assert [n for n in os.listdir(run_dir / "details" / "normal") if n.startswith(".")] == []
+
+
+async def test_one_batch_is_one_disk_call_with_two_syncs(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        await store.save_task(task("t0"))
+        disk.ops.clear()
+        before = disk.runs
+        async with trio.open_nursery() as nursery:
+            for i in range(1, 50):
+                nursery.start_soon(store.save_task, task(f"t{i}"))
+        assert disk.runs - before == 1
+        kinds = [op for op, _ in disk.ops]
+        # Temp files, one sync of them, renames, one sync of the directory.
+        assert kinds == ["write"] * 49 + ["sync"] * 49 + ["replace"] * 49 + ["sync"]
 
 
 async def test_sessions_journal_and_open_sessions(tmp_path: Path) -> None:
@@ -236,24 +235,19 @@ async def test_cancelled_save_task_is_still_written(tmp_path: Path) -> None:
     assert set(load_run(run_dir).details) == {"t1"}
 
 
-async def test_progress_snapshot_is_throttled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: object
-) -> None:
-    # Progress writes run inline here: a worker thread would let the autojump
-    # clock race ahead of the disk.
-    written: list[tuple[float, dict | None]] = []
+async def test_progress_snapshot_is_throttled(tmp_path: Path, autojump_clock: object) -> None:
+    disk = FakeDisk(latency=0.001)
+    written: list[tuple[float, dict]] = []
+    snapshot = tmp_path / "req" / "run" / "progress.json"
 
-    async def inline(_threads: object, fn: Callable[..., object], *args: object) -> object:
-        await trio.lowlevel.checkpoint()
-        return fn(*args)
+    class Watching(FakeDisk):
+        def replace(self, source: str, target: str) -> None:
+            super().replace(source, target)
+            if target == str(snapshot):
+                written.append((trio.current_time(), json.loads(snapshot.read_text())))
 
-    def record(self: object, lines: list[str], snapshot: dict | None) -> None:
-        if snapshot is not None:
-            written.append((trio.current_time(), snapshot))
-
-    monkeypatch.setattr(StoreThreads, "run", inline)
-    monkeypatch.setattr(_run_store.RunStore, "_write_progress_sync", record)
-    async with open_run_store(tmp_path, "req") as store:
+    disk = Watching(latency=0.001)
+    async with open_run_store(tmp_path, "req", "run", disk=disk) as store:
         start = trio.current_time()
         store.set_progress({"completed": 1})
         await trio.sleep(0.1)
@@ -262,22 +256,33 @@ async def test_progress_snapshot_is_throttled(
         await trio.sleep(1)
         store.set_progress({"completed": 10})  # written at close
         closing = trio.current_time()
-    closed = trio.current_time()
     # Each write waits for a batch to gather (PROGRESS_BATCH_SECONDS), then
-    # at most one per PROGRESS_INTERVAL; the last during close (whose length
-    # under the autojump clock depends on the real writer process).
+    # at most one per PROGRESS_INTERVAL; the last during close. The disk
+    # takes 1 ms (of Trio time) per batch.
     batch = _run_store.PROGRESS_BATCH_SECONDS
-    assert [(round(t - start, 3), s) for t, s in written[:2]] == [
-        (batch, {"completed": 1}),
-        (round(batch + 0.5, 3), {"completed": 9}),
+    assert [(round(t - start, 3), s) for t, s in written] == [
+        (round(batch + 0.001, 3), {"completed": 1}),
+        (round(batch + 0.5 + 0.001, 3), {"completed": 9}),
+        (round(closing - start + 0.001, 3), {"completed": 10}),
     ]
-    assert len(written) == 3 and written[2][1] == {"completed": 10}
-    assert closing <= written[2][0] <= closed
 
 
-async def test_fsync_fallback_without_syncfs(tmp_path: Path, in_threads: None) -> None:
-    async with open_run_store(tmp_path, "req") as store:
-        store._committer.disk.syncfs = None  # fsync file by file, as off Linux
+async def test_progress_that_cannot_be_written_is_the_store_failure(tmp_path: Path, autojump_clock: object) -> None:
+    disk = FakeDisk()
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        disk.fail("append", errno.ENOSPC, "*/progress.jsonl")
+        store.event("run_started")
+        await trio.sleep(1)
+        assert store.failure is not None and "No space left" in store.failure
+        store.event("run_finished")  # the store goes on
+        run_dir = store.run_dir
+    assert [json.loads(line)["event"] for line in (run_dir / "progress.jsonl").read_text().splitlines()] == [
+        "run_finished"
+    ]
+
+
+async def test_fsync_fallback_without_syncfs(tmp_path: Path) -> None:
+    async with open_run_store(tmp_path, "req", disk=Disk(syncfs=False)) as store:  # as off Linux
         async with trio.open_nursery() as nursery:
             for i in range(20):
                 nursery.start_soon(store.save_checkpoint, f"T{i}", attempt(0))
@@ -291,20 +296,17 @@ async def test_fsync_fallback_without_syncfs(tmp_path: Path, in_threads: None) -
     assert loaded.open_sessions == [("s", "docker", {})]
 
 
-async def test_failed_flush_fails_the_whole_batch(tmp_path: Path, in_threads: None) -> None:
-    def broken_syncfs(fd: int) -> None:
-        raise OSError(5, "simulated: flush failed")
-
-    async with open_run_store(tmp_path, "req") as store:
+async def test_failed_flush_fails_the_whole_batch(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
         run_dir = store.run_dir
         await store.save_checkpoint("t1", attempt(0))
-        store._committer.disk.syncfs = broken_syncfs
-        with pytest.raises(OSError, match="flush failed"):
+        disk.fail("sync", errno.EIO)
+        with pytest.raises(OSError, match="Input/output error"):
             await store.save_task(task("t1"))
         # Nothing half-done: no record, the checkpoint is still there, no temp file.
         assert files_under(run_dir / "details") == []
         assert files_under(run_dir / "tasks") == ["t1/attempt-0/checkpoint.json"]
-        store._committer.disk.syncfs = None
         await store.save_task(task("t1"))  # a retry cleans up as usual
         assert files_under(run_dir / "details") == ["normal/t1.json"]
         assert files_under(run_dir / "tasks") == []
@@ -322,19 +324,11 @@ async def test_reopened_run_dir_cleans_files_of_the_earlier_writer(tmp_path: Pat
     assert files_under(run_dir / "tasks") == []
 
 
-@pytest.mark.parametrize("writer", ["process", "thread"])
-async def test_failed_cleanup_is_a_note_not_an_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str
-) -> None:
-    monkeypatch.setattr(_group_commit, "WRITER_PROCESS", writer == "process")
-    async with open_run_store(tmp_path, "req") as store:
-        await store._committer.writer_started.wait()
-        assert (store._committer._writer is not None) == (writer == "process")
+async def test_failed_cleanup_is_a_note_not_an_error(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
         await store.save_checkpoint("t1", attempt(0))
-        # Something the round cannot unlink where the checkpoint was.
-        checkpoint = store.run_dir / "tasks" / "t1" / "attempt-0" / "checkpoint.json"
-        checkpoint.unlink()
-        (checkpoint / "in-the-way").mkdir(parents=True)
+        disk.fail("unlink", errno.EACCES, "*/checkpoint.json")
         await store.save_task(task("t1"))  # durable, so no error
         assert len(store.notes) == 1
         assert "after writing" in store.notes[0] and "checkpoint.json" in store.notes[0]
@@ -345,140 +339,87 @@ async def test_failed_cleanup_is_a_note_not_an_error(
     assert last["event"] == "task_finished" and isinstance(last["t"], float) and last["extra"] == 1
 
 
-# -- the writer process ------------------------------------------------------------
+# -- the real disk ---------------------------------------------------------------
 
 
-async def test_rounds_go_to_a_writer_process_that_reports_each_failure(tmp_path: Path) -> None:
+async def test_real_disk_writes_the_same_run(tmp_path: Path) -> None:
+    async with open_run_store(tmp_path, "req") as store:
+        async with trio.open_nursery() as nursery:
+            for i in range(30):
+                nursery.start_soon(store.save_checkpoint, f"T{i}", attempt(0))
+        async with trio.open_nursery() as nursery:
+            for i in range(30):
+                nursery.start_soon(store.save_task, task(f"T{i}"))
+        await store.journal_session("opened", "s", "docker", {})
+        run_dir = store.run_dir
+    loaded = load_run(run_dir)
+    assert len(loaded.details) == 30 and loaded.checkpoints == {}
+    assert loaded.open_sessions == [("s", "docker", {})]
+    assert [p for p in run_dir.rglob("*") if is_temp_name(p.name)] == []
+
+
+def test_crash_between_temp_and_rename_leaves_old_file(tmp_path: Path) -> None:
+    # A SIGKILL after the temp file is written and before the rename: the old
+    # content is intact and readers skip the leftover.
+    details = tmp_path / "details" / "normal"
+    details.mkdir(parents=True)
+    target = details / "task-1.json"
+    target.write_bytes(b"old")
+    leftover = details / temp_name(target.name)
+    Disk().write(str(leftover), b"new")
+    assert target.read_bytes() == b"old"
+    assert is_temp_name(leftover.name)
+    assert load_run(tmp_path).details == {}  # "old" is not a record, the temp is not read
+
+
+async def test_a_failed_rename_keeps_the_old_file_and_no_temp(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        await store.write_text("summary.md", "old")
+        disk.fail("replace", errno.EIO, "*/summary.md")
+        with pytest.raises(OSError, match="Input/output error"):
+            await store.write_text("summary.md", "new")
+        run_dir = store.run_dir
+    assert (run_dir / "summary.md").read_text() == "old"
+    assert [p for p in run_dir.rglob("*") if is_temp_name(p.name)] == []
+
+
+async def test_use_disk_reaches_stores_opened_inside(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    with use_disk(disk):
+        async with open_run_store(tmp_path, "req") as store:
+            await store.write_text("a.txt", "a")
+    assert ("replace", str(store.run_dir / "a.txt")) in disk.ops
+    before = len(disk.ops)
+    async with open_run_store(tmp_path, "req"):  # the real disk again
+        pass
+    assert len(disk.ops) == before
+
+
+async def test_a_stalled_disk_is_given_up_at_the_close_deadline(tmp_path: Path, autojump_clock: object) -> None:
+    disk = FakeDisk()
     failures: list[str] = []
-
-    async with open_run_store(tmp_path, "req") as store:
-        await store._committer.writer_started.wait()
-        writer = store._committer._writer
-        assert writer is not None, "no writer process started"
-        # Not in this process group: a Ctrl-C at the terminal is ours alone.
-        assert os.getpgid(writer.process.pid) != os.getpgid(0)
-        run_dir = store.run_dir
-        # A directory where the record of "bad" goes: its rename fails there.
-        (run_dir / "details" / "normal" / f"{task_key('bad')}.json" / "x").mkdir(parents=True)
+    deadline = trio.current_time() + 10
+    async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: deadline) as store:
+        disk.stall()
         async with trio.open_nursery() as nursery:
-            for i in range(200):
-                nursery.start_soon(save_noting_failure, store, task(f"t{i:03d}"), failures)
-            nursery.start_soon(save_noting_failure, store, task("bad"), failures)
-            nursery.start_soon(store.journal_session, "opened", "s1", "docker", {"container": "c1"})
-    assert failures == ["bad"]
-    assert len(load_run(run_dir).details) == 200
-    assert load_run(run_dir).open_sessions == [("s1", "docker", {"container": "c1"})]
-    # It exited with its input, leaving no temporary file behind.
-    assert writer.process.returncode == 0
-    assert [n for n in os.listdir(run_dir / "details" / "normal") if n.startswith(".")] == []
+            nursery.start_soon(save_noting_failure, store, task("t1"), failures)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.deadline = trio.current_time() + 1  # the caller stops waiting
+    assert trio.current_time() == deadline  # held until the deadline, not longer
+    assert failures == []  # the caller was cancelled, not failed
+    with pytest.raises(StoreClosedError):
+        store.event("late")
 
 
-async def test_a_writer_process_that_dies_leaves_the_rounds_to_threads(tmp_path: Path) -> None:
-    async with open_run_store(tmp_path, "req") as store:
-        await store._committer.writer_started.wait()
-        writer = store._committer._writer
-        assert writer is not None
-        await store.save_task(task("before"))
-        writer.process.kill()
-        await writer.process.wait()
-        async with trio.open_nursery() as nursery:
-            for i in range(20):
-                nursery.start_soon(store.save_task, task(f"t{i}"))
-        assert store._committer._writer is None
-        await store.journal_session("opened", "s1", "docker", {})
-        run_dir = store.run_dir
-    assert set(load_run(run_dir).details) == {"before", *(f"t{i}" for i in range(20))}
-    assert load_run(run_dir).open_sessions == [("s1", "docker", {})]
-
-
-@pytest.mark.parametrize("why", ["asked for threads", "no python to start"])
-async def test_rounds_run_in_threads_without_a_writer_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str
-) -> None:
-    if why == "asked for threads":
-        monkeypatch.setattr(_group_commit, "WRITER_PROCESS", False)
-    else:
-        monkeypatch.setattr(_group_commit.sys, "executable", str(tmp_path / "no-such-python"))
-    async with open_run_store(tmp_path, "req") as store:
-        await store._committer.writer_started.wait()
-        assert store._committer._writer is None
-        await store.save_task(task("t1"))
-        run_dir = store.run_dir
-    assert set(load_run(run_dir).details) == {"t1"}
-
-
-_KILLED_WITH_A_WRITER = """
-import os, sys, trio
-from agentcompass._store import open_run_store
-
-async def main():
-    async with open_run_store(sys.argv[1], "req") as store:
-        await store.journal_session("opened", "s1", "docker", {})
-        await store._committer.writer_started.wait()
-        print(store._committer._writer.process.pid, flush=True)
-        os._exit(9)  # no unwinding: as if killed
-
-trio.run(main)
-"""
-
-
-@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="waits for the writer with a pidfd (Linux)")
-def test_a_writer_process_exits_when_its_runtime_dies(tmp_path: Path) -> None:
-    import select
-    import subprocess
-    import sys
-
-    child = subprocess.run(
-        [sys.executable, "-c", _KILLED_WITH_A_WRITER, str(tmp_path)], capture_output=True, text=True, check=False
-    )
-    assert child.returncode == 9, child.stderr
-    writer_pid = int(child.stdout.split()[0])
-    try:
-        pidfd = os.pidfd_open(writer_pid)
-    except ProcessLookupError:
-        pass  # already gone
-    else:
-        try:
-            ready, _, _ = select.select([pidfd], [], [], 30)  # readable once it exited
-            assert ready, "the writer process outlived its runtime"
-        finally:
-            os.close(pidfd)
-    (run_dir,) = (tmp_path / "req").iterdir()
-    assert load_run(run_dir).open_sessions == [("s1", "docker", {})]
-
-
-async def test_a_writer_that_never_answers_is_killed_and_rounds_stay_in_threads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: object
-) -> None:
-    # An embedding application's sys.executable may be some other program:
-    # this one takes any arguments and never reads its input.
-    impostor = tmp_path / "not-python"
-    impostor.write_text("#!/bin/sh\nexec sleep 3600\n")
-    impostor.chmod(0o755)
-    monkeypatch.setattr(_group_commit.sys, "executable", str(impostor))
-    async with open_run_store(tmp_path, "req") as store:
-        await store.save_task(task("t1"))  # does not wait for the writer
-        await store._committer.writer_started.wait()  # its time ran out
-        assert store._committer._writer is None
-        await store.save_task(task("t2"))
-        run_dir = store.run_dir
-    assert set(load_run(run_dir).details) == {"t1", "t2"}
-
-
-def test_a_writer_whose_runtime_is_gone_still_commits_what_it_received(tmp_path: Path) -> None:
-    from agentcompass._store import _writer
-
-    journal = os.open(tmp_path / "sessions.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    to_writer, answers = os.pipe(), os.pipe()
-    try:
-        init = {"journal_fd": journal, "dir_fds": {}, "known_dirs": [str(tmp_path)], "syncfs": True}
-        rounds = [(0, [(str(tmp_path / "sub" / "a.json"), b"{}", ()), (None, b'{"event":"opened"}\n', ())])]
-        os.write(to_writer[1], _writer.frame(init) + b"".join(_writer.frame(r) for r in rounds))
-        os.close(to_writer[1])  # the runtime is gone: end of input ...
-        os.close(answers[0])  # ... and nobody reads the answers
-        _writer.serve(to_writer[0], answers[1])  # returns, no BrokenPipeError
-    finally:
-        for fd in (journal, to_writer[0], answers[1]):
-            os.close(fd)
-    assert (tmp_path / "sub" / "a.json").read_bytes() == b"{}"
-    assert (tmp_path / "sessions.jsonl").read_bytes() == b'{"event":"opened"}\n'
+async def test_a_write_queued_on_a_stalled_disk_fails_at_the_deadline(tmp_path: Path, autojump_clock: object) -> None:
+    disk = FakeDisk()
+    failures: list[str] = []
+    deadline = trio.current_time() + 10
+    async with trio.open_nursery() as nursery:
+        async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: deadline) as store:
+            disk.stall()
+            nursery.start_soon(save_noting_failure, store, task("t1"), failures)
+            await trio.testing.wait_all_tasks_blocked()
+    assert failures == ["t1"]
+    assert trio.current_time() == deadline

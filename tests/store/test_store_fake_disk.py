@@ -1,0 +1,60 @@
+"""FakeDisk: the store's disk seam for tests (Trio-time latency, injected errors)."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import trio
+
+from agentcompass._store import FakeDisk, load_run, open_run_store
+from agentcompass.runtime import AttemptRecord, TaskRecord
+
+
+def task(task_id: str) -> TaskRecord:
+    return TaskRecord(task_id, None, [AttemptRecord(attempt=0, status="completed")], "normal")
+
+
+async def test_a_write_takes_the_disk_latency_in_trio_time(tmp_path: Path, autojump_clock: object) -> None:
+    disk = FakeDisk(latency=0.25)
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        start = trio.current_time()
+        await store.save_task(task("t1"))
+        # One batch, one disk call: exactly the latency, with no thread for
+        # the autojump clock to race past.
+        assert trio.current_time() - start == 0.25
+        run_dir = store.run_dir
+    assert set(load_run(run_dir).details) == {"t1"}
+
+
+async def test_a_fault_fires_the_times_asked_then_heals(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        disk.fail("write", errno.ENOSPC, "*details*", times=2)
+        for task_id in ("t1", "t2"):
+            with pytest.raises(OSError) as caught:
+                await store.save_task(task(task_id))
+            assert caught.value.errno == errno.ENOSPC
+        await store.save_task(task("t3"))
+        assert disk.faults == []
+        run_dir = store.run_dir
+    assert set(load_run(run_dir).details) == {"t3"}
+
+
+async def test_a_write_that_fails_leaves_the_others_of_its_batch(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    outcomes: dict[str, Exception | None] = {}
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        disk.fail("replace", errno.EIO, "*/t2.json")
+        for task_id in ("t1", "t2", "t3"):  # queued together: one batch
+            store.save_task_soon(task(task_id), lambda error, task_id=task_id: outcomes.__setitem__(task_id, error))
+        run_dir = store.run_dir
+    assert outcomes["t1"] is None and outcomes["t3"] is None
+    assert isinstance(outcomes["t2"], OSError) and outcomes["t2"].errno == errno.EIO
+    assert set(load_run(run_dir).details) == {"t1", "t3"}
+
+
+def test_an_unknown_operation_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown disk operation 'fsync'"):
+        FakeDisk().fail("fsync")
