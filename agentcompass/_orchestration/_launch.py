@@ -25,7 +25,7 @@ from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import ensure_logging, get_logger
 from .._models import open_model_clients
-from .._store import open_run_store
+from .._store import Disk, open_run_store
 from ..runtime._cleanup import using_cleanup_clock
 from ..runtime._errors import RunFailedError
 from ..runtime._results import OrchestrationResult, RequestResult
@@ -35,7 +35,7 @@ from ._request import RequestRun
 from ._scheduler import Dispatcher
 from ._task import InProcessExecutor
 
-__all__ = ["launch", "run_evaluation"]
+__all__ = ["launch", "orchestrate", "run_evaluation"]
 
 log = get_logger("agentcompass.launch")
 
@@ -87,6 +87,19 @@ async def launch(
     Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
     rejects the configuration.
     """
+    return await orchestrate(orchestration, config_dir=config_dir, show_progress=show_progress, stop=stop)
+
+
+async def orchestrate(
+    orchestration: Orchestration,
+    *,
+    config_dir: Path | None = None,
+    show_progress: bool = False,
+    stop: trio.Event | None = None,
+    disk: Disk | None = None,
+) -> OrchestrationResult:
+    """:func:`launch`, with the ``disk`` every run store writes through and
+    reuse reads through (default: the real one; tests pass a ``FakeDisk``)."""
     preflight(orchestration, config_dir, data=False)
     if has_data_checks(orchestration):
         # A benchmark's own check may read its whole data set: off the Trio thread.
@@ -107,14 +120,19 @@ async def launch(
         # by this one clock's deadline (components ask cleanup_deadline()).
         with using_cleanup_clock(grace):
             async with open_model_clients(orchestration.task_concurrency, close_deadline=grace.deadline):
-                return await _launch(orchestration, show_progress, stop, deadline, grace)
+                return await _launch(orchestration, show_progress, stop, deadline, grace, disk)
 
 
 async def _launch(
-    orchestration: Orchestration, show_progress: bool, stop: trio.Event | None, deadline: float, grace: GraceClock
+    orchestration: Orchestration,
+    show_progress: bool,
+    stop: trio.Event | None,
+    deadline: float,
+    grace: GraceClock,
+    disk: Disk | None,
 ) -> OrchestrationResult:
     grants = _LocalGrants()
-    runs = [RequestRun(i, request, grace) for i, request in enumerate(orchestration.requests)]
+    runs = [RequestRun(i, request, grace, disk=disk) for i, request in enumerate(orchestration.requests)]
 
     def terminal_status() -> str:
         return "timed_out" if trio.current_time() >= deadline else "cancelled"
@@ -186,7 +204,7 @@ async def _open_stores(runs: list[RequestRun], grace: GraceClock) -> AsyncIterat
             request = run.request
             try:
                 run.store = await stores.enter_async_context(
-                    open_run_store(request.output_root, request.name, close_deadline=grace.deadline)
+                    open_run_store(request.output_root, request.name, close_deadline=grace.deadline, disk=run.disk)
                 )
             except Exception as exc:  # noqa: BLE001 - no run directory: this request fails, no other
                 run.fail(exc, "could not create the run directory")

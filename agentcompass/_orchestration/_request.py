@@ -31,7 +31,7 @@ from .. import _registry
 from .._convert import unstructure
 from .._logging import add_json_log, get_logger, remove_json_log
 from .._redact import redact
-from .._store import compute_metrics, render_summary
+from .._store import Disk, compute_metrics, render_summary
 from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._errors import ComponentError
@@ -131,6 +131,8 @@ class RequestRun:
     index: int
     request: RunRequest
     grace: GraceClock
+    #: What the run store writes through and reuse reads through (None: the store's default).
+    disk: Disk | None = None
     store: Any = None
     benchmark: BaseBenchmark | None = None
     #: Prefix of every Environment session name of this run (``run_info.json`` "tag").
@@ -204,7 +206,7 @@ class RequestRun:
                     raise ComponentError(f"benchmark {request.benchmark.id!r}: duplicate task id {task.task_id!r}")
                 seen.add(task.task_id)
             primary = self.benchmark.metrics[0] if self.benchmark.metrics else ""
-            self.reuse = await plan_reuse(request, primary, store, tasks)
+            self.reuse = await plan_reuse(request, primary, store, tasks, self.disk)
         except Exception as exc:  # noqa: BLE001 - the request fails, the orchestration goes on
             self.fail_with(f"{type(exc).__name__}: {exc}".splitlines()[0], note=False)
             return []

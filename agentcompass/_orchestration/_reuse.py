@@ -40,6 +40,7 @@ run before it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from functools import partial
 from pathlib import Path
@@ -52,7 +53,7 @@ from .. import _registry
 from .._convert import unstructure
 from .._logging import get_logger
 from .._redact import redact_json_text
-from .._store import LoadedRun, latest_run, load_run
+from .._store import Disk, LoadedRun, latest_run, load_run
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
@@ -170,27 +171,28 @@ async def sweep_run(loaded: LoadedRun, configs: dict[str, dict[str, Any]] | None
     return notes
 
 
-async def plan_reuse(request: RunRequest, primary: str, store: Any, tasks: list[TaskSpec]) -> ReusePlan:
+async def plan_reuse(
+    request: RunRequest, primary: str, store: Any, tasks: list[TaskSpec], disk: Disk | None = None
+) -> ReusePlan:
     """What of an earlier run ``request`` takes over (``primary``: the
     benchmark's primary metric), copied into ``store``'s run before anything
-    runs; the rest is pending."""
+    runs; the rest is pending. The source is read through ``disk``."""
     if request.reuse is False:
         return ReusePlan([PendingTask(task) for task in tasks])
     skipped: list[Path] = []
+    reads = disk if disk is not None else Disk()
     if isinstance(request.reuse, Path):
         source: Path | None = request.reuse
     else:
-        source, skipped = await trio.to_thread.run_sync(
-            _latest_prepared_run, request.output_root, request.name, store.run_dir
-        )
+        source, skipped = await reads.run(_latest_prepared_run, request.output_root, request.name, store.run_dir)
     notes = [f"reuse: skipped {path}: it was stopped before it queued its tasks" for path in skipped]
-    if source is None or not await trio.Path(source).is_dir():
+    if source is None or not await reads.run(os.path.isdir, source):
         notes.append(f"reuse: no earlier run of {request.name!r} found; running everything")
         return ReusePlan([PendingTask(task) for task in tasks], notes=notes)
     # Held while the source's sandboxes are reaped: a run that is still alive
     # is refused (RunLockedError fails this request) and nothing is touched.
     with run_dir_lock(source):
-        loaded = await trio.to_thread.run_sync(partial(load_run, source, keep_files=True))
+        loaded = await reads.run(partial(load_run, source, keep_files=True))
         plan = ReusePlan([], source=source, notes=[*notes, f"reuse: from {source}", *loaded.notes])
         configs = _environment_configs(request, loaded.run_info)
         plan.notes.extend(await reap_sessions(loaded.open_sessions, configs))

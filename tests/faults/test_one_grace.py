@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import errno
 import math
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
-import pytest
 import trio
 import trio.testing
 
-import agentcompass
-from agentcompass import Orchestration, register
+from agentcompass import Orchestration, OrchestrationResult, register
 from agentcompass._models import _pool
-from agentcompass._store import FakeDisk, load_run, open_run_store, use_disk
+from agentcompass._orchestration._launch import orchestrate
+from agentcompass._store import FakeDisk, load_run, open_run_store
 from agentcompass.runtime import (
     DEFAULT_CLEANUP_GRACE_SECONDS,
     AttemptRecord,
@@ -28,12 +26,10 @@ from agentcompass.testing import FakeEnvironment, fake_request, reset_logs
 from agentcompass.testing._harness import FakeHarness
 
 
-@pytest.fixture
-def inline_store() -> Iterator[None]:
+async def launch(orchestration: Orchestration) -> OrchestrationResult:
     # Under the autojump clock a real thread lets the clock race ahead of the
     # disk: launch tests write through a fake disk (no thread, no flush).
-    with use_disk(FakeDisk()):
-        yield
+    return await orchestrate(orchestration, disk=FakeDisk())
 
 
 #: What each cleanup saw: (trio time, cleanup_deadline()).
@@ -98,20 +94,20 @@ async def test_cleanup_deadline_outside_launch_is_now_plus_the_default(autojump_
 
 
 async def test_a_phase_timeout_in_a_component_does_not_start_the_shutdown(
-    autojump_clock: Any, tmp_path: Any, inline_store: None
+    autojump_clock: Any, tmp_path: Any
 ) -> None:
     # The harness's own inner timeout cancels a cleanup at 1 s. That is no
     # shutdown: the sandbox closed at 100 s still gets a whole grace.
     SEEN.clear()
     request = _request(tmp_path, PhaseTimeoutHarness.id)
     start = trio.current_time()
-    result = await agentcompass.launch(Orchestration([request], cleanup_grace_seconds=7))
+    result = await launch(Orchestration([request], cleanup_grace_seconds=7))
     assert result.status == "succeeded"
     assert [(what, t - start, d - start) for what, t, d in SEEN] == [("inner", 1, 8), ("close", 100, 107)]
 
 
 async def test_the_callers_cancellation_fixes_one_deadline_for_every_cleanup(
-    autojump_clock: Any, tmp_path: Any, inline_store: None
+    autojump_clock: Any, tmp_path: Any
 ) -> None:
     # Three sandboxes open when the caller cancels at 10 s: each close sees
     # the same deadline, fixed when the shutdown started (10 + 7).
@@ -123,7 +119,7 @@ async def test_the_callers_cancellation_fixes_one_deadline_for_every_cleanup(
     request = attrs.evolve(request, harness=attrs.evolve(request.harness, config={"script": {"*": {"run": ["hang"]}}}))
     start = trio.current_time()
     with trio.move_on_after(10):
-        await agentcompass.launch(Orchestration([request], task_concurrency=3, cleanup_grace_seconds=7))
+        await launch(Orchestration([request], task_concurrency=3, cleanup_grace_seconds=7))
     assert sorted((what, t - start, d - start) for what, t, d in SEEN) == [("close", 10, 17)] * 3, SEEN
 
 
@@ -132,7 +128,7 @@ class _HangingClient:
         await trio.sleep_forever()
 
 
-async def test_model_clients_close_by_the_runs_grace_deadline(autojump_clock: Any, tmp_path: Any, inline_store: None) -> None:
+async def test_model_clients_close_by_the_runs_grace_deadline(autojump_clock: Any, tmp_path: Any) -> None:
     # A model endpoint whose close hangs: launch, cancelled at 10 s with a
     # 7 s grace, returns at 17 s - the clients' close shares the run's one
     # grace window instead of starting a window of its own after it.
@@ -150,7 +146,7 @@ async def test_model_clients_close_by_the_runs_grace_deadline(autojump_clock: An
     request = _request(tmp_path, ClientHarness.id)
     start = trio.current_time()
     with trio.move_on_after(10):
-        await agentcompass.launch(Orchestration([request], cleanup_grace_seconds=7))
+        await launch(Orchestration([request], cleanup_grace_seconds=7))
     assert trio.current_time() - start == 17
 
 

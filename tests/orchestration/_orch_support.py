@@ -1,7 +1,7 @@
-"""Helpers for orchestration tests: a fake store disk, and a mock-time timeline.
+"""Helpers for orchestration tests: :func:`launch` on a fake store disk, and a mock-time timeline.
 
 Run stores write through a :class:`FakeDisk` (real files, no flushes, no
-worker thread). Under ``MockClock(autojump_threshold=0)`` every task blocked
+worker thread), passed to the orchestration explicitly. Under ``MockClock(autojump_threshold=0)`` every task blocked
 on a thread counts as idle, so the clock would jump to the next timer while
 a real disk works; the fake disk keeps mock time exact.
 
@@ -24,9 +24,11 @@ import attrs
 import pytest
 import trio
 
+import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
-from agentcompass import RunRequest
-from agentcompass._store import FakeDisk, _run_store, use_disk
+from agentcompass import Orchestration, OrchestrationResult, RequestResult, RunRequest
+from agentcompass._orchestration._launch import orchestrate
+from agentcompass._store import Disk, FakeDisk, _run_store, use_disk
 from agentcompass.testing import CallLog, fake_request, reset_logs
 
 
@@ -95,7 +97,7 @@ class Timeline:
 
 @contextlib.contextmanager
 def instrumented() -> Iterator[Timeline]:
-    """A fake store disk, and record a :class:`Timeline` while the block runs."""
+    """Record a :class:`Timeline` while the block runs."""
     timeline = Timeline()
     record = CallLog.record
     event = _run_store.RunStore.event
@@ -113,10 +115,22 @@ def instrumented() -> Iterator[Timeline]:
             Mark(trio.current_time(), f"store:{self.run_dir.parent.name}", kind, fields.get("task"), None, fields)
         )
 
-    with pytest.MonkeyPatch.context() as mp, use_disk(FakeDisk()):
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CallLog, "record", timed_record)
         mp.setattr(_run_store.RunStore, "event", timed_event)
         yield timeline
+
+
+async def launch(orchestration: Orchestration, *, disk: Disk | None = None, **kwargs: Any) -> OrchestrationResult:
+    """``agentcompass.launch`` with every run store on ``disk`` (default: a fresh :class:`FakeDisk`)."""
+    return await orchestrate(orchestration, disk=FakeDisk() if disk is None else disk, **kwargs)
+
+
+async def run_evaluation(request: RunRequest, **kwargs: Any) -> RequestResult:
+    """``agentcompass.run_evaluation`` with its run store on a :class:`FakeDisk`
+    (the public entry takes no disk: the store's own ``use_disk`` gives it one)."""
+    with use_disk(FakeDisk()):
+        return await agentcompass.run_evaluation(request, **kwargs)
 
 
 def sleepy_request(
@@ -184,8 +198,8 @@ def journaled_sessions(run_dir: Path) -> dict[str, list[str]]:
 
 @pytest.fixture(autouse=True)
 def _instrumented() -> Iterator[Timeline]:
-    """Fresh call logs (the fakes keep them at module level), inline store
-    I/O and a timeline, for every test of a module that imports this."""
+    """Fresh call logs (the fakes keep them at module level) and a timeline,
+    for every test of a module that imports this."""
     reset_logs()
     try:
         with instrumented() as recorded:

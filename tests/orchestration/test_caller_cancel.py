@@ -16,13 +16,14 @@ from _orch_support import (  # noqa: F401  (fixtures)
     _instrumented,
     detail_files,
     journaled_sessions,
+    launch,
     only_run_dir,
     read_json,
+    run_evaluation,
     sleepy_request,
     unclosed_sessions,
 )
 
-import agentcompass
 from agentcompass import Orchestration
 from agentcompass.testing import call_log, fake_request
 
@@ -47,9 +48,9 @@ async def test_the_callers_cancel_scope_cancels_and_cleans_up(autojump_clock, tm
     start = trio.current_time()
     with trio.move_on_after(10) as scope:
         if entry == "launch":
-            result = await agentcompass.launch(Orchestration([request], task_concurrency=2))
+            result = await launch(Orchestration([request], task_concurrency=2))
         else:
-            result = await agentcompass.run_evaluation(request, task_concurrency=2)
+            result = await run_evaluation(request, task_concurrency=2)
     assert scope.cancelled_caught, "Cancelled did not reach the caller's scope"
     assert result is NOT_RETURNED
     # Nothing hangs in cleanup, so no grace is spent.
@@ -80,7 +81,7 @@ async def test_every_started_request_records_cancelled(autojump_clock, tmp_path:
     )
     b = hanging_request("b", 2, tmp_path)
     with trio.move_on_after(10) as scope:
-        await agentcompass.launch(Orchestration([a, b], task_concurrency=2))
+        await launch(Orchestration([a, b], task_concurrency=2))
     assert scope.cancelled_caught
     a_dir, b_dir = only_run_dir(tmp_path, "a"), only_run_dir(tmp_path, "b")
     assert read_json(a_dir / "run_info.json")["status"] == "cancelled"
@@ -104,11 +105,11 @@ async def test_a_hanging_close_under_caller_cancellation_is_bounded_by_the_grace
     with trio.move_on_after(10) as scope:
         if entry == "launch":
             orchestration = Orchestration([request], task_concurrency=2, cleanup_grace_seconds=4)
-            result = await agentcompass.launch(orchestration)
+            result = await launch(orchestration)
         else:
             # run_evaluation passes its keyword arguments on to launch, not
             # to the Orchestration, so its grace is the default (30 s).
-            result = await agentcompass.run_evaluation(request, task_concurrency=2)
+            result = await run_evaluation(request, task_concurrency=2)
     grace = 4 if entry == "launch" else 30
     assert scope.cancelled_caught and result is NOT_RETURNED
     assert trio.current_time() - start == 10 + grace
@@ -124,7 +125,7 @@ async def test_a_hanging_close_under_caller_cancellation_is_bounded_by_the_grace
 async def test_cancelled_while_preparing(autojump_clock, tmp_path: Path):
     request = fake_request("a", log="a", benchmark={"script": {"*": {"load_tasks": ["hang"]}}}, output_root=tmp_path)
     with trio.move_on_after(3) as scope:
-        await agentcompass.launch(Orchestration([request], task_concurrency=2))
+        await launch(Orchestration([request], task_concurrency=2))
     assert scope.cancelled_caught
     assert read_json(only_run_dir(tmp_path, "a") / "run_info.json")["status"] == "cancelled"
     assert call_log("a").count("plan") == 0
@@ -134,6 +135,6 @@ async def test_an_outer_cancel_before_the_deadline_is_a_cancellation(autojump_cl
     # The orchestration has its own 100 s deadline; the caller cancels first.
     request = sleepy_request("a", [50, 50, 50], tmp_path)
     with trio.move_on_after(20) as scope:
-        await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=100))
+        await launch(Orchestration([request], task_concurrency=1, timeout_seconds=100))
     assert scope.cancelled_caught
     assert read_json(only_run_dir(tmp_path, "a") / "run_info.json")["status"] == "cancelled"

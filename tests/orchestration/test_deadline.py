@@ -18,6 +18,7 @@ from _orch_support import (  # noqa: F401  (fixtures)
     _instrumented,
     detail_files,
     journaled_sessions,
+    launch,
     only_run_dir,
     read_json,
     read_jsonl,
@@ -28,7 +29,7 @@ from _orch_support import (  # noqa: F401  (fixtures)
 
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
-from agentcompass._store import FakeDisk, RunStore, use_disk
+from agentcompass._store import FakeDisk, RunStore
 from agentcompass.testing import FakeEnvironment, call_log, fake_request
 
 
@@ -61,7 +62,7 @@ async def test_tasks_cut_by_the_deadline_leave_no_record(autojump_clock, tmp_pat
     # 20, a02 is cancelled at 25; a03 and a04 never start.
     request = sleepy_request("a", [10] * 5, tmp_path)
     start = trio.current_time()
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
+    result = await launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
     assert trio.current_time() - start == 25
     assert (result.status, result.exit_code) == ("timed_out", 1)
     assert [r.status for r in result.requests] == ["timed_out"]
@@ -91,7 +92,7 @@ async def test_the_deadline_starts_after_preflight(autojump_clock, tmp_path: Pat
         environment=ComponentRef(SlowPreflightEnvironment.id, {"log": "a"}),
     )
     start = trio.current_time()
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
+    result = await launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
     assert SlowPreflightEnvironment.preflight_seconds == 0, "preflight did not build the environment"
     assert trio.current_time() - start == 1000 + 25
     assert (result.status, result.exit_code) == ("timed_out", 1)
@@ -102,7 +103,7 @@ async def test_a_request_not_started_by_the_deadline_reports_timed_out(autojump_
     # b is prepared only when a's pending queue is empty (one worker): never, here.
     a = sleepy_request("a", [10] * 4, tmp_path)
     b = sleepy_request("b", [1], tmp_path)
-    result = await agentcompass.launch(Orchestration([a, b], task_concurrency=1, timeout_seconds=15))
+    result = await launch(Orchestration([a, b], task_concurrency=1, timeout_seconds=15))
     assert result.status == "timed_out"
     assert [(r.name, r.status) for r in result.requests] == [("a", "timed_out"), ("b", "timed_out")]
     # SPEC 7: the terminal state of every unfinished request is persisted,
@@ -133,7 +134,7 @@ async def test_a_hanging_close_is_bounded_by_the_grace(autojump_clock, tmp_path:
     )
     orchestration = Orchestration([request], task_concurrency=3, timeout_seconds=25, cleanup_grace_seconds=7)
     start = trio.current_time()
-    result = await agentcompass.launch(orchestration)
+    result = await launch(orchestration)
     assert trio.current_time() - start == 25 + 7
     assert (result.status, result.exit_code) == ("timed_out", 1)
 
@@ -160,7 +161,7 @@ async def test_cleanup_without_hangs_takes_no_grace(autojump_clock, tmp_path: Pa
     )
     orchestration = Orchestration([request], task_concurrency=2, timeout_seconds=25, cleanup_grace_seconds=7)
     start = trio.current_time()
-    result = await agentcompass.launch(orchestration)
+    result = await launch(orchestration)
     assert trio.current_time() - start == 25
     assert result.status == "timed_out"
     assert not call_log("a").live_sessions()
@@ -172,7 +173,7 @@ async def test_a_deadline_during_task_loading_persists_the_terminal_state(autoju
         "a", log="a", benchmark={"tasks": 2, "script": {"*": {"load_tasks": ["sleep:100"]}}}, output_root=tmp_path
     )
     start = trio.current_time()
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=10))
+    result = await launch(Orchestration([request], task_concurrency=1, timeout_seconds=10))
     assert trio.current_time() - start == 10
     assert [r.status for r in result.requests] == ["timed_out"]
     run_dir = only_run_dir(tmp_path, "a")
@@ -194,8 +195,7 @@ async def test_a_deadline_while_the_run_store_opens(autojump_clock, tmp_path: Pa
 
     request = sleepy_request("a", [10], tmp_path)
     start = trio.current_time()
-    with use_disk(SlowOpen()):
-        result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=1))
+    result = await launch(Orchestration([request], task_concurrency=1, timeout_seconds=1), disk=SlowOpen())
     assert trio.current_time() - start == 3
     assert [r.status for r in result.requests] == ["timed_out"]
     assert read_json(only_run_dir(tmp_path, "a") / "run_info.json")["status"] == "timed_out"
@@ -225,7 +225,7 @@ async def test_an_attempt_that_ends_in_its_close_after_the_deadline(
     )
     orchestration = Orchestration([request], task_concurrency=1, timeout_seconds=2, cleanup_grace_seconds=5)
     start = trio.current_time()
-    result = await agentcompass.launch(orchestration)
+    result = await launch(orchestration)
     assert trio.current_time() - start == 4
     assert (result.status, result.exit_code) == ("timed_out", 1)
     run_dir = only_run_dir(tmp_path, "a")
@@ -272,7 +272,7 @@ async def test_a_sandbox_opened_after_the_deadline_is_journalled_and_closed(auto
         fake_request("a", log="a", benchmark={"tasks": ["a00"]}, output_root=tmp_path),
         environment=ComponentRef(UninterruptibleOpenEnvironment.id, {"log": "a"}),
     )
-    result = await agentcompass.launch(Orchestration([request], timeout_seconds=2, cleanup_grace_seconds=5))
+    result = await launch(Orchestration([request], timeout_seconds=2, cleanup_grace_seconds=5))
     assert (result.status, result.exit_code) == ("timed_out", 1)
     log = call_log("a")
     assert log.count("close") == 1 and not log.live_sessions()

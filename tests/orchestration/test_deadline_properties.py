@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import attrs
 import trio
-from _orch_support import instrumented, read_json
+from _orch_support import instrumented, launch, read_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
@@ -93,7 +93,7 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
         start = trio.current_time()
         status = None
         with trio.move_on_after(deadline if stop == "caller" else float("inf")):
-            status = (await agentcompass.launch(orchestration)).requests[0].status
+            status = (await launch(orchestration)).requests[0].status
         return status, trio.current_time() - start
 
     with instrumented():

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from _orch_support import _instrumented  # noqa: F401  (fixtures)
+from _orch_support import _instrumented, launch  # noqa: F401  (fixtures)
 
-from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest, launch
+from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest
 from agentcompass._orchestration._launch import _LocalGrants
 from agentcompass.runtime._results import RunBudget
 from agentcompass.runtime._values import NetworkPolicy, PreparedTask, TaskSpec

@@ -12,12 +12,13 @@ import trio
 from _orch_support import (  # noqa: F401  (fixtures)
     _instrumented,
     detail_files,
+    launch,
     only_run_dir,
     read_json,
+    run_evaluation,
     sleepy_request,
 )
 
-import agentcompass
 from agentcompass import Orchestration, RequestResult, RunFailedError
 from agentcompass.testing import fake_request
 
@@ -35,7 +36,7 @@ def request(name: str, outcome: str, output_root: Path):
 
 
 async def test_run_evaluation_returns_the_request_result(autojump_clock, tmp_path: Path):
-    result = await agentcompass.run_evaluation(request("a", "ok", tmp_path))
+    result = await run_evaluation(request("a", "ok", tmp_path))
     assert isinstance(result, RequestResult)
     assert (result.name, result.status) == ("a", "succeeded")
     run_dir = only_run_dir(tmp_path, "a")
@@ -47,7 +48,7 @@ async def test_run_evaluation_returns_the_request_result(autojump_clock, tmp_pat
 
 async def test_run_evaluation_raises_naming_the_run_directory_when_a_task_ends_fatal(autojump_clock, tmp_path: Path):
     with pytest.raises(RuntimeError) as caught:
-        await agentcompass.run_evaluation(request("a", "fatal", tmp_path))
+        await run_evaluation(request("a", "fatal", tmp_path))
     assert isinstance(caught.value, RunFailedError)
     run_dir = only_run_dir(tmp_path, "a")
     assert str(run_dir) in str(caught.value)
@@ -57,18 +58,10 @@ async def test_run_evaluation_raises_naming_the_run_directory_when_a_task_ends_f
     assert read_json(run_dir / "metrics.json")["evaluation_failed"] is True
 
 
-async def test_run_evaluation_raises_when_the_request_times_out(autojump_clock, tmp_path: Path, monkeypatch):
-    # run_evaluation has no timeout of its own; a timed-out request is not a
-    # success either, so it raises too (through launch's timeout here).
-    real_launch = agentcompass._orchestration._launch.launch
-
-    async def launch_with_timeout(orchestration, **kwargs):
-        orchestration = Orchestration(orchestration.requests, orchestration.task_concurrency, timeout_seconds=5)
-        return await real_launch(orchestration, **kwargs)
-
-    monkeypatch.setattr(agentcompass._orchestration._launch, "launch", launch_with_timeout)
+async def test_run_evaluation_raises_when_the_request_times_out(autojump_clock, tmp_path: Path):
+    # A timed-out request is not a success either.
     with pytest.raises(RunFailedError, match="timed_out"):
-        await agentcompass.run_evaluation(sleepy_request("a", [10], tmp_path))
+        await run_evaluation(sleepy_request("a", [10], tmp_path), timeout_seconds=5)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +79,7 @@ async def test_orchestration_status_and_exit_code(
     autojump_clock, tmp_path: Path, outcomes, status, exit_code, request_statuses
 ):
     requests = [request(f"r{i}", outcome, tmp_path) for i, outcome in enumerate(outcomes)]
-    result = await agentcompass.launch(Orchestration(requests, task_concurrency=2))
+    result = await launch(Orchestration(requests, task_concurrency=2))
     assert (result.status, result.exit_code) == (status, exit_code)
     assert [r.status for r in result.requests] == request_statuses
     assert [r.name for r in result.requests] == [f"r{i}" for i in range(len(outcomes))]
@@ -98,7 +91,7 @@ async def test_a_request_whose_tasks_cannot_load_fails_and_the_others_run(autoju
     broken = fake_request(
         "broken", log="broken", benchmark={"script": {"*": {"load_tasks": ["raise"]}}}, output_root=tmp_path
     )
-    result = await agentcompass.launch(Orchestration([broken, request("ok", "ok", tmp_path)], task_concurrency=2))
+    result = await launch(Orchestration([broken, request("ok", "ok", tmp_path)], task_concurrency=2))
     assert (result.status, result.exit_code) == ("partial_failure", 1)
     assert [r.status for r in result.requests] == ["failed", "succeeded"]
     info = read_json(only_run_dir(tmp_path, "broken") / "run_info.json")
@@ -116,7 +109,7 @@ async def test_launch_installs_no_signal_handlers(autojump_clock, tmp_path: Path
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(look_while_running)
-        result = await agentcompass.launch(Orchestration([sleepy_request("a", [10, 10], tmp_path)]))
+        result = await launch(Orchestration([sleepy_request("a", [10, 10], tmp_path)]))
     assert result.status == "succeeded"
     assert during == before
     assert {sig: signal.getsignal(sig) for sig in watched} == before

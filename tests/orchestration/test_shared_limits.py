@@ -17,6 +17,7 @@ from _orch_support import (  # noqa: F401  (fixtures)
     Timeline,
     _instrumented,
     instrumented,
+    launch,
     sleepy_request,
     timeline,
 )
@@ -57,7 +58,7 @@ def test_capacity_is_never_exceeded_and_fully_used(tmp_path_factory, durations, 
         orchestration = Orchestration(
             [request], task_concurrency=concurrency, providers={"fake-env": ProviderLimits(capacity=capacity)}
         )
-        result = trio.run(agentcompass.launch, orchestration, clock=MockClock(autojump_threshold=0))
+        result = trio.run(launch, orchestration, clock=MockClock(autojump_threshold=0))
     assert result.status == "succeeded"
     counts = timeline.open_counts()
     expected = min(capacity, concurrency, len(durations))
@@ -72,7 +73,7 @@ async def test_open_rate_through_launch(autojump_clock, tmp_path: Path, timeline
     # one open every 0.2 s, the last 3.8 s after the first.
     request = sleepy_request("a", [0.9] * 20, tmp_path)
     orchestration = Orchestration([request], task_concurrency=20, providers={"fake-env": ProviderLimits(open_qps=5)})
-    result = await agentcompass.launch(orchestration)
+    result = await launch(orchestration)
     assert result.status == "succeeded"
     opens = [m.t for m in timeline.select("open", "a")]
     assert len(opens) == 20
@@ -91,7 +92,7 @@ async def test_open_rate_and_capacity_together(autojump_clock, tmp_path: Path, t
     orchestration = Orchestration(
         [request], task_concurrency=4, providers={"fake-env": ProviderLimits(capacity=2, open_qps=0.5)}
     )
-    await agentcompass.launch(orchestration)
+    await launch(orchestration)
     opens = [m.t for m in timeline.select("open", "a")]
     assert [t - opens[0] for t in opens] == pytest.approx([0, 2, 4, 6])
     assert max(held(timeline.open_counts())) == 1
@@ -109,7 +110,7 @@ async def test_concurrent_launches_share_the_provider_capacity(autojump_clock, t
             task_concurrency=3,
             providers={"fake-env": ProviderLimits(capacity=2)},
         )
-        results[name] = await agentcompass.launch(orchestration)
+        results[name] = await launch(orchestration)
 
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
@@ -150,7 +151,7 @@ async def test_the_smallest_capacity_of_concurrent_launches_wins(autojump_clock,
             task_concurrency=3,
             providers={"fake-env": ProviderLimits(capacity=capacity)},
         )
-        results[name] = await agentcompass.launch(orchestration)
+        results[name] = await launch(orchestration)
         ended[name] = trio.current_time()
 
     with structlog.testing.capture_logs() as logs:
@@ -169,7 +170,7 @@ async def test_the_smallest_capacity_of_concurrent_launches_wins(autojump_clock,
 async def test_unlimited_provider_uses_every_worker(autojump_clock, tmp_path: Path, timeline: Timeline):
     # No providers configured: capacity is unlimited (math.inf), the workers bound.
     request = sleepy_request("a", [2] * 7, tmp_path)
-    await agentcompass.launch(Orchestration([request], task_concurrency=5))
+    await launch(Orchestration([request], task_concurrency=5))
     counts = timeline.open_counts()
     assert max(held(counts)) == 5
     check_fully_used(counts, 7, 5)

@@ -6,13 +6,13 @@ from pathlib import Path
 
 from _orch_support import (  # noqa: F401  (fixtures)
     _instrumented,
+    launch,
     only_run_dir,
     read_json,
     sleepy_request,
     timeline,
 )
 
-import agentcompass
 from agentcompass import Orchestration
 
 
@@ -20,7 +20,7 @@ async def test_unfinished_tasks_count_as_unavailable_and_progress_is_final(autoj
     # One worker, 10 s a task, deadline 25 s: two tasks finish, one is cut
     # off while running, two never start.
     request = sleepy_request("a", [10] * 5, tmp_path)
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
+    result = await launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
     assert result.status == "timed_out"
     run_dir = only_run_dir(tmp_path, "a")
     metrics = read_json(run_dir / "metrics.json")
@@ -33,9 +33,7 @@ async def test_unfinished_tasks_count_as_unavailable_and_progress_is_final(autoj
     assert "3 of 5 task(s) did not finish before the run was timed_out" in summary
 
 
-async def test_a_record_that_cannot_be_written_fails_the_request_and_is_unavailable(
-    autojump_clock, tmp_path: Path, monkeypatch
-):
+async def test_a_record_that_cannot_be_written_fails_the_request_and_is_unavailable(autojump_clock, tmp_path: Path):
     """Workers do not wait for the disk; a record that then fails to be
     written is not reported finished, counts as unavailable, and fails the
     request (a --reuse run runs the task again)."""
@@ -43,18 +41,12 @@ async def test_a_record_that_cannot_be_written_fails_the_request_and_is_unavaila
 
     from _orch_support import read_jsonl
 
-    from agentcompass._store._run_store import RunStore
+    from agentcompass._store import FakeDisk
 
-    save = RunStore.save_task
-
-    async def failing(self, record):
-        if record.task_id == "a01":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        await save(self, record)
-
-    monkeypatch.setattr(RunStore, "save_task", failing)
+    disk = FakeDisk()
+    disk.fail("write", errno.ENOSPC, "*/details/*a01*", times=None)
     request = sleepy_request("a", [1, 1, 1], tmp_path)
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=2))
+    result = await launch(Orchestration([request], task_concurrency=2), disk=disk)
     assert result.status == "failed" and result.exit_code == 1
     run_dir = only_run_dir(tmp_path, "a")
     info = read_json(run_dir / "run_info.json")
@@ -85,7 +77,7 @@ async def test_a_task_waiting_to_retry_at_the_deadline_counts_as_unavailable(aut
             output_root=tmp_path / str(i),
             execution=ExecutionSpec(max_retries=1, retry_min_delay_seconds=20, retry_max_delay_seconds=20),
         )
-        result = await agentcompass.launch(Orchestration([request], task_concurrency=2, timeout_seconds=5))
+        result = await launch(Orchestration([request], task_concurrency=2, timeout_seconds=5))
         assert result.status == "timed_out"
         run_dir = only_run_dir(tmp_path / str(i), "a")
         (series,) = read_json(run_dir / "metrics.json")["series"].values()

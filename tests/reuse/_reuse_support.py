@@ -1,13 +1,11 @@
-"""Helpers for the in-process reuse tests: thread work inline, run-dir readers.
+"""Helpers for the in-process reuse tests: :func:`launch_one` on a fake disk, run-dir readers.
 
-Store I/O and the other thread hops of a run of the fakes (reading the
-reuse source, ``trio.Path``) run inline (after a checkpoint), and the store
-does not flush to the disk. Under ``autojump_clock`` a task blocked on a
-worker thread counts as idle, so the clock would jump to the next timer
-while the thread works, and a ``trio.move_on_after`` around ``launch`` would
-fire at an arbitrary point. Inline, mock time is exact: a fake ``sleep:10``
-takes exactly 10 s and nothing else takes any. Durability is the store
-tests' subject, not ours.
+Run stores write, and reuse reads its source, through a :class:`FakeDisk`
+given to the orchestration: no worker thread, no flushes. Under
+``autojump_clock`` a task blocked on a worker thread counts as idle, so the
+clock would jump to the next timer while the thread works; on the fake disk
+mock time is exact: a fake ``sleep:10`` takes exactly 10 s and nothing else
+takes any. Durability is the store tests' subject, not ours.
 """
 
 from __future__ import annotations
@@ -19,26 +17,13 @@ from typing import Any
 
 import attrs
 import pytest
-import trio
 
 import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, RunRequest
-from agentcompass._store import FakeDisk, use_disk
+from agentcompass._orchestration._launch import orchestrate
+from agentcompass._store import FakeDisk
 from agentcompass.testing import call_log, reset_logs
-
-
-async def _inline_store_io(fn: Any, *args: Any, **_thread_options: Any) -> Any:
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
-
-
-@pytest.fixture(autouse=True)
-def _inline_store() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp, use_disk(FakeDisk()):
-        mp.setattr(trio.to_thread, "run_sync", _inline_store_io)
-        mp.setattr(trio._path, "run_sync", _inline_store_io)
-        yield
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +37,7 @@ def _fresh_logs() -> Iterator[None]:
 
 
 async def launch_one(request: RunRequest, *, concurrency: int = 4) -> agentcompass.RequestResult:
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=concurrency))
+    result = await orchestrate(Orchestration([request], task_concurrency=concurrency), disk=FakeDisk())
     [request_result] = result.requests
     return request_result
 

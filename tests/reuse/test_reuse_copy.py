@@ -22,9 +22,10 @@ import trio
 
 import agentcompass
 from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
+from agentcompass._orchestration._launch import orchestrate
 from agentcompass._orchestration._reuse import ReusePlan, _copy_into
 from agentcompass._redact import MASK, _values_pattern
-from agentcompass._store import FakeDisk, load_run, open_run_store, task_key, use_disk
+from agentcompass._store import Disk, FakeDisk, load_run, open_run_store, task_key
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 from agentcompass.testing import fake_request, reset_logs
 
@@ -39,8 +40,8 @@ def _record_files(run_dir: str | Path) -> dict[str, Path]:
     return {json.loads(p.read_bytes())["task_id"]: p for p in Path(run_dir).glob("details/*/*.json")}
 
 
-async def _launch(request: agentcompass.RunRequest) -> agentcompass.RequestResult:
-    result = await agentcompass.launch(Orchestration([request], task_concurrency=4))
+async def _launch(request: agentcompass.RunRequest, disk: Disk | None = None) -> agentcompass.RequestResult:
+    result = await orchestrate(Orchestration([request], task_concurrency=4), disk=disk)
     [request_result] = result.requests
     return request_result
 
@@ -88,8 +89,7 @@ async def test_a_record_that_cannot_be_linked_is_written(tmp_path: Path) -> None
     first = await _launch(_request(tmp_path, 1))
     disk = FakeDisk()
     disk.fail("link", errno.EXDEV, times=None)
-    with use_disk(disk):
-        second = await _launch(_request(tmp_path, 1, reuse=True))
+    second = await _launch(_request(tmp_path, 1, reuse=True), disk)
     old, new = _record_files(first.run_dir), _record_files(second.run_dir)
     assert set(new) == set(old)
     for task_id, path in new.items():

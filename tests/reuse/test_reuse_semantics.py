@@ -16,7 +16,6 @@ import pytest
 import trio
 from _reuse_support import (  # noqa: F401  (fixtures)
     _fresh_logs,
-    _inline_store,
     agent_calls,
     checkpoints,
     details,
