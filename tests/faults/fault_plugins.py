@@ -34,14 +34,13 @@ import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import (
     BaseEnvironment,
     BaseHarness,
-    EnvironmentSession,
-    ExecResult,
     NetworkPolicy,
     PreparedTask,
     RunBudget,
     RunResult,
     register,
 )
+from agentcompass.testing import MemorySession
 
 
 def append_line(path: str, line: str) -> None:
@@ -60,35 +59,17 @@ class RecEnvConfig:
     open_seconds: float = 0.0
 
 
-@attrs.define(eq=False)
-class RecSession(EnvironmentSession):
-    name: str
-    options: RecEnvConfig
-    closed: bool = False
+class RecSession(MemorySession):
+    """An in-memory session that removes its directory and logs its close."""
+
+    def __init__(self, name: str, options: RecEnvConfig):
+        super().__init__()
+        self.name = name
+        self.options = options
 
     @property
     def handle(self) -> dict[str, Any]:
         return {"name": self.name}
-
-    async def exec(
-        self,
-        cmd: str | list[str],
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> ExecResult:
-        await trio.lowlevel.checkpoint()
-        return ExecResult(0)
-
-    async def read_file(self, path: str) -> bytes:
-        await trio.lowlevel.checkpoint()
-        raise FileNotFoundError(path)
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        await trio.lowlevel.checkpoint()
-
-    async def set_network_policy(self, policy: NetworkPolicy) -> None:
-        await trio.lowlevel.checkpoint()
 
     async def close(self) -> None:
         if not self.closed:
