@@ -42,19 +42,31 @@ log = get_logger("agentcompass.launch")
 
 class _LocalGrants:
     """Driver-owned limits granted in-process (see ``runtime._executor.Grants``).
-    Each call is a schedule point, a permit or token free or not."""
+
+    A free permit or an unlimited open rate is granted without a schedule
+    point (cancellation is still checked first): each one puts every attempt
+    behind every runnable task, so attempts advance in lockstep (bench
+    ``latency``: wall / ideal 1.8 without them, 2.0-2.4 with them)."""
 
     def __init__(self) -> None:
         self.registry = provider_limits()
 
     async def acquire_capacity(self, provider: str, holder: object) -> None:
-        await self.registry.capacity(provider).acquire_on_behalf_of(holder)
+        limiter = self.registry.capacity(provider)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            limiter.acquire_on_behalf_of_nowait(holder)  # refused while others wait (FIFO)
+        except trio.WouldBlock:
+            await limiter.acquire_on_behalf_of(holder)
 
     def release_capacity(self, provider: str, holder: object) -> None:
         self.registry.capacity(provider).release_on_behalf_of(holder)
 
     async def open_token(self, provider: str) -> None:
-        await self.registry.acquire_open_token(provider)
+        bucket = self.registry.open_rate_bucket(provider)
+        if bucket is not None:
+            await bucket.acquire()
+        # Else the permit's cancellation check just before is this call's.
 
 
 def _overall(results: list[RequestResult], timed_out: bool) -> tuple[str, int]:

@@ -1,8 +1,11 @@
-"""The runtime's own schedule points: every blocking call checkpoints.
+"""The runtime's own schedule points on the per-attempt path.
 
-Asking for a capacity permit or an open-rate token is a schedule point even
-when one is free, so components that never yield cannot starve the rest of
-the run, and a cancelled caller takes nothing.
+Under load, every schedule point puts an attempt behind every other
+runnable task, so attempts that yield several times between two harness
+calls advance in lockstep. A free capacity permit (or an unlimited open
+rate) is therefore granted without one; a cancelled caller still takes
+nothing, and components that never yield still cannot starve the run: a
+task starts as a task of its own and awaits its record's write.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class _Steps(trio.abc.Instrument):
             self.steps += 1
 
 
-async def test_a_free_permit_and_token_are_schedule_points() -> None:
+async def test_a_free_permit_is_taken_without_a_schedule_point() -> None:
     grants = _LocalGrants()
     steps = _Steps(trio.lowlevel.current_task())
     trio.lowlevel.add_instrument(steps)
@@ -42,7 +45,7 @@ async def test_a_free_permit_and_token_are_schedule_points() -> None:
         await grants.open_token("schedule-points-free")
     finally:
         trio.lowlevel.remove_instrument(steps)
-    assert steps.steps == 2
+    assert steps.steps == 0
     assert grants.registry.capacity("schedule-points-free").borrowed_tokens == 1
 
 
@@ -104,11 +107,12 @@ async def test_components_that_never_yield_do_not_starve_the_run(tmp_path: Path)
         done = True
     assert result.status == "succeeded"
     assert NOOP_SESSIONS["opened"] - opened == tasks
-    # One slot, components that never yield: the runtime's own schedule
-    # points (the permit, the token, the record's write) still let the
-    # ticker run between every two sandbox opens.
+    # One slot, components that never yield: each task yields at least
+    # once (it starts as a task of its own and awaits its record's write).
+    # The ticker and the tasks run once per scheduler batch, in either
+    # order, so the ticker sees at most two sandbox opens pass.
     gaps = [after - before for before, after in zip(seen, seen[1:], strict=False)]
-    assert max(gaps) <= 1
+    assert max(gaps) <= 2
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])
