@@ -7,7 +7,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -85,18 +85,14 @@ class GraceClock:
         return min(trio.current_time() + self.grace, self.hard_deadline)
 
 
-class Slots:
-    """The ``task_concurrency`` limit: free slots, and the dispatcher's wake-up
-    (a slot freed, a record durable, a request prepared)."""
-
-    def __init__(self, free: int):
-        self.free = free
-        self.changed = trio.lowlevel.ParkingLot()
+class Slots(Protocol):
+    """The ``task_concurrency`` limit as a task sees it (the dispatcher)."""
 
     def release(self) -> None:
-        self.free += 1
-        self.changed.unpark_all()
+        """The task's attempts are done: its slot is free."""
 
+    def landed(self) -> None:
+        """The task's record is durable (or given up)."""
 
 
 def _register_secrets(value: Any) -> None:

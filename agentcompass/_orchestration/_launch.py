@@ -149,8 +149,10 @@ async def _launch(
     def terminal_status() -> str:
         return "timed_out" if trio.current_time() >= deadline else "cancelled"
 
-    dispatcher = Dispatcher(runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, terminal_status)
     work_scope = trio.CancelScope()
+    dispatcher = Dispatcher(
+        runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, terminal_status, work_scope
+    )
     timed_out = finished = False
 
     def shut_down() -> None:
@@ -186,8 +188,7 @@ async def _launch(
         # opened outside the work's scope: the deadline never reaches them.
         with grace.bounded_shield() as shield:
             async with _open_stores(runs, grace):
-                with work_scope:
-                    await dispatcher.run()
+                await dispatcher.run()
                 # A request the deadline or a cancellation stopped before it
                 # started still gets its terminal state (SPEC 7).
                 with trio.move_on_at(grace.deadline(), shield=True):

@@ -297,7 +297,7 @@ class RequestRun:
         finally:
             del self.landing[task_id]
             self.in_flight -= 1
-            slots.changed.unpark_all()
+            slots.landed()
             if not self.in_flight:
                 self._idle.unpark_all()
             if not self.tallied:

@@ -3,11 +3,11 @@
 * Requests are prepared in declaration order, pipelined: request i+1 starts
   preparing once 0..i are prepared and their pending tasks number fewer
   than ``task_concurrency``.
-* At most ``task_concurrency`` tasks run at once. The dispatcher takes a
-  free slot, then the next task of the earliest request that still has
-  pending tasks, and starts it in that request's nursery; the task gives the
-  slot back when its attempts are done. That is a priority, not a barrier:
-  active tasks of an earlier request overlap a later one's.
+* At most ``task_concurrency`` tasks run at once. Whenever a slot is free
+  (a task's attempts are done, a request was prepared, a record landed),
+  the dispatcher starts the next task of the earliest request that still
+  has pending tasks, in that request's nursery. That is a priority, not a
+  barrier: active tasks of an earlier request overlap a later one's.
 * A request finalizes once its own tasks are done and every earlier request
   handed out its tasks (see ``_request.request_scope``).
 
@@ -22,13 +22,12 @@ from collections.abc import Callable
 import trio
 
 from ..runtime._executor import Executor, Grants
-from ._context import Slots
 from ._request import RequestRun, request_scope
 
 __all__ = ["Dispatcher"]
 
-#: The tasks of one request started and not yet durable before the
-#: dispatcher waits: ``max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * task_concurrency)``.
+#: The tasks of one request started and not yet durable before no more of
+#: its tasks start: ``max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * task_concurrency)``.
 #: Under load a record takes 150-350 ms from queued to durable, so a few per
 #: slot keep the slots busy (bench ``overhead``); a record is a few KB.
 MIN_IN_FLIGHT = 256
@@ -36,7 +35,10 @@ IN_FLIGHT_PER_SLOT = 4
 
 
 class Dispatcher:
-    """Prepares the requests in order and starts their tasks, earliest request first."""
+    """Prepares the requests in order and starts their tasks, earliest request
+    first. It is what the tasks hold as their :class:`Slots`: a task giving
+    its slot back, or its record landing, starts the next task at once (not
+    a scheduler batch later, in a dispatcher task of its own)."""
 
     def __init__(
         self,
@@ -45,40 +47,60 @@ class Dispatcher:
         executor: Executor,
         grants: Grants,
         terminal_status: Callable[[], str],
+        scope: trio.CancelScope,
     ):
         self.runs = runs
         self.concurrency = concurrency
         self.executor = executor
         self.grants = grants
         self.terminal_status = terminal_status
+        #: The work's scope: once it is cancelled no task starts.
+        self.scope = scope
         self.max_in_flight = max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * concurrency)
-        self.slots = Slots(concurrency)
-        self._all_prepared = False
+        self._free = concurrency
         #: Woken when a task was taken (preparation waits for room).
         self._taken = trio.lowlevel.ParkingLot()
 
     async def run(self) -> None:
-        """The orchestration's work: every request scope and every task."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._dispatch)
-            await self._prepare_all(nursery)
-
-    async def _prepare_all(self, nursery: trio.Nursery) -> None:
-        try:
-            for run in self.runs:
-                while sum(len(r.pending) for r in self.runs[: run.index]) >= self.concurrency:
-                    await self._taken.park()
-                await nursery.start(self._request, run)
-                self.slots.changed.unpark_all()
-        finally:
-            self._all_prepared = True
-            self.slots.changed.unpark_all()
+        """The orchestration's work: every request scope and every task,
+        in ``scope``."""
+        with self.scope:
+            async with trio.open_nursery() as nursery:
+                for run in self.runs:
+                    while sum(len(r.pending) for r in self.runs[: run.index]) >= self.concurrency:
+                        await self._taken.park()
+                    await nursery.start(self._request, run)
+                    self._fill()
 
     async def _request(self, run: RequestRun, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             await request_scope(run, self.runs[: run.index], self.terminal_status, task_status=task_status)
         finally:
             self.executor.forget(run.request)
+
+    def release(self) -> None:
+        """A task's attempts are done: its slot is free."""
+        self._free += 1
+        self._fill()
+
+    def landed(self) -> None:
+        """A task's record is durable (or given up): room in its request's backlog."""
+        self._fill()
+
+    def _fill(self) -> None:
+        """Start every task that can start: while a slot is free, the next
+        task of the earliest request with pending tasks, unless that request
+        has ``max_in_flight`` records on their way (a slow disk makes the
+        run wait, not memory grow)."""
+        if self.scope.cancel_called:
+            return
+        while self._free:
+            run = self._earliest()
+            if run is None or run.in_flight >= self.max_in_flight:
+                break
+            self._free -= 1
+            run.start_task(run.pending.popleft(), self, self.executor, self.grants)
+        self._taken.unpark_all()
 
     def _earliest(self) -> RequestRun | None:
         for run in self.runs:
@@ -87,21 +109,3 @@ class Dispatcher:
             if not run.prepared:
                 return None
         return None
-
-    async def _dispatch(self) -> None:
-        """Start every task that can start, then wait until another can: a
-        slot is free, the earliest request with pending tasks has fewer than
-        ``max_in_flight`` records on their way (a slow disk makes the
-        dispatcher wait, not memory grow)."""
-        slots = self.slots
-        while True:
-            run = self._earliest()
-            if run is None:
-                if self._all_prepared:
-                    return
-            elif slots.free and run.in_flight < self.max_in_flight:
-                slots.free -= 1
-                run.start_task(run.pending.popleft(), slots, self.executor, self.grants)
-                self._taken.unpark_all()
-                continue
-            await slots.changed.park()
