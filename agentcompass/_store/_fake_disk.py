@@ -18,6 +18,12 @@ Usage::
 
     disk.stall()              # runs wait here (a stalled disk) ...
     disk.resume()             # ... until resumed
+
+With ``latency=0`` (the default) a run is one schedule point no cancellation
+interrupts, like a disk that takes no time; a latency or a stall is
+cancellable, so the store's close deadline gives it up as it gives up a
+real disk's thread. :attr:`~FakeDisk.ops` lists every operation done and
+:attr:`~FakeDisk.runs` counts the worker calls (one per batch).
 """
 
 from __future__ import annotations

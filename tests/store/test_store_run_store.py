@@ -1,4 +1,4 @@
-"""RunStore: layout, checkpoints -> details, sessions, progress, group commit."""
+"""RunStore: layout, checkpoints -> details, sessions, progress, batches, the real and the fake disk."""
 
 from __future__ import annotations
 
