@@ -77,6 +77,7 @@ class Dispatcher:
             await request_scope(run, self.runs[: run.index], self.terminal_status, task_status=task_status)
         finally:
             self.executor.forget(run.request)
+            self._fill()  # its pending tasks are gone: the next request may prepare
 
     def release(self) -> None:
         """A task's attempts are done: its slot is free."""
