@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from agentcompass._store import FakeDisk, load_run, open_run_store
 from agentcompass.runtime import AttemptRecord, TaskRecord
@@ -58,3 +59,19 @@ async def test_a_write_that_fails_leaves_the_others_of_its_batch(tmp_path: Path)
 def test_an_unknown_operation_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown disk operation 'fsync'"):
         FakeDisk().fail("fsync")
+
+
+async def test_write_journals_now_writes_lines_a_stalled_batch_holds(tmp_path: Path, autojump_clock: object) -> None:
+    # A second Ctrl-C exits without unwinding: the session lines still queued
+    # (or in a batch stuck on the disk) are written there and then.
+    from agentcompass._store._run_store import write_journals_now
+
+    disk = FakeDisk()
+    deadline = trio.current_time() + 5
+    async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: deadline) as store:
+        disk.stall()
+        await store.journal_session("opened", "s1", "docker", {"id": 1}, durable=False)
+        await trio.testing.wait_all_tasks_blocked()  # its batch is stuck on the disk
+        assert load_run(store.run_dir).open_sessions == []
+        write_journals_now()
+        assert load_run(store.run_dir).open_sessions == [("s1", "docker", {"id": 1})]
