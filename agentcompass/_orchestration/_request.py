@@ -66,10 +66,13 @@ class _Landing:
     count: int = 0
     #: Attempts whose checkpoint is durable (reported finished already).
     durable: set[int] = attrs.Factory(set)
-    lot: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+    #: Where the record waits, made only when it has to (most tasks never do).
+    lot: trio.lowlevel.ParkingLot | None = None
 
     async def wait(self) -> None:
         while self.count:
+            if self.lot is None:
+                self.lot = trio.lowlevel.ParkingLot()
             await self.lot.park()
 
 
@@ -319,7 +322,7 @@ class RequestRun:
                 )
         finally:
             landing.count -= 1
-            if not landing.count:
+            if not landing.count and landing.lot is not None:
                 landing.lot.unpark_all()
 
     async def _save(self, record: TaskRecord, earlier: dict[int, Any], checkpointed: set[int]) -> None:

@@ -101,7 +101,8 @@ class Dispatcher:
                 break
             self._free -= 1
             run.start_task(run.pending.popleft(), self, self.executor, self.grants)
-        self._taken.unpark_all()
+        if self._taken:
+            self._taken.unpark_all()
 
     def _earliest(self) -> RequestRun | None:
         for run in self.runs:

@@ -43,7 +43,8 @@ class Write:
     #: A task directory whose checkpoints to remove then (found by listing it).
     sweep: str | None = None
     notify: Callable[[Exception | None], None] | None = None  # compat: removed once orchestration awaits
-    done: trio.Event = attrs.Factory(trio.Event)
+    #: Set once the write is done, for a caller that waits (None: nobody does).
+    done: trio.Event | None = None
     error: Exception | None = None
     #: The appended data is in the file (it may not be durable yet).
     written: bool = False

@@ -196,6 +196,7 @@ class RunStore:
     _sessions: str = attrs.field(
         init=False, default=attrs.Factory(lambda self: str(self.run_dir / "sessions.jsonl"), takes_self=True)
     )
+    _root: str = attrs.field(init=False, default=attrs.Factory(lambda self: str(self.run_dir), takes_self=True))
     _keys: dict[str, str] = attrs.Factory(dict)
     _pending: list[Write] = attrs.Factory(list)
     _in_flight: list[Write] = attrs.Factory(list)
@@ -426,10 +427,10 @@ class RunStore:
         return key
 
     def _task_dir(self, task_id: str) -> str:
-        return os.path.join(self.run_dir, "tasks", self._key(task_id))
+        return f"{self._root}{os.sep}tasks{os.sep}{self._key(task_id)}"
 
     def _details_dir(self, severity: str) -> str:
-        return os.path.join(self.run_dir, "details", severity)
+        return f"{self._root}{os.sep}details{os.sep}{severity}"
 
     def _path(self, name: str) -> str:
         relative = Path(name)
@@ -478,8 +479,9 @@ class RunStore:
         self._wake.set()
 
     async def _write(self, write: Write) -> None:
+        write.done = done = trio.Event()
         self._queue(write)
-        await write.done.wait()
+        await done.wait()
         if write.error is not None:
             # A fresh exception per caller: one error may fail a whole batch.
             err = write.error
@@ -548,7 +550,8 @@ class RunStore:
                 if write.error is not None and self._failure is None:
                     self._failure = f"could not write progress: {write.error}".splitlines()[0]
             for write in batch:
-                write.done.set()
+                if write.done is not None:
+                    write.done.set()
                 if write.notify is not None:  # compat: removed once orchestration awaits
                     write.notify(write.error)
 
@@ -589,12 +592,11 @@ def _encode_lines(events: list[tuple[str, float, dict[str, Any]]]) -> bytes:
     """``progress.jsonl`` lines, masked as one text (no pattern spans a line:
     JSON escapes every newline inside a string)."""
     lines = []
+    encode = _COMPACT.encode
     for kind, now, fields in events:
-        entry: dict[str, Any] = {"event": kind, "t": now}
-        for name, value in fields.items():
-            if name != "event" and name != "t":
-                entry[name] = value
-        lines.append(_COMPACT.encode(entry))
+        if "event" in fields or "t" in fields:
+            fields = {name: value for name, value in fields.items() if name != "event" and name != "t"}
+        lines.append(encode({"event": kind, "t": now, **fields}))
     lines.append("")
     return _mask("\n".join(lines)).encode()
 
@@ -644,7 +646,8 @@ async def open_run_store(
             leftovers, store._pending = store._pending, []
             for write in leftovers:
                 write.error = OSError(errno.ECANCELED, "run store closed before this write")
-                write.done.set()
+                if write.done is not None:
+                    write.done.set()
                 if write.notify is not None:
                     write.notify(write.error)
             _OPEN_STORES.discard(store)
