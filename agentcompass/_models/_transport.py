@@ -58,9 +58,9 @@ class _Connection:
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
 
-    def reusable(self, now: float) -> bool:
+    def reusable(self, now: float, keepalive: float) -> bool:
         """Young enough, and nothing to read: an idle connection the server closed is readable."""
-        if now - self.idle_since >= _KEEPALIVE_SECONDS:
+        if now - self.idle_since >= keepalive:
             return False
         try:
             readable, _, _ = select.select([self.fileno], [], [], 0)
@@ -71,13 +71,25 @@ class _Connection:
 
 class H11Transport(httpx.AsyncBaseTransport):
     """An HTTP/1.1 connection pool of ``max_connections`` for ``httpx.AsyncClient``
-    (see the module docstring)."""
+    (see the module docstring).
 
-    def __init__(self, max_connections: int, ssl_context: ssl.SSLContext | None = None):
+    ``ssl_context`` verifies ``https`` servers; by default httpx's (the
+    system's trust store, or certifi's), made at the first ``https``
+    connection: loading it costs more than a hundred loopback calls.
+    ``keepalive_seconds`` is how long an idle connection may be reused.
+    """
+
+    def __init__(
+        self,
+        max_connections: int,
+        ssl_context: ssl.SSLContext | None = None,
+        keepalive_seconds: float = _KEEPALIVE_SECONDS,
+    ):
         self._slots = trio.Semaphore(max_connections)
         self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()
         self._ssl_context = ssl_context
+        self._keepalive = keepalive_seconds
         self._closed = False
 
     @property
@@ -116,7 +128,7 @@ class H11Transport(httpx.AsyncBaseTransport):
             now = trio.current_time()
             while stack:
                 connection = stack.pop()
-                if connection.reusable(now):
+                if connection.reusable(now, self._keepalive):
                     return connection
                 await self._close(connection)
         return await self._connect(key, url.host, timeout, request)
@@ -131,7 +143,9 @@ class H11Transport(httpx.AsyncBaseTransport):
                 raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
             stream: trio.abc.Stream = socket_stream
             if key[0] == b"https":
-                context = self._ssl_context or ssl.create_default_context()
+                if self._ssl_context is None:
+                    self._ssl_context = httpx.create_ssl_context(trust_env=False)
+                context = self._ssl_context
                 stream = trio.SSLStream(socket_stream, context, server_hostname=host, https_compatible=True)
                 try:
                     await stream.do_handshake()
@@ -298,7 +312,7 @@ def endpoint_client(key: str, timeout: float, size: int) -> httpx.AsyncClient:
         # The endpoint's key is part of its identity: the header belongs to its client.
         headers={"Authorization": f"Bearer {key}"} if key else None,
         timeout=httpx.Timeout(timeout),
-        transport=H11Transport(size, httpx.create_ssl_context(trust_env=False)),
+        transport=H11Transport(size),
         # No proxy from the environment: an endpoint is reached as configured.
         trust_env=False,
     )
