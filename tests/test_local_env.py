@@ -299,6 +299,18 @@ async def test_close_is_idempotent_and_removes_the_directory(tmp_path: Path):
     assert not root.exists()
 
 
+async def test_close_removes_links_and_files_beside_the_subdirectories_without_following_links(tmp_path: Path):
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    session = await LocalEnvironment({"root": str(tmp_path / "sandboxes")}).open(None, FULL)
+    root = root_of(session)
+    # Top-level entries of the sandbox itself: a link to a directory elsewhere, a file, a full directory.
+    await session.exec(f"ln -s {outside} ../dirlink && echo x > ../file && mkdir ../extra && touch ../extra/f")
+    await session.close()
+    assert not root.exists()
+    assert (outside / "keep").is_dir()  # the link was removed, not followed
+
+
 @needs_proc
 async def test_close_kills_leftover_background_processes(session: LocalSession):
     background = await session.exec("sleep 1000 >/dev/null 2>&1 & echo $!")

@@ -455,20 +455,24 @@ def _make_sandbox(root: str | Path | None, name: str) -> str:
 def _remove_sandbox(root: str) -> None:
     """Blocking: remove a sandbox directory, the marker last, so that a
     removal cut short can still be recognised (and reaped) later."""
-    if not os.path.isdir(root):
-        return
     # Every step tolerates a concurrent removal: a close whose grace ran out
     # leaves its removal running while another close finishes the job.
     try:
-        entries = os.listdir(root)
-    except FileNotFoundError:
+        with os.scandir(root) as listing:
+            # The entry's type comes with the listing: no stat per entry.
+            entries = [(entry.path, entry.is_dir(follow_symlinks=False)) for entry in listing]
+    except (FileNotFoundError, NotADirectoryError):
         return
-    for entry in entries:
-        if entry == MARKER_FILE:
+    for path, is_dir in entries:
+        if os.path.basename(path) == MARKER_FILE:
             continue
-        path = os.path.join(root, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            _rmtree(path)
+        if is_dir:
+            try:
+                os.rmdir(path)  # most subdirectories are empty: one call instead of a tree walk
+            except FileNotFoundError:
+                pass
+            except OSError:
+                _rmtree(path)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
