@@ -274,7 +274,7 @@ async def _next_event(connection: _Connection, timeout: float | None, request: h
             raise httpx.ReadTimeout("timed out waiting for the reply", request=request)
         if not data and state.their_state is h11.SEND_RESPONSE:
             raise httpx.RemoteProtocolError("the server closed the connection without replying", request=request)
-        state.receive_data(data)
+        state.receive_data(bytes(data))  # the same object for bytes
 
 
 def _seconds(timeout: float | None) -> float:
