@@ -88,8 +88,8 @@ class Child:
         await self.stderr.aclose()
 
 
-async def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> Child:
-    """Start ``argv`` in ``cwd`` with exactly ``env``, leading a new session.
+async def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str] | Mapping[bytes, bytes]) -> Child:
+    """Start ``argv`` in ``cwd`` with exactly ``env`` (``str`` or, encoded, ``bytes``), leading a new session.
 
     Failing to start raises the ``OSError`` and leaves nothing open. Once
     the spawn has begun it is not abandoned: a cancellation arriving
@@ -108,7 +108,9 @@ async def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> Child:
     return Child(popen, stdout, stderr)
 
 
-def _spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], int, int]:
+def _spawn(
+    argv: Sequence[str], cwd: str, env: Mapping[str, str] | Mapping[bytes, bytes]
+) -> tuple[subprocess.Popen[bytes], int, int]:
     """Blocking (until the child has called ``exec``): the process and the read ends of its pipes."""
     out_read, out_write = os.pipe()
     try:

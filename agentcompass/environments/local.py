@@ -190,6 +190,8 @@ class LocalSession(EnvironmentSession):
         self._env.update({f"{sub.upper()}_DIR": path for sub, path in self._dirs.items()})
         self._env[SANDBOX_ENV] = str(self._root)
         self._env[SANDBOX_NAME_ENV] = name
+        # What a spawn passes when the call adds no variables: encoded once, not per exec.
+        self._spawn_env = {os.fsencode(key): os.fsencode(value) for key, value in self._env.items()}
         # Process groups started here; close kills whatever is still in them.
         self._pgids: set[int] = set()
         self._closed = False
@@ -282,12 +284,13 @@ class LocalSession(EnvironmentSession):
         else:
             workdir = await trio.to_thread.run_sync(self._resolve_dir, cwd)
             self._check_open()
+        full_env: dict[str, str] | dict[bytes, bytes]
         if env:
             full_env = {**self._env, **env}
             full_env[SANDBOX_ENV] = self._env[SANDBOX_ENV]
             full_env[SANDBOX_NAME_ENV] = self._env[SANDBOX_NAME_ENV]
         else:
-            full_env = self._env  # only read by the spawn
+            full_env = self._spawn_env
         try:
             child = await spawn(argv, workdir, full_env)
         except OSError as exc:
