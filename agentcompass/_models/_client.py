@@ -114,8 +114,8 @@ class ChatClient:
     #: The client's headers (its key's ``Authorization`` among them) plus the JSON
     #: content type, and its timeouts: built once per endpoint, so that a call
     #: builds its body and nothing else (``http.send`` of a prepared request).
-    headers: httpx.Headers | None = None
-    extensions: dict[str, Any] | None = None
+    headers: httpx.Headers | None = attrs.field(default=None, repr=False)
+    extensions: dict[str, Any] | None = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.headers is None:

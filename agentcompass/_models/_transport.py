@@ -49,7 +49,7 @@ _READ_SIZE = 65536
 class _Connection:
     """One HTTP/1.1 connection: its stream, its ``h11`` state and its socket."""
 
-    __slots__ = ("fileno", "h11", "idle_since", "key", "stream")
+    __slots__ = ("fileno", "h11", "idle_since", "key", "reusable_after", "stream")
 
     def __init__(self, stream: trio.abc.Stream, fileno: int, key: tuple[bytes, bytes, int]):
         self.stream = stream
@@ -57,6 +57,8 @@ class _Connection:
         self.key = key
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
+        #: False once sending failed: whatever the reply, the stream is not reused.
+        self.reusable_after = True
 
     def reusable(self, now: float, keepalive: float) -> bool:
         """Young enough, and nothing to read: an idle connection the server closed is readable."""
@@ -163,7 +165,9 @@ class H11Transport(httpx.AsyncBaseTransport):
     def _put_back(self, connection: _Connection) -> bool:
         """Keep a connection whose exchange completed for the next request of its origin."""
         state = connection.h11
-        if self._closed or state.our_state is not h11.DONE or state.their_state is not h11.DONE:
+        if not connection.reusable_after or self._closed:
+            return False
+        if state.our_state is not h11.DONE or state.their_state is not h11.DONE:
             return False
         state.start_next_cycle()
         connection.idle_since = trio.current_time()
@@ -241,15 +245,24 @@ async def _exchange(
         data += state.send(h11.EndOfMessage())
     except h11.LocalProtocolError as exc:
         raise httpx.LocalProtocolError(str(exc), request=request) from None
+    write_error: httpx.WriteError | None = None
     with trio.move_on_after(_seconds(write_timeout)) as scope:
         try:
             await connection.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise httpx.WriteError(str(exc) or type(exc).__name__, request=request) from None
+            # A server may answer (413, 400) and close before reading the whole
+            # request: its reply, if it sent one, is the better outcome.
+            write_error = httpx.WriteError(str(exc) or type(exc).__name__, request=request)
+            connection.reusable_after = False
     if scope.cancelled_caught:
         raise httpx.WriteTimeout("timed out sending the request", request=request)
     while True:
-        event = await _next_event(connection, read_timeout, request)
+        try:
+            event = await _next_event(connection, read_timeout, request)
+        except httpx.TransportError:
+            if write_error is not None:
+                raise write_error from None
+            raise
         if type(event) is h11.Response:
             return event.status_code, event.headers.raw_items(), event.reason
         if type(event) is not h11.InformationalResponse:  # a 1xx: the real reply follows

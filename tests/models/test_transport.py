@@ -157,6 +157,33 @@ def tls_contexts(tmp_path):
     return server, client
 
 
+async def test_a_reply_sent_before_the_request_was_read_is_returned_not_a_write_error():
+    """A server may refuse a request by its head (413) and close without reading the body."""
+
+    async def refuse(stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while not isinstance(conn.next_event(), h11.Request):
+            conn.receive_data(await stream.receive_some(65536))
+        body = b'{"error": "too large"}'
+        headers = [("content-length", str(len(body))), ("connection", "close")]
+        await stream.send_all(
+            conn.send(h11.Response(status_code=413, headers=headers)) + conn.send(h11.Data(data=body))
+        )
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with hang_guard(20), trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, refuse, listeners)
+        transport = H11Transport(1)
+        async with httpx.AsyncClient(transport=transport) as client:
+            # Far more than the socket buffers hold: the send fails once the server has closed.
+            response = await client.post(f"http://127.0.0.1:{port}/", content=b"x" * (64 << 20))
+        assert response.status_code == 413 and response.json() == {"error": "too large"}
+        assert transport.connections == 0
+        nursery.cancel_scope.cancel()
+
+
 async def test_https_is_served_over_tls_and_its_connections_reused(tls_contexts):
     server_context, client_context = tls_contexts
     server = RawServer(ssl_context=server_context)
