@@ -43,6 +43,7 @@ import trio
 __all__ = ["H11Transport", "endpoint_client"]
 
 _KEEPALIVE_SECONDS = 5.0
+_poll = getattr(select, "poll", None)
 _READ_SIZE = 65536
 
 
@@ -65,6 +66,10 @@ class _Connection:
         if now - self.idle_since >= keepalive:
             return False
         try:
+            if _poll is not None:  # any descriptor number, where select() stops at 1024
+                poller = _poll()
+                poller.register(self.fileno, select.POLLIN)
+                return not poller.poll(0)
             readable, _, _ = select.select([self.fileno], [], [], 0)
         except (OSError, ValueError):
             return False

@@ -3,6 +3,8 @@ reuse and its limits, a server that closes idle connections, pool timeout, TLS."
 
 from __future__ import annotations
 
+import os
+import resource
 import shutil
 import ssl
 import subprocess
@@ -94,6 +96,27 @@ async def test_keep_alive_connections_are_reused_until_they_expire():
                 assert (await client.post(url + "/chat/completions", json={})).status_code == 200
         assert server.connections == 3  # an expired idle connection is closed, never reused
         nursery.cancel_scope.cancel()
+
+
+async def test_connections_on_descriptors_past_1024_are_reused_too():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if max(soft, hard if hard != resource.RLIM_INFINITY else 4096) < 1200:
+        pytest.skip("needs 1200 file descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the next socket gets a high number
+    try:
+        server = ModelServer([text("a"), text("b")])
+        async with hang_guard(20), trio.open_nursery() as nursery:
+            url = await nursery.start(server.serve)
+            async with httpx.AsyncClient(transport=H11Transport(1)) as client:
+                for _ in range(2):
+                    assert (await client.post(url + "/chat/completions", json={})).status_code == 200
+            nursery.cancel_scope.cancel()
+        assert server.connections == 1
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def test_a_connection_the_server_announced_closing_is_not_reused():
