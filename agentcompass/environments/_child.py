@@ -3,11 +3,10 @@
 What ``trio.lowlevel.open_process`` does for an exec, for less CPU per
 spawn (bench scenario ``agent``, a tool call per model call): ``Popen``
 still runs in a worker thread, since it blocks until the child has called
-``exec`` and, on a busy host, a child can wait milliseconds for a core. The
-hop uses ``trio.lowlevel.start_thread_soon`` under the default thread
-limiter, without what ``trio.to_thread.run_sync`` adds per call (a context
-copy, and naming the OS thread before and after each job). The exit is
-awaited on a pidfd (Linux 5.3+), elsewhere in a worker thread.
+``exec`` and, on a busy host, a child can wait milliseconds for a core, but
+through the lighter hop of :func:`~._worker.in_worker`, and the exit is
+awaited on a pidfd (Linux 5.3+; elsewhere in a worker thread) rather than
+through ``trio.Process``.
 
 Don't confuse this with a general subprocess API: stdin is ``/dev/null``,
 stdout and stderr are pipes the caller reads, and the child leads a new
@@ -22,12 +21,10 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
 import trio
 
-if TYPE_CHECKING:
-    import outcome
+from ._worker import in_worker
 
 __all__ = ["Child", "spawn"]
 
@@ -96,15 +93,7 @@ async def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str] | Mapping[
     meanwhile takes effect at the caller's next checkpoint, when the caller
     holds the :class:`Child` and can kill it.
     """
-    async with trio.to_thread.current_default_thread_limiter():
-        task = trio.lowlevel.current_task()
-        token = trio.lowlevel.current_trio_token()
-
-        def deliver(result: outcome.Outcome[Any]) -> None:
-            token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-
-        trio.lowlevel.start_thread_soon(lambda: _spawn(argv, cwd, env), deliver)
-        popen, stdout, stderr = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+    popen, stdout, stderr = await in_worker(_spawn, argv, cwd, env)
     return Child(popen, stdout, stderr)
 
 
