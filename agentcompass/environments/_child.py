@@ -3,8 +3,7 @@
 What ``trio.lowlevel.open_process`` does for an exec, for less CPU per
 spawn (bench scenario ``agent``, a tool call per model call): ``Popen``
 still runs in a worker thread, since it blocks until the child has called
-``exec`` and, on a busy host, a child can wait milliseconds for a core, but
-through the lighter hop of :func:`~._worker.in_worker`, and the exit is
+``exec`` and, on a busy host, a child can wait milliseconds for a core, and the exit is
 awaited on a pidfd (Linux 5.3+; elsewhere in a worker thread) rather than
 through ``trio.Process``.
 
@@ -23,8 +22,6 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 import trio
-
-from ._worker import in_worker
 
 __all__ = ["Child", "spawn"]
 
@@ -93,7 +90,7 @@ async def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str] | Mapping[
     meanwhile takes effect at the caller's next checkpoint, when the caller
     holds the :class:`Child` and can kill it.
     """
-    popen, stdout, stderr = await in_worker(_spawn, argv, cwd, env)
+    popen, stdout, stderr = await trio.to_thread.run_sync(_spawn, argv, cwd, env)
     return Child(popen, stdout, stderr)
 
 

@@ -63,7 +63,6 @@ from agentcompass.runtime import (
 )
 
 from ._child import Child, spawn
-from ._worker import in_worker
 
 __all__ = ["LocalEnvironment", "LocalSession"]
 
@@ -146,7 +145,7 @@ class LocalEnvironment(BaseEnvironment):
             name = f"local-{secrets.token_hex(4)}"
         elif not _NAME.fullmatch(name):
             raise _fail(f"session name {name!r} is not 1-40 characters of [a-z0-9-]")
-        root = await in_worker(_make_sandbox, options.root, name)
+        root = await trio.to_thread.run_sync(_make_sandbox, options.root, name)
         # No checkpoint between making the directory and handing over the session
         # that owns it, so a cancellation cannot leak it.
         return LocalSession(root, options.max_output_bytes, name)
@@ -376,7 +375,7 @@ class LocalSession(EnvironmentSession):
             await _sweep_marked(root, set(self._pgids))
         else:
             await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True, abandon_on_cancel=True)
-        await in_worker(_remove_sandbox, root, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(_remove_sandbox, root, abandon_on_cancel=True)
         self._removed = True
 
 
@@ -674,7 +673,7 @@ class _Scanner:
         self._started += 1
         roots = set(self._pending)
         try:
-            found = await in_worker(self._scan_fn, roots, abandon_on_cancel=True)
+            found = await trio.to_thread.run_sync(self._scan_fn, roots, abandon_on_cancel=True)
             for root in roots:
                 self._results[root] = found.get(root, [])
         finally:
