@@ -18,7 +18,7 @@ from . import _host, _policy
 from ._session import SandboxSession, fail
 
 #: Host programs the provider runs.
-REQUIRED_PROGRAMS = ("bwrap", "nsenter", "setpriv", "ip", "nft")
+REQUIRED_PROGRAMS = ("bwrap", "nsenter", "ip", "nft")
 
 
 def host_problem(
@@ -60,8 +60,7 @@ class SandboxEnvironment(BaseEnvironment):
 
     Config: ``memory_mb`` and ``pids_max`` (cgroup limits of the whole
     session; none by default), ``max_output_bytes`` (per stream of one
-    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter``, ``setpriv``, ``ip``
-    and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
+    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter``, ``ip`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
     id: ClassVar[str] = "sandbox"

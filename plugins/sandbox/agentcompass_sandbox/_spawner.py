@@ -1,0 +1,137 @@
+"""The runtime's side of the spawner process (protocol in :mod:`._zygote`).
+
+One spawner per runtime process, started at the first :func:`spawn` and
+restarted if it died; it ends when the runtime does. Requests are answered
+in order; each carries an id, so a reply left over from a request whose
+caller gave up waiting is skipped rather than taken for the next one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import attrs
+import trio
+
+from ._host import HostError
+
+#: How long a spawn may take (a fork and an exec: milliseconds) before the spawner counts as stuck.
+_REPLY_SECONDS = 10.0
+_SCRIPT = Path(__file__).with_name("_zygote.py")
+
+
+@attrs.define(eq=False)
+class _Spawner:
+    sock: socket.socket
+    proc: subprocess.Popen[bytes]
+
+
+_start_lock = threading.Lock()
+_current: _Spawner | None = None
+_ids = itertools.count()
+_programs: dict[str, str] = {}
+_request_lock: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("agentcompass_sandbox_spawn_lock")
+
+
+def _start() -> _Spawner:
+    """Blocking: the running spawner, started if there is none (or it died)."""
+    global _current
+    with _start_lock:
+        if _current is not None and _current.proc.poll() is None:
+            return _current
+        if _current is not None:
+            _current.sock.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        _current = _Spawner(ours, proc)
+        return _current
+
+
+def _prepare(program: str) -> _Spawner:
+    """Blocking: :func:`_start`, and where ``program`` is on ``PATH``."""
+    if program not in _programs:
+        found = shutil.which(program)
+        if found is None:
+            raise HostError(f"{program} is not on PATH")
+        _programs[program] = found
+    return _start()
+
+
+def _lock() -> trio.Lock:
+    try:
+        return _request_lock.get()
+    except LookupError:
+        lock = trio.Lock()
+        _request_lock.set(lock)
+        return lock
+
+
+async def spawn(argv: list[str], fds: list[int], cgroups: list[str], uid: int, gid: int) -> int:
+    """Start ``argv`` with ``fds`` as its descriptors 0, 1, 2, ..., in the
+    cgroups whose ``cgroup.procs`` files are ``cgroups``, as ``uid``/``gid``
+    with no supplementary groups; return its pid once the exec succeeded.
+    The process is a child of the spawner, not of the runtime. Raise
+    :class:`HostError` when it could not be started.
+
+    Once the request is sent, the reply is awaited even under cancellation
+    (bounded), so a caller never loses track of a process it started."""
+    spawner = _current
+    if spawner is None or spawner.proc.poll() is not None or argv[0] not in _programs:
+        spawner = await trio.to_thread.run_sync(_prepare, argv[0])
+    request_id = next(_ids)
+    argv = [_programs[argv[0]], *argv[1:]]
+    message = json.dumps({"id": request_id, "argv": argv, "cgroups": cgroups, "uid": uid, "gid": gid}).encode()
+    async with _lock():
+        with trio.move_on_after(_REPLY_SECONDS, shield=True):
+            await _send(spawner.sock, message, fds)
+            reply = await _receive(spawner.sock, request_id)
+            if "pid" in reply:
+                return int(reply["pid"])
+            raise HostError(f"could not start {argv[0]}: {reply.get('error')}")
+    raise HostError(f"the sandbox spawner did not answer within {_REPLY_SECONDS:.0f} s")
+
+
+async def _send(sock: socket.socket, message: bytes, fds: list[int]) -> None:
+    while True:
+        try:
+            socket.send_fds(sock, [message], fds)
+            return
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+        except OSError as exc:
+            raise HostError(f"the sandbox spawner is gone: {exc}") from None
+
+
+async def _receive(sock: socket.socket, request_id: int) -> dict[str, object]:
+    while True:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
+        except OSError as exc:
+            raise HostError(f"the sandbox spawner is gone: {exc}") from None
+        if not data:
+            raise HostError("the sandbox spawner exited")
+        reply = json.loads(data)
+        if reply.get("id") == request_id:
+            return reply  # type: ignore[no-any-return]
