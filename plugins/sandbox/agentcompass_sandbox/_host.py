@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import _netlink
+
 #: Where session directories live (one per session, named after it).
 STATE_ROOT = Path("/run/agentcompass-sandbox")
 #: Lease files of the /30 subnets handed to sessions with a veth.
@@ -448,21 +450,12 @@ def leases_with_prefix(tag: str) -> set[str]:
 def make_veth(name: str, init_pid: int, index: int) -> None:
     """A veth pair: host end ``veth_name(name)``, ``eth0`` in the sandbox's
     namespace, addresses and default route; NAT for it on the host."""
-    host = veth_name(name)
     host_ip, sandbox_ip = lease_addresses(index)
     ensure_nat()
-    run(
-        ["ip", "-b", "-"],
-        input=(
-            f"link add {host} type veth peer name eth0 netns {init_pid}\n"
-            f"addr add {host_ip}/30 dev {host}\n"
-            f"link set {host} up\n"
-        ).encode(),
-    )
-    run(
-        ["nsenter", "-t", str(init_pid), "-n", "ip", "-b", "-"],
-        input=(f"addr add {sandbox_ip}/30 dev eth0\nlink set eth0 up\nroute add default via {host_ip}\n").encode(),
-    )
+    try:
+        _netlink.make_veth(veth_name(name), init_pid, host_ip, sandbox_ip)
+    except OSError as exc:
+        raise HostError(f"could not make the sandbox's veth: {exc}") from None
 
 
 _nat_installed = False
@@ -512,8 +505,8 @@ def remove_network(name: str, lease: int | None) -> None:
             break
         time.sleep(_KILL_PAUSE)
     else:
-        with contextlib.suppress(HostError):
-            run(["ip", "link", "del", veth_name(name)])
+        with contextlib.suppress(OSError):
+            _netlink.delete_link(veth_name(name))
     if lease is not None:
         release_lease(name, lease)
     else:
