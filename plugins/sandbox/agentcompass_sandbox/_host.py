@@ -516,28 +516,15 @@ def remove_network(name: str, lease: int | None) -> None:
 # ------------------------------------------------------------------ teardown
 
 
-def _is_keeper_of(pid: int, name: str) -> bool:
-    """Is ``pid`` still the keeper of session ``name``'s bwrap (not a reused pid)?"""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    return str(session_dir(name)).encode() + b"/app" in argv
-
-
 def destroy(name: str) -> None:
     """Remove every resource of session ``name``: its processes, cgroups,
     veth, host NAT table, lease and state directory. Idempotent; the marker
     is removed last so an interrupted teardown can be finished later."""
     marker = read_marker(name)
     bases = cgroup_bases()
+    # Every process of the session, bwrap included, is in its cgroups.
     for base in {str(p) for p in bases.values()}:
         kill_cgroup(str(Path(base) / name), remove=False)
-    pid = marker.get("bwrap_pid")
-    if isinstance(pid, int) and _is_keeper_of(pid, name):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
     for base in {str(p) for p in bases.values()}:
         kill_cgroup(str(Path(base) / name), remove=True)
     # Without a marker (a half-made session) look for a lease by name.

@@ -74,14 +74,6 @@ def _root_binds() -> list[str]:
     return list(args)
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
 class SandboxSession(EnvironmentSession):
     """One open sandbox. File paths: absolute under ``/app``, ``/tests``,
     ``/logs`` or ``/solution``, or relative to ``/app``; they are read and
@@ -172,7 +164,7 @@ class SandboxSession(EnvironmentSession):
         # The init's stdin: the runtime holds the write end until close().
         keep_read, self._lifeline = os.pipe()
         try:
-            pid = await _spawner.spawn(
+            await _spawner.spawn(
                 argv,
                 [keep_read, out_write, log_fd, info_write],
                 self._procs_files(init_cg),
@@ -200,17 +192,9 @@ class SandboxSession(EnvironmentSession):
             detail = " ".join(log_text.split())[:300]
             raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}): {detail}")
 
-        def record_init() -> list[int]:
-            children = _children(int(info["child-pid"]))
-            if len(children) == 1:
-                marker = {**_host.read_marker(self.name), "bwrap_pid": pid, "init_pid": children[0]}
-                _host.write_marker(self.name, marker)
-            return children
-
-        children = await trio.to_thread.run_sync(record_init)
-        if len(children) != 1:
-            raise fail(f"sandbox {self.name}: bwrap did not start its init (children {children})")
-        self._init_pid = children[0]
+        # bwrap's pid 1 in the sandbox (the init's parent) is past its setup
+        # once the init runs: every exec enters its namespaces.
+        self._init_pid = int(info["child-pid"])
 
     # ------------------------------------------------------------ exec
 
