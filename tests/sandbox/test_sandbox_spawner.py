@@ -35,40 +35,52 @@ trio.run(main)
 """
 
 
-async def test_a_failed_spawn_is_reported_and_the_next_one_works(tmp_path: Path, tag: str) -> None:
+async def _spawn(argv: list[str], cgroups: list[str], stdin: int, stdout: int) -> tuple[int, int]:
+    info_read, info_write = os.pipe()
+    block_read, block_write = os.pipe()
+    fds = [os.dup(stdin), os.dup(stdout), os.dup(2), info_write, block_read, info_read, block_write]
+    return await _spawner.spawn(["bwrap", "--info-fd", "3", "--block-fd", "4", *argv], fds, cgroups)
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+async def test_the_spawner_starts_bwrap_as_nobody_in_its_cgroups_and_reports_failures(tmp_path: Path, tag: str) -> None:
+    sandbox = ["--unshare-all", "--ro-bind", "/", "/", "--", "sh", "-c", "echo ready; read _"]
     with hang_guard(30):
         leaf = _host.cgroup_bases()["track"] / tag
         await trio.to_thread.run_sync(lambda: leaf.mkdir(parents=True))
+        stdin_read, stdin_write = os.pipe()
+        out_read, out_write = os.pipe()
         try:
-            out_read, out_write = os.pipe()
-            try:
-                procs = [str(leaf / "cgroup.procs")]
-                missing = str(tmp_path / "no-such-cgroup" / "cgroup.procs")
-                with pytest.raises(_host.HostError, match="no-such-cgroup"):
-                    await _spawner.spawn(["true"], [0, out_write, 2], [missing], _host.HOST_UID, _host.HOST_UID)
-                # The child ran as nobody, with no supplementary groups, in the cgroup asked for.
-                await _spawner.spawn(
-                    ["sh", "-c", "id -u; id -G; cat /proc/self/cgroup"],
-                    [0, out_write, 2],
-                    procs,
-                    _host.HOST_UID,
-                    _host.HOST_UID,
-                )
-                os.close(out_write)
-                out_write = -1
-                async with trio.lowlevel.FdStream(out_read) as stream:
-                    out_read = -1
-                    output = b""
-                    while chunk := await stream.receive_some(4096):
-                        output += chunk
-            finally:
-                for fd in (out_read, out_write):
-                    if fd >= 0:
-                        os.close(fd)
-            uid, groups, *cgroups = output.decode().splitlines()
-            assert (uid, groups) == (str(_host.HOST_UID), str(_host.HOST_UID))
-            assert any(line.startswith("0::") and line.endswith(f"/{tag}") for line in cgroups), cgroups
+            missing = str(tmp_path / "no-such-cgroup" / "cgroup.procs")
+            with pytest.raises(_host.HostError, match="could not move bwrap into its cgroup.*no-such-cgroup"):
+                await _spawn(sandbox, [missing], stdin_read, out_write)
+            with pytest.raises(_host.HostError, match="bwrap exited before"):
+                await _spawn(["--no-such-option"], [str(leaf / "cgroup.procs")], stdin_read, out_write)
+            # The spawner keeps serving after both failures.
+            pid, child = await _spawn(sandbox, [str(leaf / "cgroup.procs")], stdin_read, out_write)
+            os.close(out_write)
+            out_write = -1
+            async with trio.lowlevel.FdStream(out_read) as stream:
+                out_read = -1
+                assert await stream.receive_some(64) == b"ready\n"
+                status = await trio.to_thread.run_sync(_status, pid)
+                assert status["Uid"].split() == [str(_host.HOST_UID)] * 4
+                assert status["Gid"].split() == [str(_host.HOST_UID)] * 4
+                assert status["Groups"] == "" and status["CapEff"] == "0000000000000000"
+                for member in (pid, child):
+                    cgroup = await trio.Path(f"/proc/{member}/cgroup").read_text()
+                    assert any(line.startswith("0::") and line.endswith(f"/{tag}") for line in cgroup.splitlines())
+                os.close(stdin_write)  # the command's stdin ends: the sandbox exits
+                stdin_write = -1
+                assert await stream.receive_some(64) == b""
         finally:
+            for fd in (stdin_read, stdin_write, out_read, out_write):
+                if fd >= 0:
+                    os.close(fd)
             await trio.to_thread.run_sync(_host.kill_cgroup, str(leaf), True)
 
 

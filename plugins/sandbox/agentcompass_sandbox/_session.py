@@ -16,7 +16,6 @@ timeout, a cancellation or ``close`` kills a whole tree, daemons included.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import subprocess
@@ -157,44 +156,43 @@ class SandboxSession(EnvironmentSession):
             "bwrap", "--die-with-parent", "--unshare-all", "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", *mounts,
-            "--chdir", "/app", "--info-fd", "3", "--", "sh", "-c", _INIT,
+            "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
         ]  # fmt: skip
         info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
         out_read, out_write = os.pipe()
         # The init's stdin: the runtime holds the write end until close().
         keep_read, self._lifeline = os.pipe()
         try:
-            await _spawner.spawn(
+            _, child_pid = await _spawner.spawn(
                 argv,
-                [keep_read, out_write, log_fd, info_write],
+                [keep_read, out_write, log_fd, info_write, block_read, info_read, block_write],
                 self._procs_files(init_cg),
-                _host.HOST_UID,
-                _host.HOST_UID,
             )
         except BaseException as exc:
-            os.close(info_read)
             os.close(out_read)
             if isinstance(exc, _host.HostError):
-                raise fail(f"sandbox {self.name}: {exc}") from None
+                raise fail(f"sandbox {self.name}: {exc} ({await self._log()})") from None
             raise
-        finally:
-            for fd in (info_write, out_write, keep_read, log_fd):
-                os.close(fd)
+        # bwrap's pid 1 in the sandbox may still be moving into the final user
+        # namespace; the init prints once everything is set up.
         ready = b""
-        async with trio.lowlevel.FdStream(info_read) as info_stream, trio.lowlevel.FdStream(out_read) as stdout:
-            info = await _read_info(info_stream)
-            # bwrap's own pid 1 may still be moving into the final user
-            # namespace; the init prints once everything is set up.
+        async with trio.lowlevel.FdStream(out_read) as stdout:
             while b"\n" not in ready and (chunk := await stdout.receive_some(64)):
                 ready += chunk
-        if info is None or ready != b"ready\n":
-            log_text = await trio.Path(self._dir / "bwrap.log").read_text(errors="replace")
-            detail = " ".join(log_text.split())[:300]
-            raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}): {detail}")
-
+        if ready != b"ready\n":
+            raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}): {await self._log()}")
         # bwrap's pid 1 in the sandbox (the init's parent) is past its setup
         # once the init runs: every exec enters its namespaces.
-        self._init_pid = int(info["child-pid"])
+        self._init_pid = child_pid
+
+    async def _log(self) -> str:
+        """bwrap's error output, on one line."""
+        try:
+            log_text = await trio.Path(self._dir / "bwrap.log").read_text(errors="replace")
+        except OSError as exc:
+            return f"no bwrap log: {exc}"
+        return " ".join(log_text.split())[:300]
 
     # ------------------------------------------------------------ exec
 
@@ -401,20 +399,6 @@ class SandboxSession(EnvironmentSession):
         # teardown kills it with everything it started.
         await trio.to_thread.run_sync(_host.destroy, self.name)
         self._destroyed = True
-
-
-async def _read_info(stream: trio.lowlevel.FdStream) -> dict[str, Any] | None:
-    """bwrap's ``--info-fd`` JSON, or ``None`` if the pipe ends first (bwrap
-    failed). Parsed as it arrives: the sandbox's processes hold the pipe open too."""
-    data = b""
-    while chunk := await stream.receive_some(_CHUNK):
-        data += chunk
-        try:
-            info = json.loads(data)
-        except ValueError:
-            continue
-        return info if isinstance(info, dict) and "child-pid" in info else None
-    return None
 
 
 async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from ._host import HostError
+from ._host import HOST_UID, HostError
 
 #: How long a spawn may take (a fork and an exec: milliseconds) before the spawner counts as stuck.
 _REPLY_SECONDS = 10.0
@@ -51,7 +52,7 @@ def _start() -> _Spawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno())],
+                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(HOST_UID), str(HOST_UID)],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -85,29 +86,41 @@ def _lock() -> trio.Lock:
         return lock
 
 
-async def spawn(argv: list[str], fds: list[int], cgroups: list[str], uid: int, gid: int) -> int:
-    """Start ``argv`` with ``fds`` as its descriptors 0, 1, 2, ..., in the
-    cgroups whose ``cgroup.procs`` files are ``cgroups``, as ``uid``/``gid``
-    with no supplementary groups; return its pid once the exec succeeded.
-    The process is a child of the spawner, not of the runtime. Raise
-    :class:`HostError` when it could not be started.
+async def spawn(argv: list[str], fds: list[int], cgroups: list[str]) -> tuple[int, int]:
+    """Start bwrap (``argv``, which must pass ``--info-fd 3 --block-fd 4``)
+    as the host's ``nobody`` with no supplementary groups. ``fds`` are the
+    child's 0, 1, 2, 3 (write end of the info pipe) and 4 (read end of the
+    block pipe), then the other ends of those two pipes, for the spawner.
+    Bwrap and its child in the sandbox are moved into the cgroups whose
+    ``cgroup.procs`` files are ``cgroups`` before the child starts anything.
+    Return (bwrap's pid, its child's pid); they are children of the spawner,
+    not of the runtime. Raise :class:`HostError` when bwrap did not start.
+    Every descriptor of ``fds`` is closed here (once handed over, or on
+    failure): the spawner sees bwrap fail by its info pipe ending.
 
     Once the request is sent, the reply is awaited even under cancellation
     (bounded), so a caller never loses track of a process it started."""
-    spawner = _current
-    if spawner is None or spawner.proc.poll() is not None or argv[0] not in _programs:
-        spawner = await trio.to_thread.run_sync(_prepare, argv[0])
-    request_id = next(_ids)
-    argv = [_programs[argv[0]], *argv[1:]]
-    message = json.dumps({"id": request_id, "argv": argv, "cgroups": cgroups, "uid": uid, "gid": gid}).encode()
-    async with _lock():
-        with trio.move_on_after(_REPLY_SECONDS, shield=True):
-            await _send(spawner.sock, message, fds)
-            reply = await _receive(spawner.sock, request_id)
-            if "pid" in reply:
-                return int(reply["pid"])
-            raise HostError(f"could not start {argv[0]}: {reply.get('error')}")
-    raise HostError(f"the sandbox spawner did not answer within {_REPLY_SECONDS:.0f} s")
+    open_fds = list(fds)
+    try:
+        spawner = _current
+        if spawner is None or spawner.proc.poll() is not None or argv[0] not in _programs:
+            spawner = await trio.to_thread.run_sync(_prepare, argv[0])
+        request_id = next(_ids)
+        argv = [_programs[argv[0]], *argv[1:]]
+        message = json.dumps({"id": request_id, "argv": argv, "cgroups": cgroups}).encode()
+        async with _lock():
+            with trio.move_on_after(_REPLY_SECONDS, shield=True):
+                await _send(spawner.sock, message, fds)
+                while open_fds:
+                    os.close(open_fds.pop())
+                reply = await _receive(spawner.sock, request_id)
+                if "pid" in reply:
+                    return int(reply["pid"]), int(reply["child_pid"])  # type: ignore[call-overload]
+                raise HostError(f"could not start {argv[0]}: {reply.get('error')}")
+        raise HostError(f"the sandbox spawner did not answer within {_REPLY_SECONDS:.0f} s")
+    finally:
+        while open_fds:
+            os.close(open_fds.pop())
 
 
 async def _send(sock: socket.socket, message: bytes, fds: list[int]) -> None:

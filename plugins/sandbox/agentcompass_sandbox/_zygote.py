@@ -1,23 +1,30 @@
 """The spawner process: starts every sandbox's bwrap on behalf of one runtime.
 
-Run as a standalone script (``python -I -S _zygote.py FD``; standard library
-only) with one end of a ``SOCK_SEQPACKET`` pair as ``FD``. Each request is
-one JSON message ``{"id", "argv", "cgroups", "uid", "gid"}`` (``argv[0]`` an
-absolute path: the child cannot import anything once it is ``uid``) carrying file
-descriptors that become the child's 0, 1, 2, 3, ... in order. The spawner
-forks; the child writes its pid into each ``cgroups`` file (so the whole tree
-is in the session's cgroups before it starts), drops to ``uid``/``gid`` with
-no supplementary groups, and execs ``argv``. The reply is
-``{"id", "pid"}`` once the exec succeeded, or ``{"id", "error"}``.
+Run as a standalone script (``python -I -S _zygote.py FD UID GID``;
+standard library only) with one end of a ``SOCK_SEQPACKET`` pair as ``FD``.
+It keeps root as its effective uid but makes ``UID``/``GID`` its real ids
+and drops every supplementary group, so that a child started with
+``posix_spawn(resetids=True)`` (a ``vfork``: nothing of this process is
+copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 
-Why a process of its own: forking this small interpreter and changing
-credentials in the child is cheaper than both forking the runtime (whose
-``subprocess`` can only ``vfork`` when no uid or group changes) and running
-a shell plus ``setpriv`` per sandbox; and bwrap's ``--die-with-parent``
-needs a parent *thread* that lives as long as the runtime, which Trio's
-worker threads do not. The spawner exits when the runtime's end of the
-socket closes (the runtime exited or was killed); bwrap's
-``--die-with-parent`` then kills every sandbox it started.
+Each request is one JSON message ``{"id", "argv", "cgroups"}`` (``argv``
+starts bwrap with ``--info-fd 3 --block-fd 4``) carrying five descriptors:
+the child's 0, 1 and 2, then the read end of its info pipe and the write end
+of its block pipe. The spawner starts bwrap with 0, 1, 2 and the other ends
+of those pipes (which the runtime passes as the child's 3 and 4, making
+seven in all), reads the pid of bwrap's child in the sandbox from the info
+pipe, moves both processes into the ``cgroups`` (``cgroup.procs`` files),
+and only then lets the child go on by writing to the block pipe: bwrap's
+child starts no process before that, so the whole tree is in the session's
+cgroups. The reply is ``{"id", "pid", "child_pid"}``, or ``{"id", "error"}``
+(bwrap failed, or the move did, and then both processes are killed).
+
+Why a process of its own: ``subprocess`` in the runtime can only ``vfork``
+when no uid or group changes, and forking the runtime costs far more than
+this; and bwrap's ``--die-with-parent`` needs a parent *thread* that lives
+as long as the runtime, which Trio's worker threads do not. The spawner
+exits when the runtime's end of the socket closes (the runtime exited or
+was killed); bwrap's ``--die-with-parent`` then kills every sandbox it started.
 """
 
 import fcntl
@@ -27,9 +34,12 @@ import signal
 import socket
 import sys
 
-_MAX_FDS = 16
-# Received descriptors are moved above this before being placed at 0, 1, 2, ...
+# Descriptors received with a request: the child's 0, 1, 2, 3, 4, then the spawner's two.
+_CHILD_FDS = 5
+_FDS = _CHILD_FDS + 2
+# Received descriptors are moved above this, out of the way of the child's.
 _HIGH_FD = 64
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)
 
 
 def _reap(signum, frame):  # type: ignore[no-untyped-def]
@@ -40,76 +50,81 @@ def _reap(signum, frame):  # type: ignore[no-untyped-def]
         pass
 
 
-def _child(request, fds, err_w):  # type: ignore[no-untyped-def]
-    """In the forked child: never returns."""
-    try:
-        err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD)  # out of the way of 0, 1, 2, ...
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD) for fd in fds]
-        for target, fd in enumerate(high):
-            os.dup2(fd, target)
-        pid = str(os.getpid()).encode()
-        for path in request["cgroups"]:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, pid)
-            finally:
-                os.close(fd)
-        os.setgroups([])
-        os.setresgid(request["gid"], request["gid"], request["gid"])
-        os.setresuid(request["uid"], request["uid"], request["uid"])
-        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        argv = request["argv"]
-        os.execv(argv[0], argv)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit
+def _read_info(fd):  # type: ignore[no-untyped-def]
+    """bwrap's --info-fd JSON, or None if the pipe ends first (bwrap failed)."""
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
         try:
-            os.write(err_w, f"{type(exc).__name__}: {exc}".encode()[:1000])
-        finally:
-            os._exit(127)
+            info = json.loads(data)
+        except ValueError:
+            continue
+        return info if isinstance(info, dict) and isinstance(info.get("child-pid"), int) else None
+    return None
 
 
 def _spawn(request, fds):  # type: ignore[no-untyped-def]
-    err_r, err_w = os.pipe()
-    # No reaping between the fork and the end of the exec check.
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    argv = request["argv"]
+    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds[:_CHILD_FDS])]
+    info_read, block_write = fds[_CHILD_FDS:]
+    pid = os.posix_spawn(
+        argv[0], argv, os.environ, file_actions=actions, resetids=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=()
+    )
+    # Our copies of the child's ends: the info pipe must end when bwrap's do.
+    for fd in fds[:_CHILD_FDS]:
+        os.close(fd)
+    fds[:_CHILD_FDS] = []
+    info = _read_info(info_read)
+    if info is None:
+        return {"error": "bwrap exited before it started its sandbox"}
+    child = info["child-pid"]
     try:
-        pid = os.fork()
-        if pid == 0:
-            os.close(err_r)
-            _child(request, fds, err_w)
-        os.close(err_w)
-        chunks = []
-        while chunk := os.read(err_r, 1024):
-            chunks.append(chunk)
-        os.close(err_r)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-    if chunks:
-        return {"error": b"".join(chunks).decode(errors="replace")}
-    return {"pid": pid}
+        for path in request["cgroups"]:
+            for member in (pid, child):
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, str(member).encode())
+                finally:
+                    os.close(fd)
+    except OSError as exc:
+        for member in (child, pid):
+            try:
+                os.kill(member, signal.SIGKILL)
+            except OSError:
+                pass
+        return {"error": f"could not move bwrap into its cgroup: {exc}"}
+    os.write(block_write, b"x")
+    return {"pid": pid, "child_pid": child}
 
 
 def main():  # type: ignore[no-untyped-def]
-    fd = int(sys.argv[1])
+    fd, uid, gid = (int(a) for a in sys.argv[1:4])
     os.set_inheritable(fd, False)
     sock = socket.socket(fileno=fd)
+    os.setgroups([])
+    os.setresgid(gid, 0, 0)
+    os.setresuid(uid, 0, 0)
     signal.signal(signal.SIGCHLD, _reap)
     while True:
         try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, _MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+            message, received, _flags, _addr = socket.recv_fds(sock, 1 << 20, _FDS, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             return
         if not message:
             return  # the runtime is gone
         request = json.loads(message)
+        fds = [fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD) for r in received]
+        for r in received:
+            os.close(r)
         try:
+            if len(fds) != _FDS:
+                raise OSError(f"expected {_FDS} descriptors, got {len(fds)}")
             reply = _spawn(request, fds)
         except OSError as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
-            for received in fds:
-                os.close(received)
+            for received_fd in fds:
+                os.close(received_fd)
         reply["id"] = request["id"]
         try:
             sock.send(json.dumps(reply).encode())
