@@ -18,7 +18,7 @@ from . import _host, _policy
 from ._session import SandboxSession, fail
 
 #: Host programs the provider runs.
-REQUIRED_PROGRAMS = ("bwrap", "nsenter", "ip", "nft")
+REQUIRED_PROGRAMS = ("bwrap", "nsenter", "nft")
 
 
 def host_problem(
@@ -37,7 +37,7 @@ def host_problem(
     if missing:
         return (
             f"the sandbox provider needs {', '.join(missing)} on PATH "
-            "(apt-get install bubblewrap iproute2 nftables util-linux)"
+            "(apt-get install bubblewrap nftables util-linux)"
         )
     bases = _host.cgroup_bases()
     if "track" not in bases:
@@ -60,7 +60,7 @@ class SandboxEnvironment(BaseEnvironment):
 
     Config: ``memory_mb`` and ``pids_max`` (cgroup limits of the whole
     session; none by default), ``max_output_bytes`` (per stream of one
-    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter``, ``ip`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
+    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
     id: ClassVar[str] = "sandbox"
