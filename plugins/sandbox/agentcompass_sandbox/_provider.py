@@ -36,8 +36,7 @@ def host_problem(
     missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
     if missing:
         return (
-            f"the sandbox provider needs {', '.join(missing)} on PATH "
-            "(apt-get install bubblewrap nftables util-linux)"
+            f"the sandbox provider needs {', '.join(missing)} on PATH (apt-get install bubblewrap nftables util-linux)"
         )
     bases = _host.cgroup_bases()
     if "track" not in bases:
