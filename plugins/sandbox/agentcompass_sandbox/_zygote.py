@@ -30,15 +30,19 @@ was killed); bwrap's ``--die-with-parent`` then kills every sandbox it started.
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import sys
+import time
 
 # Descriptors received with a request: the child's 0, 1, 2, 3, 4, then the spawner's two.
 _CHILD_FDS = 5
 _FDS = _CHILD_FDS + 2
 # Received descriptors are moved above this, out of the way of the child's.
 _HIGH_FD = 64
+# bwrap writes its info right after its first clone: milliseconds.
+_INFO_SECONDS = 5.0
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)
 
 
@@ -51,16 +55,25 @@ def _reap(signum, frame):  # type: ignore[no-untyped-def]
 
 
 def _read_info(fd):  # type: ignore[no-untyped-def]
-    """bwrap's --info-fd JSON, or None if the pipe ends first (bwrap failed)."""
+    """bwrap's --info-fd JSON, or None if the pipe ends first (bwrap failed)
+    or nothing comes within ``_INFO_SECONDS`` (then the caller kills bwrap)."""
     data = b""
-    while chunk := os.read(fd, 65536):
+    deadline = time.monotonic() + _INFO_SECONDS
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not poller.poll(remaining * 1000):
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None
         data += chunk
         try:
             info = json.loads(data)
         except ValueError:
             continue
         return info if isinstance(info, dict) and isinstance(info.get("child-pid"), int) else None
-    return None
 
 
 def _spawn(request, fds):  # type: ignore[no-untyped-def]
@@ -76,6 +89,10 @@ def _spawn(request, fds):  # type: ignore[no-untyped-def]
     fds[:_CHILD_FDS] = []
     info = _read_info(info_read)
     if info is None:
+        try:
+            os.kill(pid, signal.SIGKILL)  # if it is stuck rather than gone
+        except OSError:
+            pass
         return {"error": "bwrap exited before it started its sandbox"}
     child = info["child-pid"]
     try:
