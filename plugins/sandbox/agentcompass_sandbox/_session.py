@@ -41,12 +41,6 @@ _WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift
 # stdin (close(), or the runtime's exit).
 _INIT = "echo ready; read _"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Top-level host entries never bound into the sandbox (made fresh, or the sandbox's own).
-# The host's userland, mounted read-only where it exists (top-level symlinks
-# such as /bin -> usr/bin are recreated). Nothing else of the host is visible:
-# not /root, /mnt, /media, /boot, nor any project directory. Each bind costs
-# a mount and a read-only remount at every open.
-_USERLAND = ("usr", "etc", "opt", "var", "home", "srv", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 def fail(message: str) -> IssueError:
@@ -63,7 +57,7 @@ def _root_binds() -> list[str]:
     if _root_binds_cache is not None:
         return list(_root_binds_cache)
     args: list[str] = []
-    for entry in _USERLAND:
+    for entry in _host.USERLAND:
         path = "/" + entry
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]

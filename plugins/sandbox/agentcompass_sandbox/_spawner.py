@@ -21,7 +21,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from ._host import HOST_UID, HostError
+from ._host import HOST_UID, STATE_ROOT, USERLAND, HostError, cgroup_bases
 
 #: How long a spawn may take (a fork and an exec: milliseconds) before the spawner counts as stuck.
 _REPLY_SECONDS = 10.0
@@ -49,10 +49,14 @@ def _start() -> _Spawner:
             return _current
         if _current is not None:
             _current.sock.close()
+        # What bwrap reads from: /proc, the device nodes, the userland, the
+        # state directory; and the cgroups the spawner writes.
+        keep = ["/proc", "/dev", str(STATE_ROOT), *(f"/{entry}" for entry in USERLAND)]
+        keep += [str(base) for base in cgroup_bases().values()]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(HOST_UID), str(HOST_UID)],
+                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(HOST_UID), str(HOST_UID), *keep],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

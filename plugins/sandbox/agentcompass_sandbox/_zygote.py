@@ -1,7 +1,13 @@
 """The spawner process: starts every sandbox's bwrap on behalf of one runtime.
 
-Run as a standalone script (``python -I -S _zygote.py FD UID GID``;
+Run as a standalone script (``python -I -S _zygote.py FD UID GID PATH...``;
 standard library only) with one end of a ``SOCK_SEQPACKET`` pair as ``FD``.
+It first moves into a mount namespace of its own holding only the mounts
+on the way to or under the ``PATH`` arguments (what bwrap binds, the state
+directory, the cgroups it writes): every bwrap copies its parent's mount
+table and reads all of it back once per bind mount it makes, so the host's
+other mounts (``/sys`` and its cgroup hierarchies, ``/run/netns``, ...)
+would cost at every open.
 It keeps root as its effective uid but makes ``UID``/``GID`` its real ids
 and drops every supplementary group, so that a child started with
 ``posix_spawn(resetids=True)`` (a ``vfork``: nothing of this process is
@@ -27,6 +33,7 @@ exits when the runtime's end of the socket closes (the runtime exited or
 was killed); bwrap's ``--die-with-parent`` then kills every sandbox it started.
 """
 
+import ctypes
 import fcntl
 import json
 import os
@@ -114,10 +121,43 @@ def _spawn(request, fds):  # type: ignore[no-untyped-def]
     return {"pid": pid, "child_pid": child}
 
 
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 0x4000
+_MS_SLAVE = 1 << 19
+_MNT_DETACH = 2
+
+
+def _unescape(field):  # type: ignore[no-untyped-def]
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def _lean_mounts(keep):  # type: ignore[no-untyped-def]
+    """Best effort: a private mount namespace (receiving, never sending,
+    mount events) without the mounts bwrap has no use for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        return
+    if libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        return
+    with open("/proc/self/mountinfo") as f:
+        points = {_unescape(line.split()[4]) for line in f}
+
+    def needed(point):  # type: ignore[no-untyped-def]
+        inside = point.rstrip("/") + "/"
+        return any(point == k or k.startswith(inside) or point.startswith(k + "/") for k in keep)
+
+    for point in sorted(points, key=len, reverse=True):
+        if point != "/" and not needed(point):
+            libc.umount2(point.encode(), _MNT_DETACH)
+
+
 def main():  # type: ignore[no-untyped-def]
     fd, uid, gid = (int(a) for a in sys.argv[1:4])
     os.set_inheritable(fd, False)
     sock = socket.socket(fileno=fd)
+    _lean_mounts([os.path.normpath(p) for p in sys.argv[4:]])
     os.setgroups([])
     os.setresgid(gid, 0, 0)
     os.setresuid(uid, 0, 0)
