@@ -90,20 +90,20 @@ async def test_sandboxes_end_with_the_runtime_that_started_them(tag: str) -> Non
     before anything reaps them."""
     name = f"{tag}-killed"
     with hang_guard(60):
-        runtime = await trio.lowlevel.open_process(
-            [sys.executable, "-c", _RUNTIME, name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
         try:
-            assert runtime.stdout is not None
-            said = b""
-            while b"\n" not in said and (chunk := await runtime.stdout.receive_some(64)):
-                said += chunk
-            assert said == b"open\n"
-            assert [p for p in await census(name) if p.startswith("process")], "the sandbox should be running"
-        finally:
-            runtime.send_signal(signal.SIGKILL)
-            await runtime.wait()
-        try:
+            runtime = await trio.lowlevel.open_process(
+                [sys.executable, "-c", _RUNTIME, name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+            try:
+                assert runtime.stdout is not None
+                said = b""
+                while b"\n" not in said and (chunk := await runtime.stdout.receive_some(64)):
+                    said += chunk
+                assert said == b"open\n"
+                assert [p for p in await census(name) if p.startswith("process")], "the sandbox should be running"
+            finally:
+                runtime.send_signal(signal.SIGKILL)
+                await runtime.wait()
             # Bounded wait on a real condition: no process of the session is left.
             for _ in range(200):
                 processes = [p for p in await census(name) if p.startswith("process")]
