@@ -56,7 +56,7 @@ def _start() -> _Spawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(HOST_UID), str(HOST_UID), *keep],
+                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(HOST_UID), str(HOST_UID)],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -66,6 +66,7 @@ def _start() -> _Spawner:
             raise
         finally:
             theirs.close()
+        ours.send(json.dumps(keep).encode())
         ours.setblocking(False)
         _current = _Spawner(ours, proc)
         return _current

@@ -1,9 +1,11 @@
 """The spawner process: starts every sandbox's bwrap on behalf of one runtime.
 
-Run as a standalone script (``python -I -S _zygote.py FD UID GID PATH...``;
+Run as a standalone script (``python -I -S _zygote.py FD UID GID``;
 standard library only) with one end of a ``SOCK_SEQPACKET`` pair as ``FD``.
-It first moves into a mount namespace of its own holding only the mounts
-on the way to or under the ``PATH`` arguments (what bwrap binds, the state
+Its first message is a JSON list of paths (not arguments: nothing on its
+command line names a session's directory). It moves into a mount namespace
+of its own holding only the mounts on the way to or under those paths
+(what bwrap binds, the state
 directory, the cgroups it writes): every bwrap copies its parent's mount
 table and reads all of it back once per bind mount it makes, so the host's
 other mounts (``/sys`` and its cgroup hierarchies, ``/run/netns``, ...)
@@ -157,7 +159,11 @@ def main():  # type: ignore[no-untyped-def]
     fd, uid, gid = (int(a) for a in sys.argv[1:4])
     os.set_inheritable(fd, False)
     sock = socket.socket(fileno=fd)
-    _lean_mounts([os.path.normpath(p) for p in sys.argv[4:]])
+    try:
+        keep = json.loads(sock.recv(1 << 20) or b"[]")
+    except OSError:
+        return
+    _lean_mounts([os.path.normpath(p) for p in keep])
     os.setgroups([])
     os.setresgid(gid, 0, 0)
     os.setresuid(uid, 0, 0)
