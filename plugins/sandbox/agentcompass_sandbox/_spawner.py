@@ -38,7 +38,20 @@ _start_lock = threading.Lock()
 _current: _Spawner | None = None
 _ids = itertools.count()
 _programs: dict[str, str] = {}
-_request_lock: trio.lowlevel.RunVar[trio.Lock] = trio.lowlevel.RunVar("agentcompass_sandbox_spawn_lock")
+
+
+@attrs.define(eq=False)
+class _Exchange:
+    """One Trio run's requests in flight: one task at a time sends, and one
+    at a time reads, filing every reply under its id for its caller."""
+
+    send_lock: trio.Lock = attrs.Factory(trio.Lock)
+    replies: dict[int, dict[str, object]] = attrs.Factory(dict)
+    reading: bool = False
+    arrived: trio.Event = attrs.Factory(trio.Event)
+
+
+_exchange: trio.lowlevel.RunVar[_Exchange] = trio.lowlevel.RunVar("agentcompass_sandbox_spawn_exchange")
 
 
 def _start() -> _Spawner:
@@ -82,13 +95,13 @@ def _prepare(program: str) -> _Spawner:
     return _start()
 
 
-def _lock() -> trio.Lock:
+def _this_run() -> _Exchange:
     try:
-        return _request_lock.get()
+        return _exchange.get()
     except LookupError:
-        lock = trio.Lock()
-        _request_lock.set(lock)
-        return lock
+        exchange = _Exchange()
+        _exchange.set(exchange)
+        return exchange
 
 
 async def spawn(argv: list[str], fds: list[int], cgroups: list[str]) -> tuple[int, int]:
@@ -103,8 +116,9 @@ async def spawn(argv: list[str], fds: list[int], cgroups: list[str]) -> tuple[in
     Every descriptor of ``fds`` is closed here (once handed over, or on
     failure): the spawner sees bwrap fail by its info pipe ending.
 
-    Once the request is sent, the reply is awaited even under cancellation
-    (bounded), so a caller never loses track of a process it started."""
+    Requests from concurrent callers are in flight together. Once a request
+    is sent, its reply is awaited even under cancellation (bounded), so a
+    caller never loses track of a process it started."""
     open_fds = list(fds)
     try:
         spawner = _current
@@ -113,15 +127,17 @@ async def spawn(argv: list[str], fds: list[int], cgroups: list[str]) -> tuple[in
         request_id = next(_ids)
         argv = [_programs[argv[0]], *argv[1:]]
         message = json.dumps({"id": request_id, "argv": argv, "cgroups": cgroups}).encode()
-        async with _lock():
-            with trio.move_on_after(_REPLY_SECONDS, shield=True):
-                await _send(spawner.sock, message, fds)
-                while open_fds:
-                    os.close(open_fds.pop())
-                reply = await _receive(spawner.sock, request_id)
-                if "pid" in reply:
-                    return int(reply["pid"]), int(reply["child_pid"])  # type: ignore[call-overload]
-                raise HostError(f"could not start {argv[0]}: {reply.get('error')}")
+        exchange = _this_run()
+        async with exchange.send_lock:
+            await _send(spawner.sock, message, fds)
+        while open_fds:
+            os.close(open_fds.pop())
+        with trio.move_on_after(_REPLY_SECONDS, shield=True):
+            reply = await _receive(spawner.sock, exchange, request_id)
+            if "pid" in reply:
+                return int(reply["pid"]), int(reply["child_pid"])  # type: ignore[call-overload]
+            raise HostError(f"could not start {argv[0]}: {reply.get('error')}")
+        exchange.replies.pop(request_id, None)
         raise HostError(f"the sandbox spawner did not answer within {_REPLY_SECONDS:.0f} s")
     finally:
         while open_fds:
@@ -139,7 +155,23 @@ async def _send(sock: socket.socket, message: bytes, fds: list[int]) -> None:
             raise HostError(f"the sandbox spawner is gone: {exc}") from None
 
 
-async def _receive(sock: socket.socket, request_id: int) -> dict[str, object]:
+async def _receive(sock: socket.socket, exchange: _Exchange, request_id: int) -> dict[str, object]:
+    while request_id not in exchange.replies:
+        if exchange.reading:
+            await exchange.arrived.wait()
+            continue
+        exchange.reading = True
+        try:
+            reply = json.loads(await _receive_one(sock))
+        finally:
+            exchange.reading = False
+            arrived, exchange.arrived = exchange.arrived, trio.Event()
+            arrived.set()
+        exchange.replies[reply["id"]] = reply
+    return exchange.replies.pop(request_id)
+
+
+async def _receive_one(sock: socket.socket) -> bytes:
     while True:
         try:
             data = sock.recv(65536)
@@ -150,6 +182,4 @@ async def _receive(sock: socket.socket, request_id: int) -> dict[str, object]:
             raise HostError(f"the sandbox spawner is gone: {exc}") from None
         if not data:
             raise HostError("the sandbox spawner exited")
-        reply = json.loads(data)
-        if reply.get("id") == request_id:
-            return reply  # type: ignore[no-any-return]
+        return data

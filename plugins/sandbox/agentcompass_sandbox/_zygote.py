@@ -18,7 +18,8 @@ copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 Each request is one JSON message ``{"id", "argv", "cgroups"}`` (``argv``
 starts bwrap with ``--info-fd 3 --block-fd 4``) carrying five descriptors:
 the child's 0, 1 and 2, then the read end of its info pipe and the write end
-of its block pipe. The spawner starts bwrap with 0, 1, 2 and the other ends
+of its block pipe. Requests are served concurrently (replies may come in
+any order). The spawner starts bwrap with 0, 1, 2 and the other ends
 of those pipes (which the runtime passes as the child's 3 and 4, making
 seven in all), reads the pid of bwrap's child in the sandbox from the info
 pipe, moves both processes into the ``cgroups`` (``cgroup.procs`` files),
@@ -43,6 +44,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 
 # Descriptors received with a request: the child's 0, 1, 2, 3, 4, then the spawner's two.
@@ -85,17 +87,25 @@ def _read_info(fd):  # type: ignore[no-untyped-def]
         return info if isinstance(info, dict) and isinstance(info.get("child-pid"), int) else None
 
 
-def _spawn(request, fds):  # type: ignore[no-untyped-def]
+def _start(request, fds):  # type: ignore[no-untyped-def]
+    """In the main thread, which lives as long as this process: bwrap's
+    --die-with-parent follows the thread that started it."""
     argv = request["argv"]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds[:_CHILD_FDS])]
-    info_read, block_write = fds[_CHILD_FDS:]
-    pid = os.posix_spawn(
-        argv[0], argv, os.environ, file_actions=actions, resetids=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=()
-    )
-    # Our copies of the child's ends: the info pipe must end when bwrap's do.
-    for fd in fds[:_CHILD_FDS]:
-        os.close(fd)
-    fds[:_CHILD_FDS] = []
+    try:
+        return os.posix_spawn(
+            argv[0], argv, os.environ, file_actions=actions, resetids=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=()
+        )
+    finally:
+        # Our copies of the child's ends: the info pipe must end when bwrap's do.
+        for fd in fds[:_CHILD_FDS]:
+            os.close(fd)
+        fds[:_CHILD_FDS] = []
+
+
+def _finish(request, pid, info_read, block_write):  # type: ignore[no-untyped-def]
+    """In a thread of its own: wait for bwrap's child, move both into the
+    cgroups, let the child go on."""
     info = _read_info(info_read)
     if info is None:
         try:
@@ -168,6 +178,7 @@ def main():  # type: ignore[no-untyped-def]
     os.setresgid(gid, 0, 0)
     os.setresuid(uid, 0, 0)
     signal.signal(signal.SIGCHLD, _reap)
+    send_lock = threading.Lock()
     while True:
         try:
             message, received, _flags, _addr = socket.recv_fds(sock, 1 << 20, _FDS, socket.MSG_CMSG_CLOEXEC)
@@ -175,24 +186,42 @@ def main():  # type: ignore[no-untyped-def]
             return
         if not message:
             return  # the runtime is gone
-        request = json.loads(message)
         fds = [fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD) for r in received]
         for r in received:
             os.close(r)
+        request = json.loads(message)
         try:
             if len(fds) != _FDS:
                 raise OSError(f"expected {_FDS} descriptors, got {len(fds)}")
-            reply = _spawn(request, fds)
+            pid = _start(request, fds)
         except OSError as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            for received_fd in fds:
-                os.close(received_fd)
-        reply["id"] = request["id"]
-        try:
+            for fd in fds:
+                os.close(fd)
+            _reply(sock, send_lock, request, {"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        # Most of a spawn is waiting for bwrap to start: that part of each
+        # request is served by a thread of its own, side by side.
+        threading.Thread(target=_serve, args=(sock, send_lock, request, pid, fds), daemon=True).start()
+
+
+def _serve(sock, send_lock, request, pid, fds):  # type: ignore[no-untyped-def]
+    try:
+        reply = _finish(request, pid, *fds)
+    except OSError as exc:
+        reply = {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        for fd in fds:
+            os.close(fd)
+    _reply(sock, send_lock, request, reply)
+
+
+def _reply(sock, send_lock, request, reply):  # type: ignore[no-untyped-def]
+    reply["id"] = request["id"]
+    try:
+        with send_lock:
             sock.send(json.dumps(reply).encode())
-        except OSError:
-            return
+    except OSError:
+        pass  # the runtime is gone; the main thread sees it too
 
 
 if __name__ == "__main__":
