@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append({**run_scenario(name, sizes[name], Path(tmp)), "cpu_probe_ms": probe})
                 except Exception as exc:  # noqa: BLE001 - report it, go on with the others
                     print(f"[bench] {name} failed: {exc}", file=sys.stderr, flush=True)
-            results[name] = {**_median_run(runs), "runs": runs} if runs else {"error": "every run failed"}
+            results[name] = (
+                {**_median_run(runs), "runs": runs} if runs else {"error": "every run failed"}
+            )
     if args.inspect:
         from ._inspect import side_by_side
 

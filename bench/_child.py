@@ -75,15 +75,12 @@ def run_children_together(name: str, kwargs_list: list[dict[str, Any]], timeout:
         # children wait for their start could fill up and block them.
         errs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in kwargs_list]
         procs = [
-            _spawn(name, kwargs, stdin=subprocess.PIPE, stderr=err)
-            for kwargs, err in zip(kwargs_list, errs, strict=True)
+            _spawn(name, kwargs, stdin=subprocess.PIPE, stderr=err) for kwargs, err in zip(kwargs_list, errs, strict=True)
         ]
 
         def failed(index: int, what: str) -> RuntimeError:
             errs[index].seek(0)
-            return RuntimeError(
-                f"scenario {name} (process {index + 1} of {len(procs)}) {what}:\n{_tail(errs[index].read())}"
-            )
+            return RuntimeError(f"scenario {name} (process {index + 1} of {len(procs)}) {what}:\n{_tail(errs[index].read())}")
 
         try:
             for index, proc in enumerate(procs):

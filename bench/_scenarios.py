@@ -133,7 +133,9 @@ def overhead_bound(root: Path, tasks: int = 10_000, concurrency: int = 500, k: i
     }
 
 
-def latency_bound(root: Path, tasks: int = 2_000, concurrency: int = 200, latency: float = 0.05) -> dict[str, Any]:
+def latency_bound(
+    root: Path, tasks: int = 2_000, concurrency: int = 200, latency: float = 0.05
+) -> dict[str, Any]:
     """A harness that sleeps ``latency``: wall time against ceil(N/C) x L.
 
     The no-op environment and benchmark make no schedule point, so the
@@ -429,7 +431,9 @@ def reuse(root: Path, tasks: int = 10_000, concurrency: int = 500, new: int = 1)
     )
     source = Path(first.requests[0].run_dir)
     t0 = time.time()
-    result = _launch(Orchestration([_request(root, tasks + new, reuse=source)], task_concurrency=concurrency))
+    result = _launch(
+        Orchestration([_request(root, tasks + new, reuse=source)], task_concurrency=concurrency)
+    )
     wall = time.time() - t0
     run_dir = result.requests[0].run_dir
     starts = _events(run_dir, "attempt_started")
@@ -469,7 +473,6 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
         "deviation": achieved / rate - 1,
         "span_s": span,
     }
-
 
 # The remote provider's scenarios run real servers; they live in a module of their own.
 from ._remote import remote_exec, remote_sessions, remote_stream  # noqa: E402
