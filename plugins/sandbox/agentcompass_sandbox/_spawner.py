@@ -1,9 +1,10 @@
 """The runtime's side of the spawner process (protocol in :mod:`._zygote`).
 
 One spawner per runtime process, started at the first :func:`spawn` and
-restarted if it died; it ends when the runtime does. Requests are answered
-in order; each carries an id, so a reply left over from a request whose
-caller gave up waiting is skipped rather than taken for the next one.
+restarted if it died; it ends when the runtime does. Several requests may
+be in flight at once and their replies come in any order: each carries its
+request's id, and whichever waiting task reads a reply files it for the
+caller waiting on that id.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import trio
 
 from ._host import HOST_UID, STATE_ROOT, USERLAND, HostError, cgroup_bases
 
-#: How long a spawn may take (a fork and an exec: milliseconds) before the spawner counts as stuck.
+#: How long a spawn may take (an exec and bwrap's start: milliseconds) before the spawner counts as stuck.
 _REPLY_SECONDS = 10.0
 _SCRIPT = Path(__file__).with_name("_zygote.py")
 

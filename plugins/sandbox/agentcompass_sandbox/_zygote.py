@@ -2,38 +2,38 @@
 
 Run as a standalone script (``python -I -S _zygote.py FD UID GID``;
 standard library only) with one end of a ``SOCK_SEQPACKET`` pair as ``FD``.
-Its first message is a JSON list of paths (not arguments: nothing on its
-command line names a session's directory). It moves into a mount namespace
-of its own holding only the mounts on the way to or under those paths
-(what bwrap binds, the state
-directory, the cgroups it writes): every bwrap copies its parent's mount
-table and reads all of it back once per bind mount it makes, so the host's
-other mounts (``/sys`` and its cgroup hierarchies, ``/run/netns``, ...)
-would cost at every open.
-It keeps root as its effective uid but makes ``UID``/``GID`` its real ids
-and drops every supplementary group, so that a child started with
+Its first message is a JSON list of paths (sent, not passed as arguments:
+nothing on its command line names the state directory). It moves into a
+mount namespace of its own holding only the mounts on the way to or under
+those paths (what bwrap binds, the state directory, the cgroups it writes):
+every bwrap copies its parent's mount table and reads all of it back once
+per bind mount it makes, so the host's other mounts (``/sys`` and its
+cgroup hierarchies, ``/run/netns``, ...) would cost at every open. It keeps
+root as its effective uid but makes ``UID``/``GID`` its real ids and drops
+every supplementary group, so that a child started with
 ``posix_spawn(resetids=True)`` (a ``vfork``: nothing of this process is
 copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 
 Each request is one JSON message ``{"id", "argv", "cgroups"}`` (``argv``
-starts bwrap with ``--info-fd 3 --block-fd 4``) carrying five descriptors:
-the child's 0, 1 and 2, then the read end of its info pipe and the write end
-of its block pipe. Requests are served concurrently (replies may come in
-any order). The spawner starts bwrap with 0, 1, 2 and the other ends
-of those pipes (which the runtime passes as the child's 3 and 4, making
-seven in all), reads the pid of bwrap's child in the sandbox from the info
-pipe, moves both processes into the ``cgroups`` (``cgroup.procs`` files),
-and only then lets the child go on by writing to the block pipe: bwrap's
-child starts no process before that, so the whole tree is in the session's
-cgroups. The reply is ``{"id", "pid", "child_pid"}``, or ``{"id", "error"}``
-(bwrap failed, or the move did, and then both processes are killed).
+starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven descriptors:
+the child's 0 to 4 (stdin, stdout, stderr, the write end of its info pipe,
+the read end of its block pipe), then the read end of the info pipe and the
+write end of the block pipe, for the spawner. The spawner starts bwrap, reads
+the pid of bwrap's child in the sandbox from the info pipe, moves both
+processes into the ``cgroups`` (``cgroup.procs`` files), and only then lets
+the child go on by writing to the block pipe: bwrap's child starts no
+process before that, so the whole tree is in the session's cgroups. The
+reply is ``{"id", "pid", "child_pid"}``, or ``{"id", "error"}`` (bwrap
+failed, or the move did, and then both processes are killed). Requests are
+served side by side, and replies come in any order.
 
 Why a process of its own: ``subprocess`` in the runtime can only ``vfork``
 when no uid or group changes, and forking the runtime costs far more than
 this; and bwrap's ``--die-with-parent`` needs a parent *thread* that lives
-as long as the runtime, which Trio's worker threads do not. The spawner
-exits when the runtime's end of the socket closes (the runtime exited or
-was killed); bwrap's ``--die-with-parent`` then kills every sandbox it started.
+as long as the runtime, which Trio's worker threads do not (here, bwrap is
+always started from the main thread). The spawner exits when the runtime's
+end of the socket closes (the runtime exited or was killed); bwrap's
+``--die-with-parent`` then kills every sandbox it started.
 """
 
 import ctypes
