@@ -4,7 +4,8 @@ One spawner per runtime process, started at the first :func:`spawn` and
 restarted if it died; it ends when the runtime does. Several requests may
 be in flight at once and their replies come in any order: each carries its
 request's id, and whichever waiting task reads a reply files it for the
-caller waiting on that id.
+caller waiting on that id. (The bookkeeping is per Trio run: one run at a
+time uses the spawner, as a runtime does.)
 """
 
 from __future__ import annotations
