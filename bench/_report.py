@@ -101,6 +101,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             if median is not None:
                 rows.append(_row(name, f"median ms, policy {policy}", median, "<= 60", median <= 60, "{:.1f}"))
                 rows.append(_row(name, f"p95 ms, policy {policy}", p95, "<= 150", p95 <= 150, "{:.1f}"))
+            if r.get(f"{policy}_cpu_ms_per_session") is not None:
+                rows.append(_row(name, f"CPU ms per open + close, all processes, policy {policy}", r[f"{policy}_cpu_ms_per_session"], "(context)", None, "{:.1f}"))
         if r.get("none_serial_median_ms") is not None:
             rows.append(_row("sandbox open + close, one at a time", "median ms, policy none", r["none_serial_median_ms"], "(context)", None, "{:.1f}"))
         ok = r["held_errors"] == 0 and r["held_alive"] == r["held"]

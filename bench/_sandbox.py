@@ -11,10 +11,12 @@ state directories, leases): the difference must be zero.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +63,65 @@ def census() -> dict[str, int]:
     }
 
 
+@contextlib.contextmanager
+def _own_cgroup() -> Iterator[Path | None]:
+    """Move this process into a new cgroup v2 below its own (``None`` where
+    that cannot be done); on exit move every process in it back and remove it."""
+    v2 = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "cgroup2":
+                v2 = Path(parts[1])
+    with open("/proc/self/cgroup") as f:
+        own = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+    if v2 is None or own is None:
+        yield None
+        return
+    parent = v2 / own.lstrip("/")
+    path = parent / f"bench-sandbox-{os.getpid()}"
+    try:
+        path.mkdir()
+        (path / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.procs").write_text(pid)
+        for sub in sorted(path.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+
+
+def _cpu_usec(cgroup: Path | None) -> int | None:
+    if cgroup is None:
+        return None
+    for line in (cgroup / "cpu.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value)
+    return None
+
+
 def sandbox_open_close(
     root: Path,
     sessions: int = 200,
     concurrency: int = 8,
     held: int = 100,
     policies: tuple[str, ...] = ("none", "full"),
+) -> dict[str, Any]:
+    with _own_cgroup() as cgroup:
+        return _open_close(cgroup, sessions, concurrency, held, policies)
+
+
+def _open_close(
+    cgroup: Path | None, sessions: int, concurrency: int, held: int, policies: tuple[str, ...]
 ) -> dict[str, Any]:
     from agentcompass_sandbox import SandboxEnvironment, host_problem
 
@@ -139,7 +194,11 @@ def sandbox_open_close(
         serial = await open_close("none", concurrency=1, sessions=max(1, sessions // 4))
         result["none_serial_median_ms"] = statistics.median(serial) * 1e3
         for policy in policies:
+            before = _cpu_usec(cgroup)
             durations = await open_close(policy)
+            after = _cpu_usec(cgroup)
+            if before is not None and after is not None:
+                result[f"{policy}_cpu_ms_per_session"] = (after - before) / 1e3 / sessions
             result[f"{policy}_median_ms"] = statistics.median(durations) * 1e3
             result[f"{policy}_p95_ms"] = _percentile(durations, 0.95) * 1e3
         result.update(await hold())

@@ -285,6 +285,56 @@ async def test_an_exception_from_on_output_kills_the_command_and_propagates(sess
     assert (await session.exec("echo again")).stdout == "again\n"
 
 
+class _CancelAtStep(trio.abc.Instrument):
+    """Cancels ``scope`` at the n-th time ``task`` is scheduled."""
+
+    def __init__(self, n: int, task: trio.lowlevel.Task, scope: trio.CancelScope):
+        self.n, self.task, self.scope, self.seen = n, task, scope, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.seen += 1
+            if self.seen == self.n:
+                self.scope.cancel()
+
+
+def _alive_marked(root: Path) -> list[int]:
+    """Pids of live processes carrying this sandbox's marker (zombies have no environ)."""
+    needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@needs_proc
+async def test_exec_cancelled_at_every_step_leaves_no_process(session: LocalSession):
+    """Cancel an exec at its 1st, 2nd, ... scheduling step until one completes:
+    whatever step it was in (spawning, reading, waiting), nothing it started lives on."""
+    root = root_of(session)
+    with trio.fail_after(HANG_GUARD * 3):
+        for n in range(1, 100):
+            with trio.CancelScope() as scope:
+                instrument = _CancelAtStep(n, trio.lowlevel.current_task(), scope)
+                trio.lowlevel.add_instrument(instrument)
+                try:
+                    result = await session.exec("sleep 0.05; echo done")
+                finally:
+                    trio.lowlevel.remove_instrument(instrument)
+            if not scope.cancelled_caught:
+                assert result.stdout == "done\n"
+                break
+            assert _alive_marked(root) == [], f"cancelled at step {n}"
+        else:
+            pytest.fail("exec never completed")
+    assert n >= 3  # cancelled before the spawn, and again once the command was running
+
+
 # -- close and reap -----------------------------------------------------------
 
 
@@ -297,6 +347,18 @@ async def test_close_is_idempotent_and_removes_the_directory(tmp_path: Path):
     assert not root.exists()
     await session.close()
     assert not root.exists()
+
+
+async def test_close_removes_links_and_files_beside_the_subdirectories_without_following_links(tmp_path: Path):
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    session = await LocalEnvironment({"root": str(tmp_path / "sandboxes")}).open(None, FULL)
+    root = root_of(session)
+    # Top-level entries of the sandbox itself: a link to a directory elsewhere, a file, a full directory.
+    await session.exec(f"ln -s {outside} ../dirlink && echo x > ../file && mkdir ../extra && touch ../extra/f")
+    await session.close()
+    assert not root.exists()
+    assert (outside / "keep").is_dir()  # the link was removed, not followed
 
 
 @needs_proc

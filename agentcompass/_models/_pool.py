@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .._redact import register_secret
 from ..runtime._errors import ConfigError
 from ..runtime._values import ModelSpec
-from ._client import ChatClient
+from ._client import ChatClient, prepared_request_parts
 
 if TYPE_CHECKING:
     import httpx
@@ -49,6 +49,8 @@ class ModelClients:
     def __init__(self, default_max_connections: int):
         self.default_max_connections = max(1, default_max_connections)
         self._http: dict[tuple[Any, ...], httpx.AsyncClient] = {}
+        # Per endpoint: its chat URL and prepared request parts (see ChatClient).
+        self._parts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self.closed = False
 
     def client(self, model: ModelSpec) -> ChatClient:
@@ -72,12 +74,15 @@ class ModelClients:
             timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
             http = endpoint_client(key, timeout, size)
             self._http[endpoint] = http
-        return ChatClient(model, http, httpx.URL(model.base_url.rstrip("/") + "/chat/completions"))
+            url = httpx.URL(model.base_url.rstrip("/") + "/chat/completions")
+            self._parts[endpoint] = (url, *prepared_request_parts(http))
+        url, headers, extensions = self._parts[endpoint]
+        return ChatClient(model, http, url, headers, extensions)
 
     async def aclose(self) -> None:
         """Close every client (idempotent). The caller bounds it (the grace)."""
         self.closed = True
-        clients, self._http = list(self._http.values()), {}
+        clients, self._http, self._parts = list(self._http.values()), {}, {}
         for http in clients:
             await http.aclose()
 

@@ -38,7 +38,6 @@ import re
 import secrets
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Collection
@@ -62,6 +61,8 @@ from agentcompass.runtime import (
     cleanup_deadline,
     exec_keeping_tails,
 )
+
+from ._child import Child, spawn
 
 __all__ = ["LocalEnvironment", "LocalSession"]
 
@@ -189,6 +190,8 @@ class LocalSession(EnvironmentSession):
         self._env.update({f"{sub.upper()}_DIR": path for sub, path in self._dirs.items()})
         self._env[SANDBOX_ENV] = str(self._root)
         self._env[SANDBOX_NAME_ENV] = name
+        # What a spawn passes when the call adds no variables: encoded once, not per exec.
+        self._spawn_env = {os.fsencode(key): os.fsencode(value) for key, value in self._env.items()}
         # Process groups started here; close kills whatever is still in them.
         self._pgids: set[int] = set()
         self._closed = False
@@ -281,29 +284,22 @@ class LocalSession(EnvironmentSession):
         else:
             workdir = await trio.to_thread.run_sync(self._resolve_dir, cwd)
             self._check_open()
-        full_env = dict(self._env)
+        full_env: dict[str, str] | dict[bytes, bytes]
         if env:
-            full_env.update(env)
+            full_env = {**self._env, **env}
             full_env[SANDBOX_ENV] = self._env[SANDBOX_ENV]
             full_env[SANDBOX_NAME_ENV] = self._env[SANDBOX_NAME_ENV]
+        else:
+            full_env = self._spawn_env
         try:
-            proc = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=full_env,
-                start_new_session=True,
-            )
+            child = await spawn(argv, workdir, full_env)
         except OSError as exc:
             if cwd is None and not await trio.to_thread.run_sync(os.path.isdir, workdir):
                 raise _fail("working directory '/app' does not exist in the sandbox") from None
             raise _fail(f"could not start {argv[0]!r}: {exc}") from None
         # start_new_session makes the child a group leader: its pid is the pgid.
-        self._pgids.add(proc.pid)
-        assert proc.stdout is not None and proc.stderr is not None
-        pipes = (_Pipe("stdout", proc.stdout), _Pipe("stderr", proc.stderr))
+        self._pgids.add(child.pid)
+        pipes = (_Pipe("stdout", child.stdout), _Pipe("stderr", child.stderr))
         timed_out = False
         try:
             self._check_open()  # close() may have run while the process was starting
@@ -311,34 +307,33 @@ class LocalSession(EnvironmentSession):
                 for pipe in pipes:
                     nursery.start_soon(pipe.pump, on_output)
                 with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
-                    await proc.wait()
+                    await child.wait()
                 if deadline.cancelled_caught:
                     timed_out = True
-                    _killpg(proc.pid)  # the leader is not reaped yet, so the pgid is still ours
-                    await proc.wait()
+                    child.kill_group()  # the leader is not reaped yet, so the pgid is still ours
+                    await child.wait()
                 for pipe in pipes:
                     pipe.command_exited()
         except BaseException:
             with trio.move_on_at(cleanup_deadline(), shield=True):
-                await self._kill_exec(proc)
+                await self._kill_exec(child)
             raise
         finally:
             with trio.move_on_at(cleanup_deadline(), shield=True):
-                for stream in (proc.stdout, proc.stderr):
-                    await stream.aclose()
-        code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
+                await child.aclose()
+        code = TIMEOUT_EXIT_CODE if timed_out else child.returncode
         assert code is not None  # the process was waited for
         return ExecResult(exit_code=code, timed_out=timed_out)
 
-    async def _kill_exec(self, proc: trio.Process) -> None:
+    async def _kill_exec(self, child: Child) -> None:
         """Kill the group of an exec that failed or was cancelled, and reap it."""
-        if proc.returncode is None:
-            _killpg(proc.pid)
-            await proc.wait()
+        if child.returncode is None:
+            child.kill_group()
+            await child.wait()
         else:
             # The leader is reaped, so its pgid may be free: only signal it while
             # a process of this sandbox is still in it.
-            await trio.to_thread.run_sync(_kill_sandbox_processes, str(self._root), {proc.pid}, False)
+            await trio.to_thread.run_sync(_kill_sandbox_processes, str(self._root), {child.pid}, False)
 
     async def read_file(self, path: str) -> bytes:
         """Read a file (path rules in the class docstring)."""
@@ -455,20 +450,24 @@ def _make_sandbox(root: str | Path | None, name: str) -> str:
 def _remove_sandbox(root: str) -> None:
     """Blocking: remove a sandbox directory, the marker last, so that a
     removal cut short can still be recognised (and reaped) later."""
-    if not os.path.isdir(root):
-        return
     # Every step tolerates a concurrent removal: a close whose grace ran out
     # leaves its removal running while another close finishes the job.
     try:
-        entries = os.listdir(root)
-    except FileNotFoundError:
+        with os.scandir(root) as listing:
+            # The entry's type comes with the listing: no stat per entry.
+            entries = [(entry.path, entry.is_dir(follow_symlinks=False)) for entry in listing]
+    except (FileNotFoundError, NotADirectoryError):
         return
-    for entry in entries:
-        if entry == MARKER_FILE:
+    for path, is_dir in entries:
+        if os.path.basename(path) == MARKER_FILE:
             continue
-        path = os.path.join(root, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            _rmtree(path)
+        if is_dir:
+            try:
+                os.rmdir(path)  # most subdirectories are empty: one call instead of a tree walk
+            except FileNotFoundError:
+                pass
+            except OSError:
+                _rmtree(path)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

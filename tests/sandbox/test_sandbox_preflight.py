@@ -50,6 +50,6 @@ def test_cli_exits_2_with_one_line_before_anything_runs(tmp_path: Path) -> None:
         lines = done.stderr.strip().splitlines()
         assert lines == [
             "error: requests[0] 'r': environment 'sandbox-no-bwrap': the sandbox provider needs bwrap on PATH "
-            "(apt-get install bubblewrap iproute2 nftables util-linux)"
+            "(apt-get install bubblewrap nftables util-linux)"
         ]
     assert not (tmp_path / "runs").exists()

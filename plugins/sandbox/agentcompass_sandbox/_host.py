@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import _netlink
+
 #: Where session directories live (one per session, named after it).
 STATE_ROOT = Path("/run/agentcompass-sandbox")
 #: Lease files of the /30 subnets handed to sessions with a veth.
@@ -37,6 +39,11 @@ LEASE_DIR = STATE_ROOT / ".leases"
 #: The host uid/gid sandbox processes run as (``nobody``); uid 1000 inside.
 HOST_UID = 65534
 INSIDE_UID = 1000
+#: The host's userland, mounted read-only into every sandbox where it exists
+#: (top-level symlinks such as /bin -> usr/bin are recreated). Nothing else
+#: of the host is visible: not /root, /mnt, /media, /boot, nor any project
+#: directory. Each bind costs a mount and a read-only remount at every open.
+USERLAND = ("usr", "etc", "opt", "var", "home", "srv", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 #: Harbor paths bound into every sandbox, each a directory of the session's state dir.
 SUBDIRS = ("app", "tests", "logs", "solution")
 MARKER = "session.json"
@@ -145,31 +152,38 @@ def make_session_dir(name: str) -> Path:
         raise SessionExists(f"sandbox session {name!r} already exists ({path})") from None
     write_marker(name, {"name": name, "created": time.time(), "runtime_pid": os.getpid()})
     for sub in SUBDIRS:
-        os.mkdir(path / sub, 0o755)
-        os.chown(path / sub, HOST_UID, HOST_UID)
+        sub_path = f"{path}/{sub}"
+        os.mkdir(sub_path, 0o755)
+        os.chown(sub_path, HOST_UID, HOST_UID)
     if os.path.isfile("/etc/hosts") and not os.path.islink("/etc/hosts"):
         # The sandbox's own /etc/hosts, where allowlisted names are added.
-        (path / "hosts").write_text(host_hosts())
+        with open(f"{path}/hosts", "w") as f:
+            f.write(host_hosts())
     return path
 
 
 def host_hosts() -> str:
     try:
-        return Path("/etc/hosts").read_text()
+        with open("/etc/hosts") as f:
+            return f.read()
     except OSError:
         return ""
 
 
 def write_marker(name: str, data: dict[str, Any]) -> None:
-    path = session_dir(name)
-    tmp = path / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path / MARKER)
+    path = f"{STATE_ROOT}/{name}/{MARKER}"
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, json.dumps(data).encode())
+    finally:
+        os.close(fd)
+    os.replace(path + ".tmp", path)
 
 
 def read_marker(name: str) -> dict[str, Any]:
     try:
-        data = json.loads((session_dir(name) / MARKER).read_text())
+        with open(f"{STATE_ROOT}/{name}/{MARKER}", "rb") as f:
+            data = json.loads(f.read())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -303,39 +317,47 @@ def _all_procs(path: Path) -> list[int]:
 def kill_cgroup(path_str: str, remove: bool) -> None:
     """SIGKILL every process in a cgroup subtree, wait until it is empty
     (bounded), and with ``remove`` delete its directories."""
-    path = Path(path_str)
-    if not path.is_dir():
+    if not os.path.isdir(path_str):
         return
-    kill_file = path / "cgroup.kill"
-    if kill_file.exists() and _kill_v2(path, kill_file):
+    kill_file = f"{path_str}/cgroup.kill"
+    if os.path.exists(kill_file) and _kill_v2(path_str, kill_file):
         if remove:
-            remove_cgroup(path)
+            remove_cgroup(path_str)
         return
+    path = Path(path_str)
     for _ in range(_KILL_ROUNDS):
         pids = _all_procs(path)
         if not pids:
             break
-        if kill_file.exists():
+        if os.path.exists(kill_file):
             with contextlib.suppress(OSError):
-                kill_file.write_text("1")
+                _write(kill_file, "1")
         else:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         time.sleep(_KILL_PAUSE)
     if remove:
-        remove_cgroup(path)
+        remove_cgroup(path_str)
 
 
-def _populated(path: Path) -> bool:
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        with open(path / "cgroup.events") as f:
-            return "populated 1" in f.read()
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _populated(path: str) -> bool:
+    try:
+        with open(f"{path}/cgroup.events", "rb") as f:
+            return b"populated 1" in f.read()
     except FileNotFoundError:
         return False
 
 
-def _kill_v2(path: Path, kill_file: Path) -> bool:
+def _kill_v2(path: str, kill_file: str) -> bool:
     """cgroup v2: ``cgroup.kill`` the subtree, then watch the one ``populated``
     flag of ``cgroup.events`` (cheaper than walking every ``cgroup.procs`` per
     round); the kill is repeated now and then for a process caught mid-fork.
@@ -345,25 +367,26 @@ def _kill_v2(path: Path, kill_file: Path) -> bool:
             return True
         if round_ % 50 == 0:
             with contextlib.suppress(OSError):
-                kill_file.write_text("1")
+                _write(kill_file, "1")
         time.sleep(_KILL_PAUSE)
     return not _populated(path)
 
 
-def remove_cgroup(path: Path) -> None:
+def remove_cgroup(path: str | Path) -> None:
     """rmdir a cgroup directory tree, leaves first; a busy one is retried briefly."""
-    if not path.is_dir():
+    try:
+        entries = [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
         return
-    for parent, dirs, _files in os.walk(path, topdown=False):
-        for d in dirs:
-            _rmdir_cgroup(Path(parent) / d)
-    _rmdir_cgroup(path)
+    for entry in entries:
+        remove_cgroup(entry)
+    _rmdir_cgroup(str(path))
 
 
-def _rmdir_cgroup(path: Path) -> None:
+def _rmdir_cgroup(path: str) -> None:
     for _ in range(_KILL_ROUNDS):
         try:
-            path.rmdir()
+            os.rmdir(path)
             return
         except FileNotFoundError:
             return
@@ -417,10 +440,12 @@ def _routed_subnets() -> set[str]:
 
 
 def release_lease(name: str, index: int) -> None:
-    path = LEASE_DIR / str(index)
+    path = f"{LEASE_DIR}/{index}"
     with contextlib.suppress(OSError):
-        if path.read_text() == name:
-            path.unlink()
+        with open(path) as f:
+            owner = f.read()
+        if owner == name:
+            os.unlink(path)
 
 
 def release_leases(name: str) -> None:
@@ -448,21 +473,12 @@ def leases_with_prefix(tag: str) -> set[str]:
 def make_veth(name: str, init_pid: int, index: int) -> None:
     """A veth pair: host end ``veth_name(name)``, ``eth0`` in the sandbox's
     namespace, addresses and default route; NAT for it on the host."""
-    host = veth_name(name)
     host_ip, sandbox_ip = lease_addresses(index)
     ensure_nat()
-    run(
-        ["ip", "-b", "-"],
-        input=(
-            f"link add {host} type veth peer name eth0 netns {init_pid}\n"
-            f"addr add {host_ip}/30 dev {host}\n"
-            f"link set {host} up\n"
-        ).encode(),
-    )
-    run(
-        ["nsenter", "-t", str(init_pid), "-n", "ip", "-b", "-"],
-        input=(f"addr add {sandbox_ip}/30 dev eth0\nlink set eth0 up\nroute add default via {host_ip}\n").encode(),
-    )
+    try:
+        _netlink.make_veth(veth_name(name), init_pid, host_ip, sandbox_ip)
+    except OSError as exc:
+        raise HostError(f"could not make the sandbox's veth: {exc}") from None
 
 
 _nat_installed = False
@@ -504,16 +520,14 @@ def apply_ruleset(init_pid: int, ruleset: str) -> None:
 
 
 def remove_network(name: str, lease: int | None) -> None:
-    """Wait (bounded) for the kernel to remove the veth with its namespace,
-    delete it ourselves if it lingers, then release the lease."""
-    host = f"/sys/class/net/{veth_name(name)}"
-    for _ in range(_KILL_ROUNDS):
-        if not os.path.exists(host):
-            break
-        time.sleep(_KILL_PAUSE)
-    else:
-        with contextlib.suppress(HostError):
-            run(["ip", "link", "del", veth_name(name)])
+    """Delete the veth (both ends go; the kernel would remove it with the
+    namespace, but later and in the background, so close would have to
+    watch for it), then release the lease."""
+    try:
+        _netlink.delete_link(veth_name(name))
+    except OSError as exc:
+        if exc.errno != errno.ENODEV:  # gone with its namespace already
+            raise HostError(f"could not delete the veth of sandbox {name}: {exc}") from None
     if lease is not None:
         release_lease(name, lease)
     else:
@@ -523,30 +537,20 @@ def remove_network(name: str, lease: int | None) -> None:
 # ------------------------------------------------------------------ teardown
 
 
-def _is_keeper_of(pid: int, name: str) -> bool:
-    """Is ``pid`` still the keeper of session ``name``'s bwrap (not a reused pid)?"""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    return str(session_dir(name)).encode() + b"/app" in argv
-
-
 def destroy(name: str) -> None:
     """Remove every resource of session ``name``: its processes, cgroups,
     veth, host NAT table, lease and state directory. Idempotent; the marker
     is removed last so an interrupted teardown can be finished later."""
     marker = read_marker(name)
     bases = cgroup_bases()
-    for base in {str(p) for p in bases.values()}:
-        kill_cgroup(str(Path(base) / name), remove=False)
-    pid = marker.get("bwrap_pid")
-    if isinstance(pid, int) and _is_keeper_of(pid, name):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for base in {str(p) for p in bases.values()}:
-        kill_cgroup(str(Path(base) / name), remove=True)
+    # Every process of the session, bwrap included, is in its cgroups:
+    # all are killed before any is removed.
+    paths = sorted({f"{base}/{name}" for base in bases.values()})
+    if len(paths) > 1:
+        for path in paths:
+            kill_cgroup(path, remove=False)
+    for path in paths:
+        kill_cgroup(path, remove=True)
     # Without a marker (a half-made session) look for a lease by name.
     if marker.get("network", not marker):
         lease = marker.get("lease")
@@ -555,20 +559,24 @@ def destroy(name: str) -> None:
 
 
 def remove_session_dir(name: str) -> None:
-    path = session_dir(name)
-    if not path.is_dir():
+    path = f"{STATE_ROOT}/{name}"
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
         return
-    for entry in os.listdir(path):
-        if entry == MARKER:
+    for entry in entries:
+        if entry.name == MARKER:
             continue
-        full = path / entry
-        if full.is_dir() and not full.is_symlink():
-            _rmtree(full)
+        if entry.is_dir(follow_symlinks=False):
+            try:
+                os.rmdir(entry.path)  # usually empty
+            except OSError:
+                _rmtree(Path(entry.path))
         else:
-            full.unlink()
+            os.unlink(entry.path)
     with contextlib.suppress(FileNotFoundError):
-        (path / MARKER).unlink()
-    path.rmdir()
+        os.unlink(f"{path}/{MARKER}")
+    os.rmdir(path)
 
 
 def _rmtree(path: Path) -> None:

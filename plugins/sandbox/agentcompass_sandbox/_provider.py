@@ -18,7 +18,7 @@ from . import _host, _policy
 from ._session import SandboxSession, fail
 
 #: Host programs the provider runs.
-REQUIRED_PROGRAMS = ("bwrap", "nsenter", "setpriv", "ip", "nft")
+REQUIRED_PROGRAMS = ("bwrap", "nsenter", "nft")
 
 
 def host_problem(
@@ -36,8 +36,7 @@ def host_problem(
     missing = [p for p in REQUIRED_PROGRAMS if which(p) is None]
     if missing:
         return (
-            f"the sandbox provider needs {', '.join(missing)} on PATH "
-            "(apt-get install bubblewrap iproute2 nftables util-linux)"
+            f"the sandbox provider needs {', '.join(missing)} on PATH (apt-get install bubblewrap nftables util-linux)"
         )
     bases = _host.cgroup_bases()
     if "track" not in bases:
@@ -60,8 +59,7 @@ class SandboxEnvironment(BaseEnvironment):
 
     Config: ``memory_mb`` and ``pids_max`` (cgroup limits of the whole
     session; none by default), ``max_output_bytes`` (per stream of one
-    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter``, ``setpriv``, ``ip``
-    and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
+    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
     id: ClassVar[str] = "sandbox"

@@ -1,20 +1,21 @@
 """One open ``sandbox`` session: a bubblewrap process tree in its own namespaces.
 
-The session's first process is a keeper shell whose child is ``bwrap`` (run
-as the host's ``nobody``, uid 1000 inside a new user namespace, with new
-mount, pid, ipc, uts, cgroup and network namespaces and ``--die-with-parent``)
-holding ``sleep infinity`` as the sandbox's init; the keeper kills it when
-the runtime closes the session's lifeline pipe or dies. Every ``exec`` enters those namespaces with ``nsenter``,
-so processes an exec leaves in the background live on until ``close``, as in
-a container. Each process tree (the init, each exec) is placed in a leaf of
-the session's cgroup before it starts, which is how a timeout, a
-cancellation or ``close`` kills a whole tree, daemons included.
+The session's first process is ``bwrap``, started by the runtime's spawner
+process (:mod:`._zygote`) as the host's ``nobody``, already in the session's
+cgroup: uid 1000 inside a new user namespace, with new mount, pid, ipc, uts,
+cgroup and network namespaces and ``--die-with-parent`` (its parent is the
+spawner, which exits with the runtime). Its init is a shell that says it is
+up and then waits on a pipe only the runtime holds, so it also ends when the
+session closes or the runtime dies. Every ``exec`` enters those namespaces
+with ``nsenter``, so processes an exec leaves in the background live on
+until ``close``, as in a container. Each process tree (the init, each exec)
+is placed in a leaf of the session's cgroup before it starts, which is how a
+timeout, a cancellation or ``close`` kills a whole tree, daemons included.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import subprocess
@@ -27,7 +28,7 @@ import trio
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
 from agentcompass.runtime import OutputTail, cleanup_deadline
 
-from . import _host, _policy
+from . import _host, _policy, _spawner
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
@@ -36,23 +37,10 @@ _CHUNK = 65536
 _DRAIN_SECONDS = 0.5
 # Puts the process into the cgroups named before "--", then becomes the command.
 _WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-# The init's keeper: joins the cgroups, starts bwrap (whose --die-with-parent
-# then refers to this single-threaded shell), and kills it when its stdin
-# reaches EOF, i.e. when the runtime closes the session's lifeline or dies.
-# The parent of a --die-with-parent process must not be the runtime itself:
-# Trio spawns from worker threads, and the death signal follows the *thread*,
-# which exits when it has been idle for a while.
-_KEEP = (
-    'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
-    '"$@" < /dev/null & read _; kill -9 $! 2>/dev/null'
-)
+# The sandbox's init: says it is up, then holds until the runtime closes its
+# stdin (close(), or the runtime's exit).
+_INIT = "echo ready; read _"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Top-level host entries never bound into the sandbox (made fresh, or the sandbox's own).
-# The host's userland, mounted read-only where it exists (top-level symlinks
-# such as /bin -> usr/bin are recreated). Nothing else of the host is visible:
-# not /root, /mnt, /media, /boot, nor any project directory. Each bind costs
-# a mount and a read-only remount at every open.
-_USERLAND = ("usr", "etc", "opt", "var", "home", "srv", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 def fail(message: str) -> IssueError:
@@ -69,7 +57,7 @@ def _root_binds() -> list[str]:
     if _root_binds_cache is not None:
         return list(_root_binds_cache)
     args: list[str] = []
-    for entry in _USERLAND:
+    for entry in _host.USERLAND:
         path = "/" + entry
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -77,14 +65,6 @@ def _root_binds() -> list[str]:
             args += ["--ro-bind", path, path]
     _root_binds_cache = args
     return list(args)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
 
 
 class SandboxSession(EnvironmentSession):
@@ -108,8 +88,7 @@ class SandboxSession(EnvironmentSession):
         self._memory_mb = memory_mb
         self._pids_max = pids_max
         self._cgroups: dict[str, str] = {}
-        self._bwrap: trio.Process | None = None  # the keeper shell, bwrap's parent
-        self._lifeline: int | None = None  # write end of the keeper's stdin
+        self._lifeline: int | None = None  # write end of the init's stdin
         self._init_pid: int | None = None
         self._lease: int | None = None
         self._ruleset = False  # whether an nftables table is installed in the namespace
@@ -133,27 +112,25 @@ class SandboxSession(EnvironmentSession):
     async def start(self, policy: NetworkPolicy) -> None:
         """Create everything; the caller closes the session if this raises."""
         try:
-            await trio.to_thread.run_sync(_host.make_session_dir, self.name)
+            init_cg, binds, own_hosts, log_fd = await trio.to_thread.run_sync(self._prepare)
         except _host.SessionExists as exc:
             self._closed = self._destroyed = True  # close() must not touch the other session
             raise fail(str(exc)) from None
         except (OSError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: {exc}") from None
-        try:
-            init_cg, binds = await trio.to_thread.run_sync(self._prepare)
-        except (OSError, _host.HostError) as exc:
-            raise fail(f"sandbox {self.name}: {exc}") from None
-        await self._spawn_init(init_cg, binds)
+        await self._spawn_init(init_cg, binds, own_hosts, log_fd)
         await self.set_network_policy(policy)
 
-    def _prepare(self) -> tuple[str, list[str]]:
-        """Blocking, in one worker-thread hop: the cgroups, the init's leaf and the binds."""
+    def _prepare(self) -> tuple[str, list[str], bool, int]:
+        """Blocking, in one worker-thread hop: the state directory, the
+        cgroups, the init's leaf, the binds, whether the session has its own
+        /etc/hosts, and bwrap's log file (a descriptor the caller closes)."""
+        _host.make_session_dir(self.name)
         self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max)
-        return _host.exec_cgroup(self._cgroups["track"], "init"), _root_binds()
-
-    def _open_log(self) -> tuple[Any, bool]:
-        """Blocking: bwrap's log file, and whether the session has its own /etc/hosts."""
-        return open(self._dir / "bwrap.log", "wb"), (self._dir / "hosts").exists()
+        init_cg = _host.exec_cgroup(self._cgroups["track"], "init")
+        own_hosts = (self._dir / "hosts").exists()
+        log_fd = os.open(self._dir / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return init_cg, _root_binds(), own_hosts, log_fd
 
     def _procs_files(self, track_leaf: str) -> list[str]:
         files = [os.path.join(track_leaf, "cgroup.procs")]
@@ -163,79 +140,53 @@ class SandboxSession(EnvironmentSession):
                 files.append(os.path.join(path, "cgroup.procs"))
         return files
 
-    async def _spawn_init(self, init_cg: str, binds: list[str]) -> None:
-        log, own_hosts = await trio.to_thread.run_sync(self._open_log)
-        read_fd, write_fd = os.pipe()
-        # The keeper's lifeline: the runtime holds the write end (closed on
-        # close(), or by the kernel when the runtime dies); the keeper reads it.
-        keep_read, self._lifeline = os.pipe()
+    async def _spawn_init(self, init_cg: str, binds: list[str], own_hosts: bool, log_fd: int) -> None:
         mounts: list[str] = []
         for sub in _host.SUBDIRS:
             mounts += ["--bind", str(self._dir / sub), "/" + sub]
         if own_hosts:
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
         argv = [
-            "/bin/sh", "-c", _KEEP, "sh", *self._procs_files(init_cg), "--",
-            "setpriv", f"--reuid={_host.HOST_UID}", f"--regid={_host.HOST_UID}", "--clear-groups",
             "bwrap", "--die-with-parent", "--unshare-all", "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", *mounts,
-            "--chdir", "/app", "--info-fd", str(write_fd),
-            "--", "sh", "-c", "echo ready; exec sleep infinity",
+            "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
         ]  # fmt: skip
+        info_read, info_write = os.pipe()
+        block_read, block_write = os.pipe()
+        out_read, out_write = os.pipe()
+        # The init's stdin: the runtime holds the write end until close().
+        keep_read, self._lifeline = os.pipe()
         try:
-            self._bwrap = await trio.lowlevel.open_process(
-                argv, stdin=keep_read, stdout=subprocess.PIPE, stderr=log, pass_fds=(write_fd,)
+            _, child_pid = await _spawner.spawn(
+                argv,
+                [keep_read, out_write, log_fd, info_write, block_read, info_read, block_write],
+                self._procs_files(init_cg),
             )
         except BaseException as exc:
-            os.close(read_fd)
-            if isinstance(exc, OSError):
-                raise fail(f"sandbox {self.name}: could not start bwrap: {exc}") from None
+            os.close(out_read)
+            if isinstance(exc, _host.HostError):
+                raise fail(f"sandbox {self.name}: {exc} ({await self._log()})") from None
             raise
-        finally:
-            os.close(write_fd)
-            os.close(keep_read)
-            log.close()
-        info = await self._read_info(read_fd)
-        if info is None:
-            await self._bwrap.wait()
-            log_text = await trio.Path(self._dir / "bwrap.log").read_text(errors="replace")
-            detail = " ".join(log_text.split())[:300]
-            raise fail(f"sandbox {self.name}: bwrap failed (exit {self._bwrap.returncode}): {detail}")
-        # bwrap's own pid 1 may still be moving into the final user namespace;
-        # the command it started prints once everything is set up.
-        assert self._bwrap.stdout is not None
+        # bwrap's pid 1 in the sandbox may still be moving into the final user
+        # namespace; the init prints once everything is set up.
         ready = b""
-        async with self._bwrap.stdout:
-            while b"\n" not in ready and (chunk := await self._bwrap.stdout.receive_some(64)):
+        async with trio.lowlevel.FdStream(out_read) as stdout:
+            while b"\n" not in ready and (chunk := await stdout.receive_some(64)):
                 ready += chunk
-        bwrap_pid = self._bwrap.pid
+        if ready != b"ready\n":
+            raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}): {await self._log()}")
+        # bwrap's pid 1 in the sandbox (the init's parent) is past its setup
+        # once the init runs: every exec enters its namespaces.
+        self._init_pid = child_pid
 
-        def record_init() -> list[int]:
-            children = _children(int(info["child-pid"]))
-            if ready == b"ready\n" and len(children) == 1:
-                marker = {**_host.read_marker(self.name), "bwrap_pid": bwrap_pid, "init_pid": children[0]}
-                _host.write_marker(self.name, marker)
-            return children
-
-        children = await trio.to_thread.run_sync(record_init)
-        if ready != b"ready\n" or len(children) != 1:
-            raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}, children {children})")
-        self._init_pid = children[0]
-
-    async def _read_info(self, fd: int) -> dict[str, Any] | None:
-        """bwrap's ``--info-fd`` JSON, or ``None`` if the pipe ends first (bwrap
-        failed). Parsed as it arrives: the keeper shell holds the pipe open too."""
-        data = b""
-        async with trio.lowlevel.FdStream(fd) as stream:
-            while chunk := await stream.receive_some(_CHUNK):
-                data += chunk
-                try:
-                    info = json.loads(data)
-                except ValueError:
-                    continue
-                return info if isinstance(info, dict) and "child-pid" in info else None
-        return None
+    async def _log(self) -> str:
+        """bwrap's error output, on one line."""
+        try:
+            log_text = await trio.Path(self._dir / "bwrap.log").read_text(errors="replace")
+        except OSError as exc:
+            return f"no bwrap log: {exc}"
+        return " ".join(log_text.split())[:300]
 
     # ------------------------------------------------------------ exec
 
@@ -438,13 +389,8 @@ class SandboxSession(EnvironmentSession):
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
-        if self._bwrap is not None:
-            # Killed directly as well as through its cgroup: an open cancelled
-            # while it started may not have joined the cgroup yet. Not reaped
-            # yet, so the pid is still ours; bwrap dies with it (--die-with-parent).
-            if self._bwrap.returncode is None:
-                self._bwrap.kill()
-            await self._bwrap.wait()
+        # bwrap is in the session's cgroup from its first instruction, so the
+        # teardown kills it with everything it started.
         await trio.to_thread.run_sync(_host.destroy, self.name)
         self._destroyed = True
 

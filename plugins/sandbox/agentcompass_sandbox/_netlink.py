@@ -1,0 +1,166 @@
+"""A sandbox's veth over rtnetlink (standard-library sockets), without running ``ip``.
+
+The host end is configured through a netlink socket of the runtime's own
+network namespace; the sandbox end through a socket made in the sandbox's
+namespace by a short-lived thread that enters it (``setns`` changes only
+the calling thread's network namespace, and the thread ends right after,
+so no other work ever runs there). Everything here blocks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import threading
+
+_CLONE_NEWNET = 0x40000000
+
+_NLM_F_REQUEST = 0x1
+_NLM_F_ACK = 0x4
+_NLM_F_EXCL = 0x200
+_NLM_F_CREATE = 0x400
+_NLMSG_ERROR = 2
+_RTM_NEWLINK = 16
+_RTM_DELLINK = 17
+_RTM_NEWADDR = 20
+_RTM_NEWROUTE = 24
+
+_IFLA_IFNAME = 3
+_IFLA_LINKINFO = 18
+_IFLA_NET_NS_PID = 19
+_IFLA_INFO_KIND = 1
+_IFLA_INFO_DATA = 2
+_VETH_INFO_PEER = 1
+_IFA_ADDRESS = 1
+_IFA_LOCAL = 2
+_RTA_OIF = 4
+_RTA_GATEWAY = 5
+
+_IFF_UP = 0x1
+_RT_TABLE_MAIN = 254
+_RTPROT_BOOT = 3
+_RT_SCOPE_UNIVERSE = 0
+_RTN_UNICAST = 1
+
+
+class NetlinkError(OSError):
+    """The kernel refused a request (``errno`` is its error)."""
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
+
+
+def _ifinfo(index: int = 0, up: bool = False) -> bytes:
+    # struct ifinfomsg: family, pad, type, index, flags, change
+    return struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, _IFF_UP if up else 0, _IFF_UP if up else 0)
+
+
+def _name(name: str) -> bytes:
+    return _attr(_IFLA_IFNAME, name.encode() + b"\0")
+
+
+class _Socket:
+    """One rtnetlink socket; every request waits for its acknowledgement."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        self._seq = 0
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def request(self, kind: int, flags: int, body: bytes, what: str) -> None:
+        self._seq += 1
+        header = struct.pack("=IHHII", 16 + len(body), kind, flags | _NLM_F_REQUEST | _NLM_F_ACK, self._seq, 0)
+        self._sock.send(header + body)
+        while True:
+            data = self._sock.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, msg_type, _flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
+                if msg_type == _NLMSG_ERROR and seq == self._seq:
+                    (error,) = struct.unpack_from("=i", data, offset + 16)
+                    if error:
+                        raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
+                    return
+                offset += max(16, (length + 3) & ~3)
+
+
+def _add_address(sock: _Socket, index: int, address: str, prefix: int) -> None:
+    packed = socket.inet_aton(address)
+    # struct ifaddrmsg: family, prefixlen, flags, scope, index
+    body = struct.pack("=BBBBI", socket.AF_INET, prefix, 0, _RT_SCOPE_UNIVERSE, index)
+    body += _attr(_IFA_LOCAL, packed) + _attr(_IFA_ADDRESS, packed)
+    sock.request(_RTM_NEWADDR, _NLM_F_CREATE | _NLM_F_EXCL, body, f"address {address}/{prefix}")
+
+
+def make_veth(host: str, init_pid: int, host_ip: str, sandbox_ip: str) -> None:
+    """A veth pair, both ends up: ``host`` here with ``host_ip``/30, ``eth0``
+    in the network namespace of ``init_pid`` with ``sandbox_ip``/30 and a
+    default route via ``host_ip``. Raises :class:`OSError`."""
+    sock = _Socket()
+    try:
+        # The peer cannot be brought up in the same request (its other end
+        # does not exist yet when the kernel configures it): done inside.
+        peer = _ifinfo() + _name("eth0") + _attr(_IFLA_NET_NS_PID, struct.pack("=I", init_pid))
+        info = _attr(_IFLA_INFO_KIND, b"veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer))
+        body = _ifinfo(up=True) + _name(host) + _attr(_IFLA_LINKINFO, info)
+        sock.request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body, f"veth {host}")
+        _add_address(sock, socket.if_nametoindex(host), host_ip, 30)
+    finally:
+        sock.close()
+    _in_namespace(init_pid, _configure_inside, sandbox_ip, host_ip)
+
+
+def _configure_inside(sandbox_ip: str, gateway: str) -> None:
+    sock = _Socket()
+    try:
+        index = socket.if_nametoindex("eth0")
+        sock.request(_RTM_NEWLINK, 0, _ifinfo(index, up=True), "eth0 up")
+        _add_address(sock, index, sandbox_ip, 30)
+        # struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
+        body = struct.pack("=BBBBBBBBI", socket.AF_INET, 0, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT, 0, _RTN_UNICAST, 0)
+        body += _attr(_RTA_GATEWAY, socket.inet_aton(gateway)) + _attr(_RTA_OIF, struct.pack("=I", index))
+        sock.request(_RTM_NEWROUTE, _NLM_F_CREATE | _NLM_F_EXCL, body, f"default route via {gateway}")
+    finally:
+        sock.close()
+
+
+def delete_link(name: str) -> None:
+    """Delete the interface ``name`` of this namespace (both ends of a veth go)."""
+    sock = _Socket()
+    try:
+        sock.request(_RTM_DELLINK, 0, _ifinfo() + _name(name), f"delete {name}")
+    finally:
+        sock.close()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _in_namespace(pid: int, fn, *args) -> None:  # type: ignore[no-untyped-def]
+    """Run ``fn(*args)`` in a new thread inside the network namespace of ``pid``."""
+    failure: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into the network namespace of {pid}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=body, name="sandbox-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
