@@ -607,11 +607,10 @@ def _encode_lines(events: list[tuple[str, float, dict[str, Any]]]) -> bytes:
     """``progress.jsonl`` lines, masked as one text (no pattern spans a line:
     JSON escapes every newline inside a string)."""
     lines = []
-    encode = _compact
     for kind, now, fields in events:
         if "event" in fields or "t" in fields:
             fields = {name: value for name, value in fields.items() if name != "event" and name != "t"}
-        lines.append(encode({"event": kind, "t": now, **fields}))
+        lines.append(_compact({"event": kind, "t": now, **fields}))
     lines.append("")
     return _mask("\n".join(lines)).encode()
 

@@ -121,6 +121,31 @@ async def test_checkpoint_json_keeps_the_task_id(tmp_path: Path) -> None:
         assert json.loads(path.read_text())["task_id"] == "T/1"
 
 
+async def test_records_any_python_text_or_number_can_hold_are_written(tmp_path: Path) -> None:
+    # orjson refuses a lone surrogate (text decoded with surrogateescape) and an
+    # integer beyond 64 bits: those records go through the standard encoder.
+    odd = AttemptRecord(
+        attempt=0,
+        status="completed",
+        values={"accuracy": 0.5},
+        run_result=RunResult(output="caf\u00e9 \udce9", usage={"total_tokens": 2**70}),
+    )
+    async with open_run_store(tmp_path, "req") as store:
+        await store.save_task(task("odd", "normal", odd))
+        await store.save_task(task("nan", "normal", attempt(0, float("nan"))))
+        await store.save_task(task("plain", "normal", attempt(0, 0.25)))
+        await store.save_checkpoint("utf8", attempt(0, "café"))
+    details = load_run(store.run_dir).details
+    assert details["odd"].attempts[0].run_result is not None
+    assert details["odd"].attempts[0].run_result.output == "caf\u00e9 \udce9"
+    assert details["odd"].attempts[0].run_result.usage == {"total_tokens": 2**70}
+    assert details["nan"].attempts[0].values == {"accuracy": None}  # JSON has no NaN
+    assert details["plain"].attempts[0].values == {"accuracy": 0.25}
+    # Other non-ASCII text is written as UTF-8, not as escapes.
+    checkpoint = store.run_dir / "tasks" / task_key("utf8") / "attempt-0" / "checkpoint.json"
+    assert '"accuracy":"café"' in checkpoint.read_text(encoding="utf-8")
+
+
 async def test_save_task_with_changed_severity_removes_stale_record(tmp_path: Path) -> None:
     fatal = Issue("fatal", "setup", "environment_failed", "boom")
     async with open_run_store(tmp_path, "req") as store:
