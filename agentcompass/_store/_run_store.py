@@ -401,19 +401,7 @@ class RunStore:
             write.notify = written
             self._queue(write)
 
-    # -- compat: removed once orchestration awaits ----------------------------
-
-    def save_checkpoint_soon(
-        self, task_id: str, record: AttemptRecord, notify: Callable[[Exception | None], None]
-    ) -> None:
-        """:meth:`save_checkpoint` without waiting; ``notify(error)`` after."""  # compat: removed once orchestration awaits
-        write = self._checkpoint_write(task_id, record)
-        write.notify = notify
-        self._queue(write)
-
-    def save_task_soon(self, record: TaskRecord, notify: Callable[[Exception | None], None]) -> None:
-        """:meth:`save_task` without waiting; ``notify(error)`` after."""  # compat: removed once orchestration awaits
-        self.save_task_data_soon(record, None, notify)
+    # -- queued without waiting: link_tasks' fallback writes ------------------
 
     def save_task_data_soon(
         self, record: TaskRecord, data: bytes | None, notify: Callable[[Exception | None], None]

@@ -161,14 +161,25 @@ def _record(task_id: str) -> TaskRecord:
     return TaskRecord(task_id, None, [AttemptRecord(attempt=0, status="completed")], "normal")
 
 
+async def _save(store: Any, record: TaskRecord, outcomes: list[Any]) -> None:
+    """Await ``record``'s write and keep its outcome: None once durable, or the error."""
+    try:
+        await store.save_task(record)
+    except OSError as exc:
+        outcomes.append(exc)
+    else:
+        outcomes.append(None)
+
+
 async def test_a_stalled_store_disk_is_given_up_at_the_grace_deadline(autojump_clock: Any, tmp_path: Any) -> None:
     disk = FakeDisk()
     outcomes: list[Any] = []
     deadline = trio.current_time() + 5
-    async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: deadline) as store:
-        disk.stall()
-        store.save_task_soon(_record("t1"), outcomes.append)
-        await trio.testing.wait_all_tasks_blocked()
+    async with trio.open_nursery() as nursery:
+        async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: deadline) as store:
+            disk.stall()
+            nursery.start_soon(_save, store, _record("t1"), outcomes)
+            await trio.testing.wait_all_tasks_blocked()
     assert trio.current_time() == deadline  # not before the deadline, not after
     assert len(outcomes) == 1 and isinstance(outcomes[0], OSError)
     assert outcomes[0].errno == errno.ETIMEDOUT
@@ -187,7 +198,7 @@ async def test_a_store_disk_is_never_given_up_before_the_deadline(autojump_clock
     async with trio.open_nursery() as nursery:
         async with open_run_store(tmp_path, "req", disk=disk, close_deadline=lambda: math.inf) as store:
             disk.stall()
-            store.save_task_soon(_record("t1"), outcomes.append)
+            nursery.start_soon(_save, store, _record("t1"), outcomes)
             nursery.start_soon(resume_later)
     assert outcomes == [None]
     assert set(load_run(store.run_dir).details) == {"t1"}

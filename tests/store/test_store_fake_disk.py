@@ -46,10 +46,20 @@ async def test_a_fault_fires_the_times_asked_then_heals(tmp_path: Path) -> None:
 async def test_a_write_that_fails_leaves_the_others_of_its_batch(tmp_path: Path) -> None:
     disk = FakeDisk()
     outcomes: dict[str, Exception | None] = {}
+
+    async def save(task_id: str) -> None:
+        try:
+            await store.save_task(task(task_id))
+        except OSError as exc:
+            outcomes[task_id] = exc
+        else:
+            outcomes[task_id] = None
+
     async with open_run_store(tmp_path, "req", disk=disk) as store:
         disk.fail("replace", errno.EIO, "*/t2.json")
-        for task_id in ("t1", "t2", "t3"):  # queued together: one batch
-            store.save_task_soon(task(task_id), lambda error, task_id=task_id: outcomes.__setitem__(task_id, error))
+        async with trio.open_nursery() as nursery:
+            for task_id in ("t1", "t2", "t3"):  # queued together: one batch
+                nursery.start_soon(save, task_id)
         run_dir = store.run_dir
     assert outcomes["t1"] is None and outcomes["t3"] is None
     assert isinstance(outcomes["t2"], OSError) and outcomes["t2"].errno == errno.EIO
