@@ -28,7 +28,7 @@ import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, OrchestrationResult, RequestResult, RunRequest
 from agentcompass._orchestration._launch import orchestrate
-from agentcompass._store import Disk, FakeDisk, _run_store, use_disk
+from agentcompass._store import Disk, FakeDisk, _run_store
 from agentcompass.testing import CallLog, fake_request, reset_logs
 
 
@@ -127,10 +127,9 @@ async def launch(orchestration: Orchestration, *, disk: Disk | None = None, **kw
 
 
 async def run_evaluation(request: RunRequest, **kwargs: Any) -> RequestResult:
-    """``agentcompass.run_evaluation`` with its run store on a :class:`FakeDisk`
-    (the public entry takes no disk: the store's own ``use_disk`` gives it one)."""
-    with use_disk(FakeDisk()):
-        return await agentcompass.run_evaluation(request, **kwargs)
+    """``agentcompass.run_evaluation`` with its run store on a fresh :class:`FakeDisk`
+    (its keyword arguments reach the orchestration's ``disk=``)."""
+    return await agentcompass.run_evaluation(request, disk=FakeDisk(), **kwargs)
 
 
 def sleepy_request(

@@ -20,7 +20,6 @@ from agentcompass._store import (
     load_run,
     open_run_store,
     task_key,
-    use_disk,
 )
 from agentcompass._store._disk import is_temp_name, temp_name
 from agentcompass._store._run_store import RUN_ID_PATTERN, RunStore
@@ -407,18 +406,6 @@ async def test_a_failed_rename_keeps_the_old_file_and_no_temp(tmp_path: Path) ->
         run_dir = store.run_dir
     assert (run_dir / "summary.md").read_text() == "old"
     assert [p for p in run_dir.rglob("*") if is_temp_name(p.name)] == []
-
-
-async def test_use_disk_reaches_stores_opened_inside(tmp_path: Path) -> None:
-    disk = FakeDisk()
-    with use_disk(disk):
-        async with open_run_store(tmp_path, "req") as store:
-            await store.write_text("a.txt", "a")
-    assert ("replace", str(store.run_dir / "a.txt")) in disk.ops
-    before = len(disk.ops)
-    async with open_run_store(tmp_path, "req"):  # the real disk again
-        pass
-    assert len(disk.ops) == before
 
 
 async def test_a_stalled_disk_is_given_up_at_the_close_deadline(tmp_path: Path, autojump_clock: object) -> None:
