@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import pytest
@@ -391,46 +392,21 @@ async def test_concurrent_closes_kill_every_sessions_escaped_daemon(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
-async def test_closes_share_proc_scans_begun_after_they_asked():
+async def ask_a_then_b_and_c(
+    answer: Callable[[int, set[str]], dict[str, list[tuple[int, int]]]],
+) -> tuple[list[set[str]], dict[str, object]]:
+    """Drive one shared scanner: ``a`` asks; while its scan runs (held until
+    then), ``b`` and ``c`` ask; then ``a``'s scan ends. ``answer(n, roots)``
+    is the result of the n-th scan (or raises). Returns the roots of every
+    scan, in order, and each root's result (or ``OSError``)."""
     calls: list[set[str]] = []
     first_scan_may_end = threading.Event()
 
-    def scan(roots):
+    def scan(roots: Collection[str]) -> dict[str, list[tuple[int, int]]]:
         calls.append(set(roots))
         if len(calls) == 1:
             first_scan_may_end.wait(HANG_GUARD)
-        return {root: [(100 + len(calls), 1)] for root in roots if root != "c"}
-
-    scanner = _Scanner(scan)
-    results: dict[str, list[tuple[int, int]]] = {}
-
-    async def ask(root: str) -> None:
-        results[root] = await scanner.marked(root)
-
-    with trio.fail_after(HANG_GUARD):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask, "a")
-            await trio.testing.wait_all_tasks_blocked()
-            # b and c ask while a's scan runs: they must not take its result.
-            nursery.start_soon(ask, "b")
-            nursery.start_soon(ask, "c")
-            await trio.testing.wait_all_tasks_blocked()
-            first_scan_may_end.set()
-    assert calls == [{"a"}, {"b", "c"}]
-    assert results == {"a": [(101, 1)], "b": [(102, 1)], "c": []}
-
-
-async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
-    calls: list[set[str]] = []
-    first_scan_may_end = threading.Event()
-
-    def scan(roots):
-        calls.append(set(roots))
-        if len(calls) == 1:
-            first_scan_may_end.wait(HANG_GUARD)
-        if len(calls) == 2:
-            raise OSError("proc unreadable")
-        return {}
+        return answer(len(calls), set(roots))
 
     scanner = _Scanner(scan)
     outcome: dict[str, object] = {}
@@ -449,6 +425,23 @@ async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
             nursery.start_soon(ask, "c")
             await trio.testing.wait_all_tasks_blocked()
             first_scan_may_end.set()
+    return calls, outcome
+
+
+async def test_closes_share_proc_scans_begun_after_they_asked():
+    calls, results = await ask_a_then_b_and_c(lambda n, roots: {root: [(100 + n, 1)] for root in roots if root != "c"})
+    # b and c asked while a's scan ran: they must not take its result.
+    assert calls == [{"a"}, {"b", "c"}]
+    assert results == {"a": [(101, 1)], "b": [(102, 1)], "c": []}
+
+
+async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
+    def answer(n: int, roots: set[str]) -> dict[str, list[tuple[int, int]]]:
+        if n == 2:
+            raise OSError("proc unreadable")
+        return {}
+
+    calls, outcome = await ask_a_then_b_and_c(answer)
     # Whichever of b and c ran the failing scan sees the error; the other asks for a new scan.
     assert calls[:2] == [{"a"}, {"b", "c"}] and len(calls) == 3
     (retried,) = calls[2]
