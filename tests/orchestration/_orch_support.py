@@ -29,7 +29,7 @@ import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, OrchestrationResult, RequestResult, RunRequest
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._store import Disk, FakeDisk, _run_store
-from agentcompass.testing import CallLog, fake_request, reset_logs
+from agentcompass.testing import CallLog, fake_request
 
 
 @attrs.frozen
@@ -197,14 +197,10 @@ def journaled_sessions(run_dir: Path) -> dict[str, list[str]]:
 
 @pytest.fixture(autouse=True)
 def _instrumented() -> Iterator[Timeline]:
-    """Fresh call logs (the fakes keep them at module level) and a timeline,
-    for every test of a module that imports this."""
-    reset_logs()
-    try:
-        with instrumented() as recorded:
-            yield recorded
-    finally:
-        reset_logs()
+    """A timeline for every test of a module that imports this (the suite's
+    ``conftest.py`` gives each test fresh call logs)."""
+    with instrumented() as recorded:
+        yield recorded
 
 
 @pytest.fixture

@@ -27,12 +27,7 @@ from agentcompass._orchestration._reuse import ReusePlan, _copy_into
 from agentcompass._redact import MASK, _values_pattern
 from agentcompass._store import Disk, FakeDisk, load_run, open_run_store, task_key
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
-from agentcompass.testing import fake_request, reset_logs
-
-
-@pytest.fixture(autouse=True)
-def _fresh_logs() -> None:
-    reset_logs()
+from agentcompass.testing import fake_request
 
 
 def _record_files(run_dir: str | Path) -> dict[str, Path]:
