@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_cli_signals import HANG_GUARD, REPO, TASKS, Child, _sessions, _status
+from test_cli_signals import HANG_GUARD, MARGIN, REPO, TASKS, Child, _sessions, _status
 
 #: ``compass`` on a disk that stalls once a marker file exists.
 STALLING_COMPASS = Path(__file__).resolve().parent / "cli_plugins" / "stalling_compass.py"
@@ -85,5 +85,5 @@ def test_a_stalled_disk_does_not_hold_shutdown_past_the_grace(tmp_path: Path) ->
         child._read_fifo()
         assert child.count("stalled") >= 1  # the shutdown's writes met the stalled disk
     assert code == 143, child.stderr
-    assert exited - sent < grace + 3.0, exited - sent
+    assert exited - sent < grace + MARGIN, exited - sent
     assert "Traceback" not in child.stderr
