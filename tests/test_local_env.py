@@ -46,6 +46,15 @@ def assert_environment_failed(exc: IssueError) -> None:
     assert (exc.severity, exc.code) == ("fatal", "environment_failed")
 
 
+async def assert_read_and_write_refused(session: LocalSession, path: str) -> None:
+    with pytest.raises(IssueError) as read_error:
+        await session.read_file(path)
+    assert_environment_failed(read_error.value)
+    with pytest.raises(IssueError) as write_error:
+        await session.write_file(path, "overwritten")
+    assert_environment_failed(write_error.value)
+
+
 async def wait_dead(pid: int) -> None:
     """Return once ``pid`` has exited (a zombie counts as dead); fail after HANG_GUARD."""
     try:
@@ -98,12 +107,7 @@ async def test_open_makes_layout_and_virtual_roots_map(session: LocalSession):
     "path", ["../escape", "app/../../escape", "/etc/passwd", "/app/../../escape", "/", "/apple/x", "/tmp/x"]
 )
 async def test_path_outside_sandbox_refused(session: LocalSession, path: str):
-    with pytest.raises(IssueError) as read_error:
-        await session.read_file(path)
-    assert_environment_failed(read_error.value)
-    with pytest.raises(IssueError) as write_error:
-        await session.write_file(path, "x")
-    assert_environment_failed(write_error.value)
+    await assert_read_and_write_refused(session, path)
     assert not (root_of(session).parent / "escape").exists()
 
 
@@ -116,12 +120,7 @@ async def test_symlink_escape_refused(session: LocalSession, tmp_path: Path):
     (app / "filelink").symlink_to(outside / "secret.txt")
 
     for path in ("/app/dirlink/secret.txt", "/app/filelink", "app/dirlink/new.txt"):
-        with pytest.raises(IssueError) as read_error:
-            await session.read_file(path)
-        assert_environment_failed(read_error.value)
-        with pytest.raises(IssueError) as write_error:
-            await session.write_file(path, "overwritten")
-        assert_environment_failed(write_error.value)
+        await assert_read_and_write_refused(session, path)
     assert (outside / "secret.txt").read_text() == "secret"
     assert not (outside / "new.txt").exists()
 
