@@ -23,7 +23,7 @@ import trio
 from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
-from .._logging import ensure_logging, get_logger
+from .._logging import get_logger, launch_logging
 from .._models import open_model_clients
 from .._store import Disk, open_run_store
 from ..runtime._cleanup import using_cleanup_clock
@@ -121,9 +121,12 @@ async def orchestrate(
     # freed before the thresholds come back (see RequestRun.release): with
     # it still alive, the first allocation after would walk it all in one
     # collection (7-13 ms at 2,000 tasks, on the way out of every launch).
-    ensure_logging()
     # Smallest wins among the orchestrations running now; the limits go with this one.
-    with relaxed_collection(), provider_limits().configured(orchestration.providers) as notes:
+    with (
+        launch_logging(),
+        relaxed_collection(),
+        provider_limits().configured(orchestration.providers) as notes,
+    ):
         for note in notes:
             log.warning("provider_limits", note=note)
         timeout = orchestration.timeout_seconds
