@@ -23,7 +23,6 @@ import trio
 
 from ..runtime._executor import Executor, Grants
 from ._request import RequestRun, request_scope
-from ._request_state import Phase
 
 __all__ = ["Dispatcher"]
 
@@ -111,6 +110,6 @@ class Dispatcher:
         for run in self.runs:
             if run.tasks.pending:
                 return run
-            if run.life.phase < Phase.RUNNING:
+            if not run.life.prepared:
                 return None
         return None
