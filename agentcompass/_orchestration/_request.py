@@ -297,8 +297,7 @@ class RequestRun:
         if self.life.tallied:
             # Finalize counted what was on its way; a task that finished
             # while the request unwound is counted by :meth:`recount_late`.
-            if task_id in self.tally.unfinished:
-                self.tally.late.append(record)
+            self.tally.landed_late(record)
             return
         self.tally.count(record)
         event = self.store.event
@@ -404,15 +403,7 @@ class RequestRun:
             self.fail_with(failure, note=False)
         if status is None:
             status = tally.status or ("failed" if tally.counts["fatal"] else "succeeded")
-        tally.status = status
-        # Tasks that never finished still count: as unavailable (no valid
-        # value), so a partial run never reads like a full score. Every
-        # selected task without a record, not only those pending or active
-        # now: a task cancelled with nothing to clean up may have unwound
-        # already.
-        finished = {r.task_id for r in tally.records} | {r.task_id for r in tally.unsaved}
-        selected = self.prepared.tasks if self.prepared is not None else ()
-        tally.unfinished = {t.task_id: t for t in selected if t.task_id not in finished}
+        tally.finish(status, self.prepared.tasks if self.prepared is not None else ())
         await self._write_results()
         self.life.advance(Phase.FINALIZED)
         self.store.event("run_finished", status=status)

@@ -230,6 +230,21 @@ class Tally:
             self.notes.append("more failures followed (see log.jsonl)")
         return first
 
+    def finish(self, status: str, selected: Sequence[TaskSpec]) -> None:
+        """Finalize's count: ``status`` is the terminal one. Every selected
+        task without a record is unfinished (it counts as unavailable, so a
+        partial run never reads like a full score), not only those pending or
+        active now: a task cancelled with nothing to clean up may have
+        unwound already."""
+        self.status = status
+        finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
+        self.unfinished = {t.task_id: t for t in selected if t.task_id not in finished}
+
+    def landed_late(self, record: TaskRecord) -> None:
+        """``record`` became durable after finalize took its count: :meth:`count_late` counts it."""
+        if record.task_id in self.unfinished:
+            self.late.append(record)
+
     def count_late(self) -> bool:
         """Count the late records as finished (True when there were some)."""
         late, self.late = self.late, []

@@ -98,3 +98,14 @@ def test_only_the_first_failures_are_noted() -> None:
     assert firsts == [True] + [False] * 7
     assert tally.status == "failed" and tally.error == "failure 0" and tally.failures == 8
     assert tally.notes == [f"failure {i}" for i in range(5)] + ["more failures followed (see log.jsonl)"]
+
+
+def test_finish_marks_every_selected_task_without_a_record_unfinished() -> None:
+    tally = Tally()
+    tally.count(TaskRecord("a", None, [], "normal"))
+    tally.unsaved.append(TaskRecord("b", None, [], "normal"))
+    tally.finish("timed_out", [TaskSpec("a"), TaskSpec("b"), TaskSpec("c"), TaskSpec("d")])
+    assert tally.status == "timed_out" and list(tally.unfinished) == ["c", "d"]
+    tally.landed_late(TaskRecord("a", None, [], "normal"))  # counted already
+    tally.landed_late(TaskRecord("c", None, [], "normal"))
+    assert [r.task_id for r in tally.late] == ["c"]
