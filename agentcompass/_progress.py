@@ -41,7 +41,7 @@ def _fields(run: Any, now: float) -> dict[str, Any]:
     # Rate and ETA count only tasks run in this process, not results a reuse copied.
     reused = len(run.prepared.reused) if run.prepared is not None else 0
     ran = max(0, done - reused)
-    elapsed = max(0.0, now - run.started_clock) if run.life.prepared else 0.0
+    elapsed = max(0.0, now - run.started_clock) if run.life.ready else 0.0
     return {
         "name": run.request.name,
         "done": done,
@@ -52,7 +52,7 @@ def _fields(run: Any, now: float) -> dict[str, Any]:
         "invalidated": tally.counts["fatal"],
         "rate": ran / elapsed if elapsed > 0 else 0.0,
         "eta": _eta(ran, run.total - done, elapsed),
-        "status": tally.status or ("running" if run.life.prepared else "waiting"),
+        "status": tally.status or ("running" if run.life.ready else "waiting"),
     }
 
 

@@ -71,7 +71,7 @@ def test_rate_and_eta_count_only_tasks_run_in_this_process():
     run = SimpleNamespace(
         request=SimpleNamespace(name="r"),
         prepared=SimpleNamespace(reused=[object()] * 6),
-        life=SimpleNamespace(prepared=True),
+        life=SimpleNamespace(ready=True),
         started_clock=0.0,
         total=10,
         tasks=SimpleNamespace(active=2),

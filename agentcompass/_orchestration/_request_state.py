@@ -85,8 +85,8 @@ class Life:
             await self._moved.park()
 
     @property
-    def prepared(self) -> bool:
-        """Its tasks were queued, or it has none to hand out: the dispatcher may look past it."""
+    def ready(self) -> bool:
+        """Preparation is over (its tasks were queued, or it has none): the dispatcher may look past it."""
         return self.phase >= Phase.RUNNING
 
     @property

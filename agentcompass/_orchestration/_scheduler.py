@@ -110,6 +110,6 @@ class Dispatcher:
         for run in self.runs:
             if run.tasks.pending:
                 return run
-            if not run.life.prepared:
+            if not run.life.ready:
                 return None
         return None
