@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from ..runtime._results import OrchestrationResult, RequestResult
 from ..runtime._values import Orchestration, RunRequest
 from ._context import GraceClock
 from ._request import RequestRun
+from ._request_state import Phase
 from ._scheduler import Dispatcher
 from ._task import InProcessExecutor
 
@@ -148,7 +148,7 @@ async def _launch(
     disk: Disk | None,
 ) -> OrchestrationResult:
     grants = _LocalGrants()
-    runs = [RequestRun(i, request, grace, disk=disk) for i, request in enumerate(orchestration.requests)]
+    runs = [RequestRun(request, grace, disk=disk) for request in orchestration.requests]
 
     def terminal_status() -> str:
         return "timed_out" if trio.current_time() >= deadline else "cancelled"
@@ -197,7 +197,7 @@ async def _launch(
                 # started still gets its terminal state (SPEC 7).
                 with trio.move_on_at(grace.deadline(), shield=True):
                     for run in runs:
-                        if run.store is not None and not run.started_at and not run.finalized:
+                        if run.store is not None and run.life.phase is Phase.WAITING:
                             await _stop_unstarted(run, terminal_status())
         finished = True
         display_nursery.cancel_scope.cancel()
@@ -229,9 +229,8 @@ async def _open_stores(runs: list[RequestRun], grace: GraceClock) -> AsyncIterat
 
 
 async def _stop_unstarted(run: RequestRun, status: str) -> None:
-    run.started_at = time.time()
-    run.started_clock = trio.current_time()
-    run.notes.append(f"the run was {status} before this request started")
+    run.begin()
+    run.tally.notes.append(f"the run was {status} before this request started")
     try:
         await run.finalize(status)
     except Exception as exc:  # noqa: BLE001 - one request's disk, not the others'
