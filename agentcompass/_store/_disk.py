@@ -21,6 +21,7 @@ import errno
 import itertools
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -98,6 +99,11 @@ class Disk:
         store shields this until its close deadline, then abandons the thread
         (what it leaves is what a crash leaves)."""
         return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=_limiter())
+
+    def now(self) -> float:
+        """The Unix time the store stamps on the lines it writes (``t`` of
+        ``progress.jsonl`` and ``sessions.jsonl``): a fake disk brings its own clock."""
+        return time.time()
 
     # -- primitives (blocking) ----------------------------------------------
 

@@ -37,7 +37,6 @@ import math
 import os
 import re
 import secrets
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
@@ -245,7 +244,7 @@ class RunStore:
         are overridden. All queued lines are on disk once the store closed.
         """
         self._check_open()
-        self._lines.append((kind, time.time(), fields))
+        self._lines.append((kind, self._disk.now(), fields))
         if self._lines_due == math.inf:
             self._lines_due = trio.current_time() + PROGRESS_BATCH_SECONDS
             self._wake.set()
@@ -376,7 +375,7 @@ class RunStore:
         if name is not None:
             entry["name"] = name
         entry["handle"] = handle
-        entry["t"] = time.time()
+        entry["t"] = self._disk.now()
         write = Write(self._sessions, (_mask(_compact(entry)) + "\n").encode(), append=True)
         if durable:
             await self._write(write)
