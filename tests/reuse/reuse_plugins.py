@@ -151,12 +151,11 @@ async def _hooked_journal_session(self: RunStore, event: Any, *args: Any, **kwar
     if event != "opened":
         await _journal_session(self, event, *args, **kwargs)
         return
-
-    def written(error: Exception | None) -> None:  # the line is in sessions.jsonl
+    try:  # waited for here: the stop waits until the line is in sessions.jsonl
+        await _journal_session(self, event, *args, **{**kwargs, "durable": True})
+    finally:
         _state["opening"] -= 1
         _fire_if_quiet()
-
-    await _journal_session(self, event, *args, **kwargs, written=written)
 
 
 async def _copy_hook(save: Any, self: RunStore, *args: Any) -> None:
@@ -188,8 +187,7 @@ def _hooked_remove_superseded(disk: Any, renamed: list[Any]) -> list[str]:
         if f"{os.sep}details{os.sep}" in write.path and _reached("details_saved"):
             # Never remove this task's checkpoints: the kill lands first. The
             # batch itself finishes (blocking it would also hold back the
-            # "written" news of session lines it carries, and the stop waits
-            # for those).
+            # session lines it carries, and the stop waits for those).
             _state["token"].run_sync_soon(_arm)
             continue
         kept.append(write)
