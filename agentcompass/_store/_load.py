@@ -145,9 +145,7 @@ def _read_bytes(path: Path | str) -> bytes:
 def _json_files(directory: Path) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as entries:
-            return [
-                e for e in entries if e.name.endswith(".json") and not is_temp_name(e.name)
-            ]
+            return [e for e in entries if e.name.endswith(".json") and not is_temp_name(e.name)]
     except FileNotFoundError:
         return []
 
@@ -168,9 +166,7 @@ def _load_run_info(run_dir: Path, notes: list[str]) -> dict[str, Any]:
     return info
 
 
-def _load_details(
-    run_dir: Path, notes: list[str], files: dict[str, tuple[str, bytes]] | None
-) -> dict[str, TaskRecord]:
+def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, bytes]] | None) -> dict[str, TaskRecord]:
     """The records (task id -> record); their files and contents go to
     ``files`` if it is given. A file's mtime is only read when its task id was seen
     before (a crash left the task under two severities): the newest wins."""

@@ -105,6 +105,7 @@ def _compact(data: Any) -> str:
     except orjson.JSONEncodeError:
         return _COMPACT.encode(data)
 
+
 #: The disk of stores opened without ``disk=`` (see :func:`use_disk`).
 _DISK: contextvars.ContextVar[Disk | None] = contextvars.ContextVar("agentcompass_store_disk", default=None)
 #: Every store open in this process (for :func:`write_journals_now`).
@@ -212,7 +213,6 @@ class RunStore:
         init=False, default=attrs.Factory(lambda self: str(self.run_dir / "sessions.jsonl"), takes_self=True)
     )
     _root: str = attrs.field(init=False, default=attrs.Factory(lambda self: str(self.run_dir), takes_self=True))
-    _keys: dict[str, str] = attrs.Factory(dict)
     _pending: list[Write] = attrs.Factory(list)
     _in_flight: list[Write] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
@@ -300,7 +300,10 @@ class RunStore:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated
         attempt: ``{"task_id": ..., "record": <AttemptRecord>}``, ``n`` being
         ``record.attempt``."""
-        await self._write([self._checkpoint_write(task_id, record)])
+        data = _mask(_compact({"task_id": task_id, "record": unstructure(record)}))
+        path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
+        self._checkpointed.setdefault(task_id, set()).add(record.attempt)
+        await self._write([Write(path, data.encode())])
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
@@ -340,7 +343,7 @@ class RunStore:
             targets = []
             for record, source, _ in links:
                 self._saved_severity[record.task_id] = record.severity
-                targets.append((source, f"{self._details_dir(record.severity)}{os.sep}{self._key(record.task_id)}.json"))
+                targets.append((source, self._record_path(record.severity, record.task_id)))
             try:
                 failed = await self._run(_commit.link, self._disk, targets)
             except OSError:  # not known durable
@@ -391,29 +394,17 @@ class RunStore:
         if self._closed:
             raise StoreClosedError("the run store is closed")
 
-    def _key(self, task_id: str) -> str:
-        key = self._keys.get(task_id)
-        if key is None:
-            key = self._keys[task_id] = task_key(task_id)
-        return key
-
     def _task_dir(self, task_id: str) -> str:
-        return f"{self._root}{os.sep}tasks{os.sep}{self._key(task_id)}"
+        return f"{self._root}{os.sep}tasks{os.sep}{task_key(task_id)}"
 
-    def _details_dir(self, severity: str) -> str:
-        return f"{self._root}{os.sep}details{os.sep}{severity}"
+    def _record_path(self, severity: str, task_id: str) -> str:
+        return f"{self._root}{os.sep}details{os.sep}{severity}{os.sep}{task_key(task_id)}.json"
 
     def _path(self, name: str) -> str:
         relative = Path(name)
         if not name or relative.is_absolute() or ".." in relative.parts:
             raise ValueError(f"{name!r} is not a path inside the run directory")
         return str(self.run_dir / relative)
-
-    def _checkpoint_write(self, task_id: str, record: AttemptRecord) -> Write:
-        data = _mask(_compact({"task_id": task_id, "record": unstructure(record)}))
-        path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
-        self._checkpointed.setdefault(task_id, set()).add(record.attempt)
-        return Write(path, data.encode())
 
     async def _save_tasks(self, records: list[tuple[TaskRecord, bytes | None]]) -> None:
         """Write task records (see :meth:`save_task`), all in the same batches."""
@@ -427,18 +418,18 @@ class RunStore:
             task_id, severity = record.task_id, record.severity
             if data is None:
                 data = _mask(_compact(unstructure(record))).encode()
-            name = f"{self._key(task_id)}.json"
+            path = self._record_path(severity, task_id)
             previous = self._saved_severity.get(task_id)
             attempts = self._checkpointed.pop(task_id, set())
             # No sync for the removals: if a crash undoes one, readers still
             # prefer the record (and the newest of two, see _load).
             if self._fresh:
-                remove = [] if previous in (None, severity) else [os.path.join(self._details_dir(previous), name)]
+                remove = [] if previous in (None, severity) else [self._record_path(previous, task_id)]
                 remove += [os.path.join(self._task_dir(task_id), f"attempt-{n}", CHECKPOINT) for n in sorted(attempts)]
-                write = Write(os.path.join(self._details_dir(severity), name), data, remove=tuple(remove))
+                write = Write(path, data, remove=tuple(remove))
             else:  # files of an earlier writer may be anywhere
-                others = tuple(os.path.join(self._details_dir(s), name) for s in SEVERITIES if s != severity)
-                write = Write(os.path.join(self._details_dir(severity), name), data, remove=others, sweep=self._task_dir(task_id))
+                others = tuple(self._record_path(s, task_id) for s in SEVERITIES if s != severity)
+                write = Write(path, data, remove=others, sweep=self._task_dir(task_id))
             self._saved_severity[task_id] = severity
             writes.append(write)
             undo.append((task_id, previous if previous != severity else None, attempts))
@@ -488,13 +479,11 @@ class RunStore:
 
     # -- the committer -----------------------------------------------------------
 
-    async def _committer(self, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            while True:
-                with trio.move_on_at(min(self._lines_due, self._snapshot_due)):
-                    await self._wake.wait()
-                await self._commit(final=False)
+    async def _committer(self) -> None:
+        while True:
+            with trio.move_on_at(min(self._lines_due, self._snapshot_due)):
+                await self._wake.wait()
+            await self._commit(final=False)
 
     def _has_work(self) -> bool:
         return bool(self._pending or self._lines or self._snapshot is not None)
@@ -540,19 +529,19 @@ class RunStore:
         _check_name(request_name, "request name")
         request_dir = Path(output_root) / request_name
         disk.makedirs(str(request_dir))
-        fresh = True
-        while True:
-            if run_id is None:
-                run_dir = request_dir / new_run_id()
-            else:
-                _check_name(run_id, "run id")
-                run_dir = request_dir / run_id
-            if disk.mkdir(str(run_dir)):
-                break
-            if run_id is not None:
-                fresh = False
-                break
-        subdirs = [str(run_dir / "details"), *(str(run_dir / "details" / s) for s in SEVERITIES), str(run_dir / "tasks")]
+        if run_id is not None:
+            _check_name(run_id, "run id")
+            run_dir = request_dir / run_id
+            fresh = disk.mkdir(str(run_dir))
+        else:  # a fresh id until one is free: two runs may start in the same millisecond
+            while not disk.mkdir(str(run_dir := request_dir / new_run_id())):
+                pass
+            fresh = True
+        subdirs = [
+            str(run_dir / "details"),
+            *(str(run_dir / "details" / s) for s in SEVERITIES),
+            str(run_dir / "tasks"),
+        ]
         for path in subdirs:
             disk.mkdir(path)
         lock = contextlib.ExitStack()
@@ -608,12 +597,12 @@ async def open_run_store(
     _OPEN_STORES.add(store)
     try:
         async with trio.open_nursery() as nursery:
-            committer = await nursery.start(store._committer)
+            nursery.start_soon(store._committer)
             try:
                 yield store
             finally:
                 store._set_deadline(close_deadline())
-                committer.cancel()  # a batch in flight finishes (shielded)
+                nursery.cancel_scope.cancel()  # a batch in flight finishes (shielded)
     finally:
         try:
             # Writes queued meanwhile (by tasks ending at the same deadline) still go.
