@@ -25,7 +25,7 @@ from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
 __all__ = ["LoadedRun", "latest_run", "load_run"]
 
 _ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _CHUNK = 1 << 16
 # Made once: a structuring hook looked up per record costs a dispatch each.
 _TASK_RECORD = converter.get_structure_hook(TaskRecord)
