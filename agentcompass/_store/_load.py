@@ -170,7 +170,8 @@ def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, b
     """The records (task id -> record); their files and contents go to
     ``files`` if it is given. A file's mtime is only read when its task id was seen
     before (a crash left the task under two severities): the newest wins."""
-    found: dict[str, tuple[str, bytes, TaskRecord]] = {}  # task id -> (path, content, record)
+    details: dict[str, TaskRecord] = {}
+    kept: dict[str, tuple[str, bytes]] = {}  # task id -> (path, content)
     for severity in SEVERITIES:
         for entry in _json_files(run_dir / "details" / severity):
             where = f"details/{severity}/{entry.name}"
@@ -182,15 +183,16 @@ def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, b
                 continue
             if record.severity != severity:
                 notes.append(f"{where} says severity {record.severity!r}; kept as written")
-            previous = found.get(record.task_id)
+            previous = kept.get(record.task_id)
             if previous is not None:
                 notes.append(f"task {record.task_id!r} has records under two severities; kept the newest")
                 if _mtime_ns(previous[0]) > _mtime_ns(entry.path):
                     continue
-            found[record.task_id] = (entry.path, content, record)
+            details[record.task_id] = record
+            kept[record.task_id] = (entry.path, content)
     if files is not None:
-        files.update((task_id, (path, content)) for task_id, (path, content, _) in found.items())
-    return {task_id: record for task_id, (_, _, record) in found.items()}
+        files.update(kept)
+    return details
 
 
 def _mtime_ns(path: str) -> int:
