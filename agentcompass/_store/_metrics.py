@@ -95,7 +95,7 @@ def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord]
 
 
 def _series(
-    names: tuple[str, ...], rows: list[tuple[str, dict[str, float | None]]], failed: bool
+    names: tuple[str, ...], rows: Sequence[tuple[str, dict[str, float | None]]], failed: bool
 ) -> dict[str, dict[str, Any]]:
     block = {}
     for name in names:
