@@ -239,8 +239,8 @@ def _load_sessions(run_dir: Path, notes: list[str], providers: set[str]) -> list
     except FileNotFoundError:
         return []
     opened: dict[str, tuple[str, str, dict[str, Any]]] = {}  # insertion-ordered
-    # Matched by id, not position: lines of concurrent commit rounds may
-    # land out of order (a "closed" line before its "opened" one).
+    # Matched by id, not position: a line may appear twice (see
+    # write_journals_now) and a cut-short one is skipped.
     closed: set[str] = set()
     for number, line in enumerate(lines, 1):
         if not line.strip():
