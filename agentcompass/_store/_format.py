@@ -94,12 +94,8 @@ def metric_cells(series: dict[str, Any]) -> list[str]:
 
 def worst_issue(record: TaskRecord) -> Issue | None:
     """The first issue of the most severe kind, over all attempts."""
-    worst: Issue | None = None
-    for attempt in record.attempts:
-        for issue in attempt.issues:
-            if worst is None or SEVERITY_RANK[issue.severity] > SEVERITY_RANK[worst.severity]:
-                worst = issue
-    return worst
+    issues = [issue for attempt in record.attempts for issue in attempt.issues]
+    return max(issues, key=lambda issue: SEVERITY_RANK[issue.severity], default=None)
 
 
 def issue_text(issue: Issue | None, limit: int = 120) -> str:
