@@ -27,9 +27,6 @@ __all__ = ["LoadedRun", "latest_run", "load_run"]
 _ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _CHUNK = 1 << 16
-# Made once: a structuring hook looked up per record costs a dispatch each.
-_TASK_RECORD = converter.get_structure_hook(TaskRecord)
-_ATTEMPT_RECORD = converter.get_structure_hook(AttemptRecord)
 
 
 @attrs.frozen
@@ -172,12 +169,13 @@ def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, b
     before (a crash left the task under two severities): the newest wins."""
     details: dict[str, TaskRecord] = {}
     kept: dict[str, tuple[str, bytes]] = {}  # task id -> (path, content)
+    structure = converter.get_structure_hook(TaskRecord)  # once, not a dispatch per record
     for severity in SEVERITIES:
         for entry in _json_files(run_dir / "details" / severity):
             where = f"details/{severity}/{entry.name}"
             try:
                 content = _read_bytes(entry.path)
-                record = _TASK_RECORD(_loads(content), TaskRecord)
+                record = structure(_loads(content), TaskRecord)
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
                 notes.append(f"skipped unreadable record {where}: {_short(exc)}")
                 continue
@@ -206,6 +204,7 @@ def _load_checkpoints(
     run_dir: Path, details: dict[str, TaskRecord], notes: list[str]
 ) -> dict[str, dict[int, AttemptRecord]]:
     checkpoints: dict[str, dict[int, AttemptRecord]] = {}
+    structure = converter.get_structure_hook(AttemptRecord)
     try:
         task_dirs = [e.path for e in os.scandir(run_dir / "tasks") if e.is_dir()]
     except FileNotFoundError:
@@ -221,7 +220,7 @@ def _load_checkpoints(
                 task_id = data["task_id"]
                 if not isinstance(task_id, str):
                     raise TypeError("task_id is not a string")
-                record = _ATTEMPT_RECORD(data["record"], AttemptRecord)
+                record = structure(data["record"], AttemptRecord)
             except FileNotFoundError:
                 continue  # an attempt with only discarded tries
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
