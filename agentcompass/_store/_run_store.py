@@ -449,11 +449,13 @@ class RunStore:
 
     async def _write(self, writes: list[Write]) -> None:
         """Queue ``writes``; return once every one is done, raising the first error."""
+        done = []
         for write in writes:
             write.done = trio.Event()
+            done.append(write.done)
             self._queue(write)
-        for write in writes:
-            await write.done.wait()  # type: ignore[union-attr]
+        for event in done:
+            await event.wait()
         for write in writes:
             if write.error is not None:
                 # A fresh exception per caller: one error may fail a whole batch.
