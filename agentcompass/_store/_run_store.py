@@ -344,14 +344,12 @@ class RunStore:
             for record, source, _ in links:
                 self._saved_severity[record.task_id] = record.severity
                 targets.append((source, self._record_path(record.severity, record.task_id)))
+            failed = set(range(len(links)))  # until the links are known durable
             try:
                 failed = await self._run(_commit.link, self._disk, targets)
-            except OSError:  # not known durable
-                failed = set(range(len(links)))
-                raise
             finally:
                 for index in failed:
-                    del self._saved_severity[links[index][0].task_id]
+                    self._saved_severity.pop(links[index][0].task_id, None)
             links = [links[index] for index in sorted(failed)]
         await self._save_tasks([(record, data) for record, _, data in links])
 
