@@ -226,10 +226,10 @@ class RunStore:
     _closed: bool = False
     _failure: str | None = None
     _notes: list[str] = attrs.Factory(list)
-    # What this store wrote, so that a record's clean-up knows its targets
-    # without listing directories (complete only in a run directory it created).
-    _saved_severity: dict[str, str] = attrs.Factory(dict)
-    _checkpointed: dict[str, set[int]] = attrs.Factory(dict)
+    # The files of each task this store wrote (its record, its checkpoints), so
+    # that a record's clean-up knows its targets without listing directories
+    # (complete only in a run directory it created).
+    _written: dict[str, set[str]] = attrs.Factory(dict)
 
     @property
     def failure(self) -> str | None:
@@ -302,7 +302,7 @@ class RunStore:
         ``record.attempt``."""
         data = _mask(_compact({"task_id": task_id, "record": unstructure(record)}))
         path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
-        self._checkpointed.setdefault(task_id, set()).add(record.attempt)
+        self._written.setdefault(task_id, set()).add(path)
         await self._write([Write(path, data.encode())])
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
@@ -342,14 +342,14 @@ class RunStore:
         if self._fresh:
             targets = []
             for record, source, _ in links:
-                self._saved_severity[record.task_id] = record.severity
                 targets.append((source, self._record_path(record.severity, record.task_id)))
+                self._written.setdefault(record.task_id, set()).add(targets[-1][1])
             failed = set(range(len(links)))  # until the links are known durable
             try:
                 failed = await self._run(_commit.link, self._disk, targets)
             finally:
                 for index in failed:
-                    self._saved_severity.pop(links[index][0].task_id, None)
+                    self._written[links[index][0].task_id].discard(targets[index][1])
             links = [links[index] for index in sorted(failed)]
         await self._save_tasks([(record, data) for record, _, data in links])
 
@@ -411,34 +411,27 @@ class RunStore:
             if record.severity not in SEVERITIES:
                 raise ValueError(f"unknown task severity {record.severity!r}")
         writes = []
-        undo = []  # for a write that fails: a later save_task must still find what to clean
         for record, data in records:
-            task_id, severity = record.task_id, record.severity
+            task_id = record.task_id
             if data is None:
                 data = _mask(_compact(unstructure(record))).encode()
-            path = self._record_path(severity, task_id)
-            previous = self._saved_severity.get(task_id)
-            attempts = self._checkpointed.pop(task_id, set())
+            path = self._record_path(record.severity, task_id)
             # No sync for the removals: if a crash undoes one, readers still
             # prefer the record (and the newest of two, see _load).
             if self._fresh:
-                remove = [] if previous in (None, severity) else [self._record_path(previous, task_id)]
-                remove += [os.path.join(self._task_dir(task_id), f"attempt-{n}", CHECKPOINT) for n in sorted(attempts)]
-                write = Write(path, data, remove=tuple(remove))
+                older = self._written.pop(task_id, set()) - {path}
+                write = Write(path, data, remove=tuple(sorted(older)))
             else:  # files of an earlier writer may be anywhere
-                others = tuple(self._record_path(s, task_id) for s in SEVERITIES if s != severity)
+                others = tuple(self._record_path(s, task_id) for s in SEVERITIES if s != record.severity)
                 write = Write(path, data, remove=others, sweep=self._task_dir(task_id))
-            self._saved_severity[task_id] = severity
+            self._written[task_id] = {path}
             writes.append(write)
-            undo.append((task_id, previous if previous != severity else None, attempts))
         try:
             await self._write(writes)
         finally:
-            for write, (task_id, previous, attempts) in zip(writes, undo, strict=True):
-                if write.error is not None:
-                    self._checkpointed.setdefault(task_id, set()).update(attempts)
-                    if previous is not None:
-                        self._saved_severity[task_id] = previous
+            for write, (record, _) in zip(writes, records, strict=True):
+                if write.error is not None:  # maybe not written: a later save still cleans up all
+                    self._written.setdefault(record.task_id, set()).update(write.remove)
 
     def _queue(self, write: Write) -> None:
         self._check_open()
