@@ -8,9 +8,9 @@ import trio
 
 import agentcompass.testing  # noqa: F401
 from agentcompass import ComponentRef, Orchestration, RunRequest
-from agentcompass._orchestration._launch import launch
+from agentcompass._orchestration._launch import orchestrate
 from agentcompass._progress import ProgressDisplay
-from agentcompass._store import FakeDisk, use_disk
+from agentcompass._store import FakeDisk
 
 
 class _Tty(io.StringIO):
@@ -28,8 +28,7 @@ async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
     )
     # A fake store disk: a worker thread's real time would let the mock clock
     # jump past a record's completion, and the counts below would race.
-    with use_disk(FakeDisk()):
-        result = await launch(Orchestration([request], task_concurrency=2), show_progress=True)
+    result = await orchestrate(Orchestration([request], task_concurrency=2), show_progress=True, disk=FakeDisk())
     assert result.status == "succeeded"
     captured = capsys.readouterr()
     lines = captured.err.splitlines()

@@ -111,7 +111,8 @@ async def orchestrate(
     disk: Disk | None = None,
 ) -> OrchestrationResult:
     """:func:`launch`, with the ``disk`` every run store writes through and
-    reuse reads through (default: the real one; tests pass a ``FakeDisk``)."""
+    reuse reads through (default: the real one; tests pass a ``FakeDisk``,
+    to this or through :func:`run_evaluation`'s keyword arguments)."""
     preflight(orchestration, config_dir, data=False)
     if has_data_checks(orchestration):
         # A benchmark's own check may read its whole data set: off the Trio thread.
@@ -243,14 +244,14 @@ async def run_evaluation(
     **kwargs: Any,
 ) -> RequestResult:
     """Run one request; raise :class:`RunFailedError` (a ``RuntimeError``)
-    naming the result paths unless it succeeded."""
+    naming the result paths unless it succeeded. ``kwargs`` go to :func:`launch`."""
     orchestration = Orchestration(
         [request],
         task_concurrency=task_concurrency,
         timeout_seconds=timeout_seconds,
         cleanup_grace_seconds=cleanup_grace_seconds,
     )
-    result = await launch(orchestration, **kwargs)
+    result = await orchestrate(orchestration, **kwargs)
     request_result = result.requests[0]
     if request_result.status != "succeeded":
         where = request_result.run_dir or str(request.output_root)
