@@ -103,6 +103,7 @@ def _compact(data: Any) -> str:
     except orjson.JSONEncodeError:
         return _COMPACT.encode(data)
 
+
 #: Every store open in this process (for :func:`write_journals_now`).
 _OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
 
