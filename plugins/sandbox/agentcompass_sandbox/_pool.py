@@ -1,0 +1,277 @@
+"""Network namespaces made ahead, each with its veth, for sessions that need egress.
+
+Making a veth is quick, but deleting one waits in the kernel (an RCU
+barrier under the host-wide rtnetlink lock), and so does a namespace's
+teardown: every session opened under ``full`` or ``allowlist`` would pay
+for it. Instead such a session borrows a namespace from the runtime's pool
+(bwrap starts inside it rather than making its own) and gives it back at
+``close``, once every process of the session is dead. A namespace is made
+the first time none is free, and from then on is reused: open and close make
+and delete no link.
+
+Each pooled namespace is held by a descriptor of the runtime process (opened
+close-on-exec), not by a bind mount: when the runtime exits, however it
+exits, the kernel removes the namespace once the sandboxes in it are dead
+(the spawner's exit kills them), and its veth with it. Its subnet lease is
+owned by ``@pool-<pid>-<start time>-<n>`` (no session name starts with
+``@``), which :func:`reclaim_stale_leases` releases once that process is gone.
+
+Isolation: a pooled namespace belongs to the host's initial user namespace,
+so no process of a sandbox (uid 1000 of the sandbox's own user namespace)
+has ``CAP_NET_ADMIN`` over it: it cannot change its addresses, routes,
+sysctls or nftables rules. What a session can leave behind is sockets (all
+closed once its processes are dead, except TCP's ``TIME_WAIT``) and the
+rules and connection-tracking entries the runtime installed for its
+policies. Recycling (:meth:`Pool.give_back`) removes every nftables table and
+every conntrack entry where a policy installed rules, then checks that no
+nftables table and no socket of any kind is left; if anything is, or
+anything fails, the namespace is destroyed instead of reused.
+
+The pool lives as long as the Trio run that first used it: a system task
+drains it (deletes every veth, closes every descriptor, releases every
+lease) when the run's main task ends, within the cleanup grace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import subprocess
+import threading
+
+import attrs
+import trio
+
+from agentcompass.runtime import cleanup_deadline
+
+from . import _host, _netlink
+
+#: Free namespaces kept for reuse at most; more are destroyed when given back.
+IDLE_MAX = 64
+#: Lease owners of pooled namespaces start with this (session names cannot).
+LEASE_OWNER_PREFIX = "@pool-"
+
+
+# Numbers pooled namespaces across every pool of the process: a destroyed
+# one's veth may outlive its pool for a moment, and names must not clash.
+_numbers = itertools.count()
+
+
+class RecycleError(_host.HostError):
+    """A pooled namespace is not as a new one would be: it is destroyed, not reused."""
+
+
+@attrs.define(eq=False)
+class Netns:
+    """One pooled namespace: the descriptor that holds it, its lease and veth."""
+
+    fd: int
+    owner: str
+    lease: int | None  # None: loopback only, no veth
+    links: int = 0  # interfaces it was made with (loopback, and eth0 with a veth)
+
+    @property
+    def veth(self) -> str | None:
+        return None if self.lease is None else _host.veth_name(self.owner)
+
+
+def _start_time(pid: int) -> str:
+    """The start time of process ``pid`` (clock ticks since boot), '' if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    return stat[stat.rindex(b")") + 2 :].split()[19].decode()
+
+
+def reclaim_stale_leases() -> None:
+    """Release the leases of pooled namespaces whose process is gone (blocking)."""
+    if not _host.LEASE_DIR.is_dir():
+        return
+    for entry in os.scandir(_host.LEASE_DIR):
+        with contextlib.suppress(OSError):
+            with open(entry.path) as f:
+                owner = f.read()
+            if not owner.startswith(LEASE_OWNER_PREFIX):
+                continue
+            pid, start, _n = owner[len(LEASE_OWNER_PREFIX) :].split("-")
+            if _start_time(int(pid)) != start:
+                os.unlink(entry.path)
+
+
+class Pool:
+    """The namespaces of one runtime, free or lent; every method blocks."""
+
+    def __init__(self, veth: bool, idle_max: int = IDLE_MAX) -> None:
+        self.veth = veth
+        self.idle_max = idle_max
+        self._lock = threading.Lock()
+        self._idle: list[Netns] = []
+        self._lent: set[Netns] = set()
+        self._owner = f"{LEASE_OWNER_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-"
+        self._closed = False
+        self.made = 0
+        self.recycled = 0
+        self.destroyed = 0
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def take(self) -> Netns:
+        """A free namespace, made now if none is."""
+        with self._lock:
+            if self._closed:
+                raise _host.HostError("the sandbox network pool is closed (the run is ending)")
+            if self._idle:
+                entry = self._idle.pop()
+                self._lent.add(entry)
+                return entry
+            if self.made == 0 and self.veth:
+                reclaim_stale_leases()
+            owner = f"{self._owner}{next(_numbers)}"
+            self.made += 1
+        entry = _make(owner) if self.veth else _make_bare(owner)
+        with self._lock:
+            self._lent.add(entry)
+            closed = self._closed
+        if closed:
+            self.discard(entry)
+            raise _host.HostError("the sandbox network pool is closed (the run is ending)")
+        return entry
+
+    def give_back(self, entry: Netns, ruleset_applied: bool) -> bool:
+        """Return ``entry`` once its session's processes are all dead. Reset
+        and checked, it is free again (True); if it is not as new, or the
+        reset fails, it is destroyed instead (False)."""
+        try:
+            _netlink.in_namespace_fd(entry.fd, lambda: _reset(entry, ruleset_applied))
+        except (OSError, _host.HostError):
+            self.discard(entry)
+            return False
+        except BaseException:
+            self.discard(entry)
+            raise
+        with self._lock:
+            self._lent.discard(entry)
+            if not self._closed and len(self._idle) < self.idle_max:
+                self._idle.append(entry)
+                self.recycled += 1
+                return True
+        self.discard(entry, lent=False)
+        return False
+
+    def discard(self, entry: Netns, lent: bool = True) -> None:
+        """Destroy ``entry``: close its descriptor (the kernel removes the
+        namespace and the veth in the background; its subnet is not leased
+        again while the host still routes it) and release its lease."""
+        with self._lock:
+            if lent:
+                self._lent.discard(entry)
+            self.destroyed += 1
+        os.close(entry.fd)
+        if entry.lease is not None:
+            _host.release_lease(entry.owner, entry.lease)
+
+    def drain(self) -> None:
+        """Destroy every namespace, free or lent, deleting each veth now
+        (so none is left once this returns); later calls of :meth:`take` fail."""
+        with self._lock:
+            self._closed = True
+            entries = [*self._idle, *self._lent]
+            self._idle.clear()
+            self._lent.clear()
+        for entry in entries:
+            if entry.veth is not None:
+                with contextlib.suppress(OSError):
+                    _netlink.delete_link(entry.veth)
+            self.destroyed += 1
+            os.close(entry.fd)
+            if entry.lease is not None:
+                _host.release_lease(entry.owner, entry.lease)
+
+
+def _make(owner: str) -> Netns:
+    """A new namespace with its veth, addresses, default route and host NAT."""
+    _host.ensure_nat()
+    lease = _host.acquire_lease(owner)
+    try:
+        host_ip, sandbox_ip = _host.lease_addresses(lease)
+        fd = _netlink.make_namespace(_host.veth_name(owner), host_ip, sandbox_ip)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            _netlink.delete_link(_host.veth_name(owner))
+        _host.release_lease(owner, lease)
+        if isinstance(exc, OSError):
+            raise _host.HostError(f"could not make a pooled network namespace: {exc}") from None
+        raise
+    return Netns(fd, owner, lease, links=2)
+
+
+def _make_bare(owner: str) -> Netns:
+    """A new namespace with loopback only."""
+    try:
+        fd = _netlink.make_namespace()
+    except OSError as exc:
+        raise _host.HostError(f"could not make a pooled network namespace: {exc}") from None
+    return Netns(fd, owner, None, links=1)
+
+
+def _reset(entry: Netns, ruleset_applied: bool) -> None:
+    """In a thread inside the namespace: back to the state it was made in."""
+    links = _netlink.count_links()
+    if links != entry.links:
+        raise RecycleError(f"{links} network interfaces, made with {entry.links}")
+    if ruleset_applied:
+        # A child started from this thread is in its network namespace.
+        proc = subprocess.run(["nft", "flush ruleset"], capture_output=True, check=False)
+        if proc.returncode != 0:
+            raise RecycleError(f"nft flush ruleset failed: {proc.stderr.decode(errors='replace').strip()}")
+        _netlink.flush_conntrack()
+    tables = _netlink.nft_tables()
+    if tables:
+        raise RecycleError(f"{tables} nftables table(s) left")
+    # inet sockets by their per-namespace counters (the /proc/net/tcp
+    # listings walk the host-wide hash tables: milliseconds each), the
+    # others by their listings, which are per namespace.
+    for table in ("sockstat", "sockstat6"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/thread-self/net/{table}") as f:
+            for line in f:
+                proto, _, fields = line.partition(":")
+                counts = dict(zip(fields.split()[::2], fields.split()[1::2], strict=False))
+                for key in ("inuse", "tw"):
+                    if counts.get(key, "0") != "0" and proto != "FRAG" and proto != "FRAG6":
+                        raise RecycleError(f"{proto} {key} {counts[key]}: sockets left")
+    for table in ("unix", "packet"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/thread-self/net/{table}", "rb") as f:
+            lines = f.read().count(b"\n")
+        if lines > 1:
+            raise RecycleError(f"{lines - 1} {table} socket(s) left")
+
+
+_pools: trio.lowlevel.RunVar[dict[bool, Pool]] = trio.lowlevel.RunVar("agentcompass_sandbox_netns_pools")
+
+
+def current(veth: bool) -> Pool:
+    """This Trio run's pool of namespaces with a veth (or with loopback
+    only), made at the first call with the task that drains it when the
+    run ends."""
+    try:
+        pools = _pools.get()
+    except LookupError:
+        pools = {}
+        _pools.set(pools)
+    if veth not in pools:
+        pools[veth] = Pool(veth)
+        trio.lowlevel.spawn_system_task(_drain_at_exit, pools[veth], name="sandbox network pool")
+    return pools[veth]
+
+
+async def _drain_at_exit(pool: Pool) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.move_on_at(cleanup_deadline(), shield=True):
+            await trio.to_thread.run_sync(pool.drain)
