@@ -188,6 +188,10 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
             sock.request(_RTM_NEWLINK, 0, _ifinfo(socket.if_nametoindex("lo"), up=True), "lo up")
         finally:
             sock.close()
+        # No TIME_WAIT: a connection closed by the sandbox leaves no socket
+        # behind, so the namespace can be reused as soon as its processes are gone.
+        with open("/proc/sys/net/ipv4/tcp_max_tw_buckets", "w") as f:
+            f.write("0")
         if host is not None:
             _configure_inside(sandbox_ip, host_ip)
 

@@ -39,6 +39,7 @@ import itertools
 import os
 import subprocess
 import threading
+import time
 
 import attrs
 import trio
@@ -49,6 +50,7 @@ from . import _host, _netlink
 
 #: Free namespaces kept for reuse at most; more are destroyed when given back.
 IDLE_MAX = 64
+_DRAIN_PAUSE = 0.005
 #: Lease owners of pooled namespaces start with this (session names cannot).
 LEASE_OWNER_PREFIX = "@pool-"
 
@@ -175,22 +177,38 @@ class Pool:
         if entry.lease is not None:
             _host.release_lease(entry.owner, entry.lease)
 
-    def drain(self) -> None:
-        """Destroy every namespace, free or lent, deleting each veth now
-        (so none is left once this returns); later calls of :meth:`take` fail."""
+    def drain(self, seconds: float = 10.0) -> None:
+        """Destroy every namespace, free or lent, and wait (at most
+        ``seconds``) until the kernel has removed their veths; later calls of
+        :meth:`take` fail. Free namespaces are let go all at once, so the
+        kernel tears them down together, paying for one RCU barrier rather
+        than one per veth; the veth of a lent one (its session was never
+        closed, so processes may hold the namespace) is deleted here."""
         with self._lock:
             self._closed = True
-            entries = [*self._idle, *self._lent]
+            idle, lent = list(self._idle), list(self._lent)
             self._idle.clear()
             self._lent.clear()
-        for entry in entries:
+        going = set()
+        for entry in [*idle, *lent]:
             if entry.veth is not None:
-                with contextlib.suppress(OSError):
-                    _netlink.delete_link(entry.veth)
+                if entry in lent:
+                    with contextlib.suppress(OSError):
+                        _netlink.delete_link(entry.veth)
+                else:
+                    going.add(entry.veth)
             self.destroyed += 1
             os.close(entry.fd)
+        deadline = time.monotonic() + seconds
+        while going and time.monotonic() < deadline:
+            going = {veth for veth in going if os.path.exists(f"/sys/class/net/{veth}")}
+            if going:
+                time.sleep(_DRAIN_PAUSE)
+        for entry in [*idle, *lent]:
             if entry.lease is not None:
                 _host.release_lease(entry.owner, entry.lease)
+        if going:
+            raise _host.HostError(f"{len(going)} veth(s) of the sandbox network pool are still there after {seconds} s")
 
 
 def _make(owner: str) -> Netns:

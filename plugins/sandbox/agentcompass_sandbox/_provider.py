@@ -146,6 +146,7 @@ class SandboxEnvironment(BaseEnvironment):
         def sweep_all() -> None:
             for name in sorted(_host.names_with_prefix(tag)):
                 _host.destroy(name)
+            _pool.reclaim_stale_leases()  # a killed runtime's pool
 
         await trio.to_thread.run_sync(sweep_all)
 
