@@ -89,7 +89,9 @@ async def test_a_reused_namespace_has_no_process_socket_or_rule_of_the_previous_
         try:
             first = await netns_of(a)
             # A server and a daemon left running, and the rules of a policy left in force.
-            await a.exec("setsid sleep 600 > /dev/null 2>&1 & python3 -m http.server --bind 127.0.0.1 8000 > /dev/null 2>&1 &")
+            await a.exec(
+                "setsid sleep 600 > /dev/null 2>&1 & python3 -m http.server --bind 127.0.0.1 8000 > /dev/null 2>&1 &"
+            )
             for _ in range(200):
                 if await connects(a, "127.0.0.1", 8000):
                     break
@@ -149,7 +151,10 @@ async def test_a_namespace_not_as_new_is_destroyed_not_reused(provider: SandboxE
     with hang_guard(60):
         pool = _pool.current(veth=True)
         for n, change in enumerate(
-            (["ip", "link", "add", "extra0", "type", "veth", "peer", "name", "extra1"], ["nft", "add", "table", "inet", "extra"])
+            (
+                ["ip", "link", "add", "extra0", "type", "veth", "peer", "name", "extra1"],
+                ["nft", "add", "table", "inet", "extra"],
+            )
         ):
             a = await provider.open(None, FULL, f"{tag}-a{n}")
             try:

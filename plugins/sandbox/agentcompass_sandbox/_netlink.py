@@ -99,7 +99,6 @@ class _Socket:
                     return
                 offset += max(16, (length + 3) & ~3)
 
-
     def dump(self, kind: int, body: bytes, what: str) -> int:
         """Send a dump request; return how many records came before its end."""
         self._seq += 1

@@ -109,7 +109,13 @@ def _start(request, fds, home_netns):  # type: ignore[no-untyped-def]
             _setns(netns)
         try:
             return os.posix_spawn(
-                argv[0], argv, os.environ, file_actions=actions, resetids=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=()
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=actions,
+                resetids=True,
+                setsigdef=_DEFAULT_SIGNALS,
+                setsigmask=(),
             )
         finally:
             if netns is not None:
