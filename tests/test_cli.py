@@ -116,8 +116,13 @@ def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
 def compass(workdir: Path, *args: str, fake: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, str(workdir / "driver.py")] if fake else [sys.executable, "-m", "agentcompass._cli"]
     return subprocess.run(
-        [*command, *args], capture_output=True, text=True, cwd=workdir,
-        env=cli_env(workdir, **env), timeout=120, check=False,
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=cli_env(workdir, **env),
+        timeout=120,
+        check=False,
     )
 
 
@@ -129,17 +134,34 @@ def launched(workdir: Path) -> dict[str, Any]:
 
 
 BAD_CONFIGS = [
-    ("unknown-key", CONFIG.replace("max_retries: 1", "max_retriez: 1"), (), "unknown key 'max_retriez' @ requests[0].execution"),
+    (
+        "unknown-key",
+        CONFIG.replace("max_retries: 1", "max_retriez: 1"),
+        (),
+        "unknown key 'max_retriez' @ requests[0].execution",
+    ),
     ("bad-regex", CONFIG.replace("[timeout]", "['(unclosed']"), (), "invalid regex '(unclosed'"),
-    ("negative-delay", CONFIG, ("--set", "execution.retry_min_delay_seconds=-1"),
-     "retry_min_delay_seconds must be a finite number > 0, got -1"),
-    ("unknown-id", CONFIG.replace("harness: cli-harness", "harness: cli-harnes", 1), (),
-     "requests[0] 'smoke': unknown harness id 'cli-harnes'"),
+    (
+        "negative-delay",
+        CONFIG,
+        ("--set", "execution.retry_min_delay_seconds=-1"),
+        "retry_min_delay_seconds must be a finite number > 0, got -1",
+    ),
+    (
+        "unknown-id",
+        CONFIG.replace("harness: cli-harness", "harness: cli-harnes", 1),
+        (),
+        "requests[0] 'smoke': unknown harness id 'cli-harnes'",
+    ),
     ("broken-yaml", "requests:\n  - name: a\n\tbenchmark: b\n", (), "invalid YAML in config.yaml line 3"),
     ("non-mapping", "- a\n- b\n", (), "must be a mapping"),
     ("bad-set", CONFIG, ("--set", "execution.max_retries"), "invalid override 'execution.max_retries'"),
-    ("unset-var", CONFIG.replace("name: smoke", "name: ${CLI_UNSET_VAR}"), (),
-     "environment variable CLI_UNSET_VAR is not set @ requests[0].name"),
+    (
+        "unset-var",
+        CONFIG.replace("name: smoke", "name: ${CLI_UNSET_VAR}"),
+        (),
+        "environment variable CLI_UNSET_VAR is not set @ requests[0].name",
+    ),
     ("missing-file", None, (), "config file not found: config.yaml"),
 ]
 
@@ -183,8 +205,18 @@ def test_usage_error_exits_2(workdir: Path) -> None:
 
 def test_launch_passes_flags_and_prints_results(workdir: Path) -> None:
     proc = compass(
-        workdir, "launch", "config.yaml", "--output-root", "out", "--timeout-seconds", "90",
-        "--task-concurrency", "3", "--set", "requests[1].limit=2", fake=True,
+        workdir,
+        "launch",
+        "config.yaml",
+        "--output-root",
+        "out",
+        "--timeout-seconds",
+        "90",
+        "--task-concurrency",
+        "3",
+        "--set",
+        "requests[1].limit=2",
+        fake=True,
     )
     assert proc.returncode == 0, proc.stderr
     data = launched(workdir)
@@ -228,12 +260,40 @@ def test_reuse_with_a_run_dir(workdir: Path) -> None:
 
 def test_run_builds_one_request(workdir: Path) -> None:
     proc = compass(
-        workdir, "run", "--plugin", "components.py", "--benchmark", "cli-bench",
-        "--benchmark-config", '{"path": "tasks"}', "--environment", "cli-env", "--harness", "cli-harness",
-        "--model", "m1", "--base-url", "http://127.0.0.1:9/v1", "--api-key-env", "CLI_KEY",
-        "--k", "2", "--max-retries", "3", "--task-id", "a", "--task-id", "b", "--limit", "1",
-        "--output-root", "out", "--set", "execution.retry_min_delay_seconds=1",
-        fake=True, CLI_KEY="sk-cli-secret-0123456789",
+        workdir,
+        "run",
+        "--plugin",
+        "components.py",
+        "--benchmark",
+        "cli-bench",
+        "--benchmark-config",
+        '{"path": "tasks"}',
+        "--environment",
+        "cli-env",
+        "--harness",
+        "cli-harness",
+        "--model",
+        "m1",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--api-key-env",
+        "CLI_KEY",
+        "--k",
+        "2",
+        "--max-retries",
+        "3",
+        "--task-id",
+        "a",
+        "--task-id",
+        "b",
+        "--limit",
+        "1",
+        "--output-root",
+        "out",
+        "--set",
+        "execution.retry_min_delay_seconds=1",
+        fake=True,
+        CLI_KEY="sk-cli-secret-0123456789",
     )
     assert proc.returncode == 0, proc.stderr
     [request] = launched(workdir)["orchestration"]["requests"]
@@ -260,8 +320,20 @@ def test_run_builds_one_request(workdir: Path) -> None:
     ],
 )
 def test_run_errors(workdir: Path, args: tuple[str, ...], message: str) -> None:
-    base = ["--plugin", "components.py", "--benchmark", "cli-bench", "--environment", "cli-env",
-            "--harness", "cli-harness", "--model", "m", "--output-root", "out"]
+    base = [
+        "--plugin",
+        "components.py",
+        "--benchmark",
+        "cli-bench",
+        "--environment",
+        "cli-env",
+        "--harness",
+        "cli-harness",
+        "--model",
+        "m",
+        "--output-root",
+        "out",
+    ]
     proc = compass(workdir, "run", *base, *args)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [proc.stderr.strip()]
@@ -284,8 +356,11 @@ def _start_hanging(workdir: Path, mode: str) -> tuple[subprocess.Popen[str], Pat
     stderr = workdir / "stderr.txt"
     proc = subprocess.Popen(
         [sys.executable, str(workdir / "driver.py"), "launch", "config.yaml"],
-        cwd=workdir, env=cli_env(workdir, FAKE_MODE=mode), text=True,
-        stdout=subprocess.PIPE, stderr=stderr.open("w"),
+        cwd=workdir,
+        env=cli_env(workdir, FAKE_MODE=mode),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=stderr.open("w"),
     )
     _wait_for(lambda: (workdir / "fake.json.started").exists() or proc.poll() is not None)
     return proc, stderr
@@ -327,15 +402,23 @@ def test_second_sigint_exits_at_once(workdir: Path) -> None:
 def _fake_run_dir(workdir: Path) -> Path:
     run_dir = workdir / "runs" / "smoke" / "run-1"
     (run_dir / "details" / "normal").mkdir(parents=True)
-    (run_dir / "run_info.json").write_text(json.dumps({
-        "status": "succeeded",
-        "request": {"name": "smoke", "environment": {"id": "cli-env", "config": {"root": "/sandboxes"}}},
-    }))
+    (run_dir / "run_info.json").write_text(
+        json.dumps(
+            {
+                "status": "succeeded",
+                "request": {"name": "smoke", "environment": {"id": "cli-env", "config": {"root": "/sandboxes"}}},
+            }
+        )
+    )
     (run_dir / "metrics.json").write_text(
         json.dumps({"series": {"reward": {"value": 0.25, "evaluated": 2, "total": 2}}, "evaluation_failed": False})
     )
-    record = {"task_id": "task-alpha", "category": None, "severity": "normal",
-              "attempts": [{"attempt": 0, "status": "completed", "values": {"reward": 0.5}}]}
+    record = {
+        "task_id": "task-alpha",
+        "category": None,
+        "severity": "normal",
+        "attempts": [{"attempt": 0, "status": "completed", "values": {"reward": 0.5}}],
+    }
     (run_dir / "details" / "normal" / "task-alpha.json").write_text(json.dumps(record))
     return run_dir
 
@@ -409,8 +492,37 @@ def test_module_entry_point_is_the_console_script(workdir: Path) -> None:
 
 def test_importing_the_cli_loads_no_engine() -> None:
     # What makes ``compass --help`` slow: loaded only by the commands that need it.
-    heavy = ["trio", "structlog", "httpx", "yaml", "rich", "agentcompass._orchestration", "agentcompass._store",
-             "agentcompass._config", "agentcompass._registry", "importlib.metadata"]
+    heavy = [
+        "trio",
+        "structlog",
+        "httpx",
+        "yaml",
+        "rich",
+        "agentcompass._orchestration",
+        "agentcompass._store",
+        "agentcompass._config",
+        "agentcompass._registry",
+        "importlib.metadata",
+    ]
     code = f"import sys, agentcompass._cli; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_help_loads_no_engine_even_with_plugin_commands() -> None:
+    # ``compass --help`` lists plugin command groups (``compass sandbox`` from the
+    # remote plugin) by importing them: they must not pull in trio or their servers.
+    pytest.importorskip("agentcompass_remote")
+    heavy = ["trio", "trio_websocket", "httpx", "agentcompass._orchestration", "agentcompass_remote._server"]
+    code = (
+        "import sys, contextlib, io\n"
+        "from agentcompass._cli import main\n"
+        "sys.argv = ['compass', '--help']\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "    main()\n"
+        "assert 'sandbox' in out.getvalue(), out.getvalue()\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -7,13 +7,16 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import trio
 
 from agentcompass import ComponentError, ConfigError
 
-from ._server import SandboxServer, serve_sandboxes
+if TYPE_CHECKING:
+    from ._server import SandboxServer
+
+# The server and trio load inside ``serve``: ``compass --help`` lists this group cheaply.
 
 __all__ = ["sandbox"]
 
@@ -47,6 +50,10 @@ def serve(
 ) -> None:
     """Host sandbox sessions over WebSocket until SIGTERM or Ctrl-C, which
     close every session (each within the grace) before exiting."""
+    import trio
+
+    from ._server import SandboxServer
+
     if token_file is None:
         raise ConfigError("--token-file is required: the server refuses to start without a token")
     try:
@@ -81,11 +88,19 @@ def serve(
 
 
 async def _serve_until_signal(server: SandboxServer, host: str, port: int) -> None:
+    import trio
+
+    from ._server import serve_sandboxes
+
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(serve_sandboxes, server, host, port)
             print(f"serving {server.provider!r} sandboxes on ws://{host}:{bound}", flush=True)
             async for signum in signals:
-                print(f"{signal.Signals(signum).name}: closing {len(server.sessions)} session(s)", file=sys.stderr, flush=True)
+                print(
+                    f"{signal.Signals(signum).name}: closing {len(server.sessions)} session(s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 nursery.cancel_scope.cancel()
                 break

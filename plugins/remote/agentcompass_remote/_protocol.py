@@ -110,7 +110,9 @@ def check_path(path: Any, what: str = "path") -> str:
     normal = posixpath.normpath(path)
     if posixpath.isabs(path):
         if not any(normal == root or normal.startswith(root + "/") for root in ROOTS):
-            raise ProtocolError(f"{what} {path!r} is outside the session (absolute paths must be under {', '.join(ROOTS)})")
+            raise ProtocolError(
+                f"{what} {path!r} is outside the session (absolute paths must be under {', '.join(ROOTS)})"
+            )
     elif normal == ".." or normal.startswith("../"):
         raise ProtocolError(f"{what} {path!r} is outside the session")
     return path

@@ -52,7 +52,9 @@ _UNLIMITED = 10**12
 def _urls(value: Any) -> tuple[str, ...]:
     urls = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list) else ()
     if not urls or not all(isinstance(u, str) for u in urls):
-        raise ComponentError(f"environment 'remote': url must be a ws:// URL or a non-empty list of them, got {value!r}")
+        raise ComponentError(
+            f"environment 'remote': url must be a ws:// URL or a non-empty list of them, got {value!r}"
+        )
     for url in urls:
         try:
             parse_url(url)
@@ -113,7 +115,9 @@ class RemoteEnvironment(BaseEnvironment):
         self._token = token.reveal() if isinstance(token, Secret) else ""
         if not self._token:
             where = f" ({token} is empty or unset)" if isinstance(token, Secret) and token.env_var else ""
-            raise ComponentError(f"environment 'remote' needs a token (config key 'token', e.g. '${{COMPASS_TOKEN}}'){where}")
+            raise ComponentError(
+                f"environment 'remote' needs a token (config key 'token', e.g. '${{COMPASS_TOKEN}}'){where}"
+            )
         self._inner: BaseEnvironment | None = None
         max_output = self.options.provider_config.get("max_output_bytes", _DEFAULT_MAX_OUTPUT)
         self._max_output = max_output if isinstance(max_output, int) and max_output > 0 else _DEFAULT_MAX_OUTPUT
@@ -236,7 +240,9 @@ class RemoteEnvironment(BaseEnvironment):
             await conn.send({"type": "hello", "version": p.VERSION, "token": self._token}, then)
             welcome = await conn.receive_json()
             if welcome.get("type") != "welcome" or welcome.get("version") != p.VERSION:
-                raise p.ProtocolError(f"the server answered {welcome.get('type')!r} (version {welcome.get('version')!r})")
+                raise p.ProtocolError(
+                    f"the server answered {welcome.get('type')!r} (version {welcome.get('version')!r})"
+                )
             if welcome.get("provider") != self.options.provider:
                 raise p.ProtocolError(f"the server hosts {welcome.get('provider')!r}, not {self.options.provider!r}")
             return conn, welcome

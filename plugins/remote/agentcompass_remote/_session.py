@@ -71,7 +71,9 @@ class RemoteSession(EnvironmentSession):
     """One session on a server. Its connection is its lifetime: closing the
     session, or losing the connection, ends the sandbox on the server."""
 
-    def __init__(self, env: RemoteEnvironment, server: _Server, conn: ClientConnection, name: str, reply: dict[str, Any]):
+    def __init__(
+        self, env: RemoteEnvironment, server: _Server, conn: ClientConnection, name: str, reply: dict[str, Any]
+    ):
         self._env = env
         self._server = server
         self._conn = conn
@@ -96,7 +98,9 @@ class RemoteSession(EnvironmentSession):
         if self._conn.closed:
             raise fail(f"the connection to {self._server.url} for session {self._handle['name']} was lost")
 
-    async def _request(self, message: dict[str, Any], on_chunk: Any = None, data: bytes | None = None) -> dict[str, Any]:
+    async def _request(
+        self, message: dict[str, Any], on_chunk: Any = None, data: bytes | None = None
+    ) -> dict[str, Any]:
         """Send one operation and read its replies until it ends. A lost
         connection is FATAL ``environment_failed``; a cancellation asks the
         server to cancel the operation and waits (briefly, shielded) for it."""

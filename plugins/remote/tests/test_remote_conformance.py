@@ -21,7 +21,9 @@ try:
     from agentcompass_sandbox import _host as sandbox_host
 except ImportError:  # the remote plugin does not need the sandbox plugin
     agentcompass_sandbox = None
-SANDBOX_PROBLEM = "the sandbox plugin is not installed" if agentcompass_sandbox is None else agentcompass_sandbox.host_problem()
+SANDBOX_PROBLEM = (
+    "the sandbox plugin is not installed" if agentcompass_sandbox is None else agentcompass_sandbox.host_problem()
+)
 requires_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=SANDBOX_PROBLEM or "")
 
 

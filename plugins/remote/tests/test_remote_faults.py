@@ -122,7 +122,7 @@ async def test_reap_destroys_what_a_killed_server_left_once_it_is_back(spawn):
     session = await env.open(None, NetworkPolicy(), "run-x-1")
     handle = json.loads(json.dumps(session.handle))
     sandbox = Path(handle["inner"]["path"])
-    await session.exec('sleep 1000 > /dev/null 2>&1 & echo started')
+    await session.exec("sleep 1000 > /dev/null 2>&1 & echo started")
     assert processes_marked(sandbox)
     served.process.send_signal(signal.SIGKILL)
     await served.process.wait()

@@ -68,7 +68,9 @@ async def test_the_provider_refuses_a_wrong_token_as_environment_failed(server: 
 
 
 @pytest.mark.parametrize("authenticated", [False, True])
-async def test_an_oversized_message_closes_the_connection_and_the_server_lives_on(server: InProcess, authenticated: bool):
+async def test_an_oversized_message_closes_the_connection_and_the_server_lives_on(
+    server: InProcess, authenticated: bool
+):
     async with trio_websocket.open_websocket_url(server.url) as ws:
         if authenticated:
             await open_raw(ws)
@@ -163,9 +165,7 @@ trio.run(main)
 
 async def test_a_client_killed_mid_exec_leaves_no_session_and_no_process(nursery: trio.Nursery, tmp_path: Path):
     served = await start_in_process(nursery, tmp_path / "sandboxes", grace=3.0)
-    client = await trio.lowlevel.open_process(
-        [sys.executable, "-c", CLIENT, served.url, TOKEN], stdout=subprocess.PIPE
-    )
+    client = await trio.lowlevel.open_process([sys.executable, "-c", CLIENT, served.url, TOKEN], stdout=subprocess.PIPE)
     try:
         assert client.stdout is not None
         line = b""

@@ -42,7 +42,9 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, token_file: Path, a
 
 
 def test_compass_lists_the_plugin_command_group():
-    proc = subprocess.run([sys.executable, "-m", "agentcompass._cli", "--help"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentcompass._cli", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and "sandbox" in proc.stdout
 
 

@@ -87,7 +87,9 @@ async def test_a_slow_driver_stalls_the_command_instead_of_filling_the_server(se
             async with trio.open_nursery() as nursery:
 
                 async def run() -> None:
-                    result = await session.exec_stream(f'head -c {size} /dev/zero; touch "$APP_DIR/done"', on_output=stalled)
+                    result = await session.exec_stream(
+                        f'head -c {size} /dev/zero; touch "$APP_DIR/done"', on_output=stalled
+                    )
                     assert result.exit_code == 0
 
                 nursery.start_soon(run)
