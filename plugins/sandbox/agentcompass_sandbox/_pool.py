@@ -1,13 +1,15 @@
-"""Network namespaces made ahead, each with its veth, for sessions that need egress.
+"""Network namespaces made ahead and reused, with a veth or with loopback only.
 
 Making a veth is quick, but deleting one waits in the kernel (an RCU
-barrier under the host-wide rtnetlink lock), and so does a namespace's
-teardown: every session opened under ``full`` or ``allowlist`` would pay
-for it. Instead such a session borrows a namespace from the runtime's pool
-(bwrap starts inside it rather than making its own) and gives it back at
-``close``, once every process of the session is dead. A namespace is made
-the first time none is free, and from then on is reused: open and close make
-and delete no link.
+barrier under the host-wide rtnetlink lock), and so does tearing down a
+namespace that holds one: every session would pay for it at ``close``, and
+the next ``open`` would wait behind it. Instead a session borrows a
+namespace from its runtime's pool (the spawner starts bwrap inside it,
+rather than bwrap making one) and gives it back at ``close``, once every
+process of the session is dead. A namespace is made the first time none is
+free, and is reused from then on: open and close make and delete no link.
+Sessions opened under ``full`` or ``allowlist`` borrow one with a veth
+(addresses, default route, host NAT), under ``none`` one with loopback only.
 
 Each pooled namespace is held by a descriptor of the runtime process (opened
 close-on-exec), not by a bind mount: when the runtime exits, however it
@@ -18,18 +20,20 @@ owned by ``@pool-<pid>-<start time>-<n>`` (no session name starts with
 
 Isolation: a pooled namespace belongs to the host's initial user namespace,
 so no process of a sandbox (uid 1000 of the sandbox's own user namespace)
-has ``CAP_NET_ADMIN`` over it: it cannot change its addresses, routes,
-sysctls or nftables rules. What a session can leave behind is sockets (all
-closed once its processes are dead, except TCP's ``TIME_WAIT``) and the
-rules and connection-tracking entries the runtime installed for its
-policies. Recycling (:meth:`Pool.give_back`) removes every nftables table and
-every conntrack entry where a policy installed rules, then checks that no
-nftables table and no socket of any kind is left; if anything is, or
-anything fails, the namespace is destroyed instead of reused.
+has ``CAP_NET_ADMIN`` over it: it cannot change its interfaces, addresses,
+routes, sysctls or nftables rules. What a session can leave behind is
+sockets (closed once its processes are dead, but for TCP connections still
+closing; ``TIME_WAIT`` is off in pooled namespaces) and the rules and
+connection-tracking entries the runtime installed for its policies.
+Recycling (:meth:`Pool.give_back`) removes every nftables table and every
+conntrack entry where a policy installed rules, then checks that the
+namespace has the interfaces it was made with, no nftables table and no
+socket; if anything is left, or anything fails, the namespace is destroyed
+instead of reused.
 
 The pool lives as long as the Trio run that first used it: a system task
-drains it (deletes every veth, closes every descriptor, releases every
-lease) when the run's main task ends, within the cleanup grace.
+empties it (:meth:`Pool.drain`) when the run's main task ends, within the
+cleanup grace.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 The session's first process is ``bwrap``, started by the runtime's spawner
 process (:mod:`._zygote`) as the host's ``nobody``, already in the session's
-cgroup: uid 1000 inside a new user namespace, with new mount, pid, ipc, uts,
-cgroup and network namespaces and ``--die-with-parent`` (its parent is the
-spawner, which exits with the runtime). Its init is a shell that says it is
+cgroup: uid 1000 inside a new user namespace, with new mount, pid, ipc, uts
+and cgroup namespaces and ``--die-with-parent`` (its parent is the
+spawner, which exits with the runtime), inside a network namespace lent by
+the runtime's pool (:mod:`._pool`), given back at ``close``. Its init is a shell that says it is
 up and then waits on a pipe only the runtime holds, so it also ends when the
 session closes or the runtime dies. Every ``exec`` enters those namespaces
 with ``nsenter``, so processes an exec leaves in the background live on

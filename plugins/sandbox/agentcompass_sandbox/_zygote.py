@@ -14,11 +14,13 @@ every supplementary group, so that a child started with
 ``posix_spawn(resetids=True)`` (a ``vfork``: nothing of this process is
 copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 
-Each request is one JSON message ``{"id", "argv", "cgroups"}`` (``argv``
-starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven descriptors:
-the child's 0 to 4 (stdin, stdout, stderr, the write end of its info pipe,
-the read end of its block pipe), then the read end of the info pipe and the
-write end of the block pipe, for the spawner. The spawner starts bwrap, reads
+Each request is one JSON message ``{"id", "argv", "cgroups", "netns"}``
+(``argv`` starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven
+descriptors: the child's 0 to 4 (stdin, stdout, stderr, the write end of its
+info pipe, the read end of its block pipe), then the read end of the info
+pipe and the write end of the block pipe, for the spawner; with ``netns``
+true, an eighth: a network namespace, which the main thread enters just
+for the ``posix_spawn`` (bwrap is born in it) and leaves right after. The spawner starts bwrap, reads
 the pid of bwrap's child in the sandbox from the info pipe, moves both
 processes into the ``cgroups`` (``cgroup.procs`` files), and only then lets
 the child go on by writing to the block pipe: bwrap's child starts no
