@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import subprocess
 import threading
@@ -97,7 +98,7 @@ def reclaim_stale_leases() -> None:
     if not _host.LEASE_DIR.is_dir():
         return
     for entry in os.scandir(_host.LEASE_DIR):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             with open(entry.path) as f:
                 owner = f.read()
             if not owner.startswith(LEASE_OWNER_PREFIX):
@@ -295,5 +296,10 @@ async def _drain_at_exit(pool: Pool) -> None:
     try:
         await trio.sleep_forever()
     finally:
-        with trio.move_on_at(cleanup_deadline(), shield=True):
-            await trio.to_thread.run_sync(pool.drain)
+        deadline = cleanup_deadline()
+        with trio.move_on_at(deadline, shield=True):
+            try:
+                await trio.to_thread.run_sync(pool.drain, max(0.0, deadline - trio.current_time()))
+            except (OSError, _host.HostError) as exc:
+                # A system task must not raise; what is left goes with the process.
+                logging.getLogger("agentcompass_sandbox").warning("sandbox network pool: %s", exc)
