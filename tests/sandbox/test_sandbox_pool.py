@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 import trio
 from _sandbox_support import new_tag, requires_sandbox, veths, wait_for_file
-from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _pool
+from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _pool, _spawner
 
 from agentcompass import NetworkPolicy
 from agentcompass.testing import hang_guard
@@ -103,6 +103,10 @@ async def test_a_reused_namespace_has_no_process_socket_or_rule_of_the_previous_
             assert "table inet" in await trio.to_thread.run_sync(_in_netns, a._init_pid, "nft", "list", "ruleset")
         finally:
             await a.close()
+        # The spawner entered the namespace only to start bwrap, and came back.
+        assert _spawner._current is not None
+        spawner_netns = await trio.to_thread.run_sync(os.stat, f"/proc/{_spawner._current.proc.pid}/ns/net")
+        assert spawner_netns.st_ino == (await trio.to_thread.run_sync(os.stat, "/proc/self/ns/net")).st_ino
         b = await provider.open(None, FULL, f"{tag}-b")
         try:
             assert await netns_of(b) == first, "the namespace was not reused"
