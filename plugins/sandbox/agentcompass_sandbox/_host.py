@@ -521,6 +521,12 @@ def apply_ruleset(init_pid: int, ruleset: str) -> None:
     run(["nsenter", "-t", str(init_pid), "-n", "nft", "-f", "-"], input=ruleset.encode())
 
 
+def apply_ruleset_in(netns_fd: int, ruleset: str) -> None:
+    """``nft -f`` in the network namespace ``netns_fd`` holds (run from a
+    thread inside it: a child is born in its parent thread's namespace)."""
+    _netlink.in_namespace_fd(netns_fd, lambda: run(["nft", "-f", "-"], input=ruleset.encode()))
+
+
 def remove_network(name: str, lease: int | None) -> None:
     """Delete the veth (both ends go; the kernel would remove it with the
     namespace, but later and in the background, so close would have to

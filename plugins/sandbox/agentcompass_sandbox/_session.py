@@ -4,8 +4,9 @@ The session's first process is ``bwrap``, started by the runtime's spawner
 process (:mod:`._zygote`) as the host's ``nobody``, already in the session's
 cgroup: uid 1000 inside a new user namespace, with new mount, pid, ipc, uts
 and cgroup namespaces and ``--die-with-parent`` (its parent is the
-spawner, which exits with the runtime), inside a network namespace lent by
-the runtime's pool (:mod:`._pool`), given back at ``close``. Its init is a shell that says it is
+spawner, which exits with the runtime), inside a network namespace lent
+by the runtime's pool (:mod:`._pool`) until ``close``, whose rules for the
+opening policy are in place before bwrap starts. Its init is a shell that says it is
 up and then waits on a pipe only the runtime holds, so it also ends when the
 session closes or the runtime dies. Every ``exec`` enters those namespaces
 with ``nsenter``, so processes an exec leaves in the background live on
@@ -123,8 +124,17 @@ class SandboxSession(EnvironmentSession):
             raise fail(str(exc)) from None
         except (OSError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: {exc}") from None
+        if self._netns is None:
+            await self._spawn_init(init_cg, binds, own_hosts, log_fd)
+            await self.set_network_policy(policy)
+            return
+        # The namespace exists already: its rules go in before anything runs there.
+        try:
+            await self.set_network_policy(policy)
+        except BaseException:
+            os.close(log_fd)
+            raise
         await self._spawn_init(init_cg, binds, own_hosts, log_fd)
-        await self.set_network_policy(policy)
 
     def _prepare(self) -> tuple[str, list[str], bool, int]:
         """Blocking, in one worker-thread hop: the state directory, the
@@ -336,8 +346,6 @@ class SandboxSession(EnvironmentSession):
         apply to their next packet (a connection the new policy forbids stops
         working). ``allowlist`` names are resolved now, on the host."""
         self._check_open()
-        assert self._init_pid is not None
-        init_pid = self._init_pid
         try:
             if policy.mode not in ("none", "allowlist", "full"):
                 raise ValueError(f"unknown network policy {policy.mode!r}")
@@ -351,16 +359,26 @@ class SandboxSession(EnvironmentSession):
             # failure part-way never leaves the sandbox with more access than asked.
             if policy.mode != "full" and (policy.mode == "allowlist" or self._lease is not None or self._ruleset):
                 self._ruleset_applied = True
-                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset(policy.mode, resolved))
+                await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset(policy.mode, resolved))
                 self._ruleset = True
             if policy.mode != "none" and self._lease is None:
-                await trio.to_thread.run_sync(self._make_network, init_pid)
+                assert self._init_pid is not None  # a pooled namespace without a veth is lent under none only
+                await trio.to_thread.run_sync(self._make_network, self._init_pid)
             if policy.mode == "full" and self._ruleset:
-                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset("full"))
+                await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset("full"))
                 self._ruleset = False
         except (OSError, ValueError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
         self._policy = policy
+
+    def _apply_ruleset(self, ruleset: str) -> None:
+        """Blocking: ``nft -f`` in the session's network namespace (a pooled
+        one through its descriptor, so even before the sandbox starts)."""
+        if self._netns is not None:
+            _host.apply_ruleset_in(self._netns.fd, ruleset)
+        else:
+            assert self._init_pid is not None
+            _host.apply_ruleset(self._init_pid, ruleset)
 
     def _write_hosts(self, resolved: list[_policy.Resolved]) -> None:
         """Blocking: rewrite the sandbox's /etc/hosts in place (it is bind-mounted by inode)."""
