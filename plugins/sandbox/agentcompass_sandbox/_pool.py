@@ -119,13 +119,11 @@ class Pool:
         self._lent: set[Netns] = set()
         self._owner = f"{LEASE_OWNER_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-"
         self._closed = False
+        self._reclaimed = False
+        #: Namespaces made, lent again after a close, and destroyed so far.
         self.made = 0
         self.recycled = 0
         self.destroyed = 0
-
-    @property
-    def idle(self) -> int:
-        return len(self._idle)
 
     def take(self) -> Netns:
         """A free namespace, made now if none is."""
@@ -136,12 +134,13 @@ class Pool:
                 entry = self._idle.pop()
                 self._lent.add(entry)
                 return entry
-            if self.made == 0 and self.veth:
+            if self.veth and not self._reclaimed:
                 reclaim_stale_leases()
+                self._reclaimed = True
             owner = f"{self._owner}{next(_numbers)}"
-            self.made += 1
         entry = _make(owner) if self.veth else _make_bare(owner)
         with self._lock:
+            self.made += 1
             self._lent.add(entry)
             closed = self._closed
         if closed:
@@ -202,8 +201,9 @@ class Pool:
                         _netlink.delete_link(entry.veth)
                 else:
                     going.add(entry.veth)
-            self.destroyed += 1
             os.close(entry.fd)
+        with self._lock:
+            self.destroyed += len(idle) + len(lent)
         deadline = time.monotonic() + seconds
         while going and time.monotonic() < deadline:
             going = {veth for veth in going if os.path.exists(f"/sys/class/net/{veth}")}
