@@ -6,13 +6,14 @@ namespace, and the pool is emptied when the run ends."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
 from _sandbox_support import new_tag, requires_sandbox, veths, wait_for_file
-from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _pool, _spawner
+from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _netlink, _pool, _spawner
 
 from agentcompass import NetworkPolicy
 from agentcompass.testing import hang_guard
@@ -148,26 +149,49 @@ async def test_a_loopback_namespace_given_a_veth_is_reused_without_it(provider: 
             await b.close()
 
 
+def _socket_in(init_pid: int, family: int, kind: int, address: object) -> socket.socket:
+    """A socket of root's, bound inside the network namespace of ``init_pid``."""
+    fd = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        sock = _netlink.in_namespace_fd(fd, lambda: socket.socket(family, kind))
+    finally:
+        os.close(fd)
+    sock.bind(address)
+    if kind == socket.SOCK_STREAM:
+        sock.listen()
+    return sock
+
+
 async def test_a_namespace_not_as_new_is_destroyed_not_reused(provider: SandboxEnvironment, tag: str) -> None:
-    """What no sandbox can do (it has no CAP_NET_ADMIN over its namespace),
-    done behind the runtime's back by root: an interface and an nftables
-    table. Recycling sees each and destroys the namespace."""
+    """What no sandbox can leave (it has no CAP_NET_ADMIN over its namespace,
+    and its sockets die with its processes), done behind the runtime's back
+    by root: an interface, an nftables table, sockets. Recycling sees each
+    and destroys the namespace."""
+    changes: list[tuple[str, ...] | tuple[int, int, object]] = [
+        ("ip", "link", "add", "extra0", "type", "veth", "peer", "name", "extra1"),
+        ("nft", "add", "table", "inet", "extra"),
+        (socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0)),
+        (socket.AF_INET6, socket.SOCK_DGRAM, ("::1", 0)),
+        (socket.AF_UNIX, socket.SOCK_STREAM, f"\0{tag}"),
+    ]
     with hang_guard(60):
         pool = _pool.current(veth=True)
-        for n, change in enumerate(
-            (
-                ["ip", "link", "add", "extra0", "type", "veth", "peer", "name", "extra1"],
-                ["nft", "add", "table", "inet", "extra"],
-            )
-        ):
+        for n, change in enumerate(changes):
+            held = None
             a = await provider.open(None, FULL, f"{tag}-a{n}")
             try:
                 first = await netns_of(a)
                 assert a._init_pid is not None
-                await trio.to_thread.run_sync(_in_netns, a._init_pid, *change)
+                if isinstance(change[0], str):
+                    await trio.to_thread.run_sync(_in_netns, a._init_pid, *change)
+                else:
+                    held = await trio.to_thread.run_sync(_socket_in, a._init_pid, *change)
+                await a.close()
             finally:
                 await a.close()
-            assert pool.destroyed == n + 1
+                if held is not None:
+                    held.close()
+            assert pool.destroyed == n + 1, change
             b = await provider.open(None, FULL, f"{tag}-b{n}")
             try:
                 assert await netns_of(b) != first

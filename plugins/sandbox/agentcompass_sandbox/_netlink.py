@@ -160,12 +160,75 @@ def _configure_inside(sandbox_ip: str, gateway: str) -> None:
         sock.close()
 
 
-def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str = "") -> int:
+class Probe:
+    """Descriptors opened inside a network namespace, which look at it from
+    any thread: netlink sockets (bound to the namespace they are made in) and
+    ``/proc/net`` files (each bound to the namespace it was opened in, read
+    afresh from offset 0). They keep the namespace alive until :meth:`close`."""
+
+    _FILES = ("sockstat", "sockstat6", "unix", "packet")
+
+    def __init__(self) -> None:
+        """In a thread inside the namespace."""
+        self.route = _Socket()
+        self.netfilter: _Socket | None = None
+        self.files: dict[str, int] = {}
+        try:
+            self.netfilter = _Socket(_NETLINK_NETFILTER)
+            for name in self._FILES:
+                try:
+                    self.files[name] = os.open(f"/proc/thread-self/net/{name}", os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue  # no IPv6, or no packet sockets
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.route.close()
+        if self.netfilter is not None:
+            self.netfilter.close()
+        for fd in self.files.values():
+            os.close(fd)
+        self.files = {}
+
+    def read(self, name: str) -> bytes:
+        """The start of ``/proc/net/<name>`` of the namespace, as it is now ('' if absent)."""
+        fd = self.files.get(name)
+        return b"" if fd is None else os.pread(fd, 65536, 0)
+
+    def links(self) -> int:
+        """How many network interfaces the namespace has."""
+        return self.route.dump(_RTM_GETLINK, _ifinfo(), "links")
+
+    def nft_tables(self) -> int:
+        """How many nftables tables the namespace has."""
+        assert self.netfilter is not None
+        # struct nfgenmsg: family (NFPROTO_UNSPEC: every family), version, resource id
+        kind = _NFNL_SUBSYS_NFTABLES << 8 | _NFT_MSG_GETTABLE
+        return self.netfilter.dump(kind, struct.pack("=BBH", 0, 0, 0), "nft tables")
+
+    def flush_conntrack(self) -> None:
+        """Forget every connection-tracking entry of the namespace (nothing
+        to do where conntrack is not loaded)."""
+        assert self.netfilter is not None
+        kind = _NFNL_SUBSYS_CTNETLINK << 8 | _IPCTNL_MSG_CT_DELETE
+        for family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                self.netfilter.request(kind, 0, struct.pack("=BBH", family, 0, 0), "flush conntrack")
+            except NetlinkError as exc:
+                if exc.errno not in (errno.ENOENT, errno.EOPNOTSUPP, errno.EPROTONOSUPPORT):
+                    raise
+
+
+def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str = "") -> tuple[int, Probe]:
     """A new network namespace with loopback up, and with ``host`` a veth to
     this one as :func:`make_veth` makes; return a descriptor that holds the
-    namespace (close-on-exec). The namespace is made by a short-lived thread,
-    which configures its inside through a socket it opens there. Raises :class:`OSError`."""
+    namespace (close-on-exec) and a :class:`Probe` of it. The namespace is
+    made by a short-lived thread, which configures its inside through a
+    socket it opens there. Raises :class:`OSError`."""
     made: list[int] = []
+    probes: list[Probe] = []
 
     def inside() -> None:
         host_sock = _Socket()  # opened before the thread leaves this namespace
@@ -193,6 +256,7 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
             f.write("0")
         if host is not None:
             _configure_inside(sandbox_ip, host_ip)
+        probes.append(Probe())
 
     try:
         _in_thread(inside)
@@ -200,7 +264,7 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
         if made:
             os.close(made[0])
         raise
-    return made[0]
+    return made[0], probes[0]
 
 
 def _index_of(sock: _Socket, name: str) -> int:
@@ -222,44 +286,6 @@ def _index_of(sock: _Socket, name: str) -> int:
                 (index,) = struct.unpack_from("=i", data, offset + 16 + 4)
                 return int(index)
             offset += max(16, (length + 3) & ~3)
-
-
-def count_links() -> int:
-    """How many network interfaces the calling thread's namespace has."""
-    sock = _Socket()
-    try:
-        return sock.dump(_RTM_GETLINK, _ifinfo(), "links")
-    finally:
-        sock.close()
-
-
-def nft_tables() -> int:
-    """How many nftables tables the calling thread's network namespace has."""
-    sock = _Socket(_NETLINK_NETFILTER)
-    try:
-        # struct nfgenmsg: family (NFPROTO_UNSPEC: every family), version, resource id
-        return sock.dump(_NFNL_SUBSYS_NFTABLES << 8 | _NFT_MSG_GETTABLE, struct.pack("=BBH", 0, 0, 0), "nft tables")
-    finally:
-        sock.close()
-
-
-def flush_conntrack() -> None:
-    """Forget every connection-tracking entry of the calling thread's network
-    namespace (nothing to do where conntrack is not loaded)."""
-    try:
-        sock = _Socket(_NETLINK_NETFILTER)
-    except OSError:
-        return
-    try:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.request(_NFNL_SUBSYS_CTNETLINK << 8 | _IPCTNL_MSG_CT_DELETE, 0,
-                             struct.pack("=BBH", family, 0, 0), "flush conntrack")  # fmt: skip
-            except NetlinkError as exc:
-                if exc.errno not in (errno.ENOENT, errno.EOPNOTSUPP, errno.EPROTONOSUPPORT):
-                    raise
-    finally:
-        sock.close()
 
 
 def delete_link(name: str) -> None:

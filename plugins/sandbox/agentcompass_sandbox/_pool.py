@@ -74,9 +74,15 @@ class Netns:
     """One pooled namespace: the descriptor that holds it, its lease and veth."""
 
     fd: int
+    probe: _netlink.Probe
     owner: str
     lease: int | None  # None: loopback only, no veth
     links: int = 0  # interfaces it was made with (loopback, and eth0 with a veth)
+
+    def close(self) -> None:
+        """Let the namespace go (the kernel removes it once nothing else holds it)."""
+        self.probe.close()
+        os.close(self.fd)
 
     @property
     def veth(self) -> str | None:
@@ -153,7 +159,7 @@ class Pool:
         and checked, it is free again (True); if it is not as new, or the
         reset fails, it is destroyed instead (False)."""
         try:
-            _netlink.in_namespace_fd(entry.fd, lambda: _reset(entry, ruleset_applied))
+            _reset(entry, ruleset_applied)
         except (OSError, _host.HostError):
             self.discard(entry)
             return False
@@ -177,7 +183,7 @@ class Pool:
             if lent:
                 self._lent.discard(entry)
             self.destroyed += 1
-        os.close(entry.fd)
+        entry.close()
         if entry.lease is not None:
             _host.release_lease(entry.owner, entry.lease)
 
@@ -201,7 +207,7 @@ class Pool:
                         _netlink.delete_link(entry.veth)
                 else:
                     going.add(entry.veth)
-            os.close(entry.fd)
+            entry.close()
         with self._lock:
             self.destroyed += len(idle) + len(lent)
         deadline = time.monotonic() + seconds
@@ -222,7 +228,7 @@ def _make(owner: str) -> Netns:
     lease = _host.acquire_lease(owner)
     try:
         host_ip, sandbox_ip = _host.lease_addresses(lease)
-        fd = _netlink.make_namespace(_host.veth_name(owner), host_ip, sandbox_ip)
+        fd, probe = _netlink.make_namespace(_host.veth_name(owner), host_ip, sandbox_ip)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             _netlink.delete_link(_host.veth_name(owner))
@@ -230,48 +236,53 @@ def _make(owner: str) -> Netns:
         if isinstance(exc, OSError):
             raise _host.HostError(f"could not make a pooled network namespace: {exc}") from None
         raise
-    return Netns(fd, owner, lease, links=2)
+    return Netns(fd, probe, owner, lease, links=2)
 
 
 def _make_bare(owner: str) -> Netns:
     """A new namespace with loopback only."""
     try:
-        fd = _netlink.make_namespace()
+        fd, probe = _netlink.make_namespace()
     except OSError as exc:
         raise _host.HostError(f"could not make a pooled network namespace: {exc}") from None
-    return Netns(fd, owner, None, links=1)
+    return Netns(fd, probe, owner, None, links=1)
 
 
 def _reset(entry: Netns, ruleset_applied: bool) -> None:
-    """In a thread inside the namespace: back to the state it was made in."""
-    links = _netlink.count_links()
+    """Back to the state the namespace was made in, or :class:`RecycleError`."""
+    probe = entry.probe
+    if ruleset_applied:
+        _netlink.in_namespace_fd(entry.fd, _flush_ruleset)
+        probe.flush_conntrack()
+    links = probe.links()
     if links != entry.links:
         raise RecycleError(f"{links} network interfaces, made with {entry.links}")
-    if ruleset_applied:
-        # A child started from this thread is in its network namespace.
-        proc = subprocess.run(["nft", "flush ruleset"], capture_output=True, check=False)
-        if proc.returncode != 0:
-            raise RecycleError(f"nft flush ruleset failed: {proc.stderr.decode(errors='replace').strip()}")
-        _netlink.flush_conntrack()
-    tables = _netlink.nft_tables()
+    tables = probe.nft_tables()
     if tables:
         raise RecycleError(f"{tables} nftables table(s) left")
     # inet sockets by their per-namespace counters (the /proc/net/tcp
     # listings walk the host-wide hash tables: milliseconds each), the
     # others by their listings, which are per namespace.
     for table in ("sockstat", "sockstat6"):
-        with contextlib.suppress(FileNotFoundError), open(f"/proc/thread-self/net/{table}") as f:
-            for line in f:
-                proto, _, fields = line.partition(":")
-                counts = dict(zip(fields.split()[::2], fields.split()[1::2], strict=False))
-                for key in ("inuse", "tw"):
-                    if counts.get(key, "0") != "0" and proto != "FRAG" and proto != "FRAG6":
-                        raise RecycleError(f"{proto} {key} {counts[key]}: sockets left")
+        for line in probe.read(table).decode().splitlines():
+            proto, _, fields = line.partition(":")
+            words = fields.split()
+            counts = dict(zip(words[::2], words[1::2], strict=False))
+            for key in ("inuse", "tw"):
+                if counts.get(key, "0") != "0" and not proto.startswith("FRAG"):
+                    raise RecycleError(f"{proto} {key} {counts[key]}: sockets left")
     for table in ("unix", "packet"):
-        with contextlib.suppress(FileNotFoundError), open(f"/proc/thread-self/net/{table}", "rb") as f:
-            lines = f.read().count(b"\n")
+        lines = probe.read(table).count(b"\n")
         if lines > 1:
             raise RecycleError(f"{lines - 1} {table} socket(s) left")
+
+
+def _flush_ruleset() -> None:
+    """In a thread inside the namespace: ``nft flush ruleset`` (a child is
+    born in its parent thread's network namespace)."""
+    proc = subprocess.run(["nft", "flush ruleset"], capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise RecycleError(f"nft flush ruleset failed: {proc.stderr.decode(errors='replace').strip()}")
 
 
 _pools: trio.lowlevel.RunVar[dict[bool, Pool]] = trio.lowlevel.RunVar("agentcompass_sandbox_netns_pools")
