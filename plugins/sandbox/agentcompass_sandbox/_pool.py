@@ -147,17 +147,22 @@ class Pool:
         entry = _make(owner) if self.veth else _make_bare(owner)
         with self._lock:
             self.made += 1
-            self._lent.add(entry)
             closed = self._closed
+            if not closed:
+                self._lent.add(entry)
         if closed:
-            self.discard(entry)
+            self._destroy(entry)
             raise _host.HostError("the sandbox network pool is closed (the run is ending)")
         return entry
 
     def give_back(self, entry: Netns, ruleset_applied: bool) -> bool:
         """Return ``entry`` once its session's processes are all dead. Reset
         and checked, it is free again (True); if it is not as new, or the
-        reset fails, it is destroyed instead (False)."""
+        reset fails, it is destroyed instead (False). An entry :meth:`drain`
+        took already is left alone."""
+        with self._lock:
+            if entry not in self._lent:
+                return False
         try:
             _reset(entry, ruleset_applied)
         except (OSError, _host.HostError):
@@ -167,22 +172,30 @@ class Pool:
             self.discard(entry)
             raise
         with self._lock:
-            self._lent.discard(entry)
+            if entry not in self._lent:
+                return False
             if not self._closed and len(self._idle) < self.idle_max:
+                self._lent.discard(entry)
                 self._idle.append(entry)
                 self.recycled += 1
                 return True
-        self.discard(entry, lent=False)
+        self.discard(entry)
         return False
 
-    def discard(self, entry: Netns, lent: bool = True) -> None:
-        """Destroy ``entry``: close its descriptor (the kernel removes the
-        namespace and the veth in the background; its subnet is not leased
-        again while the host still routes it) and release its lease."""
+    def discard(self, entry: Netns) -> None:
+        """Destroy a lent ``entry`` (unless :meth:`drain` took it already)."""
         with self._lock:
-            if lent:
-                self._lent.discard(entry)
+            if entry not in self._lent:
+                return
+            self._lent.discard(entry)
             self.destroyed += 1
+        self._destroy(entry)
+
+    @staticmethod
+    def _destroy(entry: Netns) -> None:
+        """Close the entry's descriptors (the kernel removes the namespace and
+        the veth in the background; its subnet is not leased again while the
+        host still routes it) and release its lease."""
         entry.close()
         if entry.lease is not None:
             _host.release_lease(entry.owner, entry.lease)
