@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
-from _sandbox_support import new_tag, requires_sandbox, veths, wait_for_file
+from _sandbox_support import census, new_tag, requires_sandbox, veths, wait_for_file
 from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _netlink, _pool, _spawner
 
 from agentcompass import NetworkPolicy
@@ -224,20 +224,24 @@ async def test_a_sandbox_cannot_change_its_namespace(provider: SandboxEnvironmen
 
 
 def test_the_pool_is_emptied_when_the_run_ends() -> None:
+    """Free namespaces and the one of a session left open: every veth and
+    lease is gone once ``trio.run`` returns; the open session closes later."""
     tag = new_tag()
     pooled: list[tuple[str | None, int | None, str]] = []
+    left_open: list[SandboxSession] = []
 
     async def main() -> None:
         env = SandboxEnvironment({})
         with hang_guard(60):
-            sessions = [await env.open(None, FULL, f"{tag}-{i}") for i in range(2)]
+            sessions = [await env.open(None, FULL, f"{tag}-{i}") for i in range(3)]
             sessions.append(await env.open(None, NONE, f"{tag}-n"))
+            left_open.append(sessions.pop(0))
             for session in sessions:
                 await session.close()
             for veth in (True, False):
                 pool = _pool.current(veth)
-                pooled.extend((e.veth, e.lease, e.owner) for e in pool._idle)
-        assert len(pooled) == 3
+                pooled.extend((e.veth, e.lease, e.owner) for e in [*pool._idle, *pool._lent])
+        assert len(pooled) == 4
         assert {veth for veth, _, _ in pooled if veth is not None} <= veths()
 
     trio.run(main)
@@ -246,6 +250,13 @@ def test_the_pool_is_emptied_when_the_run_ends() -> None:
         if lease is not None:
             path = _host.LEASE_DIR / str(lease)
             assert not path.exists() or path.read_text() != owner
+
+    async def close_later() -> None:
+        with hang_guard(30):
+            await left_open[0].close()
+            assert await census(tag) == []
+
+    trio.run(close_later)
 
 
 def test_leases_of_a_pool_whose_process_is_gone_are_released() -> None:
