@@ -5,12 +5,16 @@ namespace, and the pool is emptied when the run ends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 from _sandbox_support import census, new_tag, requires_sandbox, veths, wait_for_file
 from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _netlink, _pool, _spawner
@@ -272,3 +276,56 @@ def test_leases_of_a_pool_whose_process_is_gone_are_released() -> None:
     finally:
         for owner, lease in zip((mine, gone), leases, strict=True):
             _host.release_lease(owner, lease)
+
+
+# A runtime with two free pooled namespaces and a lent one: it says their
+# veths and waits to be killed.
+_RUNTIME = """
+import sys, trio
+from agentcompass import NetworkPolicy
+from agentcompass_sandbox import SandboxEnvironment, _pool
+
+async def main():
+    env = SandboxEnvironment({})
+    sessions = [await env.open(None, NetworkPolicy("full"), f"{sys.argv[1]}-{i}") for i in range(3)]
+    for session in sessions[1:]:
+        await session.close()
+    await sessions[0].exec("sleep 600 > /dev/null 2>&1 &")
+    pool = _pool.current(veth=True)
+    print(" ".join(e.veth for e in [*pool._idle, *pool._lent]), flush=True)
+    await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+async def test_sigkill_of_the_runtime_leaves_no_pooled_namespace(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        runtime = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _RUNTIME, tag], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        try:
+            assert runtime.stdout is not None
+            said = b""
+            while b"\n" not in said and (chunk := await runtime.stdout.receive_some(256)):
+                said += chunk
+            pooled = set(said.decode().split())
+            assert len(pooled) == 3 and pooled <= veths()
+        finally:
+            runtime.send_signal(signal.SIGKILL)
+            await runtime.wait()
+        # Bounded wait on a real condition: the kernel removes the namespaces,
+        # and their veths, once the sandboxes in them are dead.
+        for _ in range(400):
+            if not pooled & veths():
+                break
+            await trio.sleep(0.05)
+        else:
+            pytest.fail(f"pooled veths outlived their runtime: {pooled & veths()}")
+        await provider.sweep(tag)  # also releases the dead pool's leases
+        owners = []
+        if _host.LEASE_DIR.is_dir():
+            for entry in os.listdir(_host.LEASE_DIR):
+                with contextlib.suppress(OSError):
+                    owners.append((_host.LEASE_DIR / entry).read_text())
+        assert not [o for o in owners if o.startswith(f"{_pool.LEASE_OWNER_PREFIX}{runtime.pid}-")]
