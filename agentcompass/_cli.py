@@ -27,7 +27,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -409,7 +409,9 @@ def _execute(orchestration: Orchestration, config_dir: Path, resume_args: list[s
     """Run the engine under our SIGINT handling; print where results went."""
     import trio
 
-    from ._orchestration._launch import launch as engine_launch
+    engine_launch = (click.get_current_context().find_root().obj or {}).get("engine")  # see main
+    if engine_launch is None:
+        from ._orchestration._launch import launch as engine_launch
 
     # show_progress: a live table on a TTY, plain lines on stderr otherwise.
     kwargs: dict[str, Any] = {"config_dir": config_dir, "show_progress": True}
@@ -683,11 +685,17 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
     click.echo("stopped", err=True)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point (``compass``)."""
+def main(argv: Sequence[str] | None = None, *, engine: Callable[..., Awaitable[Any]] | None = None) -> None:
+    """Console entry point (``compass``).
+
+    ``engine`` is what ``launch`` and ``run`` call in place of
+    :func:`agentcompass.launch`, with the same arguments, for a program that
+    wraps the command line around another engine (a test's fake, or the
+    engine on a test's disk: ``functools.partial(orchestrate, disk=...)``).
+    """
     args = list(argv) if argv is not None else None
     try:
-        code = cli.main(args=args, prog_name="compass", standalone_mode=False, obj={"argv": args})
+        code = cli.main(args=args, prog_name="compass", standalone_mode=False, obj={"argv": args, "engine": engine})
     except click.ClickException as exc:  # usage errors: exit 2
         exc.show()
         sys.exit(exc.exit_code)

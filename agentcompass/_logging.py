@@ -28,7 +28,7 @@ import logging
 import sys
 import threading
 import traceback
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,7 +36,7 @@ import structlog
 
 from ._redact import redact
 
-__all__ = ["add_json_log", "configure_logging", "debug_enabled", "ensure_logging", "get_logger", "remove_json_log"]
+__all__ = ["add_json_log", "configure_logging", "debug_enabled", "get_logger", "launch_logging", "remove_json_log"]
 
 _lock = threading.Lock()
 # Whether debug events are rendered anywhere: hot paths test it before building one.
@@ -80,6 +80,20 @@ def _write_json_logs(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> M
     return event_dict
 
 
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is at each write: an application (or a test
+    runner) that swaps it later still gets the console lines."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_STDERR: Any = _CurrentStderr()
+
+
 def _console_filter(minimum: int) -> Any:
     """Drop events below the console level (JSON files saw them already)."""
     levels = logging.getLevelNamesMapping()
@@ -121,7 +135,7 @@ def configure_logging(console: bool = True, json_path: Path | None = None, level
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(min(console_level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_STDERR),
         cache_logger_on_first_use=False,
     )
     if json_path is not None:
@@ -155,14 +169,36 @@ def remove_json_log(path: Path) -> None:
             entry[0].close()
 
 
-def ensure_logging() -> None:
-    """Configure structlog (console at ``warning``) unless something already did.
+# Launches running now on the configuration launch_logging made (0: none is ours).
+_launches = 0
+_ours: Any = None
 
-    ``launch`` calls it, so an SDK user who never configured logging gets
-    redacted warnings on stderr; an application's own configuration is left alone.
-    """
-    if not structlog.is_configured():
-        configure_logging(level="warning")
+
+@contextlib.contextmanager
+def launch_logging() -> Iterator[None]:
+    """Redacted warnings on stderr while a launch runs, unless something
+    configured structlog already (an application's own configuration is left
+    alone). Nestable; the last launch to end resets structlog to its defaults,
+    unless the application configured it in between."""
+    global _launches, _ours, _debug
+    with _lock:
+        ours = _launches > 0 or not structlog.is_configured()
+        if ours:
+            if _launches == 0:
+                configure_logging(level="warning")
+                _ours = structlog.get_config()["processors"]
+            _launches += 1
+    try:
+        yield
+    finally:
+        if ours:
+            with _lock:
+                _launches -= 1
+                if _launches == 0:
+                    if structlog.get_config()["processors"] is _ours:
+                        structlog.reset_defaults()
+                        _debug = False
+                    _ours = None
 
 
 def get_logger(name: str) -> Any:

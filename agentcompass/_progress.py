@@ -36,22 +36,23 @@ def _eta(ran: int, left: int, elapsed: float) -> str:
 
 
 def _fields(run: Any, now: float) -> dict[str, Any]:
-    done = len(run.records)
+    tally = run.tally
+    done = len(tally.records)
     # Rate and ETA count only tasks run in this process, not results a reuse copied.
-    reused = len(run.reuse.reused) if getattr(run, "reuse", None) is not None else 0
+    reused = len(run.prepared.reused) if run.prepared is not None else 0
     ran = max(0, done - reused)
-    elapsed = max(0.0, now - run.started_clock) if run.prepared else 0.0
+    elapsed = max(0.0, now - run.started_clock) if run.life.ready else 0.0
     return {
         "name": run.request.name,
         "done": done,
         "total": run.total,
-        "active": run.active,
-        "retries": run.retries,
-        "errors": run.counts["error"],
-        "invalidated": run.counts["fatal"],
+        "active": run.tasks.active,
+        "retries": tally.retries,
+        "errors": tally.counts["error"],
+        "invalidated": tally.counts["fatal"],
         "rate": ran / elapsed if elapsed > 0 else 0.0,
         "eta": _eta(ran, run.total - done, elapsed),
-        "status": run.status or ("running" if run.prepared else "waiting"),
+        "status": tally.status or ("running" if run.life.ready else "waiting"),
     }
 
 

@@ -1,8 +1,8 @@
 """The ``compass`` command line, run as a real subprocess.
 
 Commands that would start the engine run through a small driver script
-that swaps ``launch`` for a fake, so these tests pin the CLI's own
-behaviour: config errors, flag plumbing, exit codes and SIGINT handling.
+that runs the CLI on a fake engine (``main(argv, engine=...)``), so these
+tests pin the CLI's own behaviour: config errors, flag plumbing, exit codes and SIGINT handling.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ DRIVER = """
 import json, os, sys
 from pathlib import Path
 import trio
-import agentcompass._orchestration._launch as engine
+from agentcompass._cli import main
 from agentcompass._convert import unstructure
 from agentcompass.runtime._results import OrchestrationResult, RequestResult
 
@@ -90,9 +90,7 @@ async def fake_launch(orchestration, *, config_dir=None, show_progress=False, st
     code = int(os.environ.get("FAKE_EXIT", "0"))
     return OrchestrationResult("succeeded" if code == 0 else "failed", results, code)
 
-engine.launch = fake_launch
-from agentcompass._cli import main
-main(sys.argv[1:])
+main(sys.argv[1:], engine=fake_launch)
 """
 
 

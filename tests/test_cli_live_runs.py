@@ -13,8 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from test_cli_signals import HANG_GUARD, REPO, TASKS, Child, _sessions, _status
+from test_cli_signals import HANG_GUARD, MARGIN, REPO, TASKS, Child, _sessions, _status
+
+#: ``compass`` on a disk that stalls once a marker file exists.
+STALLING_COMPASS = Path(__file__).resolve().parent / "cli_plugins" / "stalling_compass.py"
 
 
 def _compass(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -68,15 +70,14 @@ def test_show_of_a_killed_run_says_interrupted_and_counts_unfinished_tasks(tmp_p
     assert "Status: running" not in proc.stdout
 
 
-def test_a_stalled_disk_does_not_hold_shutdown_past_the_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stalled_disk_does_not_hold_shutdown_past_the_grace(tmp_path: Path) -> None:
     # The store's disk stalls for good (every sync blocks in its thread). A
     # SIGTERM must still end the run within the grace: the directory is left
     # as a crash would leave it (the next --reuse or compass reap recovers).
     grace = 2.0
     marker = tmp_path / "stall"
-    monkeypatch.setenv("SIGNAL_TEST_STALL_DISK", str(marker))
-    monkeypatch.setenv("SIGNAL_TEST_STALL_FIFO", str(tmp_path / "events.fifo"))
-    with Child(tmp_path, grace=grace) as child:
+    entry = (str(STALLING_COMPASS), str(marker), str(tmp_path / "events.fifo"))
+    with Child(tmp_path, grace=grace, entry=entry) as child:
         child.expect("running", TASKS)
         marker.touch()
         sent = child.interrupt(signal.SIGTERM)
@@ -84,5 +85,5 @@ def test_a_stalled_disk_does_not_hold_shutdown_past_the_grace(tmp_path: Path, mo
         child._read_fifo()
         assert child.count("stalled") >= 1  # the shutdown's writes met the stalled disk
     assert code == 143, child.stderr
-    assert exited - sent < grace + 3.0, exited - sent
+    assert exited - sent < grace + MARGIN, exited - sent
     assert "Traceback" not in child.stderr

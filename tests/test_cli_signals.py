@@ -47,7 +47,16 @@ class Child:
     test never sees EOF between writers.
     """
 
-    def __init__(self, tmp_path: Path, *, close: str = "ok", grace: float = 5, args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        close: str = "ok",
+        grace: float = 5,
+        args: tuple[str, ...] = (),
+        entry: tuple[str, ...] = ("-m", "agentcompass._cli"),
+    ):
+        """``entry``: what ``python`` runs, given ``launch CONFIG ...`` (default: ``compass``)."""
         self.tmp_path = tmp_path
         fifo = tmp_path / "events.fifo"
         os.mkfifo(fifo)
@@ -76,8 +85,7 @@ class Child:
         env.pop("COMPASS_LOG_LEVEL", None)
         command = [
             sys.executable,
-            "-m",
-            "agentcompass._cli",
+            *entry,
             "launch",
             str(path),
             "--output-root",

@@ -18,7 +18,6 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcompass import _limits as limits_module
 from agentcompass._limits import ProviderLimitRegistry, TokenBucket, provider_limits
 from agentcompass.runtime import ProviderLimits
 
@@ -259,14 +258,7 @@ async def test_an_actor_crash_reaches_every_waiter_and_spares_the_run(autojump_c
         await trio.sleep(1)
         raise ZeroDivisionError("bug in the bucket")
 
-    logged: list[tuple[str, dict[str, object]]] = []
-
-    class RecordingLogger:
-        def exception(self, event: str, **fields: object) -> None:
-            logged.append((event, fields))
-
     monkeypatch.setattr(TokenBucket, "_wait_for_token", boom)
-    monkeypatch.setattr(limits_module, "get_logger", lambda name: RecordingLogger())
     limits = provider_limits()
     limits.configure("p", 0, 5)
     failures: list[BaseException] = []
@@ -277,9 +269,10 @@ async def test_an_actor_crash_reaches_every_waiter_and_spares_the_run(autojump_c
         except RuntimeError as exc:
             failures.append(exc)
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(3):  # one held by the actor, two queued
-            nursery.start_soon(waiter)
+    with structlog.testing.capture_logs() as logged:
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):  # one held by the actor, two queued
+                nursery.start_soon(waiter)
 
     with pytest.raises(RuntimeError, match="'p' crashed") as later:
         await limits.acquire_open_token("p")
@@ -287,7 +280,10 @@ async def test_an_actor_crash_reaches_every_waiter_and_spares_the_run(autojump_c
     for exc in [*failures, later.value]:
         assert "crashed" in str(exc)
         assert isinstance(exc.__cause__, ZeroDivisionError)
-    assert logged == [("open-rate limiter crashed", {"provider": "p"})]
+    assert [(e["event"], e["log_level"], e["provider"], e["logger"]) for e in logged] == [
+        ("open-rate limiter crashed", "error", "p", "agentcompass._limits")
+    ]
+    assert "ZeroDivisionError: bug in the bucket" in logged[0]["exception"]
 
 
 def test_bucket_rejects_bad_parameters():

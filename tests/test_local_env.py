@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,15 @@ def root_of(session: LocalSession) -> Path:
 
 def assert_environment_failed(exc: IssueError) -> None:
     assert (exc.severity, exc.code) == ("fatal", "environment_failed")
+
+
+async def assert_read_and_write_refused(session: LocalSession, path: str) -> None:
+    with pytest.raises(IssueError) as read_error:
+        await session.read_file(path)
+    assert_environment_failed(read_error.value)
+    with pytest.raises(IssueError) as write_error:
+        await session.write_file(path, "overwritten")
+    assert_environment_failed(write_error.value)
 
 
 async def wait_dead(pid: int) -> None:
@@ -97,12 +107,7 @@ async def test_open_makes_layout_and_virtual_roots_map(session: LocalSession):
     "path", ["../escape", "app/../../escape", "/etc/passwd", "/app/../../escape", "/", "/apple/x", "/tmp/x"]
 )
 async def test_path_outside_sandbox_refused(session: LocalSession, path: str):
-    with pytest.raises(IssueError) as read_error:
-        await session.read_file(path)
-    assert_environment_failed(read_error.value)
-    with pytest.raises(IssueError) as write_error:
-        await session.write_file(path, "x")
-    assert_environment_failed(write_error.value)
+    await assert_read_and_write_refused(session, path)
     assert not (root_of(session).parent / "escape").exists()
 
 
@@ -115,12 +120,7 @@ async def test_symlink_escape_refused(session: LocalSession, tmp_path: Path):
     (app / "filelink").symlink_to(outside / "secret.txt")
 
     for path in ("/app/dirlink/secret.txt", "/app/filelink", "app/dirlink/new.txt"):
-        with pytest.raises(IssueError) as read_error:
-            await session.read_file(path)
-        assert_environment_failed(read_error.value)
-        with pytest.raises(IssueError) as write_error:
-            await session.write_file(path, "overwritten")
-        assert_environment_failed(write_error.value)
+        await assert_read_and_write_refused(session, path)
     assert (outside / "secret.txt").read_text() == "secret"
     assert not (outside / "new.txt").exists()
 
@@ -391,46 +391,21 @@ async def test_concurrent_closes_kill_every_sessions_escaped_daemon(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
-async def test_closes_share_proc_scans_begun_after_they_asked():
+async def ask_a_then_b_and_c(
+    answer: Callable[[int, set[str]], dict[str, list[tuple[int, int]]]],
+) -> tuple[list[set[str]], dict[str, object]]:
+    """Drive one shared scanner: ``a`` asks; while its scan runs (held until
+    then), ``b`` and ``c`` ask; then ``a``'s scan ends. ``answer(n, roots)``
+    is the result of the n-th scan (or raises). Returns the roots of every
+    scan, in order, and each root's result (or ``OSError``)."""
     calls: list[set[str]] = []
     first_scan_may_end = threading.Event()
 
-    def scan(roots):
+    def scan(roots: Collection[str]) -> dict[str, list[tuple[int, int]]]:
         calls.append(set(roots))
         if len(calls) == 1:
             first_scan_may_end.wait(HANG_GUARD)
-        return {root: [(100 + len(calls), 1)] for root in roots if root != "c"}
-
-    scanner = _Scanner(scan)
-    results: dict[str, list[tuple[int, int]]] = {}
-
-    async def ask(root: str) -> None:
-        results[root] = await scanner.marked(root)
-
-    with trio.fail_after(HANG_GUARD):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask, "a")
-            await trio.testing.wait_all_tasks_blocked()
-            # b and c ask while a's scan runs: they must not take its result.
-            nursery.start_soon(ask, "b")
-            nursery.start_soon(ask, "c")
-            await trio.testing.wait_all_tasks_blocked()
-            first_scan_may_end.set()
-    assert calls == [{"a"}, {"b", "c"}]
-    assert results == {"a": [(101, 1)], "b": [(102, 1)], "c": []}
-
-
-async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
-    calls: list[set[str]] = []
-    first_scan_may_end = threading.Event()
-
-    def scan(roots):
-        calls.append(set(roots))
-        if len(calls) == 1:
-            first_scan_may_end.wait(HANG_GUARD)
-        if len(calls) == 2:
-            raise OSError("proc unreadable")
-        return {}
+        return answer(len(calls), set(roots))
 
     scanner = _Scanner(scan)
     outcome: dict[str, object] = {}
@@ -449,6 +424,23 @@ async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
             nursery.start_soon(ask, "c")
             await trio.testing.wait_all_tasks_blocked()
             first_scan_may_end.set()
+    return calls, outcome
+
+
+async def test_closes_share_proc_scans_begun_after_they_asked():
+    calls, results = await ask_a_then_b_and_c(lambda n, roots: {root: [(100 + n, 1)] for root in roots if root != "c"})
+    # b and c asked while a's scan ran: they must not take its result.
+    assert calls == [{"a"}, {"b", "c"}]
+    assert results == {"a": [(101, 1)], "b": [(102, 1)], "c": []}
+
+
+async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
+    def answer(n: int, roots: set[str]) -> dict[str, list[tuple[int, int]]]:
+        if n == 2:
+            raise OSError("proc unreadable")
+        return {}
+
+    calls, outcome = await ask_a_then_b_and_c(answer)
     # Whichever of b and c ran the failing scan sees the error; the other asks for a new scan.
     assert calls[:2] == [{"a"}, {"b", "c"}] and len(calls) == 3
     (retried,) = calls[2]

@@ -7,10 +7,14 @@ import io
 import trio
 
 import agentcompass.testing  # noqa: F401
-from agentcompass import ComponentRef, Orchestration, RunRequest
-from agentcompass._orchestration._launch import launch
+from agentcompass import ComponentRef, Orchestration, RunRequest, TaskSpec
+from agentcompass._orchestration._launch import orchestrate
 from agentcompass._progress import ProgressDisplay
-from agentcompass._store import FakeDisk, use_disk
+from agentcompass._store import FakeDisk
+
+
+def _task(i: int) -> TaskSpec:
+    return TaskSpec(f"t{i}")
 
 
 class _Tty(io.StringIO):
@@ -28,8 +32,7 @@ async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
     )
     # A fake store disk: a worker thread's real time would let the mock clock
     # jump past a record's completion, and the counts below would race.
-    with use_disk(FakeDisk()):
-        result = await launch(Orchestration([request], task_concurrency=2), show_progress=True)
+    result = await orchestrate(Orchestration([request], task_concurrency=2), show_progress=True, disk=FakeDisk())
     assert result.status == "succeeded"
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
@@ -43,10 +46,12 @@ async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
 async def test_live_table_on_a_tty(autojump_clock, tmp_path):
     from agentcompass._orchestration._context import GraceClock
     from agentcompass._orchestration._request import RequestRun
+    from agentcompass._orchestration._request_state import Phase, Prepared
 
     request = RunRequest(name="live", benchmark=ComponentRef("fake-bench"), environment=ComponentRef("fake-env"), output_root=tmp_path)
-    run = RequestRun(0, request, GraceClock(1))
-    run.prepared, run.total, run.active, run.retries = True, 10, 3, 2
+    run = RequestRun(request, GraceClock(1))
+    run.life.phase, run.prepared = Phase.RUNNING, Prepared.of([_task(i) for i in range(10)], [])
+    run.tasks.active, run.tally.retries = 3, 2
     stream = _Tty()
     display = ProgressDisplay([run], stream=stream)
     assert display.tty
@@ -64,15 +69,12 @@ def test_rate_and_eta_count_only_tasks_run_in_this_process():
     # 10 tasks: 6 reused from an earlier run, 2 run here in 4 s, 2 left.
     run = SimpleNamespace(
         request=SimpleNamespace(name="r"),
-        records=[object()] * 8,
-        reuse=SimpleNamespace(reused=[object()] * 6),
-        prepared=True,
+        prepared=SimpleNamespace(reused=[object()] * 6),
+        life=SimpleNamespace(ready=True),
         started_clock=0.0,
         total=10,
-        active=2,
-        retries=0,
-        counts={"fatal": 1, "error": 0, "warning": 0},
-        status=None,
+        tasks=SimpleNamespace(active=2),
+        tally=SimpleNamespace(records=[object()] * 8, retries=0, counts={"fatal": 1, "error": 0, "warning": 0}, status=None),
     )
     line = progress_line(run, now=4.0)
     assert line == "[r] 8/10 done, 2 active, 1 invalidated, 0.5 tasks/s, ETA 4s (running)"
@@ -85,14 +87,16 @@ async def test_live_table_and_report_fit_80_columns(tmp_path):
 
     from agentcompass._orchestration._context import GraceClock
     from agentcompass._orchestration._request import RequestRun
+    from agentcompass._orchestration._request_state import Phase, Prepared
     from agentcompass._report import render_request_report
 
     request = RunRequest(
         name="terminal-smoke-oracle", benchmark=ComponentRef("fake-bench"), environment=ComponentRef("fake-env"),
         output_root=tmp_path,
     )
-    run = RequestRun(0, request, GraceClock(1))
-    run.prepared, run.total, run.active, run.retries, run.status = True, 12, 0, 0, "succeeded"
+    run = RequestRun(request, GraceClock(1))
+    run.life.phase, run.prepared = Phase.FINALIZED, Prepared.of([_task(i) for i in range(12)], [])
+    run.tally.status = "succeeded"
     console = rich.console.Console(width=80, record=True, file=io.StringIO())
     console.print(ProgressDisplay([run])._table())
     table = console.export_text()

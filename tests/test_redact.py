@@ -264,19 +264,29 @@ def test_redaction_holds_under_the_applications_own_chain() -> None:
 
 
 @pytest.mark.usefixtures("structlog_config")
-async def test_launch_configures_logging_only_when_nobody_did(autojump_clock, tmp_path: Path) -> None:
+async def test_launch_configures_logging_only_while_it_runs_and_only_when_nobody_did(
+    autojump_clock, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import agentcompass
     from agentcompass import Orchestration
     from agentcompass.testing import fake_request
 
     def orchestration(name: str) -> Orchestration:
-        return Orchestration([fake_request(name, log=name, output_root=tmp_path)], task_concurrency=1)
+        # A fatal open invalidates the task: the engine warns "task_invalidated".
+        env = {"script": {"*": {"open": ["fatal:leaky_open_91c2"]}}}
+        return Orchestration(
+            [fake_request(name, log=name, environment=env, output_root=tmp_path)], task_concurrency=1
+        )
 
     assert not structlog.is_configured()
     await agentcompass.launch(orchestration("first"))
-    assert structlog.is_configured()  # redacted warnings on stderr for an SDK user
+    # Redacted warnings reached stderr for an SDK user, and nothing outlives the call.
+    assert "task_invalidated" in capsys.readouterr().err
+    assert not structlog.is_configured()
 
     capture = structlog.testing.LogCapture()
     structlog.configure(processors=[capture])
     await agentcompass.launch(orchestration("second"))
     assert structlog.get_config()["processors"] == [capture]
+    assert "task_invalidated" in [e["event"] for e in capture.entries]
+    assert "task_invalidated" not in capsys.readouterr().err

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
@@ -155,32 +154,6 @@ def test_plugin_errors(tmp_path: Path, entry: str, message: str) -> None:
         _registry.load_plugins([entry], tmp_path)
 
 
-def _fake_entry_points(values: list[str]) -> Any:
-    def entry_points(group: str) -> list[EntryPoint]:
-        assert group == "agentcompass.plugins"
-        return [EntryPoint(name=f"ep{i}", value=v, group=group) for i, v in enumerate(values)]
-
-    return entry_points
-
-
-def test_entry_point_group_is_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "reg_ep_mod.py").write_text(PLUGIN.format(cls="EpRecipe", id="reg-ep-recipe"))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(_registry, "entry_points", _fake_entry_points(["reg_ep_mod:EpRecipe"]))
-    monkeypatch.setattr(_registry, "_loaded_sources", set())
-    assert _registry.resolve("recipe", "reg-ep-recipe").__module__ == "reg_ep_mod"
-
-
-def test_broken_entry_point_is_a_component_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_registry, "entry_points", _fake_entry_points(["reg_no_such_ep_module"]))
-    monkeypatch.setattr(_registry, "_loaded_sources", set())
-    with pytest.raises(ComponentError, match="plugin entry point 'ep0' .* failed to import"):
-        _registry.load_builtins()
-    # Not marked as loaded: the next call reports it again instead of going quiet.
-    with pytest.raises(ComponentError):
-        _registry.load_builtins()
-
-
 def _cli_env(extra_path: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(REPO)] + ([str(extra_path)] if extra_path else [])
@@ -188,13 +161,19 @@ def _cli_env(extra_path: Path | None = None) -> dict[str, str]:
     return env
 
 
-def test_compass_list_shows_an_installed_entry_point_plugin(tmp_path: Path) -> None:
-    # A real (if minimal) installed distribution: a dist-info with entry_points.txt.
+def _installed(tmp_path: Path, entry_point: str) -> Path:
+    """A site directory holding a real (if minimal) installed distribution:
+    a dist-info whose ``entry_points.txt`` names ``entry_point`` (``name = value``)."""
     site = tmp_path / "site"
     dist = site / "reg_dist_plugin-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: reg-dist-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[agentcompass.plugins]\nmine = reg_dist_plugin_mod\n")
+    (dist / "entry_points.txt").write_text(f"[agentcompass.plugins]\n{entry_point}\n")
+    return site
+
+
+def test_compass_list_shows_an_installed_entry_point_plugin(tmp_path: Path) -> None:
+    site = _installed(tmp_path, "mine = reg_dist_plugin_mod")
     (site / "reg_dist_plugin_mod.py").write_text(PLUGIN.format(cls="DistRecipe", id="reg-dist-recipe"))
     proc = subprocess.run(
         [sys.executable, "-m", "agentcompass._cli", "list"],
@@ -204,6 +183,31 @@ def test_compass_list_shows_an_installed_entry_point_plugin(tmp_path: Path) -> N
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert ["recipe", "reg-dist-recipe", "reg_dist_plugin_mod"] in rows
     assert rows[0] == ["KIND", "ID", "ORIGIN"]
+
+
+BROKEN_ENTRY_POINT = """
+from agentcompass import _registry
+from agentcompass.runtime._errors import ComponentError
+
+for _ in range(2):  # not marked as loaded: the second call reports it again
+    try:
+        _registry.load_builtins()
+    except ComponentError as exc:
+        print(exc)
+"""
+
+
+def test_broken_entry_point_is_a_component_error(tmp_path: Path) -> None:
+    site = _installed(tmp_path, "ep0 = reg_no_such_ep_module")
+    proc = subprocess.run(
+        [sys.executable, "-c", BROKEN_ENTRY_POINT],
+        check=False, capture_output=True, text=True, env=_cli_env(site), cwd=tmp_path, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    for line in lines:
+        assert line.startswith("plugin entry point 'ep0' (reg_no_such_ep_module) failed to import"), line
 
 
 def test_compass_list_with_a_plugin_file(tmp_path: Path) -> None:

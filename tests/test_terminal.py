@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from _terminal_tasks import make_task
 
 from agentcompass.benchmarks.terminal import TerminalBenchmark
 from agentcompass.environments.local import LocalEnvironment
@@ -44,20 +45,6 @@ def request_for(path: Path | str, harness: str = "oracle", **config: str) -> Run
         environment=ComponentRef("local"),
         harness=ComponentRef(harness),
     )
-
-
-def make_task(root: Path, name: str, test_sh: str, solve_sh: str | None = None, env_files: dict | None = None) -> Path:
-    task = root / name
-    (task / "tests").mkdir(parents=True)
-    (task / "instruction.md").write_text(f"Do {name}.\n")
-    (task / "tests" / "test.sh").write_text(test_sh)
-    if solve_sh is not None:
-        (task / "solution").mkdir()
-        (task / "solution" / "solve.sh").write_text(solve_sh)
-    for rel, content in (env_files or {}).items():
-        (task / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (task / "environment" / rel).write_text(content)
-    return task
 
 
 def _plan(task: TaskSpec, request: RunRequest | None = None) -> ExecutionPlan:
@@ -116,8 +103,8 @@ async def test_load_tasks_on_the_smoke_data(monkeypatch: pytest.MonkeyPatch):
 
 
 async def test_plan_takes_timeouts_from_task_toml(tmp_path: Path):
-    make_task(tmp_path, "bare", "true\n")
-    timed = make_task(tmp_path, "timed", "true\n")
+    make_task(tmp_path, "bare", "true\n", solve_sh=None)
+    timed = make_task(tmp_path, "timed", "true\n", solve_sh=None)
     (timed / "task.toml").write_text("[agent]\ntimeout_sec = 120\n[verifier]\ntimeout_sec = 15.5\n")
     request = request_for(tmp_path, eval_mode="fresh")
     benchmark = TerminalBenchmark(request.benchmark.config)
@@ -140,7 +127,7 @@ async def test_plan_takes_timeouts_from_task_toml(tmp_path: Path):
     ],
 )
 async def test_load_tasks_rejects_a_broken_task(tmp_path: Path, damage, message: str):
-    damage(make_task(tmp_path, "broken", "true\n"))
+    damage(make_task(tmp_path, "broken", "true\n", solve_sh=None))
     with pytest.raises(ComponentError, match=f"'broken'.*{message}"):
         await load(tmp_path)
 
@@ -291,7 +278,7 @@ async def test_launch_checks_the_task_directories_before_writing(tmp_path: Path)
     import agentcompass
     from agentcompass import ComponentError, Orchestration
 
-    make_task(tmp_path / "tasks", "one", 'echo 1 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n')
+    make_task(tmp_path / "tasks", "one", solve_sh=None)
     request = attrs.evolve(request_for(tmp_path / "tasks"), output_root=tmp_path / "out", task_ids=["one", "two"])
     with pytest.raises(ComponentError, match=r"^requests\[0\] 't': benchmark 'terminal': task_ids: no task 'two'"):
         await agentcompass.launch(Orchestration([request]))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import trio
 from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
-from .._logging import ensure_logging, get_logger
+from .._logging import get_logger, launch_logging
 from .._models import open_model_clients
 from .._store import Disk, open_run_store
 from ..runtime._cleanup import using_cleanup_clock
@@ -32,6 +31,7 @@ from ..runtime._results import OrchestrationResult, RequestResult
 from ..runtime._values import Orchestration, RunRequest
 from ._context import GraceClock
 from ._request import RequestRun
+from ._request_state import Phase
 from ._scheduler import Dispatcher
 from ._task import InProcessExecutor
 
@@ -111,7 +111,8 @@ async def orchestrate(
     disk: Disk | None = None,
 ) -> OrchestrationResult:
     """:func:`launch`, with the ``disk`` every run store writes through and
-    reuse reads through (default: the real one; tests pass a ``FakeDisk``)."""
+    reuse reads through (default: the real one; tests pass a ``FakeDisk``,
+    to this or through :func:`run_evaluation`'s keyword arguments)."""
     preflight(orchestration, config_dir, data=False)
     if has_data_checks(orchestration):
         # A benchmark's own check may read its whole data set: off the Trio thread.
@@ -120,9 +121,12 @@ async def orchestrate(
     # freed before the thresholds come back (see RequestRun.release): with
     # it still alive, the first allocation after would walk it all in one
     # collection (7-13 ms at 2,000 tasks, on the way out of every launch).
-    ensure_logging()
     # Smallest wins among the orchestrations running now; the limits go with this one.
-    with relaxed_collection(), provider_limits().configured(orchestration.providers) as notes:
+    with (
+        launch_logging(),
+        relaxed_collection(),
+        provider_limits().configured(orchestration.providers) as notes,
+    ):
         for note in notes:
             log.warning("provider_limits", note=note)
         timeout = orchestration.timeout_seconds
@@ -144,7 +148,7 @@ async def _launch(
     disk: Disk | None,
 ) -> OrchestrationResult:
     grants = _LocalGrants()
-    runs = [RequestRun(i, request, grace, disk=disk) for i, request in enumerate(orchestration.requests)]
+    runs = [RequestRun(request, grace, disk=disk) for request in orchestration.requests]
 
     def terminal_status() -> str:
         return "timed_out" if trio.current_time() >= deadline else "cancelled"
@@ -193,7 +197,7 @@ async def _launch(
                 # started still gets its terminal state (SPEC 7).
                 with trio.move_on_at(grace.deadline(), shield=True):
                     for run in runs:
-                        if run.store is not None and not run.started_at and not run.finalized:
+                        if run.store is not None and run.life.phase is Phase.WAITING:
                             await _stop_unstarted(run, terminal_status())
         finished = True
         display_nursery.cancel_scope.cancel()
@@ -225,9 +229,8 @@ async def _open_stores(runs: list[RequestRun], grace: GraceClock) -> AsyncIterat
 
 
 async def _stop_unstarted(run: RequestRun, status: str) -> None:
-    run.started_at = time.time()
-    run.started_clock = trio.current_time()
-    run.notes.append(f"the run was {status} before this request started")
+    run.begin()
+    run.tally.notes.append(f"the run was {status} before this request started")
     try:
         await run.finalize(status)
     except Exception as exc:  # noqa: BLE001 - one request's disk, not the others'
@@ -243,14 +246,14 @@ async def run_evaluation(
     **kwargs: Any,
 ) -> RequestResult:
     """Run one request; raise :class:`RunFailedError` (a ``RuntimeError``)
-    naming the result paths unless it succeeded."""
+    naming the result paths unless it succeeded. ``kwargs`` go to :func:`launch`."""
     orchestration = Orchestration(
         [request],
         task_concurrency=task_concurrency,
         timeout_seconds=timeout_seconds,
         cleanup_grace_seconds=cleanup_grace_seconds,
     )
-    result = await launch(orchestration, **kwargs)
+    result = await orchestrate(orchestration, **kwargs)
     request_result = result.requests[0]
     if request_result.status != "succeeded":
         where = request_result.run_dir or str(request.output_root)

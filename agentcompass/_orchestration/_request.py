@@ -9,6 +9,11 @@ waits until every task it was given has finished, and finalizes. After the
 deadline or a cancellation it writes the terminal status at once, while its
 tasks unwind, and counts again the tasks that finished in their cleanup.
 
+A request's state (:class:`RequestRun`) is four pieces, each with one job:
+:class:`Life` is where it is (a :class:`Phase`, every step checked);
+:class:`Prepared` is what preparation decided; :class:`Tasks` follows its
+tasks from queued to settled; :class:`Tally` holds its results so far.
+
 One task's life here (:meth:`RequestRun.run_task`): the dispatcher starts
 it holding a concurrency slot; it runs its attempts, gives the slot back,
 waits for its checkpoints to land, awaits its record's durability (the
@@ -18,7 +23,6 @@ a slow disk makes it wait, not memory grow), and is counted.
 
 from __future__ import annotations
 
-import collections
 import platform
 import time
 from collections.abc import Callable
@@ -39,15 +43,12 @@ from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 from ._context import GraceClock, Slots
-from ._reuse import PendingTask, ReusePlan, plan_reuse
+from ._request_state import Landing, Life, Phase, Prepared, Tally, Tasks
+from ._reuse import PendingTask, plan_reuse
 
-__all__ = ["PendingTask", "RequestRun", "failure_line", "request_scope"]
+__all__ = ["PendingTask", "Reporter", "RequestRun", "failure_line", "request_scope"]
 
 log = get_logger("agentcompass.request")
-
-
-#: Failures of one request noted in its ``run_info.json`` (the rest are counted).
-MAX_FAILURE_NOTES = 5
 
 
 def failure_line(exc: BaseException) -> str:
@@ -58,25 +59,7 @@ def failure_line(exc: BaseException) -> str:
     return redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
-@attrs.define(eq=False)
-class _Landing:
-    """One task's checkpoints on their way to disk; its record waits for them
-    (commit rounds may finish out of order, and the record's round removes them)."""
-
-    count: int = 0
-    #: Attempts whose checkpoint is durable (reported finished already).
-    durable: set[int] = attrs.Factory(set)
-    #: Where the record waits, made only when it has to (most tasks never do).
-    lot: trio.lowlevel.ParkingLot | None = None
-
-    async def wait(self) -> None:
-        while self.count:
-            if self.lot is None:
-                self.lot = trio.lowlevel.ParkingLot()
-            await self.lot.park()
-
-
-class _Reporter:
+class Reporter:
     """The in-process short-circuit of the task -> driver channel of one request."""
 
     def __init__(self, run: RequestRun):
@@ -99,15 +82,15 @@ class _Reporter:
 
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         # The next attempt does not wait for the disk; the task's record does.
-        run = self.run
-        landing = run.landing[task_id]
+        tasks = self.run.tasks
+        landing = tasks.landing[task_id]
         landing.count += 1
-        assert run.nursery is not None
-        run.nursery.start_soon(run.save_checkpoint, task_id, record, landing)
+        assert tasks.nursery is not None
+        tasks.nursery.start_soon(self.run.save_checkpoint, task_id, record, landing)
         await trio.lowlevel.checkpoint()
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
-        self.run.retries += 1
+        self.run.tally.retries += 1
         issues = data.get("issues") or [{}]
         log.info(
             "attempt_retry",
@@ -123,77 +106,46 @@ class _Reporter:
 
 @attrs.define(eq=False)
 class RequestRun:
-    """Driver-side state of one request of an orchestration.
+    """Driver-side state of one request of an orchestration: what it is
+    (``request``, its run directory's ``store``, the ``tag`` its sessions are
+    named by) and the four pieces that change while it runs: ``life``,
+    ``prepared`` (None until preparation succeeded), ``tasks``, ``tally``."""
 
-    Its life: ``prepared`` (tasks queued in ``pending``, or the request failed
-    before), ``dispatched`` (every pending task handed to the nursery),
-    ``tallied`` (finalize took its count), ``finalized`` (terminal status on
-    disk). ``active`` tasks hold a concurrency slot; ``saving`` are finished
-    records on their way to disk."""
-
-    index: int
     request: RunRequest
     grace: GraceClock
     #: What the run store writes through and reuse reads through (None: the store's default).
     disk: Disk | None = None
     store: Any = None
-    benchmark: BaseBenchmark | None = None
     #: Prefix of every Environment session name of this run (``run_info.json`` "tag").
     tag: str = attrs.Factory(new_run_tag)
+    #: Wall-clock and Trio time it started (``run_info.json``, progress).
     started_at: float = 0.0
     started_clock: float = 0.0
-    # -- preparation
-    prepared: bool = False
-    #: Tasks were queued (after reuse copied what it takes); ``run_info.json`` "prepared".
-    queued: bool = False
-    #: The selected tasks, in order, and their positions.
-    tasks: list[TaskSpec] = attrs.Factory(list)
-    order: dict[str, int] = attrs.Factory(dict)
-    total: int = 0
-    reuse: ReusePlan | None = None
-    notes: list[str] = attrs.Factory(list)
-    # -- running
-    pending: collections.deque[PendingTask] = attrs.Factory(collections.deque)
-    dispatched: trio.Event = attrs.Factory(trio.Event)
-    nursery: trio.Nursery | None = None
-    reporter: _Reporter | None = None
-    active: int = 0
-    retries: int = 0
-    #: Tasks started and not yet durable; ``_idle`` wakes when none is.
-    in_flight: int = 0
-    _idle: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
-    #: task id -> its checkpoints on their way.
-    landing: dict[str, _Landing] = attrs.Factory(dict)
-    saving: dict[str, TaskRecord] = attrs.Factory(dict)
-    _all_saved: trio.Event = attrs.Factory(trio.Event)
-    # -- results
-    status: str | None = None
-    error: str | None = None
-    #: Unclassified failures so far (see ``fail``).
-    failures: int = 0
-    records: list[TaskRecord] = attrs.Factory(list)
-    counts: dict[str, int] = attrs.Factory(lambda: {"fatal": 0, "error": 0, "warning": 0})
-    #: Finished records that could not be written (they count as unavailable).
-    unsaved: list[TaskRecord] = attrs.Factory(list)
-    tallied: bool = False
-    #: After a deadline or cancellation: task id -> task that had not
-    #: finished when finalize took its count; ``late``: those that finished since.
-    unfinished: dict[str, TaskSpec] = attrs.Factory(dict)
-    late: list[TaskRecord] = attrs.Factory(list)
-    finalized: bool = False
-    metrics: dict[str, Any] = attrs.Factory(dict)
-    #: (record counts, metrics, notes) of the last aggregate, see ``_write_results``.
-    _aggregated: Any = None
+    benchmark: BaseBenchmark | None = None
+    life: Life = attrs.Factory(Life)
+    prepared: Prepared | None = None
+    tasks: Tasks = attrs.Factory(Tasks)
+    tally: Tally = attrs.Factory(Tally)
+
+    @property
+    def total(self) -> int:
+        """The selected tasks (0 until preparation succeeded)."""
+        return len(self.prepared.tasks) if self.prepared is not None else 0
 
     # -- preparation ---------------------------------------------------------
+
+    def begin(self) -> None:
+        """The request starts (to prepare, or to be finalized unstarted)."""
+        self.started_at = time.time()
+        self.started_clock = trio.current_time()
 
     async def prepare(self) -> list[PendingTask]:
         """Start the run, load and select tasks, decide reuse; returns the
         tasks to run. A benchmark's failure here fails the request (status
         ``failed``), not the run."""
         request, store = self.request, self.store
-        self.started_at = time.time()
-        self.started_clock = trio.current_time()
+        self.life.advance(Phase.PREPARING)
+        self.begin()
         add_json_log(store.run_dir / "log.jsonl", request=request.name)
         await store.write_run_info(self.run_info("running"))
         store.event("run_started", request=request.name, run_dir=str(store.run_dir))
@@ -209,23 +161,26 @@ class RequestRun:
                     raise ComponentError(f"benchmark {request.benchmark.id!r}: duplicate task id {task.task_id!r}")
                 seen.add(task.task_id)
             primary = self.benchmark.metrics[0] if self.benchmark.metrics else ""
-            self.reuse = await plan_reuse(request, primary, store, tasks, self.disk)
+            reuse = await plan_reuse(request, primary, store, tasks, self.disk)
         except Exception as exc:  # noqa: BLE001 - the request fails, the orchestration goes on
             self.fail_with(f"{type(exc).__name__}: {exc}".splitlines()[0], note=False)
             return []
-        self.order = {task.task_id: i for i, task in enumerate(tasks)}
-        self.tasks = tasks
-        self.notes.extend(self.reuse.notes)
+        self.prepared = Prepared.of(tasks, reuse.reused)
+        self.tally.notes.extend(reuse.notes)
         # Durable before any task can start: a run whose run_info.json does
         # not say "prepared" ran nothing (and may hold only part of what it
         # copied from a reuse source), so a later reuse skips it (_reuse).
-        self.queued = True
-        self.total = len(tasks)
         await store.write_run_info(self.run_info("running"))
-        for record in self.reuse.reused:
-            self._count(record)
-        pending, self.reuse.pending = self.reuse.pending, []
-        return pending
+        for record in self.prepared.reused:
+            self.tally.count(record)
+        return reuse.pending
+
+    def queue(self, pending: list[PendingTask]) -> None:
+        """Hand ``pending`` to the dispatcher (in the request's nursery)."""
+        self.tasks.pending.extend(pending)
+        self.life.advance(Phase.RUNNING)
+        if not pending:
+            self.life.advance(Phase.DISPATCHED)
 
     def fail(self, exc: BaseException, where: str) -> None:
         """An error no row of SPEC section 6 classifies (a full disk, a
@@ -238,52 +193,51 @@ class RequestRun:
     def fail_with(self, line: str, *, note: bool = True) -> None:
         """:meth:`fail` with the error already made one line. Only the first
         failure goes to the console; the others are in the notes."""
-        first = self.error is None
-        self.status = "failed"
-        self.error = self.error or line
-        self.failures += 1
-        if note and self.failures <= MAX_FAILURE_NOTES:
-            self.notes.append(line)
-        elif note and self.failures == MAX_FAILURE_NOTES + 1:
-            self.notes.append("more failures followed (see log.jsonl)")
-        if first:
+        if self.tally.fail(line, note=note):
             log.error("request_failed", request=self.request.name, error=line)
 
     def drop_pending(self) -> None:
         """No more tasks of this request start (it is finishing or stopped)."""
-        self.pending.clear()
-        self.prepared = True
-        self.dispatched.set()
+        self.tasks.pending.clear()
+        if self.life.phase < Phase.DISPATCHED:
+            self.life.advance(Phase.DISPATCHED)
 
     # -- tasks -----------------------------------------------------------------
 
-    def start_task(self, pending: PendingTask, slots: Slots, executor: Executor, grants: Grants) -> None:
-        """Start ``pending`` in this request's nursery, holding one of ``slots``
-        (the dispatcher's call)."""
-        assert self.nursery is not None
-        if not self.pending:
-            self.dispatched.set()
-        self.in_flight += 1
-        self.active += 1
+    def start_next(self, slots: Slots, executor: Executor, grants: Grants) -> None:
+        """Start the next pending task in this request's nursery, holding one
+        of ``slots`` (the dispatcher's call)."""
+        tasks = self.tasks
+        pending = tasks.pending.popleft()
+        if not tasks.pending:
+            self.life.advance(Phase.DISPATCHED)
         k = self.request.execution.attempts.k
         attempts = list(range(k)) if pending.attempts is None else list(pending.attempts)
         self.store.event("task_started", task=pending.task.task_id, attempts=attempts)
-        self.nursery.start_soon(self.run_task, pending, attempts, slots, executor, grants)
+        assert tasks.nursery is not None
+        landing = tasks.start(pending.task.task_id)
+        tasks.nursery.start_soon(self.run_task, pending, attempts, landing, slots, executor, grants)
 
     async def run_task(
-        self, pending: PendingTask, attempts: list[int], slots: Slots, executor: Executor, grants: Grants
+        self,
+        pending: PendingTask,
+        attempts: list[int],
+        landing: Landing,
+        slots: Slots,
+        executor: Executor,
+        grants: Grants,
     ) -> None:
         """One task: its attempts (holding its slot), then its counted record."""
+        tasks = self.tasks
         task_id = pending.task.task_id
-        landing = self.landing[task_id] = _Landing()
         try:
             try:
-                assert self.reporter is not None
+                assert tasks.reporter is not None
                 record = await executor.run_task(
-                    self.request, pending.task, attempts, pending.done or {}, pending.resume or {}, grants, self.reporter
+                    self.request, pending.task, attempts, pending.done or {}, pending.resume or {}, grants, tasks.reporter
                 )
             finally:
-                self.active -= 1
+                tasks.attempts_done()
                 slots.release()
             # A finished task's record is its result: it is made durable
             # even when the deadline passed during its last cleanup.
@@ -291,22 +245,19 @@ class RequestRun:
                 await landing.wait()
                 await self._save(record, pending.done or {}, landing.durable)
         except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
-            if self.tallied:
+            if self.life.tallied:
                 # The request's terminal state is taken: the task is
                 # unfinished, as in a crash.
                 log.info("late_task_error", request=self.request.name, error=failure_line(exc))
             else:
                 self.fail(exc, f"task {task_id!r}")
         finally:
-            del self.landing[task_id]
-            self.in_flight -= 1
+            tasks.settle(task_id)
             slots.landed()
-            if not self.in_flight:
-                self._idle.unpark_all()
-            if not self.tallied:
+            if not self.life.tallied:
                 self.publish_progress()
 
-    async def save_checkpoint(self, task_id: str, record: AttemptRecord, landing: _Landing) -> None:
+    async def save_checkpoint(self, task_id: str, record: AttemptRecord, landing: Landing) -> None:
         """Make one evaluated attempt of a running task durable; report it
         finished once it is. A failure only means the task's record holds it."""
         try:
@@ -316,7 +267,7 @@ class RequestRun:
             log.info("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
         else:
             landing.durable.add(record.attempt)
-            if not self.tallied:
+            if not self.life.tallied:
                 self.store.event(
                     "attempt_finished", task=task_id, attempt=record.attempt, status=record.status, retries=record.retries
                 )
@@ -331,27 +282,24 @@ class RequestRun:
         finished. A record that cannot be written is not finished: it counts
         as unavailable, a --reuse run runs it again, and the request fails."""
         task_id = record.task_id
-        self.saving[task_id] = record
+        self.tasks.save(record)
         try:
             await self.store.save_task(record)
         except Exception as exc:  # noqa: BLE001 - one record; reported below
             line = f"could not write the record of task {task_id!r}: {failure_line(exc)}"
             log.info("record_not_written", request=self.request.name, task=task_id, error=line)
-            if not self.tallied:
-                self.unsaved.append(record)
+            if not self.life.tallied:
+                self.tally.unsaved.append(record)
                 self.fail_with(line)
             return
         finally:
-            del self.saving[task_id]
-            if not self.saving:
-                self._all_saved.set()
-        if self.tallied:
+            self.tasks.saved(task_id)
+        if self.life.tallied:
             # Finalize counted what was on its way; a task that finished
             # while the request unwound is counted by :meth:`recount_late`.
-            if task_id in self.unfinished:
-                self.late.append(record)
+            self.tally.landed_late(record)
             return
-        self._count(record)
+        self.tally.count(record)
         event = self.store.event
         for attempt in record.attempts:
             if attempt.attempt not in checkpointed and attempt.attempt not in earlier:
@@ -367,25 +315,10 @@ class RequestRun:
                 message=issue.message if issue else None,
             )
 
-    def _count(self, record: TaskRecord) -> None:
-        self.records.append(record)
-        if record.severity == "fatal":
-            self.counts["fatal"] += 1
-        elif record.severity == "error":
-            self.counts["error"] += 1
-        elif any(issue.severity == "warning" for a in record.attempts for issue in a.issues):
-            self.counts["warning"] += 1
-
     async def until_done(self) -> None:
         """Until every task was handed out, has run and has its record saved."""
-        await self.dispatched.wait()
-        while self.in_flight:
-            await self._idle.park()
-
-    async def _wait_saved(self) -> None:
-        if self.saving:
-            self._all_saved = trio.Event()
-            await self._all_saved.wait()
+        await self.life.reached(Phase.DISPATCHED)
+        await self.tasks.until_settled()
 
     # -- progress ----------------------------------------------------------------
 
@@ -402,15 +335,16 @@ class RequestRun:
             self.store.set_progress(self.snapshot)
 
     def snapshot(self, *, terminal: bool = False) -> dict[str, Any]:
-        unfinished = len(self.unfinished) if self.tallied else len(self.pending) + self.active
+        tasks, tally = self.tasks, self.tally
+        unfinished = len(tally.unfinished) if self.life.tallied else len(tasks.pending) + tasks.active
         return {
             "total": self.total,
-            "pending": unfinished if terminal else len(self.pending),
-            "active": 0 if terminal else self.active,
-            "completed": len(self.records),
-            "failed_tasks": self.counts["fatal"],
-            "error_tasks": self.counts["error"],
-            "warning_tasks": self.counts["warning"],
+            "pending": unfinished if terminal else len(tasks.pending),
+            "active": 0 if terminal else tasks.active,
+            "completed": len(tally.records),
+            "failed_tasks": tally.counts["fatal"],
+            "error_tasks": tally.counts["error"],
+            "warning_tasks": tally.counts["warning"],
             "elapsed": round(trio.current_time() - self.started_clock, 3),
         }
 
@@ -419,7 +353,7 @@ class RequestRun:
     def run_info(self, status: str, notes: list[str] | None = None) -> dict[str, Any]:
         from .. import __version__
 
-        notes = self.notes if notes is None else notes
+        notes = self.tally.notes if notes is None else notes
 
         info: dict[str, Any] = {
             "request": unstructure(self.request),
@@ -428,28 +362,31 @@ class RequestRun:
             "started_at": self.started_at,
             "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
         }
-        info["prepared"] = self.queued
-        if self.queued:
+        info["prepared"] = self.prepared is not None
+        if self.prepared is not None:
             info["tasks"] = self.total  # selected: what an interrupted run left unfinished is counted from it
         if status != "running":
             info["ended_at"] = time.time()
-        if self.error:
-            info["error"] = self.error
+        if self.tally.error:
+            info["error"] = self.tally.error
         if notes:
             info["notes"] = notes
         return info
 
     async def finalize(self, status: str | None = None) -> None:
         """Write metrics, summary and the terminal status. ``status`` overrides
-        the derived one (``timed_out`` or ``cancelled``).
+        the derived one (``timed_out`` or ``cancelled``); no task of the
+        request starts any more.
 
-        ``finalized`` is set only once the terminal status is written, so a
-        finalize that a deadline or cancellation cut short is done again by
-        the caller's cleanup (with the terminal status): no run stays
-        ``running``. The count is taken once (``tallied``)."""
-        if self.finalized or self.store is None:
+        The request is FINALIZED only once the terminal status is written,
+        so a finalize that a deadline or cancellation cut short is done again
+        by the caller's cleanup (with the terminal status): no run stays
+        ``running``. The count is taken once (TALLIED)."""
+        if self.life.phase is Phase.FINALIZED or self.store is None:
             return
-        if not self.tallied:
+        tally = self.tally
+        self.drop_pending()
+        if not self.life.tallied:
             if status is not None:
                 # Shutdown: records on their way get half of what is left of
                 # the grace; one that never lands (a hung disk) must not leave
@@ -457,25 +394,18 @@ class RequestRun:
                 limit = self.grace.deadline()
                 now = trio.current_time()
                 with trio.move_on_at(now + (limit - now) / 2):
-                    await self._wait_saved()
-            self.tallied = True
-            for record in self.saving.values():
-                self._count(record)
+                    await self.tasks.until_saved()
+            self.life.advance(Phase.TALLIED)
+            for record in self.tasks.saving.values():
+                tally.count(record)
         failure = self.store.failure
-        if failure is not None and self.status != "failed":
+        if failure is not None and tally.status != "failed":
             self.fail_with(failure, note=False)
         if status is None:
-            status = self.status or ("failed" if self.counts["fatal"] else "succeeded")
-        self.status = status
-        # Tasks that never finished still count: as unavailable (no valid
-        # value), so a partial run never reads like a full score. Every
-        # selected task without a record, not only those pending or active
-        # now: a task cancelled with nothing to clean up may have unwound
-        # already.
-        finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
-        self.unfinished = {t.task_id: t for t in self.tasks if t.task_id not in finished}
+            status = tally.status or ("failed" if tally.counts["fatal"] else "succeeded")
+        tally.finish(status, self.prepared.tasks if self.prepared is not None else ())
         await self._write_results()
-        self.finalized = True
+        self.life.advance(Phase.FINALIZED)
         self.store.event("run_finished", status=status)
         log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
         self.close_log()
@@ -491,36 +421,36 @@ class RequestRun:
         deadline passed during) and write metrics, summary and run info
         again. The caller bounds this by the grace; until then, the results
         written at the deadline stand."""
-        late, self.late = self.late, []
-        if not late or not self.finalized:
+        if self.life.phase is not Phase.FINALIZED:
+            self.tally.late = []
             return
-        for record in late:
-            self.unfinished.pop(record.task_id, None)
-            self._count(record)
-        await self._write_results()
+        if self.tally.count_late():
+            await self._write_results()
 
     async def _write_results(self) -> None:
-        status = self.status
+        tally = self.tally
+        status = tally.status
         assert status is not None
         # Records arrive in completion order; results read in task order.
-        self.records.sort(key=lambda r: self.order.get(r.task_id, len(self.order)))
-        records = list(self.records)
+        order = self.prepared.order if self.prepared is not None else {}
+        tally.records.sort(key=lambda r: order.get(r.task_id, len(order)))
+        records = list(tally.records)
         # Finished but not on disk: unavailable, like a task that never ran.
-        records += [TaskRecord(r.task_id, r.category, [], "normal") for r in self.unsaved]
-        notes = list(self.notes)
-        if self.unfinished:
+        records += [TaskRecord(r.task_id, r.category, [], "normal") for r in tally.unsaved]
+        notes = list(tally.notes)
+        if tally.unfinished:
             notes.append(
-                f"{len(self.unfinished)} of {self.total} task(s) did not finish before the run was {status}; "
+                f"{len(tally.unfinished)} of {self.total} task(s) did not finish before the run was {status}; "
                 "they count as unavailable (a --reuse run picks them up)"
             )
-            records += [TaskRecord(t.task_id, t.category, [], "normal") for t in self.unfinished.values()]
+            records += [TaskRecord(t.task_id, t.category, [], "normal") for t in tally.unfinished.values()]
         benchmark = self.benchmark
         metric_names = benchmark.metrics if benchmark is not None else ()
         strategy = self.request.execution.attempts.strategy
         # A finalize cut short by the deadline is done again in the grace:
         # the benchmark's (maybe slow) aggregate is not run twice on the same records.
-        key = (len(records), len(self.unsaved), len(self.unfinished))
-        cached = self._aggregated
+        key = (len(records), len(tally.unsaved), len(tally.unfinished))
+        cached = tally.aggregated
         if cached is not None and cached[0] == key:
             metrics, aggregate_notes = cached[1], cached[2]
         else:
@@ -532,13 +462,13 @@ class RequestRun:
                     aggregate_notes.append(f"aggregate_metrics failed: {type(exc).__name__}: {exc}".splitlines()[0])
             if metrics is None:
                 metrics = compute_metrics(tuple(metric_names), records, strategy)
-            self._aggregated = (key, metrics, aggregate_notes)
+            tally.aggregated = (key, metrics, aggregate_notes)
         notes += aggregate_notes
-        self.metrics = metrics
+        tally.metrics = metrics
         self.publish_progress(terminal=status in ("timed_out", "cancelled"))
         summary = render_summary(self.request.name, self.store.run_dir, metrics, records, status)
-        if self.error:
-            summary += f"\n## Request failed\n\n{self.error}\n"
+        if tally.error:
+            summary += f"\n## Request failed\n\n{tally.error}\n"
         if notes:
             summary += "\n## Notes\n\n" + "".join(f"- {note}\n" for note in notes)
         # Metrics and summary share a commit round; the terminal status comes
@@ -552,15 +482,14 @@ class RequestRun:
         """Drop the per-task state once :meth:`result` was taken, so that the
         records are freed by reference counting, not by a cyclic collection
         walking all of them."""
-        self.records, self.tasks, self.order = [], [], {}
-        self.pending.clear()
-        self.saving, self.unsaved, self.late, self.unfinished = {}, [], [], {}
-        self.reuse = None
-        self.nursery = None
+        self.prepared = None
+        self.tasks = Tasks()
+        self.tally.forget_records()
 
     def result(self) -> RequestResult:
         run_dir = str(self.store.run_dir) if self.store is not None else ""
-        return RequestResult(self.request.name, run_dir, self.status or "cancelled", self.metrics)  # type: ignore[arg-type]
+        status = self.tally.status or "cancelled"
+        return RequestResult(self.request.name, run_dir, status, self.tally.metrics)  # type: ignore[arg-type]
 
 
 async def request_scope(
@@ -580,7 +509,6 @@ async def request_scope(
         run.drop_pending()
         task_status.started()
         return
-    run.reporter = _Reporter(run)
     try:
         try:
             pending = await run.prepare()
@@ -588,22 +516,18 @@ async def request_scope(
             run.fail(exc, "request")
             pending = []
         async with trio.open_nursery() as nursery:
-            run.nursery = nursery
-            run.pending.extend(pending)
-            run.prepared = True
-            if not run.pending:
-                run.dispatched.set()
+            run.tasks.nursery, run.tasks.reporter = nursery, Reporter(run)
+            run.queue(pending)
             run.publish_progress()
             task_status.started()
             try:
                 await run.until_done()
             except BaseException:
                 # Freeze the terminal state now, while the tasks unwind.
-                run.drop_pending()
                 await _stop(run, terminal_status())
                 raise
         for other in earlier:
-            await other.dispatched.wait()
+            await other.life.reached(Phase.DISPATCHED)
         await run.finalize()
     except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
         run.fail(exc, "request")

@@ -66,15 +66,17 @@ class Dispatcher:
         in ``scope``."""
         with self.scope:
             async with trio.open_nursery() as nursery:
-                for run in self.runs:
-                    while sum(len(r.pending) for r in self.runs[: run.index]) >= self.concurrency:
+                for i, run in enumerate(self.runs):
+                    while sum(len(r.tasks.pending) for r in self.runs[:i]) >= self.concurrency:
                         await self._taken.park()
-                    await nursery.start(self._request, run)
+                    await nursery.start(self._request, run, self.runs[:i])
                     self._fill()
 
-    async def _request(self, run: RequestRun, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _request(
+        self, run: RequestRun, earlier: list[RequestRun], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
-            await request_scope(run, self.runs[: run.index], self.terminal_status, task_status=task_status)
+            await request_scope(run, earlier, self.terminal_status, task_status=task_status)
         finally:
             self.executor.forget(run.request)
             self._fill()  # its pending tasks are gone: the next request may prepare
@@ -97,17 +99,17 @@ class Dispatcher:
             return
         while self._free:
             run = self._earliest()
-            if run is None or run.in_flight >= self.max_in_flight:
+            if run is None or run.tasks.unsettled >= self.max_in_flight:
                 break
             self._free -= 1
-            run.start_task(run.pending.popleft(), self, self.executor, self.grants)
+            run.start_next(self, self.executor, self.grants)
         if self._taken:
             self._taken.unpark_all()
 
     def _earliest(self) -> RequestRun | None:
         for run in self.runs:
-            if run.pending:
+            if run.tasks.pending:
                 return run
-            if not run.prepared:
+            if not run.life.ready:
                 return None
         return None

@@ -16,6 +16,5 @@ from ._run_store import RunStore as RunStore
 from ._run_store import StoreClosedError as StoreClosedError
 from ._run_store import new_run_id as new_run_id
 from ._run_store import open_run_store as open_run_store
-from ._run_store import use_disk as use_disk
 from ._show import render_run_table as render_run_table
 from ._summary import render_summary as render_summary

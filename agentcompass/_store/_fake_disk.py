@@ -13,8 +13,7 @@ Usage::
     disk.fail("write", errno.ENOSPC, "*/details/*", times=None)  # every record
     async with open_run_store(tmp_path, "req", disk=disk) as store: ...
 
-    with use_disk(disk):      # every store opened inside (e.g. by launch)
-        await agentcompass.launch(...)
+    await orchestrate(orchestration, disk=disk)   # every store of a launch
 
     disk.stall()              # runs wait here (a stalled disk) ...
     disk.resume()             # ... until resumed

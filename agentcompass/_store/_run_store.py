@@ -31,7 +31,6 @@ durable before B awaits A first.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import errno
 import json
 import math
@@ -70,7 +69,6 @@ __all__ = [
     "open_run_store",
     "run_dir_lock",
     "run_is_live",
-    "use_disk",
     "write_journals_now",
 ]
 
@@ -105,25 +103,12 @@ def _compact(data: Any) -> str:
     except orjson.JSONEncodeError:
         return _COMPACT.encode(data)
 
-#: The disk of stores opened without ``disk=`` (see :func:`use_disk`).
-_DISK: contextvars.ContextVar[Disk | None] = contextvars.ContextVar("agentcompass_store_disk", default=None)
 #: Every store open in this process (for :func:`write_journals_now`).
 _OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
 
 
 class StoreClosedError(RuntimeError):
     """The run store was already closed when asked to write."""
-
-
-@contextlib.contextmanager
-def use_disk(disk: Disk) -> Iterator[Disk]:
-    """Open every store opened without ``disk=`` in this context on ``disk``
-    (e.g. a :class:`~._fake_disk.FakeDisk` for a whole ``launch``)."""
-    token = _DISK.set(disk)
-    try:
-        yield disk
-    finally:
-        _DISK.reset(token)
 
 
 def write_journals_now() -> None:
@@ -617,7 +602,7 @@ async def open_run_store(
     ``run_id`` defaults to :func:`new_run_id`. Reopening an existing run id is
     allowed (e.g. to journal reaped sessions); a second writer of the same
     directory, in any process, gets :class:`RunLockedError`. ``disk``
-    defaults to the one of :func:`use_disk`, else the real one. On exit
+    defaults to the real one. On exit
     every queued write and event is committed, shielded even when the caller
     is cancelled, until ``close_deadline()`` (default:
     :func:`agentcompass.runtime.cleanup_deadline`); past it what was not
@@ -625,7 +610,7 @@ async def open_run_store(
     """
     if close_deadline is None:
         close_deadline = cleanup_deadline
-    disk = disk or _DISK.get() or Disk()
+    disk = disk or Disk()
     with trio.CancelScope(shield=True):  # never leave a lock half-taken
         store = await disk.run(RunStore._open_sync, disk, output_root, request_name, run_id)
     _OPEN_STORES.add(store)

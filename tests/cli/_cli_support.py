@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _terminal_tasks import PASSING_TEST as PASSING_TEST
+from _terminal_tasks import make_task as make_task
+
 import agentcompass
 
 REPO = Path(agentcompass.__file__).resolve().parents[1]
-PASSING_TEST = 'echo 1 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n'
 
 
 def compass(cwd: Path, *args: str, env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -28,18 +30,6 @@ def compass(cwd: Path, *args: str, env: dict[str, str] | None = None, unset: tup
         [sys.executable, "-m", "agentcompass._cli", *args],
         capture_output=True, text=True, cwd=cwd, env=full_env, timeout=120, check=False,
     )
-
-
-def make_task(root: Path, name: str, test_sh: str = PASSING_TEST, solve_sh: str | None = "true\n") -> Path:
-    """A terminal task directory ``root/name``."""
-    task = root / name
-    (task / "tests").mkdir(parents=True)
-    (task / "instruction.md").write_text(f"Do {name}.\n")
-    (task / "tests" / "test.sh").write_text(test_sh)
-    if solve_sh is not None:
-        (task / "solution").mkdir()
-        (task / "solution" / "solve.sh").write_text(solve_sh)
-    return task
 
 
 def only_run_dir(output_root: Path, request: str) -> Path:

@@ -11,19 +11,14 @@ sleeping or polling.
 - ``signal-test-env``: in-memory sessions (``agentcompass.testing.MemorySession``); config ``close``: ``"ok"`` (default) or
   ``"hang"`` (``close`` never returns, so cleanup waits for the grace).
 - ``signal-test-harness``: ``run_task`` announces itself and hangs.
-- With ``SIGNAL_TEST_STALL_DISK`` set to a path, run stores write through a
-  disk that stalls for good (every sync blocks) once that path exists.
 
 ``import agentcompass.testing`` registers ``fake-bench`` for the configs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import threading
-from collections.abc import Iterable
 from typing import Any, ClassVar, Literal
 
 import attrs
@@ -31,7 +26,6 @@ import trio
 
 import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import register
-from agentcompass._store import Disk, use_disk
 from agentcompass.runtime import BaseEnvironment, BaseHarness, NetworkPolicy, PreparedTask, RunBudget, RunResult
 from agentcompass.testing import MemorySession
 
@@ -51,26 +45,6 @@ def notify(fifo: str, line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
-
-
-class _StallingDisk(Disk):
-    """The real disk until ``marker`` exists; then every sync blocks forever."""
-
-    def __init__(self, marker: str) -> None:
-        super().__init__()
-        self.marker = marker
-
-    def sync(self, paths: Iterable[str]) -> None:
-        if os.path.exists(self.marker):
-            notify(os.environ.get("SIGNAL_TEST_STALL_FIFO", ""), "stalled")
-            threading.Event().wait()
-        super().sync(paths)
-
-
-_stall = os.environ.get("SIGNAL_TEST_STALL_DISK")
-_disk_context = contextlib.ExitStack()  # held for the process's life: trio.run copies the context
-if _stall:
-    _disk_context.enter_context(use_disk(_StallingDisk(_stall)))
 
 
 @attrs.frozen

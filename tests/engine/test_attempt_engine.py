@@ -15,13 +15,6 @@ from agentcompass.runtime._results import derive_status
 from agentcompass.testing import FakeBenchmark, call_log, reset_logs
 
 
-@pytest.fixture(autouse=True)
-def _fresh_logs():
-    reset_logs()
-    yield
-    reset_logs()
-
-
 def only_failure(record):
     failures = [i for a in record.attempts for i in a.issues]
     assert len(failures) == 1, failures

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from _support import make_request
 
 from agentcompass import Orchestration, launch
 from agentcompass._store import task_key
-from agentcompass.testing import reset_logs
-
-
-@pytest.fixture(autouse=True)
-def _fresh_logs():
-    reset_logs()
-    yield
-    reset_logs()
 
 
 async def test_discarded_tries_are_saved_outside_the_countable_results(autojump_clock, tmp_path):

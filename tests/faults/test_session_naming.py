@@ -19,19 +19,10 @@ import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import NetworkPolicy, Orchestration
 from agentcompass.environments.local import DIR_PREFIX, LocalEnvironment
-from agentcompass.testing import call_log, fake_request, reset_logs
+from agentcompass.testing import call_log, fake_request
 from agentcompass.testing._environment import FakeEnvironment
 
 FULL = NetworkPolicy("full")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_logs():
-    reset_logs()
-    try:
-        yield
-    finally:
-        reset_logs()
 
 
 def _run_dir(root: Path, name: str) -> list[Path]:

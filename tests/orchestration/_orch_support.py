@@ -28,8 +28,8 @@ import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, OrchestrationResult, RequestResult, RunRequest
 from agentcompass._orchestration._launch import orchestrate
-from agentcompass._store import Disk, FakeDisk, _run_store, use_disk
-from agentcompass.testing import CallLog, fake_request, reset_logs
+from agentcompass._store import Disk, FakeDisk, _run_store
+from agentcompass.testing import CallLog, fake_request
 
 
 @attrs.frozen
@@ -127,10 +127,9 @@ async def launch(orchestration: Orchestration, *, disk: Disk | None = None, **kw
 
 
 async def run_evaluation(request: RunRequest, **kwargs: Any) -> RequestResult:
-    """``agentcompass.run_evaluation`` with its run store on a :class:`FakeDisk`
-    (the public entry takes no disk: the store's own ``use_disk`` gives it one)."""
-    with use_disk(FakeDisk()):
-        return await agentcompass.run_evaluation(request, **kwargs)
+    """``agentcompass.run_evaluation`` with its run store on a fresh :class:`FakeDisk`
+    (its keyword arguments reach the orchestration's ``disk=``)."""
+    return await agentcompass.run_evaluation(request, disk=FakeDisk(), **kwargs)
 
 
 def sleepy_request(
@@ -198,14 +197,10 @@ def journaled_sessions(run_dir: Path) -> dict[str, list[str]]:
 
 @pytest.fixture(autouse=True)
 def _instrumented() -> Iterator[Timeline]:
-    """Fresh call logs (the fakes keep them at module level) and a timeline,
-    for every test of a module that imports this."""
-    reset_logs()
-    try:
-        with instrumented() as recorded:
-            yield recorded
-    finally:
-        reset_logs()
+    """A timeline for every test of a module that imports this (the suite's
+    ``conftest.py`` gives each test fresh call logs)."""
+    with instrumented() as recorded:
+        yield recorded
 
 
 @pytest.fixture

@@ -11,29 +11,17 @@ takes any. Durability is the store tests' subject, not ours.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
-import pytest
 
 import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, RunRequest
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._store import FakeDisk
-from agentcompass.testing import call_log, reset_logs
-
-
-@pytest.fixture(autouse=True)
-def _fresh_logs() -> Iterator[None]:
-    # The fakes keep their call logs and script counters at module level.
-    reset_logs()
-    try:
-        yield
-    finally:
-        reset_logs()
+from agentcompass.testing import call_log
 
 
 async def launch_one(request: RunRequest, *, concurrency: int = 4) -> agentcompass.RequestResult:

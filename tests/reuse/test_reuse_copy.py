@@ -24,15 +24,10 @@ import agentcompass
 from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._orchestration._reuse import ReusePlan, _copy_into
-from agentcompass._redact import MASK, _values_pattern
+from agentcompass._redact import MASK, register_secret
 from agentcompass._store import Disk, FakeDisk, load_run, open_run_store, task_key
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
-from agentcompass.testing import fake_request, reset_logs
-
-
-@pytest.fixture(autouse=True)
-def _fresh_logs() -> None:
-    reset_logs()
+from agentcompass.testing import fake_request
 
 
 def _record_files(run_dir: str | Path) -> dict[str, Path]:
@@ -117,12 +112,10 @@ def _verbatim(source: Path) -> tuple[list[TaskRecord], dict[str, tuple[str, byte
     return list(loaded.details.values()), loaded.files
 
 
-async def test_a_record_holding_a_secret_registered_since_is_written_masked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_record_holding_a_secret_registered_since_is_written_masked(tmp_path: Path) -> None:
     source = await _source(tmp_path, _record("t1", "the key is zq-secret-4711"), _record("t2"))
     records, verbatim = _verbatim(source)
-    monkeypatch.setattr("agentcompass._redact._registered_pattern", _values_pattern(["zq-secret-4711"]))
+    register_secret("zq-secret-4711")  # for the rest of the process: no other test holds it
     async with open_run_store(tmp_path, "new") as store:
         await _copy_into(store, ReusePlan([], reused=records), verbatim)
     masked = store.run_dir / "details" / "normal" / f"{task_key('t1')}.json"

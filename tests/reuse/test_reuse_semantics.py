@@ -14,8 +14,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from _reuse_support import (  # noqa: F401  (fixtures)
-    _fresh_logs,
+from _reuse_support import (
     agent_calls,
     checkpoints,
     details,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import secret_plugins
-from _reuse_support import _fresh_logs, details, launch_one, reuse_of  # noqa: F401
+from _reuse_support import details, launch_one, reuse_of
 
 import agentcompass
 from agentcompass import ComponentRef, ExecutionSpec, ModelSpec, RunRequest, Secret

@@ -5,7 +5,8 @@ and runs no finished attempt twice", and "the next ``--reuse`` run reaps
 every session opened and never closed, so no sandbox leaks".
 
 One request of 30 tasks x 2 attempts (4 workers, each run taking 50 ms of
-real time) runs through real ``compass launch`` subprocesses. Each of them
+real time) runs through real ``compass launch`` subprocesses (on the kill
+points' disk, see ``kill_compass.py``). Each of them
 but the last is killed with SIGKILL at a different instant, named by the
 progress it made (see ``reuse_plugins.py``): the process stops itself there
 with SIGSTOP and says so on a FIFO, and the test, blocked on that FIFO,
@@ -55,7 +56,8 @@ from agentcompass import NetworkPolicy
 from agentcompass.environments.local import LocalEnvironment
 
 REPO = Path(agentcompass.__file__).resolve().parents[1]
-PLUGIN = Path(__file__).resolve().parent / "reuse_plugins.py"
+#: ``compass`` on the kill points' disk; it imports ``reuse_plugins``.
+KILL_COMPASS = Path(__file__).resolve().parent / "kill_compass.py"
 NAME = "sigkill"
 TASKS = 30
 K = 2
@@ -67,9 +69,9 @@ KILL_POINTS = [
     "run_attempt1:1",  # mid-task: attempt 0 checkpointed (copied from the last run), attempt 1 running
     "details_saved:3",  # a record durable, its checkpoints not removed yet
     "close:6",  # a session closing, journalled open: the sandbox must be reaped
-    "copy:3",  # a --reuse run copying what it reuses, before it queued anything
-    "task_finished:3",  # every attempt checkpointed, the record not written
-    "attempt_finished:4",  # an attempt durable, its progress line only queued
+    "copy:3",  # a --reuse run copying what it reuses, mid-copy, before any task started
+    "task_finished:3",  # a record durable, its progress line never written
+    "attempt_finished:4",  # an attempt durable, its progress line never written
 ]
 
 pytestmark = pytest.mark.skipif(
@@ -118,7 +120,7 @@ class Launcher:
         # Read-write: the children's non-blocking opens always find a reader.
         self.fifo = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
         config = {
-            "plugins": [str(PLUGIN)],
+            "plugins": ["reuse_plugins"],
             "orchestration": {"task_concurrency": 4, "cleanup_grace_seconds": 5},
             "requests": [
                 {
@@ -153,7 +155,7 @@ class Launcher:
             env["REUSE_KILL_AT"] = kill_at
         env["REUSE_KILL_FIFO"] = self.fifo_path
         command = [
-            sys.executable, "-m", "agentcompass._cli", "launch", str(self.config),
+            sys.executable, str(KILL_COMPASS), "launch", str(self.config),
             "--output-root", str(self.output_root),
         ]
         if reuse:

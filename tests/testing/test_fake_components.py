@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
+import agentcompass
 from agentcompass import _registry
 from agentcompass.runtime import (
     AttemptRecord,
@@ -47,21 +52,42 @@ async def open_session(
     return await env.open(env.build_config(fake_plan(task_id)), policy)
 
 
-@pytest.mark.parametrize(
-    ("kind", "component_id", "cls"),
-    [
-        ("environment", "fake-env", FakeEnvironment),
-        ("benchmark", "fake-bench", FakeBenchmark),
-        ("benchmark", "fake-free-bench", FakeHarnessFreeBenchmark),
-        ("harness", "fake-harness", FakeHarness),
-        ("recipe", "fake-recipe", FakeRecipe),
-        ("analyzer", "fake-analyzer", FakeAnalyzer),
-    ],
-)
-def test_importing_registers_the_fakes(
-    monkeypatch: pytest.MonkeyPatch, kind: str, component_id: str, cls: type
-) -> None:
-    monkeypatch.setattr(_registry, "load_builtins", lambda: None)  # only what importing registered
+FAKES = [
+    ("environment", "fake-env", FakeEnvironment),
+    ("benchmark", "fake-bench", FakeBenchmark),
+    ("benchmark", "fake-free-bench", FakeHarnessFreeBenchmark),
+    ("harness", "fake-harness", FakeHarness),
+    ("recipe", "fake-recipe", FakeRecipe),
+    ("analyzer", "fake-analyzer", FakeAnalyzer),
+]
+
+#: In a fresh process: what importing ``agentcompass.testing`` registers
+#: beyond the built-ins and the installed plugins.
+REGISTERED_BY_IMPORT = """
+from agentcompass import _registry
+
+_registry.load_builtins()
+before = {(r.kind, r.id) for r in _registry.registered()}
+import agentcompass.testing
+for r in _registry.registered():
+    if (r.kind, r.id) not in before:
+        print(r.kind, r.id, r.cls.__qualname__)
+"""
+
+
+def test_importing_registers_the_fakes() -> None:
+    repo = Path(agentcompass.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", REGISTERED_BY_IMPORT], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    registered = {tuple(line.split()) for line in proc.stdout.splitlines()}
+    assert {(kind, component_id, cls.__qualname__) for kind, component_id, cls in FAKES} <= registered
+
+
+@pytest.mark.parametrize(("kind", "component_id", "cls"), FAKES)
+def test_the_fakes_build_from_their_ids(kind: str, component_id: str, cls: type) -> None:
     assert _registry.resolve(kind, component_id) is cls
     assert isinstance(_registry.build(kind, component_id, {}), cls)
 

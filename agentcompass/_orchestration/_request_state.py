@@ -1,0 +1,258 @@
+"""A request's state, in four pieces with one job each (see ``_request``).
+
+:class:`Life` is where the request is: a :class:`Phase`, every step checked.
+:class:`Prepared` is what preparation decided, fixed once made.
+:class:`Tasks` follows its tasks from queued to settled.
+:class:`Tally` holds its results so far and how it went.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ..runtime._results import TaskRecord
+from ..runtime._values import TaskSpec
+from ._reuse import PendingTask
+
+if TYPE_CHECKING:
+    from ._request import Reporter
+
+__all__ = ["MAX_FAILURE_NOTES", "Landing", "Life", "Phase", "Prepared", "Tally", "Tasks"]
+
+#: Failures of one request noted in its ``run_info.json`` (the rest are counted).
+MAX_FAILURE_NOTES = 5
+
+
+class Phase(enum.IntEnum):
+    """Where a request is in its life. Phases only move forward, in this order::
+
+        WAITING -> PREPARING -> RUNNING -> DISPATCHED -> TALLIED -> FINALIZED
+
+    A request may skip ahead to DISPATCHED from WAITING or PREPARING (it has
+    no run directory, or was stopped before its tasks were queued); no other
+    step is allowed (:meth:`Life.advance` raises on one)."""
+
+    #: Not started yet (its store may be open already).
+    WAITING = 0
+    #: Loading and selecting its tasks, planning reuse.
+    PREPARING = 1
+    #: Its tasks are queued: the dispatcher hands them out.
+    RUNNING = 2
+    #: No task left to hand out: all were started, or dropped (a stop, a failure).
+    DISPATCHED = 3
+    #: Finalize took the count: a record that lands now is late (:attr:`Tally.late`).
+    TALLIED = 4
+    #: The terminal status is on disk.
+    FINALIZED = 5
+
+
+_NEXT: dict[Phase, frozenset[Phase]] = {
+    Phase.WAITING: frozenset({Phase.PREPARING, Phase.DISPATCHED}),
+    Phase.PREPARING: frozenset({Phase.RUNNING, Phase.DISPATCHED}),
+    Phase.RUNNING: frozenset({Phase.DISPATCHED}),
+    Phase.DISPATCHED: frozenset({Phase.TALLIED}),
+    Phase.TALLIED: frozenset({Phase.FINALIZED}),
+    Phase.FINALIZED: frozenset(),
+}
+
+
+@attrs.define(eq=False)
+class Life:
+    """A request's :class:`Phase`, and the tasks waiting for it to reach one
+    (the request's own scope, later requests' finalize)."""
+
+    phase: Phase = Phase.WAITING
+    _moved: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+
+    def advance(self, to: Phase) -> None:
+        """Move on to ``to``. A step :class:`Phase` does not allow is a bug: raised here, where it happens."""
+        if to not in _NEXT[self.phase]:
+            raise RuntimeError(f"a request cannot go from {self.phase.name} to {to.name}")
+        self.phase = to
+        self._moved.unpark_all()
+
+    async def reached(self, phase: Phase) -> None:
+        """Until the request is at ``phase`` or past it (a checkpoint either way, as ``Event.wait``)."""
+        if self.phase >= phase:
+            await trio.lowlevel.checkpoint()
+        while self.phase < phase:
+            await self._moved.park()
+
+    @property
+    def ready(self) -> bool:
+        """Preparation is over (its tasks were queued, or it has none): the dispatcher may look past it."""
+        return self.phase >= Phase.RUNNING
+
+    @property
+    def tallied(self) -> bool:
+        """Finalize took the count: a record landing now is late, a task error no longer fails the request."""
+        return self.phase >= Phase.TALLIED
+
+
+@attrs.frozen
+class Prepared:
+    """What preparation decided, fixed from then on: the selected tasks in
+    order, each one's position (results read in task order), and the records
+    reuse took from an earlier run (counted, never run here)."""
+
+    tasks: tuple[TaskSpec, ...]
+    order: Mapping[str, int]
+    reused: tuple[TaskRecord, ...]
+
+    @classmethod
+    def of(cls, tasks: Sequence[TaskSpec], reused: Sequence[TaskRecord]) -> Prepared:
+        return cls(tuple(tasks), {task.task_id: i for i, task in enumerate(tasks)}, tuple(reused))
+
+
+@attrs.define(eq=False)
+class Landing:
+    """One task's checkpoints on their way to disk; its record waits for them
+    (commit rounds may finish out of order, and the record's round removes them)."""
+
+    count: int = 0
+    #: Attempts whose checkpoint is durable (reported finished already).
+    durable: set[int] = attrs.Factory(set)
+    #: Where the record waits, made only when it has to (most tasks never do).
+    lot: trio.lowlevel.ParkingLot | None = None
+
+    async def wait(self) -> None:
+        while self.count:
+            if self.lot is None:
+                self.lot = trio.lowlevel.ParkingLot()
+            await self.lot.park()
+
+
+@attrs.define(eq=False)
+class Tasks:
+    """A request's tasks from queued to settled. ``pending`` wait for a slot;
+    a started task is ``active`` while it holds one, and unsettled until its
+    record is durable or given up; ``saving`` are finished records on their
+    way to disk (finalize counts those that never land). ``nursery`` and
+    ``reporter`` are set while the request scope's nursery is open."""
+
+    pending: collections.deque[PendingTask] = attrs.Factory(collections.deque)
+    nursery: trio.Nursery | None = None
+    reporter: Reporter | None = None
+    active: int = 0
+    unsettled: int = 0
+    #: task id -> its checkpoints on their way.
+    landing: dict[str, Landing] = attrs.Factory(dict)
+    saving: dict[str, TaskRecord] = attrs.Factory(dict)
+    #: Woken when ``unsettled`` or ``saving`` drops to none.
+    _quiet: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+
+    def start(self, task_id: str) -> Landing:
+        """A task starts, holding a slot; undone by :meth:`attempts_done` and :meth:`settle`."""
+        self.active += 1
+        self.unsettled += 1
+        landing = self.landing[task_id] = Landing()
+        return landing
+
+    def attempts_done(self) -> None:
+        self.active -= 1
+
+    def settle(self, task_id: str) -> None:
+        """The task's record is durable or given up: it no longer holds back its request."""
+        del self.landing[task_id]
+        self.unsettled -= 1
+        if not self.unsettled:
+            self._quiet.unpark_all()
+
+    def save(self, record: TaskRecord) -> None:
+        """``record`` is on its way to disk; :meth:`saved` once the write returned."""
+        self.saving[record.task_id] = record
+
+    def saved(self, task_id: str) -> None:
+        del self.saving[task_id]
+        if not self.saving:
+            self._quiet.unpark_all()
+
+    async def until_settled(self) -> None:
+        while self.unsettled:
+            await self._quiet.park()
+
+    async def until_saved(self) -> None:
+        while self.saving:
+            await self._quiet.park()
+
+
+@attrs.define(eq=False)
+class Tally:
+    """A request's results so far, and how it went.
+
+    ``records`` are the counted task records (``counts``: tasks left with a
+    FATAL, an ERROR, a WARNING); ``unsaved`` finished but could not be
+    written (they count as unavailable). After a deadline or cancellation,
+    ``unfinished`` are the tasks that had not finished when finalize took its
+    count, and ``late`` those of them that finished since. ``status``,
+    ``error``, ``failures`` and ``notes`` say how the request went;
+    ``metrics`` are the last ones written."""
+
+    status: str | None = None
+    error: str | None = None
+    #: Unclassified failures so far (see :meth:`RequestRun.fail`).
+    failures: int = 0
+    notes: list[str] = attrs.Factory(list)
+    retries: int = 0
+    records: list[TaskRecord] = attrs.Factory(list)
+    counts: dict[str, int] = attrs.Factory(lambda: {"fatal": 0, "error": 0, "warning": 0})
+    unsaved: list[TaskRecord] = attrs.Factory(list)
+    unfinished: dict[str, TaskSpec] = attrs.Factory(dict)
+    late: list[TaskRecord] = attrs.Factory(list)
+    metrics: dict[str, Any] = attrs.Factory(dict)
+    #: (record counts, metrics, notes) of the last aggregate, see ``RequestRun._write_results``.
+    aggregated: Any = None
+
+    def count(self, record: TaskRecord) -> None:
+        self.records.append(record)
+        if record.severity == "fatal":
+            self.counts["fatal"] += 1
+        elif record.severity == "error":
+            self.counts["error"] += 1
+        elif any(issue.severity == "warning" for a in record.attempts for issue in a.issues):
+            self.counts["warning"] += 1
+
+    def fail(self, line: str, *, note: bool) -> bool:
+        """The request failed (``line`` says why); True for its first failure."""
+        first = self.error is None
+        self.status = "failed"
+        self.error = self.error or line
+        self.failures += 1
+        if note and self.failures <= MAX_FAILURE_NOTES:
+            self.notes.append(line)
+        elif note and self.failures == MAX_FAILURE_NOTES + 1:
+            self.notes.append("more failures followed (see log.jsonl)")
+        return first
+
+    def finish(self, status: str, selected: Sequence[TaskSpec]) -> None:
+        """Finalize's count: ``status`` is the terminal one. Every selected
+        task without a record is unfinished (it counts as unavailable, so a
+        partial run never reads like a full score), not only those pending or
+        active now: a task cancelled with nothing to clean up may have
+        unwound already."""
+        self.status = status
+        finished = {r.task_id for r in self.records} | {r.task_id for r in self.unsaved}
+        self.unfinished = {t.task_id: t for t in selected if t.task_id not in finished}
+
+    def landed_late(self, record: TaskRecord) -> None:
+        """``record`` became durable after finalize took its count: :meth:`count_late` counts it."""
+        if record.task_id in self.unfinished:
+            self.late.append(record)
+
+    def count_late(self) -> bool:
+        """Count the late records as finished (True when there were some)."""
+        late, self.late = self.late, []
+        for record in late:
+            self.unfinished.pop(record.task_id, None)
+            self.count(record)
+        return bool(late)
+
+    def forget_records(self) -> None:
+        """Drop the per-task values; ``status`` and ``metrics`` stay."""
+        self.records, self.unsaved, self.late, self.unfinished = [], [], [], {}

@@ -1,0 +1,20 @@
+"""Fixtures for the whole suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logs() -> Iterator[None]:
+    """The fakes of ``agentcompass.testing`` keep their call logs and script
+    counters at module level: every test starts and ends with none."""
+    from agentcompass.testing import reset_logs
+
+    reset_logs()
+    try:
+        yield
+    finally:
+        reset_logs()
