@@ -353,6 +353,16 @@ def _check_limits(provider: str, capacity: int, open_qps: float) -> None:
         raise ValueError(f"provider {provider!r}: open_qps must be a finite number >= 0, not {open_qps!r}")
 
 
+def _overruled(provider: str, name: str, requested: float, in_force: float | None) -> str | None:
+    """The note saying ``requested`` is not taken as given (None: it is)."""
+    if in_force is None or requested == in_force:
+        return None
+    if requested and requested < in_force:
+        return f"provider {provider!r}: {name} lowered from {_fmt(in_force)} to {_fmt(requested)} (smallest wins)"
+    asked = _fmt(requested) if requested else "unlimited (0)"
+    return f"provider {provider!r}: {name} {asked} requested but {_fmt(in_force)} is in force (smallest wins)"
+
+
 def _fmt(value: float) -> str:
     # 10.0 -> "10", 2.5 -> "2.5", without the 6-digit rounding of ":g".
     return format(value, ".15g")
@@ -399,28 +409,11 @@ class ProviderLimitRegistry:
         """
         _check_limits(provider, capacity, open_qps)
         entry = self._provider(provider)
-        notes: list[str] = []
-        in_force = _smallest(entry.capacities)
-        if capacity and in_force is not None and capacity < in_force:
-            notes.append(
-                f"provider {provider!r}: capacity lowered from {_fmt(in_force)} to {capacity} (smallest wins)"
-            )
-        elif in_force is not None and capacity != in_force:
-            requested = str(capacity) if capacity else "unlimited (0)"
-            notes.append(
-                f"provider {provider!r}: capacity {requested} requested but {_fmt(in_force)}"
-                " is in force (smallest wins)"
-            )
-        rate = _smallest(entry.rates)
-        if open_qps and rate is not None and open_qps < rate:
-            notes.append(
-                f"provider {provider!r}: open_qps lowered from {_fmt(rate)} to {_fmt(open_qps)} (smallest wins)"
-            )
-        elif rate is not None and open_qps != rate:
-            requested = _fmt(open_qps) if open_qps else "unlimited (0)"
-            notes.append(
-                f"provider {provider!r}: open_qps {requested} requested but {_fmt(rate)} is in force (smallest wins)"
-            )
+        found = (
+            _overruled(provider, "capacity", capacity, _smallest(entry.capacities)),
+            _overruled(provider, "open_qps", open_qps, _smallest(entry.rates)),
+        )
+        notes = [note for note in found if note is not None]
         entry.capacities.append(capacity)
         entry.rates.append(open_qps)
         self._apply(provider, entry)

@@ -18,3 +18,18 @@ def _fresh_logs() -> Iterator[None]:
         yield
     finally:
         reset_logs()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_as_found() -> Iterator[None]:
+    """``structlog.testing.capture_logs`` leaves structlog marked configured
+    (with its print-everything defaults) after it restores the processors:
+    later launches would then leave it alone. Each test ends as it found it."""
+    import structlog
+
+    configured = structlog.is_configured()
+    try:
+        yield
+    finally:
+        if not configured:
+            structlog.reset_defaults()

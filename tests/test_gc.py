@@ -5,16 +5,19 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
 
 import pytest
 import trio
 import trio.testing
 
 import agentcompass
-import bench._noop  # noqa: F401 - registers noop-*
-from agentcompass import ComponentRef, Orchestration, RunRequest, _gc
+from agentcompass import ComponentRef, Orchestration, RunRequest, _gc, register
 from agentcompass._gc import GEN0_THRESHOLD, relaxed_collection
+from agentcompass.runtime import TaskRecord
+from bench._noop import NoopBenchmark  # registers noop-*
 
 
 @pytest.fixture(autouse=True)
@@ -104,39 +107,43 @@ async def _threshold_during_a_launch(tmp_path) -> list[int]:
     return seen
 
 
+deaths: list[int] = []  # the first threshold when each watched record was freed
+
+
+@register
+class RecordWatchingBenchmark(NoopBenchmark):
+    """``noop-bench`` noting, for every record it aggregates, the threshold
+    in force when the record is freed."""
+
+    id: ClassVar[str] = "gc-watching-bench"
+
+    def aggregate_metrics(self, records: Sequence[TaskRecord]) -> dict[str, Any] | None:
+        for record in records:
+            weakref.finalize(record, lambda: deaths.append(gc.get_threshold()[0]))
+        return None
+
+
 def test_launch_frees_the_records_before_restoring_the_thresholds(tmp_path, allowed) -> None:
     # The request's scheduler and reporters refer back to it (a cycle): its
     # records must not wait for a cyclic collection, which restoring the
-    # thresholds would start at once, walking all of them.
-    from agentcompass.runtime import TaskRecord
-
+    # thresholds would start at once, walking all of them. With collection
+    # off, a record kept by a cycle is never freed, and one freed after the
+    # restore sees the default threshold.
     request = RunRequest(
         name="gc-free",
-        benchmark=ComponentRef("noop-bench", {"tasks": 20}),
+        benchmark=ComponentRef("gc-watching-bench", {"tasks": 20}),
         environment=ComponentRef("noop-env"),
         harness=ComponentRef("noop-harness"),
         output_root=tmp_path,
     )
-    alive_at_restore: list[int] = []
-    set_threshold = gc.set_threshold
-
-    def restoring(*thresholds: int) -> None:
-        if thresholds[0] == 700:
-            alive_at_restore.append(records_alive())
-        set_threshold(*thresholds)
-
-    def records_alive() -> int:
-        return sum(isinstance(o, TaskRecord) for o in gc.get_objects())
-
+    deaths.clear()
     gc.collect()
-    before = records_alive()  # other tests' records that are still referenced
     gc.disable()
     try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(gc, "set_threshold", restoring)
-            result = trio.run(agentcompass.launch, Orchestration([request], task_concurrency=4))
+        result = trio.run(agentcompass.launch, Orchestration([request], task_concurrency=4))
+        assert gc.get_threshold()[0] == 700
     finally:
         gc.enable()
     assert result.status == "succeeded"
     assert result.requests[0].metrics["series"]  # the result keeps its metrics
-    assert alive_at_restore == [before]
+    assert deaths == [GEN0_THRESHOLD] * 20

@@ -253,39 +253,6 @@ async def test_a_stopped_actor_fails_waiters_instead_of_hanging(autojump_clock):
         await bucket.acquire()
 
 
-async def test_an_actor_crash_reaches_every_waiter_and_spares_the_run(autojump_clock, monkeypatch):
-    async def boom(self: TokenBucket) -> None:
-        await trio.sleep(1)
-        raise ZeroDivisionError("bug in the bucket")
-
-    monkeypatch.setattr(TokenBucket, "_wait_for_token", boom)
-    limits = provider_limits()
-    limits.configure("p", 0, 5)
-    failures: list[BaseException] = []
-
-    async def waiter() -> None:
-        try:
-            await limits.acquire_open_token("p")
-        except RuntimeError as exc:
-            failures.append(exc)
-
-    with structlog.testing.capture_logs() as logged:
-        async with trio.open_nursery() as nursery:
-            for _ in range(3):  # one held by the actor, two queued
-                nursery.start_soon(waiter)
-
-    with pytest.raises(RuntimeError, match="'p' crashed") as later:
-        await limits.acquire_open_token("p")
-    assert len(failures) == 3
-    for exc in [*failures, later.value]:
-        assert "crashed" in str(exc)
-        assert isinstance(exc.__cause__, ZeroDivisionError)
-    assert [(e["event"], e["log_level"], e["provider"], e["logger"]) for e in logged] == [
-        ("open-rate limiter crashed", "error", "p", "agentcompass._limits")
-    ]
-    assert "ZeroDivisionError: bug in the bucket" in logged[0]["exception"]
-
-
 def test_bucket_rejects_bad_parameters():
     for rate in (0, -1, math.inf, math.nan):
         with pytest.raises(ValueError, match="rate"):

@@ -46,8 +46,9 @@ _current: contextvars.ContextVar[ModelClients | None] = contextvars.ContextVar(
 class ModelClients:
     """The shared clients of one orchestration, keyed by endpoint."""
 
-    def __init__(self, default_max_connections: int):
+    def __init__(self, default_max_connections: int, *, transport: httpx.AsyncBaseTransport | None = None):
         self.default_max_connections = max(1, default_max_connections)
+        self.transport = transport
         self._http: dict[tuple[Any, ...], httpx.AsyncClient] = {}
         # Per endpoint: its chat URL and prepared request parts (see ChatClient).
         self._parts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
@@ -72,7 +73,7 @@ class ModelClients:
                 register_secret(key)
             size = model.max_connections or self.default_max_connections
             timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
-            http = endpoint_client(key, timeout, size)
+            http = endpoint_client(key, timeout, size, self.transport)
             self._http[endpoint] = http
             url = httpx.URL(model.base_url.rstrip("/") + "/chat/completions")
             self._parts[endpoint] = (url, *prepared_request_parts(http))
@@ -93,6 +94,7 @@ async def open_model_clients(
     grace_seconds: float | None = None,
     *,
     close_deadline: Callable[[], float] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> AsyncIterator[ModelClients]:
     """Make a :class:`ModelClients` pool current for the body and close it on
     the way out, shielded until ``close_deadline()`` (a ``trio.current_time()``
@@ -100,9 +102,14 @@ async def open_model_clients(
     :func:`~agentcompass.runtime.cleanup_deadline` (under ``launch``: the
     run's one grace deadline).
 
+    ``transport``, when given, carries every endpoint's requests instead of
+    the runtime's own HTTP/1.1 connection pools (an ``httpx.MockTransport``
+    to test a harness without a server, say); each endpoint's client closes
+    it when the pool closes.
+
     ``launch`` does this for its run; call it yourself only to use a
     component outside ``launch`` (a test, a notebook)."""
-    pool = ModelClients(default_max_connections)
+    pool = ModelClients(default_max_connections, transport=transport)
     token = _current.set(pool)
     try:
         yield pool

@@ -324,13 +324,16 @@ class _EndpointClient(httpx.AsyncClient):
         pass
 
 
-def endpoint_client(key: str, timeout: float, size: int) -> httpx.AsyncClient:
-    """The shared client of one endpoint: its key's header, a pool of ``size`` connections."""
+def endpoint_client(
+    key: str, timeout: float, size: int, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The shared client of one endpoint: its key's header, a pool of ``size``
+    connections (or ``transport``, when given)."""
     return _EndpointClient(
         # The endpoint's key is part of its identity: the header belongs to its client.
         headers={"Authorization": f"Bearer {key}"} if key else None,
         timeout=httpx.Timeout(timeout),
-        transport=H11Transport(size),
+        transport=H11Transport(size) if transport is None else transport,
         # No proxy from the environment: an endpoint is reached as configured.
         trust_env=False,
     )

@@ -268,22 +268,6 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
             failures.append(exc)
 
     links: list[tuple[TaskRecord, str, bytes]] = []
-    all_linked = trio.Event()
-    reported = 0
-
-    def linked(error: Exception | None) -> None:
-        # Once per record; a record that could not be linked is written instead.
-        nonlocal reported
-        reported += 1
-        if error is not None:
-            failures.append(error)
-        if reported == len(links):
-            all_linked.set()
-
-    async def link() -> None:
-        await store.link_tasks(links, linked)
-        await all_linked.wait()
-
     async with trio.open_nursery() as nursery:
         for record in plan.reused:
             file = verbatim.get(record.task_id)
@@ -302,7 +286,7 @@ async def _copy_into(store: Any, plan: ReusePlan, verbatim: dict[str, tuple[str,
             for attempt in {**(pending.done or {}), **(pending.resume or {})}.values():
                 nursery.start_soon(save, store.save_checkpoint, pending.task.task_id, attempt)
         if links:
-            nursery.start_soon(save, link)
+            nursery.start_soon(save, store.link_tasks, links)
     if failures:
         raise failures[0]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 
 import attrs
 import trio
@@ -42,7 +41,6 @@ class Write:
     remove: tuple[str, ...] = ()
     #: A task directory whose checkpoints to remove then (found by listing it).
     sweep: str | None = None
-    notify: Callable[[Exception | None], None] | None = None  # compat: removed once orchestration awaits
     #: Set once the write is done, for a caller that waits (None: nobody does).
     done: trio.Event | None = None
     error: Exception | None = None

@@ -18,18 +18,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import itertools
 import os
-import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import trio
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows has no flock
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["Disk", "RunLockedError", "is_temp_name", "temp_name"]
 
@@ -38,10 +34,8 @@ T = TypeVar("T")
 #: Worker threads the store may use at once, per Trio run.
 STORE_THREADS = 4
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC
-_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | _O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 _temp_counter = itertools.count()
 _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("store_limiter")
 
@@ -61,11 +55,9 @@ def is_temp_name(name: str) -> bool:
 
 
 def _load_syncfs() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
     try:
         fn = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # not Linux
         return None
     fn.argtypes = [ctypes.c_int]
     fn.restype = ctypes.c_int
@@ -98,6 +90,11 @@ class Disk:
         store shields this until its close deadline, then abandons the thread
         (what it leaves is what a crash leaves)."""
         return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=_limiter())
+
+    def now(self) -> float:
+        """The Unix time the store stamps on the lines it writes (``t`` of
+        ``progress.jsonl`` and ``sessions.jsonl``): a fake disk brings its own clock."""
+        return time.time()
 
     # -- primitives (blocking) ----------------------------------------------
 
@@ -157,35 +154,24 @@ class Disk:
     def sync(self, paths: Iterable[str]) -> None:
         """Make the data of the files and the entries of the directories of
         ``paths`` durable."""
-        paths = list(paths)
-        if not paths:
-            return
-        if self._syncfs is not None:
-            fd = os.open(paths[0], os.O_RDONLY | _O_CLOEXEC)
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
+                if self._syncfs is None:
+                    os.fsync(fd)
+                    continue
                 if self._syncfs(fd) != 0:
                     code = ctypes.get_errno()
                     raise OSError(code, os.strerror(code))
-            finally:
-                os.close(fd)
-            return
-        for path in paths:
-            if os.path.isdir(path) and not _O_DIRECTORY:
-                continue  # Windows: directories cannot be opened, nor need it
-            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | (_O_DIRECTORY if os.path.isdir(path) else 0))
-            try:
-                os.fsync(fd)
+                return  # the run directory is on one filesystem: one syncfs covers every path
             finally:
                 os.close(fd)
 
     @contextlib.contextmanager
     def lock(self, path: str) -> Iterator[None]:
         """Hold directory ``path``'s writer lock, without waiting: raise
-        :class:`RunLockedError` when a live run holds it (none off POSIX)."""
-        if fcntl is None or not _O_DIRECTORY:
-            yield
-            return
-        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        :class:`RunLockedError` when a live run holds it."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -21,8 +21,12 @@ Usage::
 With ``latency=0`` (the default) a run is one schedule point no cancellation
 interrupts, like a disk that takes no time; a latency or a stall is
 cancellable, so the store's close deadline gives it up as it gives up a
-real disk's thread. :attr:`~FakeDisk.ops` lists every operation done and
-:attr:`~FakeDisk.runs` counts the worker calls (one per batch).
+real disk's thread. :attr:`~FakeDisk.ops` lists every operation done,
+:attr:`~FakeDisk.appended` every line appended with the Trio time it reached
+the file, and :attr:`~FakeDisk.runs` counts the worker calls (one per batch).
+``clock`` replaces the wall clock the store stamps its lines with
+(:meth:`Disk.now <._disk.Disk.now>`), e.g. to map each stamped line back to
+the instant it was stamped.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from __future__ import annotations
 import contextlib
 import errno as errno_module
 import fnmatch
+import math
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -59,13 +65,16 @@ class Fault:
 
 
 class FakeDisk(Disk):
-    """See the module docstring. ``ops`` lists every ``(operation, path)`` done."""
+    """See the module docstring. ``ops`` lists every ``(operation, path)`` done;
+    ``appended`` every ``(Trio time, path, line)`` appended, in order."""
 
-    def __init__(self, *, latency: float = 0.0) -> None:
+    def __init__(self, *, latency: float = 0.0, clock: Callable[[], float] = time.time) -> None:
         super().__init__(syncfs=False)
         self.latency = latency
+        self.clock = clock
         self.faults: list[Fault] = []
         self.ops: list[tuple[str, str]] = []
+        self.appended: list[tuple[float, str, bytes]] = []
         self.runs = 0
         self._go: trio.Event | None = None
 
@@ -97,6 +106,9 @@ class FakeDisk(Disk):
             await trio.lowlevel.cancel_shielded_checkpoint()
         return fn(*args)
 
+    def now(self) -> float:
+        return self.clock()
+
     def _do(self, operation: str, path: str) -> None:
         self.ops.append((operation, path))
         for fault in self.faults:
@@ -122,6 +134,11 @@ class FakeDisk(Disk):
     def append(self, path: str, data: bytes) -> None:
         self._do("append", path)
         super().append(path, data)
+        try:
+            now = trio.current_time()
+        except RuntimeError:  # a primitive called outside Trio
+            now = math.nan
+        self.appended.extend((now, path, line) for line in data.splitlines(keepends=True))
 
     def replace(self, source: str, target: str) -> None:
         self._do("replace", target)

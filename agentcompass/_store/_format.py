@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from ..runtime._results import SEVERITY_RANK, Issue, TaskRecord
+from ..runtime._results import SEVERITY_RANK, AttemptRecord, Issue, TaskRecord
 
 __all__ = [
     "METRIC_COLUMNS",
     "attempt_counts",
-    "attempt_statuses",
     "attempt_values",
-    "fatal_count",
     "fmt_metric",
     "fmt_value",
+    "metric_cells",
     "no_score_sentence",
     "primary_series",
     "severity_counts",
+    "severity_phrase",
     "sorted_for_report",
     "text_table",
     "worst_issue",
@@ -70,33 +71,31 @@ def primary_series(metrics: dict[str, Any] | None, records: Sequence[TaskRecord]
     return None
 
 
-def attempt_statuses(record: TaskRecord) -> str:
-    return ", ".join(a.status for a in record.attempts) or MISSING
+def attempt_counts(attempts: Sequence[AttemptRecord], by_frequency: bool = True) -> str:
+    """Attempt statuses as counts, ``2 completed, 1 run_error``: most
+    frequent first, else in order of first appearance."""
+    counts = Counter(a.status for a in attempts)
+    items = counts.most_common() if by_frequency else counts.items()
+    return ", ".join(f"{n} {status}" for status, n in items) or MISSING
 
 
-def attempt_counts(record: TaskRecord) -> str:
-    """Attempt statuses as counts, most frequent first: ``2 completed, 1 run_error``."""
-    counts: dict[str, int] = {}
-    for attempt in record.attempts:
-        counts[attempt.status] = counts.get(attempt.status, 0) + 1
-    ordered = sorted(counts.items(), key=lambda item: -item[1])
-    return ", ".join(f"{n} {status}" for status, n in ordered) or MISSING
-
-
-def attempt_values(record: TaskRecord, series: str | None) -> str:
-    if series is None or not record.attempts:
+def attempt_values(attempts: Sequence[AttemptRecord], series: str | None) -> str:
+    """Each attempt's value of ``series``."""
+    if series is None or not attempts:
         return MISSING
-    return ", ".join(fmt_value(a.values.get(series)) for a in record.attempts)
+    return ", ".join(fmt_value(a.values.get(series)) for a in attempts)
+
+
+def metric_cells(series: dict[str, Any]) -> list[str]:
+    """One series of ``metrics.json`` as table cells: value, reference value, counts."""
+    value, reference = fmt_metric(series.get("value")), fmt_metric(series.get("reference_value"))
+    return [value, reference, *(str(series.get(column, "")) for column in METRIC_COLUMNS)]
 
 
 def worst_issue(record: TaskRecord) -> Issue | None:
     """The first issue of the most severe kind, over all attempts."""
-    worst: Issue | None = None
-    for attempt in record.attempts:
-        for issue in attempt.issues:
-            if worst is None or SEVERITY_RANK[issue.severity] > SEVERITY_RANK[worst.severity]:
-                worst = issue
-    return worst
+    issues = [issue for attempt in record.attempts for issue in attempt.issues]
+    return max(issues, key=lambda issue: SEVERITY_RANK[issue.severity], default=None)
 
 
 def issue_text(issue: Issue | None, limit: int = 120) -> str:
@@ -121,15 +120,17 @@ def severity_counts(records: Sequence[TaskRecord]) -> dict[str, int]:
     return counts
 
 
-def fatal_count(metrics: dict[str, Any], records: Sequence[TaskRecord]) -> int:
-    """Tasks that ended fatal: from the records, else from the metrics' counts."""
+def severity_phrase(records: Sequence[TaskRecord]) -> str:
+    counts = severity_counts(records)
+    return f"{counts['fatal']} invalidated, {counts['error']} with errors, {counts['normal']} normal"
+
+
+def no_score_sentence(metrics: dict[str, Any], records: Sequence[TaskRecord]) -> str:
+    """Why there is no official score; the count comes from the records, else
+    from the metrics' counts."""
     count = sum(1 for r in records if r.severity == "fatal")
-    if count or records:
-        return count
-    return max((s.get("invalidated", 0) for s in metrics.get("series", {}).values()), default=0)
-
-
-def no_score_sentence(count: int) -> str:
+    if not records:
+        count = max((s.get("invalidated", 0) for s in metrics.get("series", {}).values()), default=0)
     return (
         f"No official score: {count} task(s) invalidated (a FATAL left: the infrastructure failed); "
         "reference values exclude them."

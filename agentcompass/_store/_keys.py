@@ -41,9 +41,7 @@ _DIGEST_CHARS = 20
 _PLAIN = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _WINDOWS_DEVICES = frozenset(
-    ["con", "prn", "aux", "nul"]
-    + [f"com{i}" for i in range(10)]
-    + [f"lpt{i}" for i in range(10)]
+    ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)]
 )
 
 

@@ -49,11 +49,7 @@ def reduce_task(record: TaskRecord, series: str, strategy: Strategy) -> float | 
     """
     if strategy not in _STRATEGIES:
         raise ValueError(f"unknown attempt strategy {strategy!r}")
-    values = []
-    for attempt in record.attempts:
-        value = valid_value(attempt.values.get(series))
-        if value is not None:
-            values.append(value)
+    values = [v for a in record.attempts if (v := valid_value(a.values.get(series))) is not None]
     if not values:
         return None
     if strategy == "avg":
@@ -61,9 +57,7 @@ def reduce_task(record: TaskRecord, series: str, strategy: Strategy) -> float | 
     return 1.0 if any(v >= 1 for v in values) else 0.0
 
 
-def compute_metrics(
-    metric_names: tuple[str, ...], records: Sequence[TaskRecord], strategy: str
-) -> dict[str, Any]:
+def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord], strategy: str) -> dict[str, Any]:
     """The content of ``metrics.json``::
 
         {"evaluation_failed": bool,
@@ -80,90 +74,55 @@ def compute_metrics(
     """
     if strategy not in _STRATEGIES:
         raise ValueError(f"unknown attempt strategy {strategy!r}")
-    names = tuple(metric_names) or _seen_series(records)
-    evaluation_failed = any(r.severity == "fatal" for r in records)
-    rows: list[tuple[str, dict[str, float | None]]] = [
-        (r.severity, {n: reduce_task(r, n, strategy) for n in names})  # type: ignore[arg-type]
-        for r in records
-    ]
-    by_category: dict[str, list[int]] = {}
-    for index, record in enumerate(records):
+    names = tuple(metric_names) or tuple(sorted({name for r in records for a in r.attempts for name in a.values}))
+    failed = any(r.severity == "fatal" for r in records)
+    # Each task reduced once: (severity, series -> value), for the overall and its category's block.
+    rows = [(r.severity, {n: reduce_task(r, n, strategy) for n in names}) for r in records]  # type: ignore[arg-type]
+    by_category: dict[str, list[tuple[str, dict[str, float | None]]]] = {}
+    usage: dict[str, Any] = {}
+    for record, row in zip(records, rows, strict=True):
         if record.category is not None:
-            by_category.setdefault(record.category, []).append(index)
+            by_category.setdefault(record.category, []).append(row)
+        for attempt in record.attempts:
+            if attempt.run_result is not None:
+                _add_usage(usage, attempt.run_result.usage)
     return {
-        "evaluation_failed": evaluation_failed,
-        "series": _series_block(names, rows, evaluation_failed),
-        "categories": {
-            category: {
-                "series": _series_block(
-                    names, [rows[i] for i in by_category[category]], evaluation_failed
-                )
-            }
-            for category in sorted(by_category)
-        },
-        "usage": _sum_usage(records),
+        "evaluation_failed": failed,
+        "series": _series(names, rows, failed),
+        "categories": {c: {"series": _series(names, by_category[c], failed)} for c in sorted(by_category)},
+        "usage": usage,
     }
 
 
-def _seen_series(records: Sequence[TaskRecord]) -> tuple[str, ...]:
-    return tuple(sorted({name for r in records for a in r.attempts for name in a.values}))
-
-
-def _series_block(
-    names: tuple[str, ...],
-    rows: Sequence[tuple[str, dict[str, float | None]]],
-    evaluation_failed: bool,
+def _series(
+    names: tuple[str, ...], rows: Sequence[tuple[str, dict[str, float | None]]], failed: bool
 ) -> dict[str, dict[str, Any]]:
     block = {}
     for name in names:
-        evaluated = unavailable = invalidated = error = 0
-        values = []
-        for severity, reduced in rows:
-            if severity == "fatal":
-                invalidated += 1
-                continue
-            if severity == "error":
-                error += 1
-            value = reduced[name]
-            if value is None:
-                unavailable += 1
-            else:
-                evaluated += 1
-                values.append(value)
+        counted = [(severity, reduced[name]) for severity, reduced in rows if severity != "fatal"]
+        values = [value for _, value in counted if value is not None]
         mean = math.fsum(values) / len(values) if values else None
         block[name] = {
-            "value": None if evaluation_failed else mean,
+            "value": None if failed else mean,
             "reference_value": mean,
-            "evaluated": evaluated,
-            "unavailable": unavailable,
-            "invalidated": invalidated,
-            "error": error,
+            "evaluated": len(values),
+            "unavailable": len(counted) - len(values),
+            "invalidated": len(rows) - len(counted),
+            "error": sum(1 for severity, _ in counted if severity == "error"),
             "total": len(rows),
         }
     return block
-
-
-def _sum_usage(records: Sequence[TaskRecord]) -> dict[str, Any]:
-    total: dict[str, Any] = {}
-    for record in records:
-        for attempt in record.attempts:
-            if attempt.run_result is not None:
-                _add_usage(total, attempt.run_result.usage)
-    return total
 
 
 def _add_usage(total: dict[str, Any], usage: Any) -> None:
     if not isinstance(usage, dict):
         return
     for key, value in usage.items():
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, (int, float)):
-            if math.isfinite(value):
-                previous = total.get(key, 0)
-                if isinstance(previous, (int, float)):
-                    total[key] = previous + value
-        elif isinstance(value, dict):
+        if isinstance(value, dict):
             nested = total.setdefault(key, {})
-            if isinstance(nested, dict):
+            if isinstance(nested, dict):  # else a number under this key already
                 _add_usage(nested, value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            previous = total.get(key, 0)
+            if isinstance(previous, (int, float)):
+                total[key] = previous + value

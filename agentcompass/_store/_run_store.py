@@ -37,7 +37,6 @@ import math
 import os
 import re
 import secrets
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
@@ -102,6 +101,7 @@ def _compact(data: Any) -> str:
         return orjson.dumps(data, default=_json_default, option=_ORJSON_OPTIONS).decode()
     except orjson.JSONEncodeError:
         return _COMPACT.encode(data)
+
 
 #: Every store open in this process (for :func:`write_journals_now`).
 _OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
@@ -197,7 +197,6 @@ class RunStore:
         init=False, default=attrs.Factory(lambda self: str(self.run_dir / "sessions.jsonl"), takes_self=True)
     )
     _root: str = attrs.field(init=False, default=attrs.Factory(lambda self: str(self.run_dir), takes_self=True))
-    _keys: dict[str, str] = attrs.Factory(dict)
     _pending: list[Write] = attrs.Factory(list)
     _in_flight: list[Write] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
@@ -211,10 +210,10 @@ class RunStore:
     _closed: bool = False
     _failure: str | None = None
     _notes: list[str] = attrs.Factory(list)
-    # What this store wrote, so that a record's clean-up knows its targets
-    # without listing directories (complete only in a run directory it created).
-    _saved_severity: dict[str, str] = attrs.Factory(dict)
-    _checkpointed: dict[str, set[int]] = attrs.Factory(dict)
+    # The files of each task this store wrote (its record, its checkpoints), so
+    # that a record's clean-up knows its targets without listing directories
+    # (complete only in a run directory it created).
+    _written: dict[str, set[str]] = attrs.Factory(dict)
 
     @property
     def failure(self) -> str | None:
@@ -245,7 +244,7 @@ class RunStore:
         are overridden. All queued lines are on disk once the store closed.
         """
         self._check_open()
-        self._lines.append((kind, time.time(), fields))
+        self._lines.append((kind, self._disk.now(), fields))
         if self._lines_due == math.inf:
             self._lines_due = trio.current_time() + PROGRESS_BATCH_SECONDS
             self._wake.set()
@@ -274,18 +273,21 @@ class RunStore:
     async def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` as indented JSON to ``name`` (relative to the run directory)."""
         payload = _mask(_PRETTY.encode(unstructure(data))) + "\n"
-        await self._write(Write(self._path(name), payload.encode()))
+        await self._write([Write(self._path(name), payload.encode())])
 
     async def write_text(self, name: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
         data = _redact.redact(text).encode("utf-8", "backslashreplace")
-        await self._write(Write(self._path(name), data))
+        await self._write([Write(self._path(name), data)])
 
     async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated
         attempt: ``{"task_id": ..., "record": <AttemptRecord>}``, ``n`` being
         ``record.attempt``."""
-        await self._write(self._checkpoint_write(task_id, record))
+        data = _mask(_compact({"task_id": task_id, "record": unstructure(record)}))
+        path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
+        self._written.setdefault(task_id, set()).add(path)
+        await self._write([Write(path, data.encode())])
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
@@ -295,7 +297,7 @@ class RunStore:
         """
         payload = _mask(_compact({"task_id": task_id, **unstructure(data)}))
         path = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "retries", f"{try_number}.json")
-        await self._write(Write(path, payload.encode()))
+        await self._write([Write(path, payload.encode())])
 
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
         """Write ``details/<severity>/<key>.json``, the task's countable record.
@@ -304,22 +306,16 @@ class RunStore:
         already masked, e.g. a reused record's file). Once it is durable the
         task's checkpoints and its record under another severity are removed.
         """
-        write, rollback = self._task_write(record, data)
-        try:
-            await self._write(write)
-        except Exception:
-            rollback()
-            raise
+        await self._save_tasks([(record, data)])
 
-    async def link_tasks(
-        self, links: list[tuple[TaskRecord, str, bytes]], notify: Callable[[Exception | None], None]
-    ) -> None:
+    async def link_tasks(self, links: list[tuple[TaskRecord, str, bytes]]) -> None:
         """Store records whose files already exist elsewhere, unchanged and
         masked (``links``: record, that file's path, its content): each file
         is hard-linked to its place here and the links are made durable; a
         record that cannot be linked (another filesystem, or a run directory
-        this store did not create) is written instead. ``notify(error)`` runs
-        once per record.
+        this store did not create) is written instead, as :meth:`save_task`
+        with its content. Returns once all are durable, else raises the first
+        error once every write is done.
 
         Creating a file costs an inode, a link much less (bench: reuse).
         Sharing a file with another run is safe because no store changes a
@@ -327,27 +323,19 @@ class RunStore:
         fresh run directory: there no older record of the task can lose a
         "newest record wins" contest against the shared older mtime.
         """
-        written = []
         if self._fresh:
             targets = []
             for record, source, _ in links:
-                self._saved_severity[record.task_id] = record.severity
-                targets.append((source, f"{self._details_dir(record.severity)}{os.sep}{self._key(record.task_id)}.json"))
+                targets.append((source, self._record_path(record.severity, record.task_id)))
+                self._written.setdefault(record.task_id, set()).add(targets[-1][1])
+            failed = set(range(len(links)))  # until the links are known durable
             try:
                 failed = await self._run(_commit.link, self._disk, targets)
-            except OSError as exc:  # not known durable
-                for record, _, _ in links:
-                    self._saved_severity.pop(record.task_id, None)
-                    notify(exc)
-                return
-            written = [links[i] for i in range(len(links)) if i not in failed]
-            links = [links[i] for i in failed]
-            for record, _, _ in links:
-                self._saved_severity.pop(record.task_id, None)
-        for record, _, data in links:
-            self.save_task_data_soon(record, data, notify)
-        for _ in written:
-            notify(None)
+            finally:
+                for index in failed:
+                    self._written[links[index][0].task_id].discard(targets[index][1])
+            links = [links[index] for index in sorted(failed)]
+        await self._save_tasks([(record, data) for record, _, data in links])
 
     async def journal_session(
         self,
@@ -357,7 +345,6 @@ class RunStore:
         handle: dict[str, Any],
         *,
         durable: bool = True,
-        written: Callable[[Exception | None], None] | None = None,
         name: str | None = None,
     ) -> None:
         """Append ``{"event", "session", "provider", "name", "handle", "t"}`` to
@@ -366,9 +353,9 @@ class RunStore:
         the session again and must hold no secret.
 
         With ``durable`` (the default) this returns once the line is
-        durable. ``durable=False`` only queues it (``written(error)`` runs
-        once its batch is done). Readers match "closed" to "opened" by
-        session id, not by position.
+        durable; ``durable=False`` only queues it (a failure to write it is
+        not reported). Readers match "closed" to "opened" by session id, not
+        by position.
         """
         if event not in ("opened", "closed"):
             raise ValueError(f"session event must be 'opened' or 'closed', not {event!r}")
@@ -376,31 +363,12 @@ class RunStore:
         if name is not None:
             entry["name"] = name
         entry["handle"] = handle
-        entry["t"] = time.time()
+        entry["t"] = self._disk.now()
         write = Write(self._sessions, (_mask(_compact(entry)) + "\n").encode(), append=True)
         if durable:
-            await self._write(write)
-            if written is not None:
-                written(None)
-        else:  # compat: removed once orchestration awaits
-            write.notify = written
+            await self._write([write])
+        else:
             self._queue(write)
-
-    # -- queued without waiting: link_tasks' fallback writes ------------------
-
-    def save_task_data_soon(
-        self, record: TaskRecord, data: bytes | None, notify: Callable[[Exception | None], None]
-    ) -> None:
-        """:meth:`save_task` with ``data`` without waiting."""  # compat: removed once orchestration awaits
-        write, rollback = self._task_write(record, data)
-
-        def done(error: Exception | None) -> None:
-            if error is not None:
-                rollback()
-            notify(error)
-
-        write.notify = done
-        self._queue(write)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -408,17 +376,11 @@ class RunStore:
         if self._closed:
             raise StoreClosedError("the run store is closed")
 
-    def _key(self, task_id: str) -> str:
-        key = self._keys.get(task_id)
-        if key is None:
-            key = self._keys[task_id] = task_key(task_id)
-        return key
-
     def _task_dir(self, task_id: str) -> str:
-        return f"{self._root}{os.sep}tasks{os.sep}{self._key(task_id)}"
+        return f"{self._root}{os.sep}tasks{os.sep}{task_key(task_id)}"
 
-    def _details_dir(self, severity: str) -> str:
-        return f"{self._root}{os.sep}details{os.sep}{severity}"
+    def _record_path(self, severity: str, task_id: str) -> str:
+        return f"{self._root}{os.sep}details{os.sep}{severity}{os.sep}{task_key(task_id)}.json"
 
     def _path(self, name: str) -> str:
         relative = Path(name)
@@ -426,56 +388,56 @@ class RunStore:
             raise ValueError(f"{name!r} is not a path inside the run directory")
         return str(self.run_dir / relative)
 
-    def _checkpoint_write(self, task_id: str, record: AttemptRecord) -> Write:
-        data = _mask(_compact({"task_id": task_id, "record": unstructure(record)}))
-        path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
-        self._checkpointed.setdefault(task_id, set()).add(record.attempt)
-        return Write(path, data.encode())
-
-    def _task_write(self, record: TaskRecord, data: bytes | None) -> tuple[Write, Callable[[], None]]:
-        """The write of a task record, and how to undo its bookkeeping if it fails."""
-        if record.severity not in SEVERITIES:
-            raise ValueError(f"unknown task severity {record.severity!r}")
-        task_id, severity = record.task_id, record.severity
-        if data is None:
-            data = _mask(_compact(unstructure(record))).encode()
-        name = f"{self._key(task_id)}.json"
-        previous = self._saved_severity.get(task_id)
-        attempts = self._checkpointed.pop(task_id, set())
-        # No sync for the removals: if a crash undoes one, readers still
-        # prefer the record (and the newest of two, see _load).
-        if self._fresh:
-            remove = [] if previous in (None, severity) else [os.path.join(self._details_dir(previous), name)]
-            remove += [os.path.join(self._task_dir(task_id), f"attempt-{n}", CHECKPOINT) for n in sorted(attempts)]
-            write = Write(os.path.join(self._details_dir(severity), name), data, remove=tuple(remove))
-        else:  # files of an earlier writer may be anywhere
-            others = tuple(os.path.join(self._details_dir(s), name) for s in SEVERITIES if s != severity)
-            write = Write(os.path.join(self._details_dir(severity), name), data, remove=others, sweep=self._task_dir(task_id))
-        self._saved_severity[task_id] = severity
-
-        def rollback() -> None:
-            # Maybe not written: a later save_task must still find what to clean.
-            self._checkpointed.setdefault(task_id, set()).update(attempts)
-            if previous is not None and previous != severity:
-                self._saved_severity[task_id] = previous
-
-        return write, rollback
+    async def _save_tasks(self, records: list[tuple[TaskRecord, bytes | None]]) -> None:
+        """Write task records (see :meth:`save_task`), all in the same batches."""
+        self._check_open()
+        for record, _ in records:
+            if record.severity not in SEVERITIES:
+                raise ValueError(f"unknown task severity {record.severity!r}")
+        writes = []
+        for record, data in records:
+            task_id = record.task_id
+            if data is None:
+                data = _mask(_compact(unstructure(record))).encode()
+            path = self._record_path(record.severity, task_id)
+            # No sync for the removals: if a crash undoes one, readers still
+            # prefer the record (and the newest of two, see _load).
+            if self._fresh:
+                older = self._written.pop(task_id, set()) - {path}
+                write = Write(path, data, remove=tuple(sorted(older)))
+            else:  # files of an earlier writer may be anywhere
+                others = tuple(self._record_path(s, task_id) for s in SEVERITIES if s != record.severity)
+                write = Write(path, data, remove=others, sweep=self._task_dir(task_id))
+            self._written[task_id] = {path}
+            writes.append(write)
+        try:
+            await self._write(writes)
+        finally:
+            for write, (record, _) in zip(writes, records, strict=True):
+                if write.error is not None:  # maybe not written: a later save still cleans up all
+                    self._written.setdefault(record.task_id, set()).update(write.remove)
 
     def _queue(self, write: Write) -> None:
         self._check_open()
         self._pending.append(write)
         self._wake.set()
 
-    async def _write(self, write: Write) -> None:
-        write.done = done = trio.Event()
-        self._queue(write)
-        await done.wait()
-        if write.error is not None:
-            # A fresh exception per caller: one error may fail a whole batch.
-            err = write.error
-            if isinstance(err, OSError):
-                raise OSError(err.errno, err.strerror, err.filename) from err
-            raise RuntimeError("the run store failed to write") from err
+    async def _write(self, writes: list[Write]) -> None:
+        """Queue ``writes``; return once every one is done, raising the first error."""
+        done = []
+        for write in writes:
+            write.done = trio.Event()
+            done.append(write.done)
+            self._queue(write)
+        for event in done:
+            await event.wait()
+        for write in writes:
+            if write.error is not None:
+                # A fresh exception per caller: one error may fail a whole batch.
+                err = write.error
+                if isinstance(err, OSError):
+                    raise OSError(err.errno, err.strerror, err.filename) from err
+                raise RuntimeError("the run store failed to write") from err
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the disk, shielded until the close deadline."""
@@ -494,13 +456,11 @@ class RunStore:
 
     # -- the committer -----------------------------------------------------------
 
-    async def _committer(self, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            while True:
-                with trio.move_on_at(min(self._lines_due, self._snapshot_due)):
-                    await self._wake.wait()
-                await self._commit(final=False)
+    async def _committer(self) -> None:
+        while True:
+            with trio.move_on_at(min(self._lines_due, self._snapshot_due)):
+                await self._wake.wait()
+            await self._commit(final=False)
 
     def _has_work(self) -> bool:
         return bool(self._pending or self._lines or self._snapshot is not None)
@@ -540,27 +500,25 @@ class RunStore:
             for write in batch:
                 if write.done is not None:
                     write.done.set()
-                if write.notify is not None:  # compat: removed once orchestration awaits
-                    write.notify(write.error)
 
     @classmethod
     def _open_sync(cls, disk: Disk, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
         _check_name(request_name, "request name")
         request_dir = Path(output_root) / request_name
         disk.makedirs(str(request_dir))
-        fresh = True
-        while True:
-            if run_id is None:
-                run_dir = request_dir / new_run_id()
-            else:
-                _check_name(run_id, "run id")
-                run_dir = request_dir / run_id
-            if disk.mkdir(str(run_dir)):
-                break
-            if run_id is not None:
-                fresh = False
-                break
-        subdirs = [str(run_dir / "details"), *(str(run_dir / "details" / s) for s in SEVERITIES), str(run_dir / "tasks")]
+        if run_id is not None:
+            _check_name(run_id, "run id")
+            run_dir = request_dir / run_id
+            fresh = disk.mkdir(str(run_dir))
+        else:  # a fresh id until one is free: two runs may start in the same millisecond
+            while not disk.mkdir(str(run_dir := request_dir / new_run_id())):
+                pass
+            fresh = True
+        subdirs = [
+            str(run_dir / "details"),
+            *(str(run_dir / "details" / s) for s in SEVERITIES),
+            str(run_dir / "tasks"),
+        ]
         for path in subdirs:
             disk.mkdir(path)
         lock = contextlib.ExitStack()
@@ -616,12 +574,12 @@ async def open_run_store(
     _OPEN_STORES.add(store)
     try:
         async with trio.open_nursery() as nursery:
-            committer = await nursery.start(store._committer)
+            nursery.start_soon(store._committer)
             try:
                 yield store
             finally:
                 store._set_deadline(close_deadline())
-                committer.cancel()  # a batch in flight finishes (shielded)
+                nursery.cancel_scope.cancel()  # a batch in flight finishes (shielded)
     finally:
         try:
             # Writes queued meanwhile (by tasks ending at the same deadline) still go.
@@ -635,7 +593,5 @@ async def open_run_store(
                 write.error = OSError(errno.ECANCELED, "run store closed before this write")
                 if write.done is not None:
                     write.done.set()
-                if write.notify is not None:
-                    write.notify(write.error)
             _OPEN_STORES.discard(store)
             store._lock.close()

@@ -11,16 +11,13 @@ from typing import Any
 
 from ._format import (
     METRIC_COLUMNS,
-    MISSING,
     attempt_counts,
     attempt_values,
-    fatal_count,
-    fmt_metric,
-    fmt_value,
     issue_text,
+    metric_cells,
     no_score_sentence,
     primary_series,
-    severity_counts,
+    severity_phrase,
     sorted_for_report,
     text_table,
     worst_issue,
@@ -52,19 +49,14 @@ def render_run_table(
     ``interrupted``). ``total``: the run's selected tasks (``progress.json``),
     so that tasks that never started count as unfinished too."""
     records = list(loaded.details.values())
-    counts = severity_counts(records)
-    info = loaded.run_info
-    status = run_status(info, live)
+    status = run_status(loaded.run_info, live)
     unfinished = len(loaded.checkpoints)
     if total is not None and status in ("interrupted", "running"):
         unfinished = max(unfinished, total - len(records))
     out = [
         f"Run:    {loaded.run_dir}",
         f"Status: {status}",
-        (
-            f"Tasks:  {len(records)} finished ({counts['fatal']} invalidated, {counts['error']} with errors,"
-            f" {counts['normal']} normal), {unfinished} unfinished"
-        ),
+        f"Tasks:  {len(records)} finished ({severity_phrase(records)}), {unfinished} unfinished",
     ]
     if status == "interrupted":
         out.append(
@@ -72,28 +64,18 @@ def render_run_table(
             "runs the unfinished tasks (and reaps what it left open)"
         )
     if loaded.open_sessions:
-        out.append(
-            f"Open sessions: {len(loaded.open_sessions)} (never closed; `compass reap` cleans them up)"
-        )
+        out.append(f"Open sessions: {len(loaded.open_sessions)} (never closed; `compass reap` cleans them up)")
     out.append("")
 
     if metrics is None:
         out += ["Metrics: none (the run did not finalize)", ""]
     else:
         if metrics.get("evaluation_failed"):
-            out += [no_score_sentence(fatal_count(metrics, records)), ""]
-        header = ("series", "value", "reference", *METRIC_COLUMNS)
-        rows = [
-            [name, fmt_metric(s.get("value")), fmt_metric(s.get("reference_value"))]
-            + [str(s.get(c, "")) for c in METRIC_COLUMNS]
-            for name, s in metrics.get("series", {}).items()
-        ]
+            out += [no_score_sentence(metrics, records), ""]
+        rows = [[name, *metric_cells(s)] for name, s in metrics.get("series", {}).items()]
         for category, block in metrics.get("categories", {}).items():
-            rows += [
-                [f"{category} / {name}", fmt_metric(s.get("value")), fmt_metric(s.get("reference_value"))]
-                + [str(s.get(c, "")) for c in METRIC_COLUMNS]
-                for name, s in block.get("series", {}).items()
-            ]
+            rows += [[f"{category} / {name}", *metric_cells(s)] for name, s in block.get("series", {}).items()]
+        header = ("series", "value", "reference", *METRIC_COLUMNS)
         out += [text_table(header, rows) if rows else "Metrics: no series", ""]
 
     primary = primary_series(metrics, records)
@@ -102,27 +84,16 @@ def render_run_table(
             r.task_id,
             r.category or "",
             r.severity,
-            attempt_counts(r),
-            attempt_values(r, primary),
+            attempt_counts(r.attempts),
+            attempt_values(r.attempts, primary),
             issue_text(worst_issue(r), 80),
         ]
         for r in sorted_for_report(records)
     ]
     for task_id, attempts in sorted(loaded.checkpoints.items()):
         ordered = [attempts[n] for n in sorted(attempts)]
-        by_status: dict[str, int] = {}
-        for a in ordered:
-            by_status[a.status] = by_status.get(a.status, 0) + 1
-        rows.append(
-            [
-                task_id,
-                "",
-                "unfinished",
-                ", ".join(f"{n} {status}" for status, n in by_status.items()) or MISSING,
-                ", ".join(fmt_value(a.values.get(primary)) for a in ordered) if primary else MISSING,
-                "",
-            ]
-        )
+        counts = attempt_counts(ordered, by_frequency=False)
+        rows.append([task_id, "", "unfinished", counts, attempt_values(ordered, primary or None), ""])
     task_header = ("task", "category", "severity", "attempts", primary or "value", "issue")
     out.append(text_table(task_header, rows) if rows else "No tasks.")
 

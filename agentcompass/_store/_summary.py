@@ -15,15 +15,14 @@ from typing import Any
 from ..runtime._results import TaskRecord
 from ._format import (
     METRIC_COLUMNS,
-    attempt_statuses,
+    MISSING,
     attempt_values,
-    fatal_count,
-    fmt_metric,
     issue_text,
+    metric_cells,
     no_score_sentence,
     one_line,
     primary_series,
-    severity_counts,
+    severity_phrase,
     sorted_for_report,
     worst_issue,
 )
@@ -41,25 +40,21 @@ def render_summary(
     status: str,
 ) -> str:
     """The Markdown of ``summary.md`` for ``metrics`` (see ``compute_metrics``)."""
-    counts = severity_counts(records)
     out = [
         f"# {md(request_name)}",
         "",
         f"- **Status:** {md(status)}",
         f"- **Run directory:** {code(str(run_dir))}",
-        (
-            f"- **Tasks:** {len(records)} ({counts['fatal']} invalidated, {counts['error']} with errors,"
-            f" {counts['normal']} normal)"
-        ),
+        f"- **Tasks:** {len(records)} ({severity_phrase(records)})",
         "",
     ]
     if metrics.get("evaluation_failed"):
-        out += [no_score_sentence(fatal_count(metrics, records)), ""]
+        out += [no_score_sentence(metrics, records), ""]
 
     out += ["## Metrics", ""]
     series = metrics.get("series", {})
     if series:
-        out += _table(_METRIC_HEADER, [_metric_row(name, s) for name, s in series.items()])
+        out += _table(_METRIC_HEADER, [[md(name), *metric_cells(s)] for name, s in series.items()])
     else:
         out.append("No metric series.")
     out.append("")
@@ -67,7 +62,7 @@ def render_summary(
     if categories:
         out += ["### By category", ""]
         rows = [
-            [md(category), *_metric_row(name, s)]
+            [md(category), md(name), *metric_cells(s)]
             for category, block in categories.items()
             for name, s in block.get("series", {}).items()
         ]
@@ -87,8 +82,8 @@ def render_summary(
                 code(r.task_id),
                 md(r.category) if r.category is not None else "",
                 r.severity,
-                attempt_statuses(r),
-                attempt_values(r, primary),
+                ", ".join(a.status for a in r.attempts) or MISSING,
+                attempt_values(r.attempts, primary),
                 md(issue_text(worst_issue(r))),
             ]
             for r in sorted_for_report(records)
@@ -98,15 +93,6 @@ def render_summary(
         out.append("No task finished.")
     out.append("")
     return "\n".join(out)
-
-
-def _metric_row(name: str, s: dict[str, Any]) -> list[str]:
-    return [
-        md(name),
-        fmt_metric(s.get("value")),
-        fmt_metric(s.get("reference_value")),
-        *(str(s.get(column, "")) for column in METRIC_COLUMNS),
-    ]
 
 
 def _usage_rows(usage: dict[str, Any], prefix: str = "") -> Iterator[list[str]]:

@@ -18,7 +18,9 @@ id                  kind                  scriptable phases
 The runtime builds components from their config, one instance per request,
 so the fakes keep everything a test inspects in a module-level
 :class:`CallLog` named by their ``log`` config key (default ``"default"``).
-A ``script`` config key makes the n-th call of a phase for a task do
+Every :class:`Call` carries its Trio time (``at``, exact under ``MockClock``)
+and its place among the calls of every log (``order``, see
+:func:`all_calls`), so a test can assert on timings and interleavings. A ``script`` config key makes the n-th call of a phase for a task do
 something other than succeed::
 
     from agentcompass import ExecutionSpec
@@ -58,6 +60,7 @@ from ._benchmark import FakeBenchmark as FakeBenchmark
 from ._benchmark import FakeHarnessFreeBenchmark as FakeHarnessFreeBenchmark
 from ._calls import Call as Call
 from ._calls import CallLog as CallLog
+from ._calls import all_calls as all_calls
 from ._calls import call_log as call_log
 from ._calls import live_sandboxes as live_sandboxes
 from ._calls import reset_logs as reset_logs

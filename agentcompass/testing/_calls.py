@@ -17,8 +17,9 @@ from collections import Counter
 from typing import Any, Literal
 
 import attrs
+import trio
 
-__all__ = ["Call", "CallLog", "call_log", "live_sandboxes", "reset_logs"]
+__all__ = ["Call", "CallLog", "all_calls", "call_log", "live_sandboxes", "reset_logs"]
 
 ComponentKind = Literal["environment", "benchmark", "harness"]
 
@@ -28,7 +29,10 @@ class Call:
     """One logged call of a fake component.
 
     ``seq`` is the call's index in its log (``log.calls[c.seq] is c``), so it
-    orders calls across components and tasks. ``phase`` is the script phase
+    orders calls across components and tasks; ``order`` is its index in
+    :func:`all_calls`, so it orders calls across logs too. ``at`` is
+    ``trio.current_time()`` when the call was recorded (None outside Trio):
+    exact under ``MockClock``, so a test can assert on timings. ``phase`` is the script phase
     (``open``, ``exec``, ``prepare``, ``run``, ...) or a bookkeeping entry
     (``opened``, ``close_again``, ``plan``, ``build_config``). ``session`` is the
     Environment session involved, when there is one. ``detail`` holds the
@@ -43,6 +47,8 @@ class Call:
     task_id: str | None
     session: int | None
     detail: dict[str, Any] = attrs.Factory(dict)
+    at: float | None = None
+    order: int = 0
 
 
 @attrs.define(eq=False)
@@ -129,8 +135,13 @@ class CallLog:
         session: int | None = None,
         detail: dict[str, Any] | None = None,
     ) -> Call:
-        call = Call(len(self.calls), component, phase, task_id, session, dict(detail or {}))
+        try:
+            at: float | None = trio.current_time()
+        except RuntimeError:  # recorded outside Trio
+            at = None
+        call = Call(len(self.calls), component, phase, task_id, session, dict(detail or {}), at, len(_recorded))
         self.calls.append(call)
+        _recorded.append((self.name, call))
         return call
 
     def next_index(self, component: str, task_id: str | None, phase: str) -> int:
@@ -173,6 +184,7 @@ class CallLog:
 
 
 _logs: dict[str, CallLog] = {}
+_recorded: list[tuple[str, Call]] = []
 
 
 def call_log(name: str = "default") -> CallLog:
@@ -186,6 +198,13 @@ def call_log(name: str = "default") -> CallLog:
 def reset_logs() -> None:
     """Forget every log, counter, session id and live sandbox."""
     _logs.clear()
+    _recorded.clear()
+
+
+def all_calls() -> list[tuple[str, Call]]:
+    """``(log name, call)`` of every call recorded since :func:`reset_logs`,
+    across all logs, in the order they were made (``all_calls()[c.order]``)."""
+    return list(_recorded)
 
 
 def live_sandboxes() -> set[tuple[str, int]]:

@@ -7,21 +7,23 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+import httpx
 import trio
 import trio.testing
 
 from agentcompass import Orchestration, OrchestrationResult, register
-from agentcompass._models import _pool
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._store import FakeDisk, load_run, open_run_store
 from agentcompass.runtime import (
     DEFAULT_CLEANUP_GRACE_SECONDS,
     AttemptRecord,
+    ModelSpec,
     TaskRecord,
+    chat_client,
     cleanup_deadline,
     open_model_clients,
 )
-from agentcompass.testing import FakeEnvironment, fake_request, reset_logs
+from agentcompass.testing import FakeEnvironment, fake_request, hang_guard, reset_logs
 from agentcompass.testing._harness import FakeHarness
 
 
@@ -122,37 +124,51 @@ async def test_the_callers_cancellation_fixes_one_deadline_for_every_cleanup(
     assert sorted((what, t - start, d - start) for what, t, d in SEEN) == [("close", 10, 17)] * 3, SEEN
 
 
-class _HangingClient:
+class _HangingTransport(httpx.AsyncBaseTransport):
+    """Carries no request; its close never ends (a connection that will not close)."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        raise AssertionError("no request is sent")
+
     async def aclose(self) -> None:
         await trio.sleep_forever()
 
 
+#: Never called: the tests only create the endpoint's client.
+MODEL = ModelSpec("m", base_url="http://127.0.0.1:9/v1")
+
+
 async def test_model_clients_close_by_the_runs_grace_deadline(autojump_clock: Any, tmp_path: Any) -> None:
-    # A model endpoint whose close hangs: launch, cancelled at 10 s with a
-    # 7 s grace, returns at 17 s - the clients' close shares the run's one
-    # grace window instead of starting a window of its own after it.
+    # A model client pool whose close hangs, opened by a harness that first
+    # cleans up for 4 s: launch, cancelled at 10 s with a 7 s grace, returns
+    # at 17 s - the clients' close (from 14 s) shares the run's one grace
+    # window instead of starting a window of its own (to 21 s).
 
     @register
     class ClientHarness(FakeHarness):
         id: ClassVar[str] = "faults-hanging-client-harness"
 
         async def run_task(self, session: Any, prepared: Any, budget: Any) -> Any:
-            pool = _pool._current.get()
-            assert pool is not None
-            pool._http[("hanging",)] = _HangingClient()
-            await trio.sleep_forever()
+            async with open_model_clients(1, transport=_HangingTransport()):
+                chat_client(MODEL)
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await trio.sleep(4)
 
     request = _request(tmp_path, ClientHarness.id)
     start = trio.current_time()
-    with trio.move_on_after(10):
+    with hang_guard(100), trio.move_on_after(10):
         await launch(Orchestration([request], cleanup_grace_seconds=7))
     assert trio.current_time() - start == 17
 
 
 async def test_open_model_clients_closes_by_the_given_deadline(autojump_clock: Any) -> None:
     start = trio.current_time()
-    async with open_model_clients(1, close_deadline=lambda: start + 3) as pool:
-        pool._http[("hanging",)] = _HangingClient()  # type: ignore[assignment]
+    with hang_guard(100):
+        async with open_model_clients(1, close_deadline=lambda: start + 3, transport=_HangingTransport()):
+            chat_client(MODEL)  # the endpoint's client, on the hanging transport
     assert trio.current_time() - start == 3
 
 

@@ -207,3 +207,18 @@ async def test_the_endpoint_client_keeps_no_cookies():
             await client.chat(MESSAGES)
         nursery.cancel_scope.cancel()
     assert "cookie" not in server2.requests[1].headers
+
+
+async def test_a_transport_given_to_the_pool_carries_every_request():
+    import httpx
+
+    seen: list[tuple[str, str | None]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append((str(request.url), request.headers.get("authorization")))
+        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": "mocked"}}]})
+
+    async with hang_guard(20), open_model_clients(2, transport=httpx.MockTransport(answer)):
+        reply = await chat_client(spec("http://model.invalid/v1")).chat(MESSAGES)
+    assert reply.content == "mocked"
+    assert seen == [("http://model.invalid/v1/chat/completions", f"Bearer {KEY}")]

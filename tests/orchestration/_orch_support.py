@@ -5,17 +5,18 @@ worker thread), passed to the orchestration explicitly. Under ``MockClock(autoju
 on a thread counts as idle, so the clock would jump to the next timer while
 a real disk works; the fake disk keeps mock time exact.
 
-The :class:`Timeline` records, in one global order and with
-``trio.current_time()``, every call the fake components log (from every call
-log) and every progress event a run store emits (``task_started``,
-``run_finished``, ...), so tests can assert on order and exact timings
-across requests and across concurrent ``launch`` calls.
+The :class:`Timeline` holds, in one global order and with their Trio times,
+every call the fake components logged (from every call log) and every
+progress event (``task_started``, ``run_finished``, ...) a run store wrote
+to one of the timeline's fake disks, so tests can assert on order and exact
+timings across requests and across concurrent ``launch`` calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, OrchestrationResult, RequestResult, RunRequest
 from agentcompass._orchestration._launch import orchestrate
-from agentcompass._store import Disk, FakeDisk, _run_store
-from agentcompass.testing import CallLog, fake_request
+from agentcompass._store import Disk, FakeDisk
+from agentcompass.testing import Call, all_calls, fake_request
 
 
 @attrs.frozen
@@ -52,7 +53,59 @@ class Mark:
 
 @attrs.define
 class Timeline:
-    marks: list[Mark] = attrs.Factory(list)
+    """Every call the fake components made (``agentcompass.testing.all_calls``,
+    each with its Trio time) and every progress event the run stores on this
+    timeline's disks (:meth:`disk`) wrote, in one order.
+
+    A disk's clock stamps each ``progress.jsonl`` line with a distinct Unix
+    time the timeline remembers with the Trio time and the number of calls
+    made so far, so a line read back from the disk takes its place among the
+    calls even though the store writes lines in batches, later.
+    """
+
+    disks: list[FakeDisk] = attrs.Factory(list)
+    # stamp -> (Trio time, calls made before it, stamps before it)
+    _stamps: dict[float, tuple[float, int, int]] = attrs.Factory(dict)
+    _epoch: float = attrs.Factory(time.time)
+    _built: tuple[tuple[int, int], list[Mark]] | None = None
+
+    def disk(self, *, latency: float = 0.0) -> FakeDisk:
+        """A :class:`FakeDisk` whose progress events join this timeline."""
+        disk = FakeDisk(latency=latency, clock=self._stamp)
+        self.disks.append(disk)
+        return disk
+
+    def _stamp(self) -> float:
+        stamp = self._epoch + len(self._stamps) * 1e-3
+        self._stamps[stamp] = (trio.current_time(), len(all_calls()), len(self._stamps))
+        return stamp
+
+    @property
+    def marks(self) -> list[Mark]:
+        calls = all_calls()
+        lines = [(path, line) for disk in self.disks for _, path, line in disk.appended]
+        size = (len(calls), len(lines))
+        if self._built is None or self._built[0] != size:  # the same Marks until something new happened
+            self._built = (size, self._build(calls, lines))
+        return self._built[1]
+
+    def _build(self, calls: list[tuple[str, Call]], lines: list[tuple[str, bytes]]) -> list[Mark]:
+        keyed = [
+            ((c.order, 1, 0), Mark(c.at, log, c.phase, c.task_id, c.session, dict(c.detail)))
+            for log, c in calls
+            if c.at is not None
+        ]
+        for path, line in lines:
+            run_dir = Path(path).parent
+            if Path(path).name != "progress.jsonl":
+                continue
+            fields = json.loads(line)
+            kind = fields.pop("event")
+            t, calls_before, index = self._stamps[fields.pop("t")]
+            mark = Mark(t, f"store:{run_dir.parent.name}", kind, fields.get("task"), None, fields)
+            keyed.append(((calls_before, 0, index), mark))
+        keyed.sort(key=lambda pair: pair[0])
+        return [mark for _, mark in keyed]
 
     def select(self, kind: str | None = None, source: str | None = None) -> list[Mark]:
         return [m for m in self.marks if (kind is None or m.kind == kind) and (source is None or m.source == source)]
@@ -95,41 +148,35 @@ class Timeline:
         return counts
 
 
+_active: list[Timeline] = []
+
+
 @contextlib.contextmanager
 def instrumented() -> Iterator[Timeline]:
-    """Record a :class:`Timeline` while the block runs."""
+    """Record a :class:`Timeline` while the block runs: :func:`launch` and
+    :func:`run_evaluation` write on its disks."""
     timeline = Timeline()
-    record = CallLog.record
-    event = _run_store.RunStore.event
-
-    def timed_record(self: CallLog, *args: Any, **kwargs: Any) -> Any:
-        call = record(self, *args, **kwargs)
-        timeline.marks.append(
-            Mark(trio.current_time(), self.name, call.phase, call.task_id, call.session, dict(call.detail))
-        )
-        return call
-
-    def timed_event(self: Any, kind: str, **fields: Any) -> None:
-        event(self, kind, **fields)
-        timeline.marks.append(
-            Mark(trio.current_time(), f"store:{self.run_dir.parent.name}", kind, fields.get("task"), None, fields)
-        )
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(CallLog, "record", timed_record)
-        mp.setattr(_run_store.RunStore, "event", timed_event)
+    _active.append(timeline)
+    try:
         yield timeline
+    finally:
+        _active.remove(timeline)
+
+
+def _disk() -> FakeDisk:
+    return _active[-1].disk() if _active else FakeDisk()
 
 
 async def launch(orchestration: Orchestration, *, disk: Disk | None = None, **kwargs: Any) -> OrchestrationResult:
-    """``agentcompass.launch`` with every run store on ``disk`` (default: a fresh :class:`FakeDisk`)."""
-    return await orchestrate(orchestration, disk=FakeDisk() if disk is None else disk, **kwargs)
+    """``agentcompass.launch`` with every run store on ``disk`` (default: a fresh
+    :class:`FakeDisk`, on the timeline if one is recording)."""
+    return await orchestrate(orchestration, disk=_disk() if disk is None else disk, **kwargs)
 
 
 async def run_evaluation(request: RunRequest, **kwargs: Any) -> RequestResult:
     """``agentcompass.run_evaluation`` with its run store on a fresh :class:`FakeDisk`
     (its keyword arguments reach the orchestration's ``disk=``)."""
-    return await agentcompass.run_evaluation(request, disk=FakeDisk(), **kwargs)
+    return await agentcompass.run_evaluation(request, disk=_disk(), **kwargs)
 
 
 def sleepy_request(

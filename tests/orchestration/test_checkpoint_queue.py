@@ -34,7 +34,7 @@ def _k(k: int) -> ExecutionSpec:
 async def test_attempts_go_on_while_checkpoints_are_on_their_way(autojump_clock, tmp_path: Path, timeline):
     # Each commit takes 5 s; each attempt runs for 1 s.
     request = sleepy_request("a", [1], tmp_path, execution=_k(3))
-    result = await launch(Orchestration([request]), disk=FakeDisk(latency=5))
+    result = await launch(Orchestration([request]), disk=timeline.disk(latency=5))
     assert result.status == "succeeded"
     runs = timeline.select("run", "a")
     finished = timeline.events("a", "attempt_finished")

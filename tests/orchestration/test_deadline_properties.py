@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import attrs
 import trio
-from _orch_support import instrumented, launch, read_json
+from _orch_support import launch, read_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
@@ -96,8 +96,7 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
             status = (await launch(orchestration)).requests[0].status
         return status, trio.current_time() - start
 
-    with instrumented():
-        status, took = trio.run(main, clock=MockClock(autojump_threshold=0))
+    status, took = trio.run(main, clock=MockClock(autojump_threshold=0))
 
     # An open no cancellation interrupts may end past the grace (its sandbox
     # then gets no time to close, and stays journalled for reap).

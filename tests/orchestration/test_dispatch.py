@@ -24,7 +24,6 @@ from _orch_support import launch as orch_launch
 
 import agentcompass
 from agentcompass import Orchestration
-from agentcompass._store import FakeDisk
 
 
 def check_ordered_dispatch(timeline: Timeline, totals: dict[str, int]) -> None:
@@ -258,7 +257,7 @@ async def test_tasks_wait_while_too_many_records_are_on_their_way_to_disk(
 
     total = MIN_IN_FLIGHT + 20
     request = sleepy_request("a", [0] * total, tmp_path)
-    result = await orch_launch(Orchestration([request], task_concurrency=2), disk=FakeDisk(latency=1))
+    result = await orch_launch(Orchestration([request], task_concurrency=2), disk=timeline.disk(latency=1))
     assert result.status == "succeeded"
     in_flight, most = 0, 0
     for mark in timeline.events("a"):

@@ -154,7 +154,7 @@ async def test_links_not_known_durable_fail_the_copy(tmp_path: Path) -> None:
         with pytest.raises(OSError, match="Input/output error"):
             await _copy_into(store, ReusePlan([], reused=records), verbatim)
         # The store's bookkeeping does not claim them.
-        assert store._saved_severity == {}
+        assert not any(store._written.values())
 
 
 async def test_the_copy_waits_for_every_write(tmp_path: Path) -> None:
@@ -167,3 +167,44 @@ async def test_the_copy_waits_for_every_write(tmp_path: Path) -> None:
         async with open_run_store(tmp_path, "new") as store:
             await _copy_into(store, ReusePlan([], reused=records), verbatim)
             assert load_run(store.run_dir).details == {r.task_id: r for r in records}
+
+
+# -- RunStore.link_tasks ------------------------------------------------------------
+
+
+async def _links(tmp_path: Path) -> list[tuple[TaskRecord, str, bytes]]:
+    async with open_run_store(tmp_path, "source", disk=FakeDisk()) as store:
+        for task_id in ("t1", "t2"):
+            await store.save_task(_record(task_id))
+    records, verbatim = _verbatim(store.run_dir)
+    return [(record, *verbatim[record.task_id]) for record in records]
+
+
+async def test_link_tasks_returns_once_the_record_it_writes_instead_is_durable(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    links = await _links(tmp_path)
+    disk = FakeDisk(latency=1.0)
+    disk.fail("link", errno.EXDEV, f"*{os.sep}{task_key('t2')}.json")  # another filesystem
+    async with open_run_store(tmp_path, "new", disk=disk) as store:
+        await store.link_tasks(links)
+        linked, written = (store.run_dir / "details" / "normal" / f"{task_key(t)}.json" for t in ("t1", "t2"))
+        assert os.path.samefile(linked, links[0][1])
+        assert written.read_bytes() == links[1][2] and not os.path.samefile(written, links[1][1])
+        # Renamed into place, then its directory synced: durable before link_tasks returned.
+        ops = disk.ops
+        assert ops.index(("replace", str(written))) < max(i for i, (op, _) in enumerate(ops) if op == "sync")
+
+
+async def test_link_tasks_raises_when_a_record_it_writes_instead_fails(tmp_path: Path) -> None:
+    links = await _links(tmp_path)
+    disk = FakeDisk()
+    disk.fail("link", errno.EXDEV, times=None)
+    disk.fail("write", errno.ENOSPC, f"*{os.sep}.{task_key('t2')}.json.*")
+    async with open_run_store(tmp_path, "new", disk=disk) as store:
+        with pytest.raises(OSError, match="No space left on device"):
+            await store.link_tasks(links)
+        assert load_run(store.run_dir).details == {"t1": links[0][0]}
+        # The failure left the store usable and the task's clean-up known.
+        await store.save_task(links[1][0])
+        assert set(load_run(store.run_dir).details) == {"t1", "t2"}

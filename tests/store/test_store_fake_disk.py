@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import errno
+import json
+import time
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from agentcompass._store import FakeDisk, load_run, open_run_store
+from agentcompass._store import Disk, FakeDisk, load_run, open_run_store
+from agentcompass._store._run_store import PROGRESS_BATCH_SECONDS
 from agentcompass.runtime import AttemptRecord, TaskRecord
 
 
@@ -85,3 +88,30 @@ async def test_write_journals_now_writes_lines_a_stalled_batch_holds(tmp_path: P
         assert load_run(store.run_dir).open_sessions == []
         write_journals_now()
         assert load_run(store.run_dir).open_sessions == [("s1", "docker", {"id": 1})]
+
+
+async def test_the_disk_clock_stamps_lines_and_the_append_log_has_their_trio_time(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    # The store stamps each line when it is queued and writes the lines in a
+    # batch later: the clock gives the first, the append log the second.
+    stamps = iter([100.0, 200.0])
+    disk = FakeDisk(clock=lambda: next(stamps))
+    async with open_run_store(tmp_path, "req", disk=disk) as store:
+        start = trio.current_time()
+        store.event("task_started", task="t1")
+        await trio.sleep(1)
+        store.event("task_finished", task="t1")
+        run_dir = store.run_dir
+    lines = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    assert [(line["event"], line["t"]) for line in lines] == [("task_started", 100.0), ("task_finished", 200.0)]
+    progress = [(at - start, line) for at, path, line in disk.appended if path.endswith("progress.jsonl")]
+    assert [json.loads(line)["event"] for _, line in progress] == ["task_started", "task_finished"]
+    # The first line reached the file after its batch delay, the last at close.
+    assert progress[0][0] == PROGRESS_BATCH_SECONDS
+    assert progress[1][0] >= 1
+
+
+def test_the_real_disk_stamps_unix_time() -> None:
+    before = time.time()
+    assert before <= Disk().now() <= time.time()

@@ -90,6 +90,7 @@ def test_public_surface() -> None:
         "FakeSession",
         "HangGuard",
         "MemorySession",
+        "all_calls",
         "call_log",
         "check_environment",
         "environment_conformance_tests",
@@ -118,3 +119,22 @@ async def test_memory_session_keeps_files_and_closes_idempotently() -> None:
     await session.close()
     await session.close()
     assert session.closed
+
+
+async def test_calls_carry_their_trio_time_and_their_place_across_logs(autojump_clock: trio.abc.Clock) -> None:
+    a, b = agentcompass.testing.call_log("a"), agentcompass.testing.call_log("b")
+    start = trio.current_time()
+    first = a.record("harness", "run", "t1")
+    await trio.sleep(2.5)
+    second = b.record("environment", "open", "t2")
+    third = a.record("harness", "collect", "t1")
+    assert [c.at - start for c in (first, second, third)] == [0, 2.5, 2.5]
+    assert [(c.seq, c.order) for c in (first, second, third)] == [(0, 0), (0, 1), (1, 2)]
+    assert agentcompass.testing.all_calls() == [("a", first), ("b", second), ("a", third)]
+    agentcompass.testing.reset_logs()
+    assert agentcompass.testing.all_calls() == []
+    assert agentcompass.testing.call_log("a").record("harness", "run", "t1").order == 0
+
+
+def test_a_call_recorded_outside_trio_has_no_time() -> None:
+    assert agentcompass.testing.call_log("a").record("benchmark", "load_tasks", None).at is None
