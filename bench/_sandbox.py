@@ -2,7 +2,8 @@
 
 Opens and closes ``sessions`` sandboxes at concurrency ``concurrency`` under
 each policy in ``policies`` (one latency distribution per policy; and a
-quarter as many one at a time under ``none``, for context), then
+quarter as many one at a time under ``none``, for context; and how many
+network namespaces the provider's pool made for them), then
 holds ``held`` sessions open together, each running a background process,
 checks every process is alive, and closes them all. Host resources are
 counted before and after (network namespaces, veths, cgroups, processes,
@@ -123,7 +124,7 @@ def sandbox_open_close(
 def _open_close(
     cgroup: Path | None, sessions: int, concurrency: int, held: int, policies: tuple[str, ...]
 ) -> dict[str, Any]:
-    from agentcompass_sandbox import SandboxEnvironment, host_problem
+    from agentcompass_sandbox import SandboxEnvironment, _pool, host_problem
 
     problem = host_problem()
     if problem is not None:
@@ -199,6 +200,8 @@ def _open_close(
             after = _cpu_usec(cgroup)
             if before is not None and after is not None:
                 result[f"{policy}_cpu_ms_per_session"] = (after - before) / 1e3 / sessions
+            # Network namespaces (with veths under full) made so far in the run: the pool reuses them.
+            result[f"{policy}_namespaces_made"] = _pool.current(veth=policy != "none").made
             result[f"{policy}_median_ms"] = statistics.median(durations) * 1e3
             result[f"{policy}_p95_ms"] = _percentile(durations, 0.95) * 1e3
         result.update(await hold())

@@ -70,15 +70,17 @@ async def test_open_cancelled_at_every_step_leaves_nothing(provider: SandboxEnvi
 
 async def test_reap_destroys_what_a_killed_runtime_left(provider: SandboxEnvironment, tag: str) -> None:
     with hang_guard(30):
-        session = await provider.open(None, FULL, f"{tag}-a")
+        # Opened offline, then given egress: the veth and its lease are the session's own.
+        session = await provider.open(None, NetworkPolicy("none"), f"{tag}-a")
+        await session.set_network_policy(FULL)
         handle = json.loads(json.dumps(session.handle))
         await session.exec("sleep 600 > /dev/null 2>&1 &")
-        before = veths()
-        # What a SIGKILL leaves: the state directory, cgroups, veth, NAT table and lease.
+        assert _host.veth_name(session.name) in veths()
+        # What a SIGKILL leaves: the state directory, cgroups, veth, lease and processes.
         assert len(await census(tag)) >= 4
         await provider.reap(handle)
         assert await census(tag) == []
-        assert veths() < before
+        assert _host.veth_name(session.name) not in veths()
         await provider.reap(handle)  # idempotent
         with pytest.raises(IssueError, match="not a sandbox handle"):
             await provider.reap({"path": "/"})

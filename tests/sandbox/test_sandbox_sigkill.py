@@ -12,6 +12,7 @@ from pathlib import Path
 
 import trio
 from _sandbox_support import census, requires_sandbox, veths
+from agentcompass_sandbox import _host, _pool
 
 from agentcompass.testing import hang_guard
 
@@ -31,6 +32,12 @@ def _task(root: Path, solve: str) -> None:
     (task / "task.toml").write_text('version = "1.0"\n')
     (task / "tests" / "test.sh").write_text(_TEST)
     (task / "solution" / "solve.sh").write_text("#!/usr/bin/env bash\n" + solve)
+
+
+def _lease_owners() -> list[str]:
+    if not _host.LEASE_DIR.is_dir():
+        return []
+    return [(_host.LEASE_DIR / e).read_text() for e in os.listdir(_host.LEASE_DIR)]
 
 
 def _sessions(output_root: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -81,6 +88,9 @@ async def test_sigkill_during_a_run_then_reuse_leaves_nothing(tmp_path: Path) ->
         assert done.returncode == 0, done.stderr.decode()[-2000:]
         assert await census(name) == []
         assert await trio.to_thread.run_sync(veths) <= veths_before
+        # Nor a lease of the killed runtime's pool of network namespaces.
+        owners = await trio.to_thread.run_sync(_lease_owners)
+        assert not [o for o in owners if o.startswith(f"{_pool.LEASE_OWNER_PREFIX}{proc.pid}-")], owners
         # The rerun itself left nothing either.
         names = {s["handle"]["name"] for s in _sessions(output_root) if s.get("event") == "opened"}
         for other in names:

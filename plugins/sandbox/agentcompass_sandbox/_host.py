@@ -2,9 +2,11 @@
 
 Every resource of a session carries its name: the state directory
 ``<STATE_ROOT>/<name>``, the cgroup ``.../agentcompass-sandbox/<name>`` of each
-hierarchy used, and the lease file of its subnet (which holds the name); the
-host end of its veth is ``ac`` + 12 hex digits of the name's SHA-1 (IFNAMSIZ
-allows 15 characters). :func:`destroy` removes all of them given only the
+hierarchy used, and, where the session made a veth of its own (opened
+offline, then given egress), the lease file of its subnet (which holds the
+name) and the host end of the veth, ``ac`` + 12 hex digits of the name's
+SHA-1 (IFNAMSIZ allows 15 characters). Network namespaces, and the veths
+made with them, belong to the runtime's pool (:mod:`._pool`). :func:`destroy` removes all of them given only the
 name, which is what ``close``, ``reap`` and ``sweep`` share. The one shared
 resource is the host nftables table ``agentcompass_sandbox`` (NAT and
 forwarding for every ``ac*`` veth), installed when a sandbox first needs
@@ -517,6 +519,12 @@ def enable_forwarding() -> None:
 
 def apply_ruleset(init_pid: int, ruleset: str) -> None:
     run(["nsenter", "-t", str(init_pid), "-n", "nft", "-f", "-"], input=ruleset.encode())
+
+
+def apply_ruleset_in(netns_fd: int, ruleset: str) -> None:
+    """``nft -f`` in the network namespace ``netns_fd`` holds (run from a
+    thread inside it: a child is born in its parent thread's namespace)."""
+    _netlink.in_namespace_fd(netns_fd, lambda: run(["nft", "-f", "-"], input=ruleset.encode()))
 
 
 def remove_network(name: str, lease: int | None) -> None:

@@ -10,26 +10,36 @@ so no other work ever runs there). Everything here blocks.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 import struct
 import threading
 
 _CLONE_NEWNET = 0x40000000
+_NETLINK_NETFILTER = 12
+_NFNL_SUBSYS_CTNETLINK = 1
+_NFNL_SUBSYS_NFTABLES = 10
+_IPCTNL_MSG_CT_DELETE = 2
+_NFT_MSG_GETTABLE = 1
 
 _NLM_F_REQUEST = 0x1
 _NLM_F_ACK = 0x4
 _NLM_F_EXCL = 0x200
 _NLM_F_CREATE = 0x400
+_NLM_F_DUMP = 0x300
 _NLMSG_ERROR = 2
+_NLMSG_DONE = 3
 _RTM_NEWLINK = 16
 _RTM_DELLINK = 17
+_RTM_GETLINK = 18
 _RTM_NEWADDR = 20
 _RTM_NEWROUTE = 24
 
 _IFLA_IFNAME = 3
 _IFLA_LINKINFO = 18
 _IFLA_NET_NS_PID = 19
+_IFLA_NET_NS_FD = 28
 _IFLA_INFO_KIND = 1
 _IFLA_INFO_DATA = 2
 _VETH_INFO_PEER = 1
@@ -64,10 +74,10 @@ def _name(name: str) -> bytes:
 
 
 class _Socket:
-    """One rtnetlink socket; every request waits for its acknowledgement."""
+    """One netlink socket (rtnetlink unless told); every request waits for its acknowledgement."""
 
-    def __init__(self) -> None:
-        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+    def __init__(self, protocol: int = socket.NETLINK_ROUTE) -> None:
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
         self._seq = 0
 
     def close(self) -> None:
@@ -87,6 +97,26 @@ class _Socket:
                     if error:
                         raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
                     return
+                offset += max(16, (length + 3) & ~3)
+
+    def dump(self, kind: int, body: bytes, what: str) -> int:
+        """Send a dump request; return how many records came before its end."""
+        self._seq += 1
+        header = struct.pack("=IHHII", 16 + len(body), kind, _NLM_F_REQUEST | _NLM_F_DUMP, self._seq, 0)
+        self._sock.send(header + body)
+        records = 0
+        while True:
+            data = self._sock.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, msg_type, _flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
+                if seq == self._seq:
+                    if msg_type == _NLMSG_DONE:
+                        return records
+                    if msg_type == _NLMSG_ERROR:
+                        (error,) = struct.unpack_from("=i", data, offset + 16)
+                        raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
+                    records += 1
                 offset += max(16, (length + 3) & ~3)
 
 
@@ -130,6 +160,134 @@ def _configure_inside(sandbox_ip: str, gateway: str) -> None:
         sock.close()
 
 
+class Probe:
+    """Descriptors opened inside a network namespace, which look at it from
+    any thread: netlink sockets (bound to the namespace they are made in) and
+    ``/proc/net`` files (each bound to the namespace it was opened in, read
+    afresh from offset 0). They keep the namespace alive until :meth:`close`."""
+
+    _FILES = ("sockstat", "sockstat6", "unix", "packet")
+
+    def __init__(self) -> None:
+        """In a thread inside the namespace."""
+        self.route = _Socket()
+        self.netfilter: _Socket | None = None
+        self.files: dict[str, int] = {}
+        try:
+            self.netfilter = _Socket(_NETLINK_NETFILTER)
+            for name in self._FILES:
+                try:
+                    self.files[name] = os.open(f"/proc/thread-self/net/{name}", os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue  # no IPv6, or no packet sockets
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.route.close()
+        if self.netfilter is not None:
+            self.netfilter.close()
+        for fd in self.files.values():
+            os.close(fd)
+        self.files = {}
+
+    def read(self, name: str) -> bytes:
+        """The start of ``/proc/net/<name>`` of the namespace, as it is now ('' if absent)."""
+        fd = self.files.get(name)
+        return b"" if fd is None else os.pread(fd, 65536, 0)
+
+    def links(self) -> int:
+        """How many network interfaces the namespace has."""
+        return self.route.dump(_RTM_GETLINK, _ifinfo(), "links")
+
+    def nft_tables(self) -> int:
+        """How many nftables tables the namespace has."""
+        assert self.netfilter is not None
+        # struct nfgenmsg: family (NFPROTO_UNSPEC: every family), version, resource id
+        kind = _NFNL_SUBSYS_NFTABLES << 8 | _NFT_MSG_GETTABLE
+        return self.netfilter.dump(kind, struct.pack("=BBH", 0, 0, 0), "nft tables")
+
+    def flush_conntrack(self) -> None:
+        """Forget every connection-tracking entry of the namespace (nothing
+        to do where conntrack is not loaded)."""
+        assert self.netfilter is not None
+        kind = _NFNL_SUBSYS_CTNETLINK << 8 | _IPCTNL_MSG_CT_DELETE
+        for family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                self.netfilter.request(kind, 0, struct.pack("=BBH", family, 0, 0), "flush conntrack")
+            except NetlinkError as exc:
+                if exc.errno not in (errno.ENOENT, errno.EOPNOTSUPP, errno.EPROTONOSUPPORT):
+                    raise
+
+
+def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str = "") -> tuple[int, Probe]:
+    """A new network namespace with loopback up, and with ``host`` a veth to
+    this one as :func:`make_veth` makes; return a descriptor that holds the
+    namespace (close-on-exec) and a :class:`Probe` of it. The namespace is
+    made by a short-lived thread, which configures its inside through a
+    socket it opens there. Raises :class:`OSError`."""
+    made: list[int] = []
+    probes: list[Probe] = []
+
+    def inside() -> None:
+        host_sock = _Socket()  # opened before the thread leaves this namespace
+        try:
+            if _libc.unshare(_CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"unshare a network namespace: {os.strerror(err)}")
+            made.append(os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+            if host is not None:
+                peer = _ifinfo() + _name("eth0") + _attr(_IFLA_NET_NS_FD, struct.pack("=I", made[0]))
+                info = _attr(_IFLA_INFO_KIND, b"veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer))
+                body = _ifinfo(up=True) + _name(host) + _attr(_IFLA_LINKINFO, info)
+                host_sock.request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body, f"veth {host}")
+                _add_address(host_sock, _index_of(host_sock, host), host_ip, 30)
+        finally:
+            host_sock.close()
+        sock = _Socket()
+        try:
+            sock.request(_RTM_NEWLINK, 0, _ifinfo(socket.if_nametoindex("lo"), up=True), "lo up")
+        finally:
+            sock.close()
+        # No TIME_WAIT: a connection closed by the sandbox leaves no socket
+        # behind, so the namespace can be reused as soon as its processes are gone.
+        with open("/proc/sys/net/ipv4/tcp_max_tw_buckets", "w") as f:
+            f.write("0")
+        if host is not None:
+            _configure_inside(sandbox_ip, host_ip)
+        probes.append(Probe())
+
+    try:
+        _in_thread(inside)
+    except BaseException:
+        if made:
+            os.close(made[0])
+        raise
+    return made[0], probes[0]
+
+
+def _index_of(sock: _Socket, name: str) -> int:
+    """The index of interface ``name`` in the namespace of ``sock`` (the
+    calling thread may be elsewhere: ``if_nametoindex`` asks the thread's own)."""
+    body = _ifinfo() + _name(name)
+    sock._seq += 1
+    header = struct.pack("=IHHII", 16 + len(body), _RTM_GETLINK, _NLM_F_REQUEST, sock._seq, 0)
+    sock._sock.send(header + body)
+    while True:
+        data = sock._sock.recv(65536)
+        offset = 0
+        while offset + 16 <= len(data):
+            length, msg_type, _flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
+            if seq == sock._seq:
+                if msg_type == _NLMSG_ERROR:
+                    (error,) = struct.unpack_from("=i", data, offset + 16)
+                    raise NetlinkError(-error, f"index of {name}: {os.strerror(-error)}")
+                (index,) = struct.unpack_from("=i", data, offset + 16 + 4)
+                return int(index)
+            offset += max(16, (length + 3) & ~3)
+
+
 def delete_link(name: str) -> None:
     """Delete the interface ``name`` of this namespace (both ends of a veth go)."""
     sock = _Socket()
@@ -144,18 +302,44 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _in_namespace(pid: int, fn, *args) -> None:  # type: ignore[no-untyped-def]
     """Run ``fn(*args)`` in a new thread inside the network namespace of ``pid``."""
+
+    def body() -> None:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(fd, f"the network namespace of {pid}")
+        finally:
+            os.close(fd)
+        fn(*args)
+
+    _in_thread(body)
+
+
+def in_namespace_fd(fd: int, fn):  # type: ignore[no-untyped-def]
+    """Return ``fn()`` run in a new thread inside the network namespace ``fd`` holds."""
+    result: list[object] = []
+
+    def body() -> None:
+        _setns(fd, "a pooled network namespace")
+        result.append(fn())
+
+    _in_thread(body)
+    return result[0]
+
+
+def _setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns into {what}: {os.strerror(err)}")
+
+
+def _in_thread(fn) -> None:  # type: ignore[no-untyped-def]
+    """Run ``fn()`` in a thread of its own, which ends right after: whatever
+    namespace it entered goes with it. Its exception is raised here."""
     failure: list[BaseException] = []
 
     def body() -> None:
         try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into the network namespace of {pid}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            fn(*args)
+            fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             failure.append(exc)
 

@@ -14,7 +14,7 @@ import trio
 from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
 from agentcompass.runtime import cleanup_deadline
 
-from . import _host, _policy
+from . import _host, _policy, _pool
 from ._session import SandboxSession, fail
 
 #: Host programs the provider runs.
@@ -117,8 +117,11 @@ class SandboxEnvironment(BaseEnvironment):
             check_policy(policy, "network policy")
         except ComponentError as exc:
             raise fail(str(exc)) from None
+        # Every session borrows a network namespace made ahead (see _pool):
+        # with a veth when it starts with egress, with loopback only under none.
+        pool = _pool.current(veth=policy.mode != "none")
         session = SandboxSession(
-            name, options.max_output_bytes, options.memory_mb, options.pids_max, lookup=self.resolve_host
+            name, options.max_output_bytes, options.memory_mb, options.pids_max, lookup=self.resolve_host, pool=pool
         )
         try:
             await session.start(policy)
@@ -143,6 +146,7 @@ class SandboxEnvironment(BaseEnvironment):
         def sweep_all() -> None:
             for name in sorted(_host.names_with_prefix(tag)):
                 _host.destroy(name)
+            _pool.reclaim_stale_leases()  # a killed runtime's pool
 
         await trio.to_thread.run_sync(sweep_all)
 

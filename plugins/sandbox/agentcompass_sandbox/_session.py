@@ -2,9 +2,11 @@
 
 The session's first process is ``bwrap``, started by the runtime's spawner
 process (:mod:`._zygote`) as the host's ``nobody``, already in the session's
-cgroup: uid 1000 inside a new user namespace, with new mount, pid, ipc, uts,
-cgroup and network namespaces and ``--die-with-parent`` (its parent is the
-spawner, which exits with the runtime). Its init is a shell that says it is
+cgroup: uid 1000 inside a new user namespace, with new mount, pid, ipc, uts
+and cgroup namespaces and ``--die-with-parent`` (its parent is the
+spawner, which exits with the runtime), inside a network namespace lent
+by the runtime's pool (:mod:`._pool`) until ``close``, whose rules for the
+opening policy are in place before bwrap starts. Its init is a shell that says it is
 up and then waits on a pipe only the runtime holds, so it also ends when the
 session closes or the runtime dies. Every ``exec`` enters those namespaces
 with ``nsenter``, so processes an exec leaves in the background live on
@@ -28,7 +30,7 @@ import trio
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
 from agentcompass.runtime import OutputTail, cleanup_deadline
 
-from . import _host, _policy, _spawner
+from . import _host, _policy, _pool, _spawner
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
@@ -80,8 +82,12 @@ class SandboxSession(EnvironmentSession):
         memory_mb: int | None,
         pids_max: int | None,
         lookup: Callable[[str], list[str]] = _policy.lookup,
+        pool: _pool.Pool | None = None,
     ):
         self.name = name
+        self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
+        self._netns: _pool.Netns | None = None
+        self._ruleset_applied = False  # whether any policy installed rules (recycling resets them)
         self._lookup = lookup
         self._dir = _host.session_dir(name)
         self._max_output = max_output_bytes
@@ -118,8 +124,17 @@ class SandboxSession(EnvironmentSession):
             raise fail(str(exc)) from None
         except (OSError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: {exc}") from None
+        if self._netns is None:
+            await self._spawn_init(init_cg, binds, own_hosts, log_fd)
+            await self.set_network_policy(policy)
+            return
+        # The namespace exists already: its rules go in before anything runs there.
+        try:
+            await self.set_network_policy(policy)
+        except BaseException:
+            os.close(log_fd)
+            raise
         await self._spawn_init(init_cg, binds, own_hosts, log_fd)
-        await self.set_network_policy(policy)
 
     def _prepare(self) -> tuple[str, list[str], bool, int]:
         """Blocking, in one worker-thread hop: the state directory, the
@@ -127,6 +142,9 @@ class SandboxSession(EnvironmentSession):
         /etc/hosts, and bwrap's log file (a descriptor the caller closes)."""
         _host.make_session_dir(self.name)
         self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max)
+        if self._pool is not None:
+            self._netns = self._pool.take()
+            self._lease = self._netns.lease
         init_cg = _host.exec_cgroup(self._cgroups["track"], "init")
         own_hosts = (self._dir / "hosts").exists()
         log_fd = os.open(self._dir / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -146,8 +164,10 @@ class SandboxSession(EnvironmentSession):
             mounts += ["--bind", str(self._dir / sub), "/" + sub]
         if own_hosts:
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
+        # A pooled namespace is entered by the spawner; otherwise bwrap makes one (loopback only).
+        share = [] if self._netns is None else ["--share-net"]
         argv = [
-            "bwrap", "--die-with-parent", "--unshare-all", "--uid", str(_host.INSIDE_UID),
+            "bwrap", "--die-with-parent", "--unshare-all", *share, "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", *mounts,
             "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
@@ -162,6 +182,7 @@ class SandboxSession(EnvironmentSession):
                 argv,
                 [keep_read, out_write, log_fd, info_write, block_read, info_read, block_write],
                 self._procs_files(init_cg),
+                None if self._netns is None else self._netns.fd,
             )
         except BaseException as exc:
             os.close(out_read)
@@ -325,8 +346,6 @@ class SandboxSession(EnvironmentSession):
         apply to their next packet (a connection the new policy forbids stops
         working). ``allowlist`` names are resolved now, on the host."""
         self._check_open()
-        assert self._init_pid is not None
-        init_pid = self._init_pid
         try:
             if policy.mode not in ("none", "allowlist", "full"):
                 raise ValueError(f"unknown network policy {policy.mode!r}")
@@ -339,16 +358,27 @@ class SandboxSession(EnvironmentSession):
             # Restrict before connecting: rules go in before a veth is made, so a
             # failure part-way never leaves the sandbox with more access than asked.
             if policy.mode != "full" and (policy.mode == "allowlist" or self._lease is not None or self._ruleset):
-                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset(policy.mode, resolved))
+                self._ruleset_applied = True
+                await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset(policy.mode, resolved))
                 self._ruleset = True
             if policy.mode != "none" and self._lease is None:
-                await trio.to_thread.run_sync(self._make_network, init_pid)
+                assert self._init_pid is not None  # a pooled namespace without a veth is lent under none only
+                await trio.to_thread.run_sync(self._make_network, self._init_pid)
             if policy.mode == "full" and self._ruleset:
-                await trio.to_thread.run_sync(_host.apply_ruleset, init_pid, _policy.ruleset("full"))
+                await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset("full"))
                 self._ruleset = False
         except (OSError, ValueError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
         self._policy = policy
+
+    def _apply_ruleset(self, ruleset: str) -> None:
+        """Blocking: ``nft -f`` in the session's network namespace (a pooled
+        one through its descriptor, so even before the sandbox starts)."""
+        if self._netns is not None:
+            _host.apply_ruleset_in(self._netns.fd, ruleset)
+        else:
+            assert self._init_pid is not None
+            _host.apply_ruleset(self._init_pid, ruleset)
 
     def _write_hosts(self, resolved: list[_policy.Resolved]) -> None:
         """Blocking: rewrite the sandbox's /etc/hosts in place (it is bind-mounted by inode)."""
@@ -391,8 +421,23 @@ class SandboxSession(EnvironmentSession):
             self._lifeline = None
         # bwrap is in the session's cgroup from its first instruction, so the
         # teardown kills it with everything it started.
-        await trio.to_thread.run_sync(_host.destroy, self.name)
+        await trio.to_thread.run_sync(self._destroy)
         self._destroyed = True
+
+    def _destroy(self) -> None:
+        """Blocking: the teardown, then the pooled namespace goes back (or,
+        if the teardown failed, is destroyed: something may still run in it)."""
+        netns = self._netns
+        try:
+            _host.destroy(self.name)
+        except BaseException:
+            if netns is not None and self._pool is not None:
+                self._netns = None
+                self._pool.discard(netns)
+            raise
+        if netns is not None and self._pool is not None:
+            self._netns = None
+            self._pool.give_back(netns, self._ruleset_applied)
 
 
 async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:

@@ -106,7 +106,7 @@ def _this_run() -> _Exchange:
         return exchange
 
 
-async def spawn(argv: list[str], fds: list[int], cgroups: list[str]) -> tuple[int, int]:
+async def spawn(argv: list[str], fds: list[int], cgroups: list[str], netns: int | None = None) -> tuple[int, int]:
     """Start bwrap (``argv``, which must pass ``--info-fd 3 --block-fd 4``)
     as the host's ``nobody`` with no supplementary groups. ``fds`` are the
     child's 0, 1, 2, 3 (write end of the info pipe) and 4 (read end of the
@@ -116,7 +116,9 @@ async def spawn(argv: list[str], fds: list[int], cgroups: list[str]) -> tuple[in
     Return (bwrap's pid, its child's pid); they are children of the spawner,
     not of the runtime. Raise :class:`HostError` when bwrap did not start.
     Every descriptor of ``fds`` is closed here (once handed over, or on
-    failure): the spawner sees bwrap fail by its info pipe ending.
+    failure): the spawner sees bwrap fail by its info pipe ending. With
+    ``netns`` (a descriptor of a network namespace, which stays the
+    caller's), bwrap starts inside that namespace.
 
     Requests from concurrent callers are in flight together. Once a request
     is sent, its reply is awaited even under cancellation (bounded), so a
@@ -128,10 +130,10 @@ async def spawn(argv: list[str], fds: list[int], cgroups: list[str]) -> tuple[in
             spawner = await trio.to_thread.run_sync(_prepare, argv[0])
         request_id = next(_ids)
         argv = [_programs[argv[0]], *argv[1:]]
-        message = json.dumps({"id": request_id, "argv": argv, "cgroups": cgroups}).encode()
+        message = json.dumps({"id": request_id, "argv": argv, "cgroups": cgroups, "netns": netns is not None})
         exchange = _this_run()
         async with exchange.send_lock:
-            await _send(spawner.sock, message, fds)
+            await _send(spawner.sock, message.encode(), fds if netns is None else [*fds, netns])
         while open_fds:
             os.close(open_fds.pop())
         with trio.move_on_after(_REPLY_SECONDS, shield=True):

@@ -14,11 +14,13 @@ every supplementary group, so that a child started with
 ``posix_spawn(resetids=True)`` (a ``vfork``: nothing of this process is
 copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 
-Each request is one JSON message ``{"id", "argv", "cgroups"}`` (``argv``
-starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven descriptors:
-the child's 0 to 4 (stdin, stdout, stderr, the write end of its info pipe,
-the read end of its block pipe), then the read end of the info pipe and the
-write end of the block pipe, for the spawner. The spawner starts bwrap, reads
+Each request is one JSON message ``{"id", "argv", "cgroups", "netns"}``
+(``argv`` starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven
+descriptors: the child's 0 to 4 (stdin, stdout, stderr, the write end of its
+info pipe, the read end of its block pipe), then the read end of the info
+pipe and the write end of the block pipe, for the spawner; with ``netns``
+true, an eighth: a network namespace, which the main thread enters just
+for the ``posix_spawn`` (bwrap is born in it) and leaves right after. The spawner starts bwrap, reads
 the pid of bwrap's child in the sandbox from the info pipe, moves both
 processes into the ``cgroups`` (``cgroup.procs`` files), and only then lets
 the child go on by writing to the block pipe: bwrap's child starts no
@@ -47,9 +49,12 @@ import sys
 import threading
 import time
 
-# Descriptors received with a request: the child's 0, 1, 2, 3, 4, then the spawner's two.
+# Descriptors received with a request: the child's 0, 1, 2, 3, 4, then the
+# spawner's two, then (with "netns") the network namespace to start bwrap in.
 _CHILD_FDS = 5
 _FDS = _CHILD_FDS + 2
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 # Received descriptors are moved above this, out of the way of the child's.
 _HIGH_FD = 64
 # bwrap writes its info right after its first clone: milliseconds.
@@ -87,16 +92,43 @@ def _read_info(fd):  # type: ignore[no-untyped-def]
         return info if isinstance(info, dict) and isinstance(info.get("child-pid"), int) else None
 
 
-def _start(request, fds):  # type: ignore[no-untyped-def]
+def _setns(fd):  # type: ignore[no-untyped-def]
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "setns: " + os.strerror(err))
+
+
+def _start(request, fds, home_netns):  # type: ignore[no-untyped-def]
     """In the main thread, which lives as long as this process: bwrap's
-    --die-with-parent follows the thread that started it."""
+    --die-with-parent follows the thread that started it. With a network
+    namespace, the thread enters it for the spawn (the child is born in
+    it) and comes back right after."""
     argv = request["argv"]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds[:_CHILD_FDS])]
+    netns = fds[_FDS] if len(fds) > _FDS else None
     try:
-        return os.posix_spawn(
-            argv[0], argv, os.environ, file_actions=actions, resetids=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=()
-        )
+        if netns is not None:
+            _setns(netns)
+        try:
+            return os.posix_spawn(
+                argv[0],
+                argv,
+                os.environ,
+                file_actions=actions,
+                resetids=True,
+                setsigdef=_DEFAULT_SIGNALS,
+                setsigmask=(),
+            )
+        finally:
+            if netns is not None:
+                try:
+                    _setns(home_netns)
+                except OSError:
+                    os._exit(1)  # never start a later sandbox in the wrong namespace
     finally:
+        if netns is not None:
+            os.close(netns)
+            del fds[_FDS:]
         # Our copies of the child's ends: the info pipe must end when bwrap's do.
         for fd in fds[:_CHILD_FDS]:
             os.close(fd)
@@ -173,6 +205,7 @@ def main():  # type: ignore[no-untyped-def]
         keep = json.loads(sock.recv(1 << 20) or b"[]")
     except OSError:
         return
+    home_netns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     _lean_mounts([os.path.normpath(p) for p in keep])
     os.setgroups([])
     os.setresgid(gid, 0, 0)
@@ -181,7 +214,7 @@ def main():  # type: ignore[no-untyped-def]
     send_lock = threading.Lock()
     while True:
         try:
-            message, received, _flags, _addr = socket.recv_fds(sock, 1 << 20, _FDS, socket.MSG_CMSG_CLOEXEC)
+            message, received, _flags, _addr = socket.recv_fds(sock, 1 << 20, _FDS + 1, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             return
         if not message:
@@ -191,9 +224,10 @@ def main():  # type: ignore[no-untyped-def]
             os.close(r)
         request = json.loads(message)
         try:
-            if len(fds) != _FDS:
-                raise OSError(f"expected {_FDS} descriptors, got {len(fds)}")
-            pid = _start(request, fds)
+            expected = _FDS + 1 if request.get("netns") else _FDS
+            if len(fds) != expected:
+                raise OSError(f"expected {expected} descriptors, got {len(fds)}")
+            pid = _start(request, fds, home_netns)
         except OSError as exc:
             for fd in fds:
                 os.close(fd)
