@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 
 _CLONE_NEWNET = 0x40000000
 _NETLINK_NETFILTER = 12
@@ -83,41 +84,52 @@ class _Socket:
     def close(self) -> None:
         self._sock.close()
 
-    def request(self, kind: int, flags: int, body: bytes, what: str) -> None:
+    def _replies(self, kind: int, flags: int, body: bytes) -> Iterator[tuple[int, bytes, int]]:
+        """Send one message; yield (type, data, offset of its payload) of every reply to it."""
         self._seq += 1
-        header = struct.pack("=IHHII", 16 + len(body), kind, flags | _NLM_F_REQUEST | _NLM_F_ACK, self._seq, 0)
-        self._sock.send(header + body)
-        while True:
-            data = self._sock.recv(65536)
-            offset = 0
-            while offset + 16 <= len(data):
-                length, msg_type, _flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
-                if msg_type == _NLMSG_ERROR and seq == self._seq:
-                    (error,) = struct.unpack_from("=i", data, offset + 16)
-                    if error:
-                        raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
-                    return
-                offset += max(16, (length + 3) & ~3)
-
-    def dump(self, kind: int, body: bytes, what: str) -> int:
-        """Send a dump request; return how many records came before its end."""
-        self._seq += 1
-        header = struct.pack("=IHHII", 16 + len(body), kind, _NLM_F_REQUEST | _NLM_F_DUMP, self._seq, 0)
-        self._sock.send(header + body)
-        records = 0
+        self._sock.send(struct.pack("=IHHII", 16 + len(body), kind, flags | _NLM_F_REQUEST, self._seq, 0) + body)
         while True:
             data = self._sock.recv(65536)
             offset = 0
             while offset + 16 <= len(data):
                 length, msg_type, _flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
                 if seq == self._seq:
-                    if msg_type == _NLMSG_DONE:
-                        return records
-                    if msg_type == _NLMSG_ERROR:
-                        (error,) = struct.unpack_from("=i", data, offset + 16)
-                        raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
-                    records += 1
+                    yield msg_type, data, offset + 16
                 offset += max(16, (length + 3) & ~3)
+
+    def request(self, kind: int, flags: int, body: bytes, what: str) -> None:
+        for msg_type, data, at in self._replies(kind, flags | _NLM_F_ACK, body):
+            if msg_type == _NLMSG_ERROR:
+                _raise_error(data, at, what, zero_ok=True)
+                return
+
+    def dump(self, kind: int, body: bytes, what: str) -> int:
+        """Send a dump request; return how many records came before its end."""
+        records = 0
+        for msg_type, data, at in self._replies(kind, _NLM_F_DUMP, body):
+            if msg_type == _NLMSG_DONE:
+                break
+            if msg_type == _NLMSG_ERROR:
+                _raise_error(data, at, what)
+            records += 1
+        return records
+
+    def index_of(self, name: str) -> int:
+        """The index of interface ``name`` in this socket's namespace (the
+        calling thread may be elsewhere: ``if_nametoindex`` asks the thread's own)."""
+        for msg_type, data, at in self._replies(_RTM_GETLINK, 0, _ifinfo() + _name(name)):
+            if msg_type == _NLMSG_ERROR:
+                _raise_error(data, at, f"index of {name}")
+            (index,) = struct.unpack_from("=i", data, at + 4)
+            return int(index)
+        raise NetlinkError(errno.EIO, f"index of {name}: no reply")
+
+
+def _raise_error(data: bytes, at: int, what: str, zero_ok: bool = False) -> None:
+    """Raise the error an NLMSG_ERROR payload carries (0 is an acknowledgement)."""
+    (error,) = struct.unpack_from("=i", data, at)
+    if error or not zero_ok:
+        raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
 
 
 def _add_address(sock: _Socket, index: int, address: str, prefix: int) -> None:
@@ -242,7 +254,7 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
                 info = _attr(_IFLA_INFO_KIND, b"veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer))
                 body = _ifinfo(up=True) + _name(host) + _attr(_IFLA_LINKINFO, info)
                 host_sock.request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body, f"veth {host}")
-                _add_address(host_sock, _index_of(host_sock, host), host_ip, 30)
+                _add_address(host_sock, host_sock.index_of(host), host_ip, 30)
         finally:
             host_sock.close()
         sock = _Socket()
@@ -266,26 +278,6 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
         raise
     return made[0], probes[0]
 
-
-def _index_of(sock: _Socket, name: str) -> int:
-    """The index of interface ``name`` in the namespace of ``sock`` (the
-    calling thread may be elsewhere: ``if_nametoindex`` asks the thread's own)."""
-    body = _ifinfo() + _name(name)
-    sock._seq += 1
-    header = struct.pack("=IHHII", 16 + len(body), _RTM_GETLINK, _NLM_F_REQUEST, sock._seq, 0)
-    sock._sock.send(header + body)
-    while True:
-        data = sock._sock.recv(65536)
-        offset = 0
-        while offset + 16 <= len(data):
-            length, msg_type, _flags, seq, _pid = struct.unpack_from("=IHHII", data, offset)
-            if seq == sock._seq:
-                if msg_type == _NLMSG_ERROR:
-                    (error,) = struct.unpack_from("=i", data, offset + 16)
-                    raise NetlinkError(-error, f"index of {name}: {os.strerror(-error)}")
-                (index,) = struct.unpack_from("=i", data, offset + 16 + 4)
-                return int(index)
-            offset += max(16, (length + 3) & ~3)
 
 
 def delete_link(name: str) -> None:
