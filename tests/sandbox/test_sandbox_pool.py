@@ -329,3 +329,35 @@ async def test_sigkill_of_the_runtime_leaves_no_pooled_namespace(provider: Sandb
                 with contextlib.suppress(OSError):
                     owners.append((_host.LEASE_DIR / entry).read_text())
         assert not [o for o in owners if o.startswith(f"{_pool.LEASE_OWNER_PREFIX}{runtime.pid}-")]
+
+
+async def test_without_reuse_close_destroys_the_namespace_and_its_veth(tag: str) -> None:
+    provider = SandboxEnvironment({"reuse_network_namespaces": False})
+    pool = _pool.current(veth=True)
+    try:
+        with hang_guard(60):
+            made, recycled, destroyed = pool.made, pool.recycled, pool.destroyed
+            a = await provider.open(None, FULL, f"{tag}-a")
+            try:
+                assert a._netns is not None
+                veth = a._netns.veth
+                assert veth is not None and veth in veths()
+            finally:
+                await a.close()
+            assert (pool.recycled, pool.destroyed) == (recycled, destroyed + 1)
+            # The kernel removes the namespace, and its veth with it, once nothing holds it.
+            for _ in range(400):
+                if veth not in veths():
+                    break
+                await trio.sleep(0.01)
+            else:
+                raise AssertionError(f"{veth} is still there after close")
+            b = await provider.open(None, FULL, f"{tag}-b")
+            try:
+                assert pool.made == made + 2, "open did not make a new namespace"
+            finally:
+                await b.close()
+    finally:
+        left = await census(tag)
+        await provider.sweep(tag)
+        assert not left, f"the test left {left}"

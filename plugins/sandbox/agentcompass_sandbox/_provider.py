@@ -59,7 +59,8 @@ class SandboxEnvironment(BaseEnvironment):
 
     Config: ``memory_mb`` and ``pids_max`` (cgroup limits of the whole
     session; none by default), ``max_output_bytes`` (per stream of one
-    ``exec``; 1 MiB). Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
+    ``exec``; 1 MiB), ``reuse_network_namespaces`` (give a session's
+    network namespace back to the pool at close; true). Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
     id: ClassVar[str] = "sandbox"
@@ -69,6 +70,7 @@ class SandboxEnvironment(BaseEnvironment):
         memory_mb: int | None = attrs.field(default=None, validator=_positive)
         pids_max: int | None = attrs.field(default=None, validator=_positive)
         max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
+        reuse_network_namespaces: bool = True
 
     def host_euid(self) -> int:
         """The uid :meth:`preflight` checks (a seam: override to model another host)."""
@@ -121,7 +123,13 @@ class SandboxEnvironment(BaseEnvironment):
         # with a veth when it starts with egress, with loopback only under none.
         pool = _pool.current(veth=policy.mode != "none")
         session = SandboxSession(
-            name, options.max_output_bytes, options.memory_mb, options.pids_max, lookup=self.resolve_host, pool=pool
+            name,
+            options.max_output_bytes,
+            options.memory_mb,
+            options.pids_max,
+            lookup=self.resolve_host,
+            pool=pool,
+            recycle=options.reuse_network_namespaces,
         )
         try:
             await session.start(policy)

@@ -83,9 +83,11 @@ class SandboxSession(EnvironmentSession):
         pids_max: int | None,
         lookup: Callable[[str], list[str]] = _policy.lookup,
         pool: _pool.Pool | None = None,
+        recycle: bool = True,
     ):
         self.name = name
         self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
+        self._recycle = recycle  # give the namespace back at close (False: destroy it)
         self._netns: _pool.Netns | None = None
         self._ruleset_applied = False  # whether any policy installed rules (recycling resets them)
         self._lookup = lookup
@@ -437,7 +439,10 @@ class SandboxSession(EnvironmentSession):
             raise
         if netns is not None and self._pool is not None:
             self._netns = None
-            self._pool.give_back(netns, self._ruleset_applied)
+            if self._recycle:
+                self._pool.give_back(netns, self._ruleset_applied)
+            else:
+                self._pool.discard(netns)
 
 
 async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:
