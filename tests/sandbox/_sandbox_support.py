@@ -63,3 +63,12 @@ async def wait_for_file(session, path: str, seconds: float = 10) -> bytes:  # ty
                 return await session.read_file(path)
             except FileNotFoundError:
                 await trio.sleep(0.02)
+
+
+async def first_line(process: trio.Process) -> bytes:
+    """What ``process`` wrote to its stdout up to its first newline (or its end)."""
+    assert process.stdout is not None
+    said = b""
+    while b"\n" not in said and (chunk := await process.stdout.receive_some(256)):
+        said += chunk
+    return said

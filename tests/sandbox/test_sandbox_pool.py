@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from _sandbox_support import census, new_tag, requires_sandbox, veths, wait_for_file
+from _sandbox_support import census, first_line, new_tag, requires_sandbox, veths, wait_for_file
 from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _netlink, _pool, _spawner
 
 from agentcompass import NetworkPolicy
@@ -305,11 +305,7 @@ async def test_sigkill_of_the_runtime_leaves_no_pooled_namespace(provider: Sandb
             [sys.executable, "-c", _RUNTIME, tag], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         try:
-            assert runtime.stdout is not None
-            said = b""
-            while b"\n" not in said and (chunk := await runtime.stdout.receive_some(256)):
-                said += chunk
-            pooled = set(said.decode().split())
+            pooled = set((await first_line(runtime)).decode().split())
             assert len(pooled) == 3 and pooled <= veths()
         finally:
             runtime.send_signal(signal.SIGKILL)

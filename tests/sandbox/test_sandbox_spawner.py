@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from _sandbox_support import census, leftovers, requires_sandbox
+from _sandbox_support import census, first_line, leftovers, requires_sandbox
 from agentcompass_sandbox import SandboxEnvironment, _host, _spawner
 
 from agentcompass.testing import hang_guard
@@ -95,11 +95,7 @@ async def test_sandboxes_end_with_the_runtime_that_started_them(tag: str) -> Non
                 [sys.executable, "-c", _RUNTIME, name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
             )
             try:
-                assert runtime.stdout is not None
-                said = b""
-                while b"\n" not in said and (chunk := await runtime.stdout.receive_some(64)):
-                    said += chunk
-                assert said == b"open\n"
+                assert await first_line(runtime) == b"open\n"
                 assert [p for p in await census(name) if p.startswith("process")], "the sandbox should be running"
             finally:
                 runtime.send_signal(signal.SIGKILL)

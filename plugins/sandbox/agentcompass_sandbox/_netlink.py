@@ -132,6 +132,16 @@ def _raise_error(data: bytes, at: int, what: str, zero_ok: bool = False) -> None
         raise NetlinkError(-error, f"{what}: {os.strerror(-error)}")
 
 
+def _add_veth(sock: _Socket, host: str, host_ip: str, peer_namespace: bytes) -> None:
+    """The veth ``host`` (up, ``host_ip``/30) in the namespace of ``sock``; its
+    peer ``eth0`` in the namespace ``peer_namespace`` (an IFLA_NET_NS_* attribute) names."""
+    peer = _ifinfo() + _name("eth0") + peer_namespace
+    info = _attr(_IFLA_INFO_KIND, b"veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer))
+    body = _ifinfo(up=True) + _name(host) + _attr(_IFLA_LINKINFO, info)
+    sock.request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body, f"veth {host}")
+    _add_address(sock, sock.index_of(host), host_ip, 30)
+
+
 def _add_address(sock: _Socket, index: int, address: str, prefix: int) -> None:
     packed = socket.inet_aton(address)
     # struct ifaddrmsg: family, prefixlen, flags, scope, index
@@ -148,11 +158,7 @@ def make_veth(host: str, init_pid: int, host_ip: str, sandbox_ip: str) -> None:
     try:
         # The peer cannot be brought up in the same request (its other end
         # does not exist yet when the kernel configures it): done inside.
-        peer = _ifinfo() + _name("eth0") + _attr(_IFLA_NET_NS_PID, struct.pack("=I", init_pid))
-        info = _attr(_IFLA_INFO_KIND, b"veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer))
-        body = _ifinfo(up=True) + _name(host) + _attr(_IFLA_LINKINFO, info)
-        sock.request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body, f"veth {host}")
-        _add_address(sock, socket.if_nametoindex(host), host_ip, 30)
+        _add_veth(sock, host, host_ip, _attr(_IFLA_NET_NS_PID, struct.pack("=I", init_pid)))
     finally:
         sock.close()
     _in_namespace(init_pid, _configure_inside, sandbox_ip, host_ip)
@@ -250,11 +256,7 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
                 raise OSError(err, f"unshare a network namespace: {os.strerror(err)}")
             made.append(os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
             if host is not None:
-                peer = _ifinfo() + _name("eth0") + _attr(_IFLA_NET_NS_FD, struct.pack("=I", made[0]))
-                info = _attr(_IFLA_INFO_KIND, b"veth") + _attr(_IFLA_INFO_DATA, _attr(_VETH_INFO_PEER, peer))
-                body = _ifinfo(up=True) + _name(host) + _attr(_IFLA_LINKINFO, info)
-                host_sock.request(_RTM_NEWLINK, _NLM_F_CREATE | _NLM_F_EXCL, body, f"veth {host}")
-                _add_address(host_sock, host_sock.index_of(host), host_ip, 30)
+                _add_veth(host_sock, host, host_ip, _attr(_IFLA_NET_NS_FD, struct.pack("=I", made[0])))
         finally:
             host_sock.close()
         sock = _Socket()
