@@ -509,8 +509,8 @@ def show(run_dir: Path | None, output_root: Path) -> None:
 
     RUN_DIR may also be a request directory (OUTPUT_ROOT/NAME): its runs are listed.
     """
-    from ._report import render_run_list
-    from ._store import load_run, render_run_table
+    from ._report import render_run_list, render_run_table
+    from ._store import load_run
     from .runtime._errors import ConfigError
 
     if run_dir is None:

@@ -10,7 +10,7 @@ import agentcompass.testing  # noqa: F401
 from agentcompass import ComponentRef, Orchestration, RunRequest, TaskSpec
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._progress import ProgressDisplay
-from agentcompass._store import FakeDisk
+from agentcompass.testing._fake_disk import FakeDisk
 
 
 def _task(i: int) -> TaskSpec:

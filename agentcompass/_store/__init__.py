@@ -1,11 +1,10 @@
 """The results store (SPEC 8): run directories, durable writes, task keys,
-reading runs back, metrics, summary and ``compass show``.
+reading runs back and metrics.
 
 Private package: the runtime imports these names; users see only the files.
 """
 
 from ._disk import Disk as Disk
-from ._fake_disk import FakeDisk as FakeDisk
 from ._keys import task_key as task_key
 from ._load import LoadedRun as LoadedRun
 from ._load import latest_run as latest_run
@@ -16,5 +15,3 @@ from ._run_store import RunStore as RunStore
 from ._run_store import StoreClosedError as StoreClosedError
 from ._run_store import new_run_id as new_run_id
 from ._run_store import open_run_store as open_run_store
-from ._show import render_run_table as render_run_table
-from ._summary import render_summary as render_summary

@@ -13,7 +13,7 @@ import trio.testing
 
 from agentcompass import Orchestration, OrchestrationResult, register
 from agentcompass._orchestration._launch import orchestrate
-from agentcompass._store import FakeDisk, load_run, open_run_store
+from agentcompass._store import load_run, open_run_store
 from agentcompass.runtime import (
     DEFAULT_CLEANUP_GRACE_SECONDS,
     AttemptRecord,
@@ -24,6 +24,7 @@ from agentcompass.runtime import (
     open_model_clients,
 )
 from agentcompass.testing import FakeEnvironment, fake_request, hang_guard, reset_logs
+from agentcompass.testing._fake_disk import FakeDisk
 from agentcompass.testing._harness import FakeHarness
 
 

@@ -24,7 +24,7 @@ from _orch_support import (  # noqa: F401  (fixtures)
 )
 
 from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
-from agentcompass._store import FakeDisk
+from agentcompass.testing._fake_disk import FakeDisk
 
 
 def _k(k: int) -> ExecutionSpec:

@@ -29,8 +29,9 @@ from _orch_support import (  # noqa: F401  (fixtures)
 
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
-from agentcompass._store import FakeDisk, RunStore
+from agentcompass._store import RunStore
 from agentcompass.testing import FakeEnvironment, call_log, fake_request
+from agentcompass.testing._fake_disk import FakeDisk
 
 
 @agentcompass.register

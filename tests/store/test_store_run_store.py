@@ -13,7 +13,6 @@ import trio.testing
 
 from agentcompass._store import (
     Disk,
-    FakeDisk,
     StoreClosedError,
     _run_store,
     latest_run,
@@ -24,6 +23,7 @@ from agentcompass._store import (
 from agentcompass._store._disk import is_temp_name, temp_name
 from agentcompass._store._run_store import RUN_ID_PATTERN, RunStore
 from agentcompass.runtime import AttemptRecord, Issue, RunResult, TaskRecord
+from agentcompass.testing._fake_disk import FakeDisk
 
 
 def attempt(n: int, value: object = 1.0, *issues: Issue) -> AttemptRecord:

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentcompass._store import (
-    compute_metrics,
-    load_run,
-    open_run_store,
-    render_run_table,
-    render_summary,
-)
+from agentcompass._report import render_run_table, render_summary
+from agentcompass._store import compute_metrics, load_run, open_run_store
 from agentcompass.runtime import AttemptRecord, Issue, TaskRecord
 
 

@@ -1,4 +1,4 @@
-"""What ``compass launch`` prints when a run ends, and ``compass show``'s run list.
+"""What ``compass launch`` prints when a run ends.
 
 A compact report per request that fits 80 columns: status and task counts,
 the metrics table, the tasks that did not pass (a few), and where the run
@@ -8,12 +8,13 @@ elsewhere plain aligned text, so logs and CI output stay readable.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
-from ._store import load_run
-from ._store._format import (
+from .._store import load_run
+from ._format import (
     fmt_metric,
     fmt_value,
     issue_text,
@@ -23,7 +24,7 @@ from ._store._format import (
     worst_issue,
 )
 
-__all__ = ["display_path", "render_request_report", "render_run_list"]
+__all__ = ["display_path", "read_json", "render_request_report"]
 
 WIDTH = 80
 #: Runs with more tasks than this report counts only (reading every record costs time).
@@ -42,7 +43,7 @@ def display_path(path: str | Path) -> Path:
     return path
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -56,7 +57,7 @@ def _passed(value: Any) -> bool:
 def render_request_report(name: str, status: str, run_dir: str, metrics: dict[str, Any] | None, tty: bool) -> str:
     """The end-of-run report of one request (``tty``: a rich table)."""
     directory = Path(run_dir)
-    metrics = metrics if metrics and "series" in metrics else _read_json(directory / "metrics.json")
+    metrics = metrics if metrics and "series" in metrics else read_json(directory / "metrics.json")
     series: dict[str, Any] = (metrics or {}).get("series", {})
     primary = next(iter(series), None)
     records: list[Any] = []
@@ -133,7 +134,7 @@ def _rich(
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=WIDTH, record=True, file=_Discard(), force_terminal=True)
+    console = Console(width=WIDTH, record=True, file=io.StringIO(), force_terminal=True)
     console.print(title, style="bold", markup=False, highlight=False)
     if metric_rows:
         table = Table(*metric_header, box=None, pad_edge=False, header_style="bold")
@@ -154,34 +155,3 @@ def _rich(
     for line in footer:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return console.export_text(styles=True).rstrip("\n")
-
-
-class _Discard:
-    """A file that drops what is written (the console is only recorded)."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        return None
-
-
-def render_run_list(request_dir: Path) -> str:
-    """The runs of one request directory, oldest first: id, status, tasks, primary value."""
-    from ._store._run_store import run_is_live
-    from ._store._show import run_status
-
-    rows = []
-    for run_dir in sorted(p for p in request_dir.iterdir() if (p / "run_info.json").is_file()):
-        info = _read_json(run_dir / "run_info.json") or {}
-        metrics = _read_json(run_dir / "metrics.json") or {}
-        series = metrics.get("series", {})
-        primary = next(iter(series), None)
-        value = fmt_metric(series[primary].get("value")) if primary else "-"
-        total = str(series[primary].get("total", "")) if primary else "-"
-        # A run whose process died before it ended is "interrupted", never "running".
-        status = run_status(info, run_is_live(run_dir)) if isinstance(info, dict) else "unknown"
-        rows.append([run_dir.name, status, total, f"{primary}={value}" if primary else "-"])
-    if not rows:
-        return f"No runs in {request_dir}."
-    return f"Runs of {request_dir.name} in {request_dir}:\n" + text_table(["run", "status", "tasks", "primary"], rows)

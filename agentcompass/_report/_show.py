@@ -1,18 +1,23 @@
-"""``compass show RUN_DIR``: a run directory as plain text.
+"""``compass show``: a run directory, or the runs of a request, as plain text.
 
-Shows what is on disk even for a run that never finalized: finished tasks
+A run's table shows what is on disk even for a run that never finalized: finished tasks
 from ``details/``, unfinished ones from their checkpoints, sessions still
 open, and what the loader had to skip.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from .._store import LoadedRun
+from .._store._run_store import run_is_live
+from ._end import read_json
 from ._format import (
     METRIC_COLUMNS,
     attempt_counts,
     attempt_values,
+    fmt_metric,
     issue_text,
     metric_cells,
     no_score_sentence,
@@ -22,9 +27,8 @@ from ._format import (
     text_table,
     worst_issue,
 )
-from ._load import LoadedRun
 
-__all__ = ["TERMINAL_STATUSES", "render_run_table", "run_status"]
+__all__ = ["TERMINAL_STATUSES", "render_run_list", "render_run_table", "run_status"]
 
 
 #: Statuses a run ends with; any other (``running``, none) means it has not ended.
@@ -100,3 +104,21 @@ def render_run_table(
     if loaded.notes:
         out += ["", "Notes:"] + [f"- {note}" for note in loaded.notes]
     return "\n".join(out) + "\n"
+
+
+def render_run_list(request_dir: Path) -> str:
+    """The runs of one request directory, oldest first: id, status, tasks, primary value."""
+    rows = []
+    for run_dir in sorted(p for p in request_dir.iterdir() if (p / "run_info.json").is_file()):
+        info = read_json(run_dir / "run_info.json") or {}
+        metrics = read_json(run_dir / "metrics.json") or {}
+        series = metrics.get("series", {})
+        primary = next(iter(series), None)
+        value = fmt_metric(series[primary].get("value")) if primary else "-"
+        total = str(series[primary].get("total", "")) if primary else "-"
+        # A run whose process died before it ended is "interrupted", never "running".
+        status = run_status(info, run_is_live(run_dir)) if isinstance(info, dict) else "unknown"
+        rows.append([run_dir.name, status, total, f"{primary}={value}" if primary else "-"])
+    if not rows:
+        return f"No runs in {request_dir}."
+    return f"Runs of {request_dir.name} in {request_dir}:\n" + text_table(["run", "status", "tasks", "primary"], rows)

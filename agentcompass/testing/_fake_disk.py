@@ -1,4 +1,4 @@
-"""A :class:`~._disk.Disk` for tests: real files, Trio-time latency, injected errors.
+"""A :class:`~agentcompass._store._disk.Disk` for tests: real files, Trio-time latency, injected errors.
 
 ``FakeDisk`` does the real disk's file operations in the Trio thread (so the
 files are there for :func:`load_run` and for assertions), skips the flushes,
@@ -25,7 +25,7 @@ real disk's thread. :attr:`~FakeDisk.ops` lists every operation done,
 :attr:`~FakeDisk.appended` every line appended with the Trio time it reached
 the file, and :attr:`~FakeDisk.runs` counts the worker calls (one per batch).
 ``clock`` replaces the wall clock the store stamps its lines with
-(:meth:`Disk.now <._disk.Disk.now>`), e.g. to map each stamped line back to
+(:meth:`Disk.now <agentcompass._store._disk.Disk.now>`), e.g. to map each stamped line back to
 the instant it was stamped.
 """
 
@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ._disk import Disk
+from .._store._disk import Disk
 
 __all__ = ["FakeDisk", "Fault"]
 
