@@ -25,8 +25,6 @@ from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
 __all__ = ["LoadedRun", "latest_run", "load_run"]
 
 _ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
-_CHUNK = 1 << 16
 
 
 @attrs.frozen
@@ -124,19 +122,8 @@ def _loads(data: bytes) -> Any:
 
 
 def _read_bytes(path: Path | str) -> bytes:
-    # Plain fd calls: the open() file object costs twice as much, which
-    # matters for thousands of small records.
-    fd = os.open(path, _READ_FLAGS)
-    try:
-        data = os.read(fd, _CHUNK)
-        if len(data) == _CHUNK:
-            chunks = [data]
-            while chunk := os.read(fd, _CHUNK):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    return data
+    with open(path, "rb") as file:
+        return file.read()
 
 
 def _json_files(directory: Path) -> list[os.DirEntry[str]]:

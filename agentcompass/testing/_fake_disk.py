@@ -69,7 +69,6 @@ class FakeDisk(Disk):
     ``appended`` every ``(Trio time, path, line)`` appended, in order."""
 
     def __init__(self, *, latency: float = 0.0, clock: Callable[[], float] = time.time) -> None:
-        super().__init__(syncfs=False)
         self.latency = latency
         self.clock = clock
         self.faults: list[Fault] = []
