@@ -82,6 +82,9 @@ class Disk:
     one ``syncfs(2)`` on Linux, else an ``fsync`` per path.
     """
 
+    def __init__(self, *, syncfs: bool = True) -> None:
+        self._syncfs = _SYNCFS if syncfs else None
+
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a store thread. The caller owns cancellation: the
         store shields this until its close deadline, then abandons the thread
@@ -154,10 +157,10 @@ class Disk:
         for path in paths:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                if _SYNCFS is None:
+                if self._syncfs is None:
                     os.fsync(fd)
                     continue
-                if _SYNCFS(fd) != 0:
+                if self._syncfs(fd) != 0:
                     code = ctypes.get_errno()
                     raise OSError(code, os.strerror(code))
                 return  # the run directory is on one filesystem: one syncfs covers every path
