@@ -79,6 +79,27 @@ def retryable_issues(issues: list[Issue], patterns: list[Any]) -> list[tuple[Iss
     return found
 
 
+class _NoDeadline:
+    """Stands in for a cancel scope when a phase has no timeout: five scopes
+    per attempt are a tenth of its cost (bench ``overhead``)."""
+
+    cancelled_caught = False
+
+    def __enter__(self) -> _NoDeadline:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_DEADLINE = _NoDeadline()
+
+
+def _deadline_scope(deadline: float) -> trio.CancelScope | _NoDeadline:
+    """A cancel scope with ``deadline``, or none at all for no deadline."""
+    return _NO_DEADLINE if deadline == math.inf else trio.CancelScope(deadline=deadline)
+
+
 class _Stop(Exception):
     """Internal: the try cannot usefully continue (the issue is recorded)."""
 
@@ -216,7 +237,7 @@ class _Try:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = self.now()
-        with trio.CancelScope(deadline=self.setup_deadline) as scope:
+        with _deadline_scope(self.setup_deadline) as scope:
             env = await self._open(session, config, issues)
             opened = self.now()
             if debug_enabled():
@@ -241,7 +262,7 @@ class _Try:
         started = False
         try:
             start = self.now()
-            with trio.CancelScope(deadline=self.setup_deadline) as scope:
+            with _deadline_scope(self.setup_deadline) as scope:
                 if harness is not None:
                     self.harness_session = await self._step(
                         issues, "start_session", "setup", harness.start_session, self.out.prepared, env, ctx.request.model, plan
@@ -272,7 +293,7 @@ class _Try:
         hard_stop = math.inf if plan.run_timeout_seconds is None else plan.run_timeout_seconds + compensation
         start = self.now()
         result: Any = None
-        with trio.CancelScope(deadline=self.now() + hard_stop) as scope:
+        with _deadline_scope(self.now() + hard_stop) as scope:
             try:
                 if ctx.harness is not None:
                     where = "harness_run"
@@ -308,7 +329,7 @@ class _Try:
         # the way to the score, so the evaluation timeout bounds it too, and a
         # collection that overruns it is a FATAL collect failure.
         timeout = self.plan.evaluation_timeout_seconds
-        with trio.CancelScope(deadline=self._after(timeout)) as scope:
+        with _deadline_scope(self._after(timeout)) as scope:
             result = await self._step(
                 issues,
                 "collect_artifacts",
@@ -341,7 +362,7 @@ class _Try:
         start = self.now()
         evaluation: Any = None
         raised = False
-        with trio.CancelScope(deadline=deadline) as scope:
+        with _deadline_scope(deadline) as scope:
             try:
                 evaluation = await ctx.benchmark.evaluate(self.out.prepared, self.out.run_result, env, ctx.request)
             except Exception as exc:
@@ -376,7 +397,7 @@ class _Try:
         deadline = self._evaluation_deadline()
         try:
             if plan.evaluation_network_policy != env.policy:
-                with trio.CancelScope(deadline=deadline) as scope:
+                with _deadline_scope(deadline) as scope:
                     try:
                         await env.set_network_policy(plan.evaluation_network_policy)
                     except Exception as exc:
@@ -409,7 +430,7 @@ class _Try:
 
     async def _fresh_stage(self, config: Any, issues: list[Issue], session: TrackedSession) -> None:
         timeout = self.ctx.request.execution.setup_timeout_seconds
-        with trio.CancelScope(deadline=self._after(timeout)) as scope:
+        with _deadline_scope(self._after(timeout)) as scope:
             env = await self._open(session, config, issues)
         if scope.cancelled_caught:
             issues.append(Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s"))
