@@ -57,6 +57,7 @@ EXTRA_NAMES = {
     "ConfigError",
     "ComponentError",
     "RunFailedError",
+    "FileRefusedError",
     "build_component",
 }
 

@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ..runtime._components import EnvironmentSession
-from ..runtime._errors import IssueError
+from ..runtime._errors import FileRefusedError, IssueError
 from ..runtime._results import ExecResult, Issue, Phase
 from ..runtime._values import NetworkPolicy
 from ._context import GraceClock, RequestContext
@@ -48,8 +48,8 @@ class GuardedSession(EnvironmentSession):
     async def _call(self, operation: str, fn: Any, *args: Any) -> Any:
         try:
             return await fn(*args)
-        except (IssueError, EnvironmentFailure):
-            raise
+        except (IssueError, EnvironmentFailure, FileRefusedError):
+            raise  # FileRefusedError is what the session made: the component decides
         except Exception as exc:
             raise EnvironmentFailure(operation, exc) from exc
 
@@ -62,8 +62,29 @@ class GuardedSession(EnvironmentSession):
     ) -> ExecResult:
         return await self._call("exec", self._inner.exec, cmd, timeout, cwd, env)
 
-    async def read_file(self, path: str) -> bytes:
-        return await self._call("read_file", self._inner.read_file, path)
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        if max_bytes is None:  # providers written before max_bytes keep working
+            return await self._call("read_file", self._inner.read_file, path)
+        return await self._call("read_file", self._inner.read_file, path, max_bytes)
+
+    async def exec_private(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        directory: str,
+        max_bytes: int,
+    ) -> tuple[ExecResult, dict[str, bytes]]:
+        try:
+            return await self._inner.exec_private(cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
+        except NotImplementedError:
+            raise  # the caller falls back to exec and read_file
+        except (IssueError, EnvironmentFailure):
+            raise
+        except Exception as exc:
+            raise EnvironmentFailure("exec_private", exc) from exc
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         await self._call("write_file", self._inner.write_file, path, data)

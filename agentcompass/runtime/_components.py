@@ -272,6 +272,13 @@ class EnvironmentSession:
     the run's one grace deadline, never a fixed number of seconds of your
     own. ``agentcompass.testing`` has a conformance kit that checks a
     provider against this contract.
+
+    Everything a session runs is untrusted. Its processes (the init, every
+    ``exec``, whatever they leave running) start from an empty environment
+    plus what the plan and the component give: no variable, file,
+    descriptor or credential of the runtime's own. The runtime addresses a
+    session by something its processes cannot make refer to another
+    session (a pidfd, a cgroup, a container id), never a pid number.
     """
 
     @property
@@ -339,21 +346,57 @@ class EnvironmentSession:
             await on_output("stderr", result.stderr.encode("utf-8", errors="surrogateescape"))
         return attrs.evolve(result, stdout="", stderr="")
 
-    async def read_file(self, path: str) -> bytes:
-        """Return the bytes of the file at ``path``.
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Return the bytes of the regular file at ``path``, at most ``max_bytes``
+        (``None``: :data:`~agentcompass.runtime.DEFAULT_MAX_READ_BYTES`).
 
-        Raise :exc:`FileNotFoundError` when it does not exist (other file
-        errors as the usual :exc:`OSError` subclasses). Refuse a path that
-        resolves outside the sandbox by raising (``local`` raises a FATAL
-        :class:`IssueError`), never by reading the host's file.
+        What a session holds is hostile: its processes may swap any path
+        component for a link while this runs. Never follow a symbolic link
+        out of the session, never block on what the session made, never read
+        more than the limit. Raise :exc:`FileNotFoundError` when the file
+        does not exist (other file errors as the usual :exc:`OSError`
+        subclasses) and :class:`~agentcompass.FileRefusedError` for a link
+        on the way, a file that is not regular (a FIFO, a device, a socket)
+        or one longer than ``max_bytes``. Refuse a path that names a place
+        outside the sandbox (``..``, another root) by raising (``local``
+        raises a FATAL :class:`IssueError`), never by reading the host's
+        file. Like ``exec``, it is cancellable. Host-side providers get all
+        of this from :func:`~agentcompass.runtime.read_beneath`.
         """
         raise NotImplementedError
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` (a ``str`` is UTF-8 encoded) to ``path``, replacing the file.
 
-        Create missing parent directories. Paths outside the sandbox are
-        refused as in :meth:`read_file`.
+        Create missing parent directories. Never write through a link or
+        into a file the session planted at ``path``: replace it
+        (:func:`~agentcompass.runtime.write_beneath`). Paths outside the
+        sandbox are refused as in :meth:`read_file`.
+        """
+        raise NotImplementedError
+
+    async def exec_private(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        directory: str,
+        max_bytes: int,
+    ) -> tuple[ExecResult, dict[str, bytes]]:
+        """Run ``cmd`` as :meth:`exec` does, with ``directory`` replaced, for
+        this command's process tree only, by a new empty directory that
+        nothing else running in the session can see, read or write; return
+        its result and the regular files the command left there (path
+        relative to ``directory`` -> bytes, at most ``max_bytes`` in all;
+        links, special files and what is past the limit are left out).
+
+        It is how a verifier writes its reward where processes an agent left
+        running cannot rewrite it, while they keep running for the verifier
+        to test. Optional: the default raises :exc:`NotImplementedError`
+        and callers then fall back to :meth:`exec` and :meth:`read_file`,
+        which a process of the session can race.
         """
         raise NotImplementedError
 

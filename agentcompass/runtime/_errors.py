@@ -7,6 +7,7 @@ Tree::
     │   └── ComponentError(ConfigError)            unknown id, bad component config, contract violation
     ├── IssueError(CompassError)                   a component's classified failure -> an Issue
     │   └── ModelError(IssueError)                 a model call's classified failure (``chat_client``)
+    ├── FileRefusedError(CompassError, OSError)    a session file the runtime will not read or write
     └── RunFailedError(CompassError, RuntimeError) ``run_evaluation`` of a request that did not succeed
 
 ``Cancelled``, ``KeyboardInterrupt`` and ``SystemExit`` are never wrapped.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from ._results import Issue, Phase, Severity
 
-__all__ = ["CompassError", "ComponentError", "ConfigError", "IssueError", "RunFailedError"]
+__all__ = ["CompassError", "ComponentError", "ConfigError", "FileRefusedError", "IssueError", "RunFailedError"]
 
 
 class CompassError(Exception):
@@ -46,6 +47,15 @@ class IssueError(CompassError):
 
     def to_issue(self, phase: Phase) -> Issue:
         return Issue(self.severity, self.phase or phase, self.code, self.message)
+
+
+class FileRefusedError(CompassError, OSError):
+    """A session file operation refused what the session made: a symbolic
+    link on the way, a file that is not regular (a FIFO, a device, a socket),
+    or more bytes than the caller allows. What a session contains is the
+    agent's doing, so this is not an infrastructure failure: the runtime
+    passes it to the component unchanged, which decides what it means
+    (``terminal`` scores an unreadable reward 0 with a WARNING)."""
 
 
 class RunFailedError(CompassError, RuntimeError):
