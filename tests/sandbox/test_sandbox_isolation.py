@@ -13,7 +13,7 @@ import trio
 from _sandbox_support import census, requires_sandbox
 from agentcompass_sandbox import SandboxEnvironment
 
-from agentcompass import IssueError, NetworkPolicy
+from agentcompass import FileRefusedError, IssueError, NetworkPolicy
 from agentcompass.testing import hang_guard
 
 pytestmark = requires_sandbox
@@ -77,10 +77,13 @@ async def test_a_write_to_a_host_path_does_not_reach_the_host(provider: SandboxE
                 with pytest.raises(IssueError, match="outside"):
                     await session.read_file(path)
             assert (await session.exec("ln -s /etc/shadow /app/link")).exit_code == 0
-            with pytest.raises(IssueError, match="outside"):
+            with pytest.raises(FileRefusedError, match="symbolic link"):
                 await session.read_file("/app/link")
-            with pytest.raises(IssueError, match="outside"):
-                await session.write_file("/app/link", "overwrite")
+            # A write replaces the planted link; the host file is never opened.
+            shadow = Path("/etc/shadow").read_bytes()
+            await session.write_file("/app/link", "overwrite")
+            assert Path("/etc/shadow").read_bytes() == shadow
+            assert (await session.exec("test ! -L /app/link && cat /app/link")).stdout == "overwrite"
         finally:
             await session.close()
     assert not host_file.exists()

@@ -191,10 +191,6 @@ def read_marker(name: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def chown_tree(path: Path) -> None:
-    """Give files the runtime wrote into the sandbox to the sandbox user."""
-    os.chown(path, HOST_UID, HOST_UID, follow_symlinks=False)
-
 
 # ------------------------------------------------------------------ cgroups
 
@@ -472,13 +468,13 @@ def leases_with_prefix(tag: str) -> set[str]:
     return names
 
 
-def make_veth(name: str, init_pid: int, index: int) -> None:
+def make_veth(name: str, netns_fd: int, index: int) -> None:
     """A veth pair: host end ``veth_name(name)``, ``eth0`` in the sandbox's
     namespace, addresses and default route; NAT for it on the host."""
     host_ip, sandbox_ip = lease_addresses(index)
     ensure_nat()
     try:
-        _netlink.make_veth(veth_name(name), init_pid, host_ip, sandbox_ip)
+        _netlink.make_veth(veth_name(name), netns_fd, host_ip, sandbox_ip)
     except OSError as exc:
         raise HostError(f"could not make the sandbox's veth: {exc}") from None
 
@@ -515,10 +511,6 @@ def enable_forwarding() -> None:
     with contextlib.suppress(OSError):
         if path.read_text().strip() != "1":
             path.write_text("1")
-
-
-def apply_ruleset(init_pid: int, ruleset: str) -> None:
-    run(["nsenter", "-t", str(init_pid), "-n", "nft", "-f", "-"], input=ruleset.encode())
 
 
 def apply_ruleset_in(netns_fd: int, ruleset: str) -> None:

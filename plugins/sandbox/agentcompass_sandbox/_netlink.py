@@ -39,7 +39,6 @@ _RTM_NEWROUTE = 24
 
 _IFLA_IFNAME = 3
 _IFLA_LINKINFO = 18
-_IFLA_NET_NS_PID = 19
 _IFLA_NET_NS_FD = 28
 _IFLA_INFO_KIND = 1
 _IFLA_INFO_DATA = 2
@@ -150,18 +149,18 @@ def _add_address(sock: _Socket, index: int, address: str, prefix: int) -> None:
     sock.request(_RTM_NEWADDR, _NLM_F_CREATE | _NLM_F_EXCL, body, f"address {address}/{prefix}")
 
 
-def make_veth(host: str, init_pid: int, host_ip: str, sandbox_ip: str) -> None:
+def make_veth(host: str, netns_fd: int, host_ip: str, sandbox_ip: str) -> None:
     """A veth pair, both ends up: ``host`` here with ``host_ip``/30, ``eth0``
-    in the network namespace of ``init_pid`` with ``sandbox_ip``/30 and a
+    in the network namespace ``netns_fd`` holds with ``sandbox_ip``/30 and a
     default route via ``host_ip``. Raises :class:`OSError`."""
     sock = _Socket()
     try:
         # The peer cannot be brought up in the same request (its other end
         # does not exist yet when the kernel configures it): done inside.
-        _add_veth(sock, host, host_ip, _attr(_IFLA_NET_NS_PID, struct.pack("=I", init_pid)))
+        _add_veth(sock, host, host_ip, _attr(_IFLA_NET_NS_FD, struct.pack("=I", netns_fd)))
     finally:
         sock.close()
-    _in_namespace(init_pid, _configure_inside, sandbox_ip, host_ip)
+    in_namespace_fd(netns_fd, lambda: _configure_inside(sandbox_ip, host_ip))
 
 
 def _configure_inside(sandbox_ip: str, gateway: str) -> None:
@@ -294,26 +293,12 @@ def delete_link(name: str) -> None:
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _in_namespace(pid: int, fn, *args) -> None:  # type: ignore[no-untyped-def]
-    """Run ``fn(*args)`` in a new thread inside the network namespace of ``pid``."""
-
-    def body() -> None:
-        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(fd, f"the network namespace of {pid}")
-        finally:
-            os.close(fd)
-        fn(*args)
-
-    _in_thread(body)
-
-
 def in_namespace_fd(fd: int, fn):  # type: ignore[no-untyped-def]
     """Return ``fn()`` run in a new thread inside the network namespace ``fd`` holds."""
     result: list[object] = []
 
     def body() -> None:
-        _setns(fd, "a pooled network namespace")
+        _setns(fd, "the session's network namespace")
         result.append(fn())
 
     _in_thread(body)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import posixpath
+import select
 import subprocess
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -28,7 +30,7 @@ from typing import Any
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
-from agentcompass.runtime import OutputTail, cleanup_deadline
+from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath, write_beneath
 
 from . import _host, _policy, _pool, _spawner
 
@@ -43,6 +45,15 @@ _WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift
 # stdin (close(), or the runtime's exit).
 _INIT = "echo ready; read _"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The whole environment of every process the runtime starts for a session
+#: (bwrap and its init, nsenter and its wrapper): the runtime's own
+#: environment, which may hold API keys, never reaches a sandbox.
+BASE_ENV = {"PATH": _PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
+#: The namespaces an exec enters, as nsenter names them, by the descriptors
+#: the session holds: taken from its init once, so a pid number is never
+#: looked up again (a dead init's number may be another session's by then).
+_NAMESPACES = (("user", "user"), ("mnt", "mount"), ("pid", "pid"), ("uts", "uts"), ("ipc", "ipc"),
+               ("net", "net"), ("cgroup", "cgroup"))  # fmt: skip
 
 
 def fail(message: str) -> IssueError:
@@ -72,7 +83,8 @@ def _root_binds() -> list[str]:
 class SandboxSession(EnvironmentSession):
     """One open sandbox. File paths: absolute under ``/app``, ``/tests``,
     ``/logs`` or ``/solution``, or relative to ``/app``; they are read and
-    written from the host side and must resolve inside those directories.
+    written from the host side, walking from the session's directory
+    without following any link (:func:`agentcompass.runtime.read_beneath`).
     Every operation after :meth:`close` raises FATAL ``environment_failed``."""
 
     def __init__(
@@ -97,7 +109,8 @@ class SandboxSession(EnvironmentSession):
         self._pids_max = pids_max
         self._cgroups: dict[str, str] = {}
         self._lifeline: int | None = None  # write end of the init's stdin
-        self._init_pid: int | None = None
+        self._init_pid: int | None = None  # host pid of bwrap's pid 1, valid only while start runs
+        self._ns_fds: dict[str, int] = {}  # the init's namespaces, held from start to close
         self._lease: int | None = None
         self._ruleset = False  # whether an nftables table is installed in the namespace
         self._hosts_extended = False  # whether /etc/hosts holds allowlisted names
@@ -185,6 +198,7 @@ class SandboxSession(EnvironmentSession):
                 [keep_read, out_write, log_fd, info_write, block_read, info_read, block_write],
                 self._procs_files(init_cg),
                 None if self._netns is None else self._netns.fd,
+                BASE_ENV,
             )
         except BaseException as exc:
             os.close(out_read)
@@ -200,8 +214,12 @@ class SandboxSession(EnvironmentSession):
         if ready != b"ready\n":
             raise fail(f"sandbox {self.name}: bwrap did not start its init ({ready!r}): {await self._log()}")
         # bwrap's pid 1 in the sandbox (the init's parent) is past its setup
-        # once the init runs: every exec enters its namespaces.
+        # once the init runs: every exec enters its namespaces, held from now on.
         self._init_pid = child_pid
+        try:
+            self._ns_fds = await trio.to_thread.run_sync(_open_namespaces, child_pid)
+        except OSError as exc:
+            raise fail(f"sandbox {self.name}: its init ended while it started ({exc})") from None
 
     async def _log(self) -> str:
         """bwrap's error output, on one line."""
@@ -238,7 +256,6 @@ class SandboxSession(EnvironmentSession):
         :meth:`close`; the call does not wait for them.
         """
         self._check_open()
-        assert self._init_pid is not None
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
         workdir = str(PurePosixPath("/app") / (cwd or "."))
         variables = {
@@ -259,13 +276,17 @@ class SandboxSession(EnvironmentSession):
         uid = str(_host.INSIDE_UID)
         full = [
             "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
-            "nsenter", "-t", str(self._init_pid), "-U", "-m", "-p", "-u", "-i", "-n", "-C",
-            "-S", uid, "-G", uid, "-r", "-w",
+            *self.nsenter_args(), "-S", uid, "-G", uid,
             "env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv,
         ]  # fmt: skip
         try:
             proc = await trio.lowlevel.open_process(
-                full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                full,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=BASE_ENV,
+                pass_fds=tuple(self._ns_fds.values()),
             )
         except OSError as exc:
             raise fail(f"sandbox {self.name}: could not start nsenter: {exc}") from None
@@ -301,45 +322,43 @@ class SandboxSession(EnvironmentSession):
         assert code is not None
         return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
 
+    def nsenter_args(self) -> list[str]:
+        """``nsenter`` and its namespace options: the session's namespaces by
+        the descriptors it holds (pass them with ``pass_fds``), never by pid.
+        Once the init has died, entering fails (its pid namespace takes no
+        new process), so a command of a dead session runs nowhere."""
+        if not self._ns_fds:
+            raise fail(f"sandbox {self.name} has not started")
+        return ["nsenter", *(f"--{option}=/proc/self/fd/{self._ns_fds[ns]}" for ns, option in _NAMESPACES)]
+
     # ------------------------------------------------------------ files
 
-    def _resolve(self, path: str | os.PathLike[str]) -> Path:
-        """Host path of a sandbox path, confined to the Harbor directories (blocking)."""
-        raw = PurePosixPath(os.fspath(path))
-        if not raw.is_absolute():
-            raw = PurePosixPath("/app") / raw
-        parts = raw.parts[1:]
+    def _locate(self, path: str | os.PathLike[str]) -> tuple[Path, str]:
+        """(host directory, path beneath it) of a sandbox path, refused when it
+        names a place outside the Harbor directories. Only lexical: the
+        session's links are dealt with by opening, never by resolving."""
+        raw = posixpath.normpath(str(PurePosixPath("/app") / os.fspath(path)))
+        parts = raw.split("/")[1:]
         if not parts or parts[0] not in _host.SUBDIRS:
-            raise fail(f"path {str(raw)!r} is outside the sandbox's /app, /tests, /logs and /solution")
-        base = (self._dir / parts[0]).resolve()
-        resolved = base.joinpath(*parts[1:]).resolve()
-        if not resolved.is_relative_to(base):
-            raise fail(f"path {str(raw)!r} resolves outside its sandbox directory")
-        return resolved
+            raise fail(f"path {os.fspath(path)!r} is outside the sandbox's /app, /tests, /logs and /solution")
+        return self._dir / parts[0], "/".join(parts[1:]) or "."
 
-    async def read_file(self, path: str) -> bytes:
-        """Read a file (path rules in the class docstring)."""
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a regular file of at most ``max_bytes`` (path rules in the
+        class docstring); a link on the way, a FIFO, a device or a longer
+        file raises :class:`~agentcompass.FileRefusedError` without blocking."""
         self._check_open()
-        return await trio.to_thread.run_sync(lambda: self._resolve(path).read_bytes())
+        root, relpath = self._locate(path)
+        return await trio.to_thread.run_sync(read_beneath, root, relpath, max_bytes)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write a file, creating parent directories, owned by the sandbox user."""
+        """Replace a file, creating parent directories; what it makes belongs
+        to the sandbox user. A link on the way is refused, never followed."""
         self._check_open()
         payload = data.encode() if isinstance(data, str) else bytes(data)
-
-        def write() -> None:
-            target = self._resolve(path)
-            missing = []
-            parent = target.parent
-            while not parent.exists():
-                missing.append(parent)
-                parent = parent.parent
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(payload)
-            for made in [target, *missing]:
-                _host.chown_tree(made)
-
-        await trio.to_thread.run_sync(write)
+        root, relpath = self._locate(path)
+        owner = (_host.HOST_UID, _host.HOST_UID)
+        await trio.to_thread.run_sync(write_beneath, root, relpath, payload, owner)
 
     # ------------------------------------------------------------ network
 
@@ -364,8 +383,8 @@ class SandboxSession(EnvironmentSession):
                 await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset(policy.mode, resolved))
                 self._ruleset = True
             if policy.mode != "none" and self._lease is None:
-                assert self._init_pid is not None  # a pooled namespace without a veth is lent under none only
-                await trio.to_thread.run_sync(self._make_network, self._init_pid)
+                # A pooled namespace without a veth is lent under none only.
+                await trio.to_thread.run_sync(self._make_network, self._ns_fds["net"])
             if policy.mode == "full" and self._ruleset:
                 await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset("full"))
                 self._ruleset = False
@@ -379,8 +398,7 @@ class SandboxSession(EnvironmentSession):
         if self._netns is not None:
             _host.apply_ruleset_in(self._netns.fd, ruleset)
         else:
-            assert self._init_pid is not None
-            _host.apply_ruleset(self._init_pid, ruleset)
+            _host.apply_ruleset_in(self._ns_fds["net"], ruleset)
 
     def _write_hosts(self, resolved: list[_policy.Resolved]) -> None:
         """Blocking: rewrite the sandbox's /etc/hosts in place (it is bind-mounted by inode)."""
@@ -394,7 +412,7 @@ class SandboxSession(EnvironmentSession):
                 f.write(text)
                 f.truncate()
 
-    def _make_network(self, init_pid: int) -> None:
+    def _make_network(self, netns_fd: int) -> None:
         """Blocking: lease a subnet (recorded in the marker first, so teardown
         finds it) and make the veth."""
         marker = {**_host.read_marker(self.name), "network": True}
@@ -402,7 +420,7 @@ class SandboxSession(EnvironmentSession):
         lease = _host.acquire_lease(self.name)
         self._lease = lease
         _host.write_marker(self.name, {**marker, "lease": lease})
-        _host.make_veth(self.name, init_pid, lease)
+        _host.make_veth(self.name, netns_fd, lease)
 
     @property
     def addresses(self) -> tuple[str, str] | None:
@@ -421,6 +439,9 @@ class SandboxSession(EnvironmentSession):
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
+        for fd in self._ns_fds.values():
+            os.close(fd)
+        self._ns_fds = {}
         # bwrap is in the session's cgroup from its first instruction, so the
         # teardown kills it with everything it started.
         await trio.to_thread.run_sync(self._destroy)
@@ -450,3 +471,23 @@ async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done:
     while chunk := await stream.receive_some(_CHUNK):
         buffer.append(chunk)
     done.set()
+
+
+def _open_namespaces(pid: int) -> dict[str, int]:
+    """Blocking: descriptors of ``pid``'s namespaces, taken while a pidfd
+    shows it alive throughout, so they are that process's and no later
+    holder's of the number."""
+    pidfd = os.pidfd_open(pid)
+    fds: dict[str, int] = {}
+    try:
+        for ns, _option in _NAMESPACES:
+            fds[ns] = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
+        if select.select([pidfd], [], [], 0)[0]:  # readable: it exited meanwhile
+            raise ProcessLookupError(f"process {pid} exited")
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    finally:
+        os.close(pidfd)
+    return fds

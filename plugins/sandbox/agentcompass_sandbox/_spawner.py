@@ -73,6 +73,7 @@ def _start() -> _Spawner:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(HOST_UID), str(HOST_UID)],
                 pass_fds=(theirs.fileno(),),
+                env={},  # nothing of the runtime's environment, which may hold keys
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
             )
@@ -106,9 +107,12 @@ def _this_run() -> _Exchange:
         return exchange
 
 
-async def spawn(argv: list[str], fds: list[int], cgroups: list[str], netns: int | None = None) -> tuple[int, int]:
+async def spawn(
+    argv: list[str], fds: list[int], cgroups: list[str], netns: int | None = None, env: dict[str, str] | None = None
+) -> tuple[int, int]:
     """Start bwrap (``argv``, which must pass ``--info-fd 3 --block-fd 4``)
-    as the host's ``nobody`` with no supplementary groups. ``fds`` are the
+    as the host's ``nobody`` with no supplementary groups, with ``env`` as its
+    whole environment (none: empty). ``fds`` are the
     child's 0, 1, 2, 3 (write end of the info pipe) and 4 (read end of the
     block pipe), then the other ends of those two pipes, for the spawner.
     Bwrap and its child in the sandbox are moved into the cgroups whose
@@ -130,7 +134,9 @@ async def spawn(argv: list[str], fds: list[int], cgroups: list[str], netns: int 
             spawner = await trio.to_thread.run_sync(_prepare, argv[0])
         request_id = next(_ids)
         argv = [_programs[argv[0]], *argv[1:]]
-        message = json.dumps({"id": request_id, "argv": argv, "cgroups": cgroups, "netns": netns is not None})
+        message = json.dumps(
+            {"id": request_id, "argv": argv, "env": env or {}, "cgroups": cgroups, "netns": netns is not None}
+        )
         exchange = _this_run()
         async with exchange.send_lock:
             await _send(spawner.sock, message.encode(), fds if netns is None else [*fds, netns])

@@ -14,8 +14,9 @@ every supplementary group, so that a child started with
 ``posix_spawn(resetids=True)`` (a ``vfork``: nothing of this process is
 copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 
-Each request is one JSON message ``{"id", "argv", "cgroups", "netns"}``
-(``argv`` starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven
+Each request is one JSON message ``{"id", "argv", "env", "cgroups", "netns"}``
+(``env`` is bwrap's whole environment: nothing of this process's or the
+runtime's own reaches a sandbox; ``argv`` starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven
 descriptors: the child's 0 to 4 (stdin, stdout, stderr, the write end of its
 info pipe, the read end of its block pipe), then the read end of the info
 pipe and the write end of the block pipe, for the spawner; with ``netns``
@@ -113,7 +114,7 @@ def _start(request, fds, home_netns):  # type: ignore[no-untyped-def]
             return os.posix_spawn(
                 argv[0],
                 argv,
-                os.environ,
+                request.get("env") or {},
                 file_actions=actions,
                 resetids=True,
                 setsigdef=_DEFAULT_SIGNALS,
