@@ -17,6 +17,7 @@ from agentcompass.runtime import (
     ComponentError,
     ComponentRef,
     ExecutionPlan,
+    FileRefusedError,
     IssueError,
     NetworkPolicy,
 )
@@ -119,8 +120,17 @@ async def test_symlink_escape_refused(session: LocalSession, tmp_path: Path):
     (app / "dirlink").symlink_to(outside)
     (app / "filelink").symlink_to(outside / "secret.txt")
 
+    # A link on the way is never followed: refused as a link (ELOOP), or as not
+    # a directory (ENOTDIR: what O_NOFOLLOW | O_DIRECTORY gives on Linux).
     for path in ("/app/dirlink/secret.txt", "/app/filelink", "app/dirlink/new.txt"):
-        await assert_read_and_write_refused(session, path)
+        with pytest.raises((FileRefusedError, NotADirectoryError)):
+            await session.read_file(path)
+    for path in ("/app/dirlink/secret.txt", "app/dirlink/new.txt"):
+        with pytest.raises((FileRefusedError, NotADirectoryError)):
+            await session.write_file(path, "overwritten")
+    # A link at the end is replaced by the new file, not written through.
+    await session.write_file("/app/filelink", "replaced")
+    assert not (app / "filelink").is_symlink() and (app / "filelink").read_text() == "replaced"
     assert (outside / "secret.txt").read_text() == "secret"
     assert not (outside / "new.txt").exists()
 
@@ -149,6 +159,36 @@ async def test_exec_captures_output_exit_code_and_env(session: LocalSession):
 
     assert (await session.exec("printf 'a\\377b'")).stdout == "a\ufffdb"
     assert (await session.exec("kill -TERM $$")).exit_code == -15
+
+
+async def test_exec_sees_none_of_the_runtimes_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # The runtime's own environment is the input here: a key, and a PATH of its own.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-runtime-secret")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'runtime-bin'}:{os.environ['PATH']}")
+    session = await LocalEnvironment({"root": str(tmp_path / "sandboxes")}).open(None, FULL)
+    try:
+        listing = await session.exec("env", env={"GIVEN": "by-the-component"})
+    finally:
+        await session.close()
+    assert listing.exit_code == 0
+    variables = dict(line.split("=", 1) for line in listing.stdout.splitlines())
+    assert "sk-runtime-secret" not in listing.stdout
+    root = root_of(session)
+    assert variables.pop("PATH") == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert variables.pop("HOME") == str(root)
+    assert variables.pop("GIVEN") == "by-the-component"
+    # What bash sets for itself, beside what the session gives.
+    for own in ("PWD", "SHLVL", "_", "OLDPWD"):
+        variables.pop(own, None)
+    assert variables == {
+        "LANG": "C.UTF-8",
+        "APP_DIR": str(root / "app"),
+        "TESTS_DIR": str(root / "tests"),
+        "LOGS_DIR": str(root / "logs"),
+        "SOLUTION_DIR": str(root / "solution"),
+        "AGENTCOMPASS_SANDBOX": str(root),
+        "AGENTCOMPASS_SANDBOX_NAME": session.name,
+    }
 
 
 async def test_exec_output_is_bounded_keeping_the_tail(tmp_path: Path):

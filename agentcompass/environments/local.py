@@ -10,10 +10,31 @@ absolute under one of the virtual roots ``/app``, ``/tests``, ``/logs``,
 ``/solution``, so code written for the Harbor layout works unchanged as long
 as its shell scripts say ``${APP_DIR:-/app}`` instead of ``/app``.
 
+Every process starts from an empty environment plus a fixed minimal set
+(:data:`BASE_ENV`: ``PATH``, ``HOME``, ``LANG``), the four directory variables,
+the two tag variables below and what the caller's ``env`` adds: none of the
+runtime's own variables (an API key, a token) is passed on. ``PATH`` is a
+fixed default, not the runtime's, which can name a virtualenv or a user's
+private tool directories; ``HOME`` is the sandbox directory, so tools that
+write under ``~`` write into the session and go with it.
+
+``read_file`` and ``write_file`` never follow a symbolic link and never open
+what the session made for reading unless it is a regular file within the
+caller's ``max_bytes`` (:func:`agentcompass.runtime.read_beneath`); a write
+replaces the file by a rename. A link on the way, a FIFO, a device or a file
+too large raises :class:`agentcompass.FileRefusedError`.
+
 Non-goals: this is not a security boundary. It enforces only the ``full``
-network policy (:meth:`LocalEnvironment.build_config` rejects any other), and
-its path checks stop accidents and Harbor-layout paths from touching the host,
-not a hostile agent, which can run any command as your user anyway. Use the
+network policy (:meth:`LocalEnvironment.build_config` rejects any other).
+Its file operations confine the runtime's own reads and writes, not the
+session, whose commands run as your user and can read and write whatever you
+can. In particular, what :class:`~agentcompass.runtime.EnvironmentSession`
+asks of every provider, that a session never sees the runtime's variables,
+files or credentials, ``local`` cannot meet: the runtime's pid is not hidden
+(a command can find it as its parent's parent), and a process of the same
+user reads ``/proc/<runtime pid>/environ``, the runtime's environment as it
+was when it started, and its files. Keep secrets out of the runtime's
+environment when running untrusted agents on ``local``, or use the
 ``sandbox`` plugin for isolation.
 
 Every process a session starts carries ``AGENTCOMPASS_SANDBOX=<sandbox dir>``
@@ -34,6 +55,7 @@ import fcntl
 import json
 import math
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -60,6 +82,8 @@ from agentcompass.runtime import (
     OutputStream,
     cleanup_deadline,
     exec_keeping_tails,
+    read_beneath,
+    write_beneath,
 )
 
 from ._child import Child, spawn
@@ -77,6 +101,9 @@ SANDBOX_NAME_ENV = "AGENTCOMPASS_SANDBOX_NAME"
 #: Prefix of every sandbox directory, followed by the session name.
 DIR_PREFIX = "agentcompass-local-"
 _NAME = re.compile(r"[a-z0-9-]{1,40}")
+#: What every process of a session starts from besides the sandbox's own
+#: variables (``HOME`` is set to the sandbox directory at open).
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
 
@@ -174,9 +201,12 @@ class LocalSession(EnvironmentSession):
     """One open ``local`` sandbox (see the module docstring for the layout).
 
     Every operation after :meth:`close` raises FATAL ``environment_failed``,
-    as does a path that resolves outside the sandbox (``..``, an absolute path
-    outside the virtual roots, a symlink pointing out). Other file errors are
-    the usual ``OSError`` subclasses (``FileNotFoundError`` ...).
+    as does a path that names a place outside the sandbox (``..`` climbing
+    out, an absolute path outside the virtual roots). A symbolic link
+    anywhere on a file's path (even one pointing inside), a file that is not
+    regular or one longer than ``max_bytes`` raises
+    :class:`~agentcompass.FileRefusedError`. Other file errors are the usual
+    ``OSError`` subclasses (``FileNotFoundError`` ...).
     """
 
     def __init__(self, root: str, max_output_bytes: int, name: str = ""):
@@ -184,9 +214,9 @@ class LocalSession(EnvironmentSession):
         self.name = name
         self._max_output = max_output_bytes
         self._dirs = {sub: str(self._root / sub) for sub in SUBDIRS}
-        # The host environment as of open, plus the sandbox's variables; copied
-        # once here because reading os.environ costs more than spawning takes.
-        self._env = os.environ.copy()
+        # Nothing of the runtime's own environment: the fixed base, the sandbox's
+        # variables and (per exec) the caller's.
+        self._env = {**BASE_ENV, "HOME": str(self._root)}
         self._env.update({f"{sub.upper()}_DIR": path for sub, path in self._dirs.items()})
         self._env[SANDBOX_ENV] = str(self._root)
         self._env[SANDBOX_NAME_ENV] = name
@@ -239,10 +269,11 @@ class LocalSession(EnvironmentSession):
         """Run ``cmd`` (``bash -c cmd``, or an argv list) in a new process group.
 
         ``cwd`` defaults to ``app``; a relative ``cwd`` is relative to the
-        sandbox directory, like file paths. The environment is the host's (as
-        of :meth:`LocalEnvironment.open`) plus
+        sandbox directory, like file paths. The environment is
+        :data:`BASE_ENV` and ``HOME`` (the sandbox directory), then
         ``APP_DIR``, ``TESTS_DIR``, ``LOGS_DIR``, ``SOLUTION_DIR``, then ``env``
-        (which may override them), then ``AGENTCOMPASS_SANDBOX``.
+        (which may override all of them), then ``AGENTCOMPASS_SANDBOX`` and
+        ``AGENTCOMPASS_SANDBOX_NAME``; nothing of the runtime's own.
 
         Output: each stream keeps its **tail**, at most ``max_output_bytes``
         bytes (the end of a log is where the verdict and the traceback are); a
@@ -335,22 +366,41 @@ class LocalSession(EnvironmentSession):
             # a process of this sandbox is still in it.
             await trio.to_thread.run_sync(_kill_sandbox_processes, str(self._root), {child.pid}, False)
 
-    async def read_file(self, path: str) -> bytes:
-        """Read a file (path rules in the class docstring)."""
+    def _relative(self, path: str | os.PathLike[str]) -> str:
+        """The sandbox-relative form of a file path, checked lexically only:
+        what is on the disk is checked by each step of the walk beneath."""
+        raw = PurePosixPath(os.fspath(path))
+        if raw.is_absolute():
+            parts = raw.parts[1:]
+            if not parts or parts[0] not in SUBDIRS:
+                raise _fail(
+                    f"path {str(raw)!r} is outside the sandbox "
+                    "(absolute paths must start with /app, /tests, /logs or /solution)"
+                )
+            relative = "/".join(parts)
+        else:
+            relative = str(raw)
+        norm = posixpath.normpath(relative)
+        if norm == ".." or norm.startswith("../"):
+            raise _fail(f"path {str(raw)!r} resolves outside the sandbox")
+        return norm
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The bytes of the regular file at ``path``, at most ``max_bytes``
+        (path rules and refusals in the class docstring). Never blocks on
+        what it opens; a cancellation abandons the read (nothing is left half-done)."""
         self._check_open()
-        return await trio.to_thread.run_sync(lambda: self._resolve(path).read_bytes())
+        relative = self._relative(path)
+        return await trio.to_thread.run_sync(read_beneath, self._root, relative, max_bytes, abandon_on_cancel=True)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        """Write a file, creating its parent directories; ``str`` is written as UTF-8."""
+        """Replace the file at ``path`` (a rename over it: a link or FIFO there is
+        replaced, not written through), making its parent directories; ``str``
+        is written as UTF-8. A link on the way is refused."""
         self._check_open()
+        relative = self._relative(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
-
-        def write() -> None:
-            target = self._resolve(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(payload)
-
-        await trio.to_thread.run_sync(write)
+        await trio.to_thread.run_sync(write_beneath, self._root, relative, payload)
 
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
         """Accept ``full`` (the only policy ``local`` has); anything else is FATAL."""
