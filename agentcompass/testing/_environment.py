@@ -20,6 +20,7 @@ from agentcompass.runtime import (
 )
 
 from ._calls import call_log
+from ._memory import within_limit
 from ._policies import MODES
 from ._script import script_validator, step
 
@@ -100,12 +101,16 @@ class FakeSession(EnvironmentSession):
         await self._step("exec", cmd=cmd if isinstance(cmd, str) else list(cmd), timeout=timeout, cwd=cwd)
         return ExecResult(0, stdout="ok")
 
-    async def read_file(self, path: str) -> bytes:
-        await self._step("read_file", path=path)
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The bytes stored at ``path`` (after the scripted action);
+        :class:`FileRefusedError` past ``max_bytes``, as a real provider refuses."""
+        detail: dict[str, Any] = {"path": path} if max_bytes is None else {"path": path, "max_bytes": max_bytes}
+        await self._step("read_file", **detail)
         try:
-            return self.files[path]
+            data = self.files[path]
         except KeyError:
             raise FileNotFoundError(path) from None
+        return within_limit(path, data, max_bytes)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         await self._step("write_file", path=path)

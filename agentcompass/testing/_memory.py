@@ -6,9 +6,24 @@ from typing import Any
 
 import trio
 
-from agentcompass.runtime import EnvironmentSession, ExecResult, NetworkPolicy
+from agentcompass.runtime import (
+    DEFAULT_MAX_READ_BYTES,
+    EnvironmentSession,
+    ExecResult,
+    FileRefusedError,
+    NetworkPolicy,
+)
 
 __all__ = ["MemorySession"]
+
+
+def within_limit(path: str, data: bytes, max_bytes: int | None) -> bytes:
+    """``data``, or :class:`FileRefusedError` when it is longer than ``max_bytes``
+    (``None``: :data:`DEFAULT_MAX_READ_BYTES`): what the fakes' ``read_file`` returns."""
+    limit = DEFAULT_MAX_READ_BYTES if max_bytes is None else max_bytes
+    if len(data) > limit:
+        raise FileRefusedError(f"{path!r} is larger than {limit} bytes")
+    return data
 
 
 class MemorySession(EnvironmentSession):
@@ -40,12 +55,15 @@ class MemorySession(EnvironmentSession):
         await trio.lowlevel.checkpoint()
         return ExecResult(0)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The bytes stored at ``path``; :class:`FileRefusedError` past ``max_bytes``
+        (default :data:`DEFAULT_MAX_READ_BYTES`), as a real provider refuses."""
         await trio.lowlevel.checkpoint()
         try:
-            return self.files[path]
+            data = self.files[path]
         except KeyError:
             raise FileNotFoundError(path) from None
+        return within_limit(path, data, max_bytes)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         await trio.lowlevel.checkpoint()

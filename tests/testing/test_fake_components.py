@@ -18,6 +18,7 @@ from agentcompass.runtime import (
     AttemptRecord,
     ComponentError,
     ExecutionPlan,
+    FileRefusedError,
     IssueError,
     NetworkPolicy,
     RunBudget,
@@ -190,6 +191,10 @@ async def test_files_round_trip() -> None:
     assert await session.read_file("b.bin") == b"\x00"
     with pytest.raises(FileNotFoundError):
         await session.read_file("missing")
+    assert await session.read_file("a.txt", max_bytes=3) == "h\u00e9".encode()
+    with pytest.raises(FileRefusedError, match="larger than 2 bytes"):
+        await session.read_file("a.txt", max_bytes=2)
+    assert call_log().select("read_file")[-1].detail["max_bytes"] == 2
 
 
 async def test_set_network_policy_logs_and_refuses_what_it_cannot_enforce() -> None:

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 import agentcompass.testing
-from agentcompass.runtime import NO_HARNESS, ExecutionSpec, NetworkPolicy
+from agentcompass.runtime import NO_HARNESS, ExecutionSpec, FileRefusedError, NetworkPolicy
 from agentcompass.testing import fake_plan, fake_request, hang_guard
 
 
@@ -111,6 +111,9 @@ async def test_memory_session_keeps_files_and_closes_idempotently() -> None:
     assert await session.read_file("a/b.txt") == "héllo".encode()
     with pytest.raises(FileNotFoundError):
         await session.read_file("missing")
+    assert await session.read_file("a/b.txt", max_bytes=6) == "héllo".encode()
+    with pytest.raises(FileRefusedError):
+        await session.read_file("a/b.txt", max_bytes=5)
     result = await session.exec(["false"])
     assert (result.exit_code, result.timed_out) == (0, False)
     await session.set_network_policy(NetworkPolicy("none"))
