@@ -54,7 +54,7 @@ def split_beneath(relpath: str) -> list[str]:
 
 def _refuse(path: str, exc: OSError) -> OSError:
     if exc.errno in (errno.ELOOP, errno.EMLINK):
-        return FileRefusedError(f"{path!r} goes through a symbolic link")
+        return FileRefusedError(f"{path!r} is a symbolic link")
     return exc
 
 
@@ -78,6 +78,11 @@ def _open_dirs(root: str | os.PathLike[str], parts: Sequence[str], create: bool,
                 next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
                 if owner is not None:
                     os.fchown(next_fd, *owner)
+            except NotADirectoryError as exc:
+                # O_DIRECTORY reports a link as "not a directory": say which it was.
+                if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise FileRefusedError(f"{'/'.join(parts[: index + 1])!r} is a symbolic link") from None
+                raise exc from None
             except OSError as exc:
                 raise _refuse("/".join(parts[: index + 1]), exc) from None
             os.close(fd)

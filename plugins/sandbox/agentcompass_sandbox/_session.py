@@ -96,6 +96,7 @@ class SandboxSession(EnvironmentSession):
         lookup: Callable[[str], list[str]] = _policy.lookup,
         pool: _pool.Pool | None = None,
         recycle: bool = True,
+        tmp_mb: int = 1024,
     ):
         self.name = name
         self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
@@ -107,6 +108,7 @@ class SandboxSession(EnvironmentSession):
         self._max_output = max_output_bytes
         self._memory_mb = memory_mb
         self._pids_max = pids_max
+        self._tmp_bytes = tmp_mb * 1024 * 1024
         self._cgroups: dict[str, str] = {}
         self._lifeline: int | None = None  # write end of the init's stdin
         self._init_pid: int | None = None  # host pid of bwrap's pid 1, valid only while start runs
@@ -184,7 +186,7 @@ class SandboxSession(EnvironmentSession):
         argv = [
             "bwrap", "--die-with-parent", "--unshare-all", *share, "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run", *mounts,
+            "--proc", "/proc", "--dev", "/dev", "--size", str(self._tmp_bytes), "--tmpfs", "/tmp", "--dir", "/run", *mounts,
             "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
         ]  # fmt: skip
         info_read, info_write = os.pipe()

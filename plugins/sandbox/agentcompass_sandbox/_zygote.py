@@ -55,6 +55,7 @@ import time
 _CHILD_FDS = 5
 _FDS = _CHILD_FDS + 2
 _CLONE_NEWNET = 0x40000000
+_PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 # Received descriptors are moved above this, out of the way of the child's.
 _HIGH_FD = 64
@@ -211,6 +212,9 @@ def main():  # type: ignore[no-untyped-def]
     os.setgroups([])
     os.setresgid(gid, 0, 0)
     os.setresuid(uid, 0, 0)
+    # A sandbox's pid 1 outlives bwrap when the sandbox's init is killed from
+    # inside: reap it here rather than leave a zombie to a host init that may not.
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGCHLD, _reap)
     send_lock = threading.Lock()
     while True:
