@@ -25,6 +25,16 @@ says that commands cannot write the host's files (a provider that is no
 security boundary, such as ``local``, leaves it off); file API paths must
 stay confined either way.
 
+Every provider with real processes is also held to what a hostile session
+must not get, whatever its isolation: no variable of the runtime's
+environment inside (``no_runtime_environment``), file operations that never
+follow a link the session planted out of it (``files_never_follow_links``),
+reads that refuse FIFOs and files past ``max_bytes`` without blocking
+(``reads_bounded``), and commands that never run in another session
+(``exec_stays_in_its_session``; with ``kill_init``, a command that kills the
+session's own processes, also after it has run). Commands refer to the
+session's directory as ``${APP_DIR:-/app}`` and files as ``/app/...``.
+
 The kit runs real sessions under the real clock; do not use
 ``autojump_clock`` with providers that do real I/O.
 """
@@ -35,6 +45,7 @@ import inspect
 import json
 import os
 import secrets
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -51,6 +62,7 @@ from agentcompass.runtime import (
     EnvironmentSession,
     ExecResult,
     ExecutionPlan,
+    FileRefusedError,
     NetworkPolicy,
 )
 
@@ -95,6 +107,10 @@ class EnvironmentConformance:
       value of ``exec_output``; turn off for an in-memory provider).
     - ``isolated``: commands cannot write host files (checked by ``files_confined``).
     - ``tag``: the name prefix of the sessions the ``sweep`` check opens.
+    - ``kill_init``: optional command that kills every process of the session
+      (its init included: ``kill -9 -1`` in a sandbox; never give it for a
+      provider whose commands run as a host user); ``exec_stays_in_its_session``
+      then checks that later commands fail rather than run elsewhere.
     """
 
     env: BaseEnvironment
@@ -110,6 +126,7 @@ class EnvironmentConformance:
     real_processes: bool = attrs.field(default=attrs.Factory(lambda self: self.exec_output, takes_self=True))
     isolated: bool = False
     tag: str = "conformance"
+    kill_init: str | None = None
     _check: str = attrs.field(default="", init=False)
 
     CHECKS: ClassVar[tuple[str, ...]] = (
@@ -127,6 +144,10 @@ class EnvironmentConformance:
         "cancel_kills_tree",
         "policy_enforced",
         "sweep",
+        "no_runtime_environment",
+        "files_never_follow_links",
+        "reads_bounded",
+        "exec_stays_in_its_session",
     )
 
     def __attrs_post_init__(self) -> None:
@@ -145,7 +166,16 @@ class EnvironmentConformance:
         if self.host_address is None or not self.real_processes:
             skipped.add("policy_enforced")
         if not self.real_processes:
-            skipped.update({"timeout_kills_tree", "cancel_kills_tree"})
+            skipped.update(
+                {
+                    "timeout_kills_tree",
+                    "cancel_kills_tree",
+                    "no_runtime_environment",
+                    "files_never_follow_links",
+                    "reads_bounded",
+                    "exec_stays_in_its_session",
+                }
+            )
         if not self._takes_name():
             skipped.add("sweep")
         return [c for c in self.CHECKS if c not in skipped]
@@ -202,13 +232,9 @@ class EnvironmentConformance:
             except (TypeError, ValueError) as exc:
                 self._fail(f"handle {handle!r} is not JSON-serializable: {exc}")
             if json.loads(encoded) != handle:
-                self._fail(
-                    f"handle {handle!r} changes in a JSON round trip; use only str, int, float, bool, lists"
-                )
+                self._fail(f"handle {handle!r} changes in a JSON round trip; use only str, int, float, bool, lists")
             if len(encoded.encode()) > self.max_handle_bytes:
-                self._fail(
-                    f"handle is {len(encoded.encode())} bytes of JSON; keep it under {self.max_handle_bytes}"
-                )
+                self._fail(f"handle is {len(encoded.encode())} bytes of JSON; keep it under {self.max_handle_bytes}")
 
     async def _check_exec_stream(self, session: EnvironmentSession) -> None:
         """exec_stream hands the output to its callback and returns empty text."""
@@ -242,9 +268,7 @@ class EnvironmentConformance:
                 await self._ok(f"write_file({path!r}, {data!r})", session.write_file(path, data))
                 got = await self._ok(f"read_file({path!r})", session.read_file(path))
                 if got != expected:
-                    self._fail(
-                        f"wrote {data!r} to {path!r} but read back {got!r} (read_file must return bytes)"
-                    )
+                    self._fail(f"wrote {data!r} to {path!r} but read back {got!r} (read_file must return bytes)")
 
     async def check_close_idempotent(self) -> None:
         """A second close() is a no-op, not an error."""
@@ -307,9 +331,7 @@ class EnvironmentConformance:
         for session in opened:
             await self._close_checked(session)
         if failure is not None:
-            self._fail(
-                f"open() cancelled part-way raised {failure!r} instead of letting Cancelled through", failure
-            )
+            self._fail(f"open() cancelled part-way raised {failure!r} instead of letting Cancelled through", failure)
         await self._still_works("after a cancelled open")
 
     async def check_close_after_failed_open(self) -> None:
@@ -332,9 +354,7 @@ class EnvironmentConformance:
                     await self._ok("close() in a shielded cleanup scope", box.session.close())
             box.closed = True
             if grace.cancelled_caught:
-                self._fail(
-                    f"close() under cancellation did not finish within the {self.grace_seconds}s grace"
-                )
+                self._fail(f"close() under cancellation did not finish within the {self.grace_seconds}s grace")
             for what in ("reap(handle) after close()", "a second reap(handle)"):
                 await self._ok(what, self.env.reap(handle), hint="reap must be idempotent")
 
@@ -371,9 +391,7 @@ class EnvironmentConformance:
             if self._accepts(switch_plan, f"a run policy {policy}"):
                 async with self._opened(switch_plan) as box:
                     hint = "build_config accepted the plan, so it must reject plans it cannot switch"
-                    await self._ok(
-                        f"set_network_policy({policy})", box.session.set_network_policy(policy), hint=hint
-                    )
+                    await self._ok(f"set_network_policy({policy})", box.session.set_network_policy(policy), hint=hint)
                     await self._ok(
                         f"set_network_policy({base.baseline_network_policy}) (restoring the baseline)",
                         box.session.set_network_policy(base.baseline_network_policy),
@@ -410,6 +428,117 @@ class EnvironmentConformance:
         finally:
             with trio.move_on_after(self.grace_seconds, shield=True):
                 await host_file.unlink(missing_ok=True)
+
+    async def check_no_runtime_environment(self) -> None:
+        """No process of a session sees a variable of the runtime's environment:
+        not in its own environment, not in any ``/proc/<pid>/environ`` it can read."""
+        name = f"AGENTCOMPASS_CONFORMANCE_SECRET_{secrets.token_hex(4).upper()}"
+        value = f"sk-{secrets.token_hex(16)}"
+        os.environ[name] = value
+        try:
+            async with self._opened() as box:
+                cmd = "env; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done 2>/dev/null"
+                result = await self._ok("exec(env and every readable environ)", box.session.exec(cmd))
+                if value in result.stdout or name in result.stdout:
+                    self._fail(
+                        f"a process inside sees the runtime's variable {name} (start sessions from an empty environment)"
+                    )
+        finally:
+            del os.environ[name]
+
+    async def check_files_never_follow_links(self) -> None:
+        """Links planted by a command inside, to a host file and to a host
+        directory, are never followed by read_file or write_file: the host
+        file is neither read nor changed, nothing appears in the host directory."""
+        host_dir = trio.Path(tempfile.mkdtemp(prefix="agentcompass-conformance-"))
+        host_file = host_dir / "secret"
+        await host_file.write_bytes(b"HOST SECRET")
+        try:
+            async with self._opened() as box:
+                session = box.session
+                plant = f'ln -s {host_file} "${{APP_DIR:-/app}}/ac-file-link" && ln -s {host_dir} "${{APP_DIR:-/app}}/ac-dir-link"'
+                planted = await self._ok("exec(ln -s ...)", session.exec(plant))
+                if planted.exit_code != 0:
+                    self._fail(f"could not plant links inside: {planted.stderr[:200]!r}")
+                for path in ("/app/ac-file-link", "/app/ac-dir-link/secret"):
+                    try:
+                        got = await session.read_file(path)
+                    except Exception:  # noqa: BLE001 - any refusal will do
+                        continue
+                    if got == b"HOST SECRET":
+                        self._fail(f"read_file({path!r}) followed a link the session planted to a host file")
+                for path in ("/app/ac-file-link", "/app/ac-dir-link/new"):
+                    try:
+                        await session.write_file(path, b"written")
+                    except Exception:  # noqa: BLE001 - any refusal will do
+                        pass
+                if await host_file.read_bytes() != b"HOST SECRET":
+                    self._fail("write_file followed a link the session planted and changed a host file")
+                if sorted(os.listdir(host_dir)) != ["secret"]:
+                    self._fail("write_file followed a link the session planted into a host directory")
+        finally:
+            with trio.move_on_after(self.grace_seconds, shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, host_dir, True)
+
+    async def check_reads_bounded(self) -> None:
+        """read_file of a FIFO the session made raises FileRefusedError at once
+        (it never waits for a writer), and a file longer than ``max_bytes`` is
+        refused while one within it is read whole."""
+        async with self._opened() as box:
+            session = box.session
+            made = await self._ok(
+                "exec(mkfifo ...)",
+                session.exec('cd "${APP_DIR:-/app}" && mkfifo ac-fifo && head -c 2048 /dev/zero > ac-2k'),
+            )
+            if made.exit_code != 0:
+                self._fail(f"could not make a FIFO inside: {made.stderr[:200]!r}")
+            with trio.move_on_after(5) as bound:
+                await self._refused("read_file('/app/ac-fifo')", session.read_file("/app/ac-fifo"))
+                await self._refused(
+                    "read_file('/app/ac-2k', max_bytes=1024)", session.read_file("/app/ac-2k", max_bytes=1024)
+                )
+            if bound.cancelled_caught:
+                self._fail("read_file of a FIFO blocked (open files without blocking and refuse what is not regular)")
+            got = await self._ok(
+                "read_file('/app/ac-2k', max_bytes=4096)", session.read_file("/app/ac-2k", max_bytes=4096)
+            )
+            if len(got) != 2048:
+                self._fail(f"read_file within max_bytes returned {len(got)} bytes, expected 2048")
+
+    async def _refused(self, what: str, call: Awaitable[Any]) -> None:
+        try:
+            await call
+        except FileRefusedError:
+            return
+        except Exception as exc:  # noqa: BLE001 - turned into the check's failure
+            self._fail(f"{what} raised {exc!r}, expected FileRefusedError", exc)
+        self._fail(f"{what} returned instead of raising FileRefusedError")
+
+    async def check_exec_stays_in_its_session(self) -> None:
+        """A command of one session never sees or changes another's files; with
+        ``kill_init``, neither does one run after the session killed its own processes."""
+        async with self._opened() as first_box, self._opened() as second_box:
+            first, second = first_box.session, second_box.session
+            marker = f"ac-theirs-{secrets.token_hex(4)}"
+            await self._ok("write_file", second.write_file(f"/app/{marker}", b"second's"))
+            probe = f'cat "${{APP_DIR:-/app}}/{marker}"; touch "${{APP_DIR:-/app}}/ac-planted"'
+            for when in ("", " after kill_init"):
+                if when:
+                    if self.kill_init is None:
+                        break
+                    with trio.move_on_after(self.grace_seconds):
+                        await self._ok(f"exec({self.kill_init!r})", first.exec(self.kill_init))
+                try:
+                    result = await first.exec(probe)
+                except Exception:  # noqa: BLE001 - failing to run at all is fine
+                    continue
+                if "second's" in result.stdout:
+                    self._fail(f"a command of one session read another session's file{when}")
+                try:
+                    await second.read_file("/app/ac-planted")
+                except FileNotFoundError:
+                    continue
+                self._fail(f"a command of one session created a file in another session{when}")
 
     async def check_timeout_kills_tree(self) -> None:
         """exec at its timeout returns ``timed_out=True`` promptly and kills the
@@ -544,9 +673,7 @@ class EnvironmentConformance:
         try:
             return self.env.build_config(plan or self._plan)
         except Exception as exc:  # noqa: BLE001 - turned into the check's failure
-            self._fail(
-                f"build_config rejected the base plan ({exc!r}); pass a plan the provider accepts", exc
-            )
+            self._fail(f"build_config rejected the base plan ({exc!r}); pass a plan the provider accepts", exc)
 
     def _accepts(self, plan: ExecutionPlan, what: str) -> bool:
         try:

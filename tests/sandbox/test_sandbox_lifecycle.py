@@ -135,6 +135,7 @@ async def test_the_sandbox_provider_conforms(tag: str) -> None:
                 host_address=lambda session: session.addresses[0],
                 isolated=True,
                 tag=tag,
+                kill_init="kill -9 -1",
                 # Literal addresses: this host may have no DNS (names are resolved at the switch).
                 policies=[NetworkPolicy("none"), NetworkPolicy("allowlist", ("127.0.0.1:9",)), FULL],
             )

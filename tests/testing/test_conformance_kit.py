@@ -39,7 +39,15 @@ async def test_fake_env_passes_every_check() -> None:
     )
     # Everything but what needs real processes or a network (fake-env names
     # its sessions and sweeps them).
-    needs_more = {"timeout_kills_tree", "cancel_kills_tree", "policy_enforced"}
+    needs_more = {
+        "timeout_kills_tree",
+        "cancel_kills_tree",
+        "policy_enforced",
+        "no_runtime_environment",
+        "files_never_follow_links",
+        "reads_bounded",
+        "exec_stays_in_its_session",
+    }
     assert kit.checks() == [c for c in EnvironmentConformance.CHECKS if c not in needs_more]
     await kit.run_all()
     log = call_log()
@@ -224,9 +232,7 @@ async def test_a_working_provider_passes_with_output_checks() -> None:
         ({"stream_keeps_output": True}, "open_exec_handle", "it belongs to on_output only"),
     ],
 )
-async def test_broken_provider_fails_with_a_clear_message(
-    faults: dict[str, Any], check: str, match: str
-) -> None:
+async def test_broken_provider_fails_with_a_clear_message(faults: dict[str, Any], check: str, match: str) -> None:
     env = MemEnvironment(faults)
     kit = EnvironmentConformance(env, count_sandboxes=lambda: len(env.live), grace_seconds=0.05)
     with pytest.raises(AssertionError, match=match) as info:
@@ -344,3 +350,100 @@ async def test_policy_enforced_catches_a_policy_that_is_only_accepted() -> None:
     kit = EnvironmentConformance(Pretending({}), host_address=lambda session: "127.0.0.1")
     with pytest.raises(AssertionError, match=r"under NetworkPolicy\(mode='none'.*succeeded"):
         await kit.run("policy_enforced")
+
+
+# -- a naive host-directory provider: what the hostile-session checks catch --------
+
+
+class _NaiveSession(EnvironmentSession):
+    """Commands in a host directory with the runtime's environment; files opened
+    by path (following links); ``shared`` makes every session one directory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return {"root": str(self.root)}
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        import os
+
+        variables = {**os.environ, "APP_DIR": str(self.root / "app")}
+        done = await trio.run_process(
+            ["bash", "-c", cmd],
+            cwd=self.root / "app",
+            env=variables,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        return ExecResult(done.returncode, done.stdout.decode(), done.stderr.decode())
+
+    def _path(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        import os
+
+        def read() -> bytes:
+            fd = os.open(self._path(path), os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                return os.read(fd, 1 << 20)
+            finally:
+                os.close(fd)
+
+        return await trio.to_thread.run_sync(read)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await trio.Path(target).write_bytes(data.encode() if isinstance(data, str) else data)
+
+    async def set_network_policy(self, policy: NetworkPolicy) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def close(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class _NaiveEnvironment(BaseEnvironment):
+    id = "naive"
+
+    def __init__(self, root: Path, shared: bool = False):
+        super().__init__({})
+        self._root, self._shared, self._count = root, shared, 0
+
+    async def open(self, config: Any, policy: NetworkPolicy) -> EnvironmentSession:
+        self._count += 1
+        root = self._root / ("shared" if self._shared else str(self._count))
+        (root / "app").mkdir(parents=True, exist_ok=True)
+        await trio.lowlevel.checkpoint()
+        return _NaiveSession(root)
+
+
+@pytest.mark.parametrize(
+    ("check", "says"),
+    [
+        ("no_runtime_environment", "sees the runtime's variable"),
+        ("files_never_follow_links", "followed a link the session planted"),
+        ("reads_bounded", "returned instead of raising FileRefusedError"),
+    ],
+)
+async def test_hostile_session_checks_catch_a_naive_provider(tmp_path: Path, check: str, says: str) -> None:
+    kit = EnvironmentConformance(_NaiveEnvironment(tmp_path))
+    assert check in kit.checks()
+    with pytest.raises(AssertionError, match=says):
+        await kit.run(check)
+
+
+async def test_exec_stays_in_its_session_catches_shared_sessions(tmp_path: Path) -> None:
+    kit = EnvironmentConformance(_NaiveEnvironment(tmp_path, shared=True))
+    with pytest.raises(AssertionError, match="read another session's file"):
+        await kit.run("exec_stays_in_its_session")
