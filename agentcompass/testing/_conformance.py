@@ -32,8 +32,8 @@ follow a link the session planted out of it (``files_never_follow_links``),
 reads that refuse FIFOs and files past ``max_bytes`` without blocking
 (``reads_bounded``), and commands that never run in another session
 (``exec_stays_in_its_session``; with ``kill_init``, a command that kills the
-session's own processes, also after it has run). Commands refer to the
-session's directory as ``${APP_DIR:-/app}`` and files as ``/app/...``.
+session's own processes, also after it has run). Files are named
+``/app/...``; the kit finds where commands see them.
 
 The kit runs real sessions under the real clock; do not use
 ``autojump_clock`` with providers that do real I/O.
@@ -429,6 +429,22 @@ class EnvironmentConformance:
             with trio.move_on_after(self.grace_seconds, shield=True):
                 await host_file.unlink(missing_ok=True)
 
+    async def _app_dir(self, session: EnvironmentSession) -> str:
+        """Where a command finds what ``write_file('/app/...')`` wrote (the
+        command and file API may name the directory differently)."""
+        probe = f"ac-probe-{secrets.token_hex(4)}"
+        await self._ok(f"write_file('/app/{probe}')", session.write_file(f"/app/{probe}", b"probe"))
+        find = (
+            f'p=$(pwd); for d in "${{APP_DIR:-}}" "$p" "$p/app" /app; do '
+            f'if [ -n "$d" ] && [ -e "$d/{probe}" ]; then echo "$d"; exit 0; fi; done; exit 1'
+        )
+        found = await self._ok("exec(find /app)", session.exec(find))
+        if found.exit_code != 0 or not found.stdout.strip():
+            self._fail(
+                f"a command finds no {probe} written by write_file('/app/{probe}') (tried $APP_DIR, ., ./app, /app)"
+            )
+        return found.stdout.strip().splitlines()[-1]
+
     async def check_no_runtime_environment(self) -> None:
         """No process of a session sees a variable of the runtime's environment:
         not in its own environment, not in any ``/proc/<pid>/environ`` it can read."""
@@ -456,7 +472,8 @@ class EnvironmentConformance:
         try:
             async with self._opened() as box:
                 session = box.session
-                plant = f'ln -s {host_file} "${{APP_DIR:-/app}}/ac-file-link" && ln -s {host_dir} "${{APP_DIR:-/app}}/ac-dir-link"'
+                app = await self._app_dir(session)
+                plant = f"ln -s {host_file} '{app}/ac-file-link' && ln -s {host_dir} '{app}/ac-dir-link'"
                 planted = await self._ok("exec(ln -s ...)", session.exec(plant))
                 if planted.exit_code != 0:
                     self._fail(f"could not plant links inside: {planted.stderr[:200]!r}")
@@ -488,7 +505,9 @@ class EnvironmentConformance:
             session = box.session
             made = await self._ok(
                 "exec(mkfifo ...)",
-                session.exec('cd "${APP_DIR:-/app}" && mkfifo ac-fifo && head -c 2048 /dev/zero > ac-2k'),
+                session.exec(
+                    f"cd '{await self._app_dir(session)}' && mkfifo ac-fifo && head -c 2048 /dev/zero > ac-2k"
+                ),
             )
             if made.exit_code != 0:
                 self._fail(f"could not make a FIFO inside: {made.stderr[:200]!r}")
@@ -521,7 +540,10 @@ class EnvironmentConformance:
             first, second = first_box.session, second_box.session
             marker = f"ac-theirs-{secrets.token_hex(4)}"
             await self._ok("write_file", second.write_file(f"/app/{marker}", b"second's"))
-            probe = f'cat "${{APP_DIR:-/app}}/{marker}"; touch "${{APP_DIR:-/app}}/ac-planted"'
+            # Where the first's commands see their own files: the second's file
+            # shows there only if a command of the first runs in the second.
+            app = await self._app_dir(first)
+            probe = f"cat '{app}/{marker}'; touch '{app}/ac-planted'"
             for when in ("", " after kill_init"):
                 if when:
                     if self.kill_init is None:
