@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -37,7 +38,27 @@ def sandbox() -> None:
 @click.option("--provider-config", default="{}", metavar="JSON", help="Default config of that provider.")
 @click.option("--capacity", type=int, default=0, show_default=True, help="Most sessions at once (0: no limit).")
 @click.option("--grace-seconds", type=float, default=10.0, show_default=True, help="Bound on closing a session.")
-@click.option("--auth-timeout-seconds", type=float, default=5.0, show_default=True, help="Time to authenticate.")
+@click.option(
+    "--auth-timeout-seconds",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Time from connecting to a good hello (WebSocket upgrade included).",
+)
+@click.option(
+    "--max-unauthenticated",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="Most connections not authenticated yet (0: no limit); more are closed at once.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where open sessions are recorded; a start reaps what a killed server left there. "
+    "[default: $XDG_STATE_HOME/agentcompass/sandbox-serve]",
+)
 def serve(
     host: str,
     port: int,
@@ -47,12 +68,15 @@ def serve(
     capacity: int,
     grace_seconds: float,
     auth_timeout_seconds: float,
+    max_unauthenticated: int,
+    state_dir: Path | None,
 ) -> None:
     """Host sandbox sessions over WebSocket until SIGTERM or Ctrl-C, which
     close every session (each within the grace) before exiting."""
     import trio
 
     from ._server import SandboxServer
+    from ._state import default_state_dir
 
     if token_file is None:
         raise ConfigError("--token-file is required: the server refuses to start without a token")
@@ -62,7 +86,11 @@ def serve(
         raise ConfigError(f"--token-file {str(token_file)!r} cannot be read: {exc.strerror}") from None
     if not token:
         raise ConfigError(f"--token-file {str(token_file)!r} is empty: the server refuses to start without a token")
-    for option, value in (("--capacity", capacity), ("--grace-seconds", grace_seconds)):
+    for option, value in (
+        ("--capacity", capacity),
+        ("--grace-seconds", grace_seconds),
+        ("--max-unauthenticated", max_unauthenticated),
+    ):
         if value < 0:
             raise ConfigError(f"{option} must be >= 0, got {value}")
     if auth_timeout_seconds <= 0:
@@ -80,11 +108,26 @@ def serve(
             capacity=capacity,
             grace=grace_seconds,
             auth_timeout=auth_timeout_seconds,
+            max_unauthenticated=max_unauthenticated,
             default_config=defaults,
+            state_dir=state_dir or default_state_dir(),
         )
     except ComponentError as exc:
         raise ConfigError(f"--provider {provider!r}: {exc}") from None
+    _log_to_stderr()
     trio.run(_serve_until_signal, server, host, port)
+
+
+def _log_to_stderr() -> None:
+    """The server's own log lines (refused accepts, reaped leftovers), one line each."""
+    from ._listen import log
+
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 async def _serve_until_signal(server: SandboxServer, host: str, port: int) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "STDERR",
     "STDOUT",
     "FILE",
+    "FILE_REFUSED",
     "VERSION",
     "ProtocolError",
     "check_path",
@@ -34,7 +35,10 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; both sides refuse another version.
-VERSION = 2
+#: 3: ``read_file`` carries ``max_bytes``, and refusals come back as ``file_refused``.
+VERSION = 3
+#: The ``code`` of an error that is a :class:`~agentcompass.FileRefusedError`.
+FILE_REFUSED = "file_refused"
 #: Binary message prefix: operation id (u32), kind (u8).
 HEADER = struct.Struct("!IB")
 STDOUT, STDERR, FILE = 1, 2, 3

@@ -1,13 +1,17 @@
 """``compass sandbox serve``: hosts sandbox sessions of a local provider over WebSocket.
 
-Each connection authenticates first (the token, compared in constant time,
-within ``auth_timeout`` seconds of connecting) and then does one thing: host
+Each connection authenticates first (the token, compared in constant time;
+the WebSocket upgrade and the hello within ``auth_timeout`` seconds of the
+accept, at most ``max_unauthenticated`` connections at a time in that state:
+see ``_listen``) and then does one thing: host
 one session (``open``), or ``reap`` / ``sweep`` by session name. A session
 lives exactly as long as its connection: when the client closes it, or the
 connection drops (a driver killed mid-exec), the server cancels what the
 session was doing and closes it within ``grace`` seconds, so a dead driver
 leaks nothing. Cancelling :func:`serve_sandboxes` (SIGTERM in the CLI) closes
-every session the same way.
+every session the same way. With a ``state_dir``, every open session is
+recorded there until it is closed, and a server starting on the same
+directory first reaps what a server killed with SIGKILL left (see ``_state``).
 
 Non-goals: TLS (put the server behind a TLS terminator and use ``wss://``)
 and reattaching to a session after its connection dropped.
@@ -19,16 +23,28 @@ import hmac
 import inspect
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 import trio_websocket
 
-from agentcompass import BaseEnvironment, ComponentRef, EnvironmentSession, ExecutionPlan, IssueError, NetworkPolicy
+from agentcompass import (
+    BaseEnvironment,
+    ComponentRef,
+    EnvironmentSession,
+    ExecutionPlan,
+    FileRefusedError,
+    IssueError,
+    NetworkPolicy,
+)
 from agentcompass import build_component as _build_component
+from agentcompass.runtime import DEFAULT_MAX_READ_BYTES
 
 from . import _protocol as p
+from ._listen import Admission, accept_loop, log
+from ._state import StateDir
 
 __all__ = ["SandboxServer", "serve_sandboxes"]
 
@@ -46,7 +62,10 @@ def _error(op: int | None, exc: BaseException) -> dict[str, Any]:
     """An operation's failure as a message (one line, no traceback)."""
     message = " ".join(str(exc).split()) or type(exc).__name__
     reply: dict[str, Any] = {"type": "error", "id": op, "severity": "fatal", "code": "environment_failed"}
-    if isinstance(exc, IssueError):
+    if isinstance(exc, FileRefusedError):
+        # What the session made, not a failure of the server: the client raises it as such.
+        reply.update(code=p.FILE_REFUSED, message=message)
+    elif isinstance(exc, IssueError):
         reply.update(severity=exc.severity, code=exc.code, message=exc.message)
     elif isinstance(exc, OSError) and exc.errno is not None:
         reply.update(errno=exc.errno, message=exc.strerror or message)
@@ -74,9 +93,15 @@ class SandboxServer:
     - ``token``: what clients must send; never logged or echoed.
     - ``capacity``: most sessions at once (0: no limit), advertised to clients.
     - ``grace``: seconds a session's close may take once its client is gone.
-    - ``auth_timeout``: seconds a client has to authenticate after connecting.
+    - ``auth_timeout``: seconds from accept by which a client must have
+      upgraded to WebSocket and sent a good hello; else it is hung up on.
+    - ``max_unauthenticated``: most connections not authenticated yet at once
+      (0: no limit); one more is closed at once.
     - ``max_message_bytes``: larger messages close the connection (code 1009).
-    - ``max_file_bytes``: largest file a client may write.
+    - ``max_file_bytes``: largest file a client may write or read (a client's
+      ``max_bytes`` is capped by it).
+    - ``state_dir``: where open sessions are recorded for the next start to
+      reap after a SIGKILL (None: nowhere, and nothing is reaped on start).
     - ``default_config``: the provider config; a client's ``provider_config``
       fills in keys it does not set (the server's own settings win).
     """
@@ -86,9 +111,11 @@ class SandboxServer:
     capacity: int = 0
     grace: float = 10.0
     auth_timeout: float = 5.0
+    max_unauthenticated: int = 1024
     max_message_bytes: int = p.MAX_MESSAGE_BYTES + p.HEADER.size
     max_file_bytes: int = 256 * 1024 * 1024
     default_config: dict[str, Any] = attrs.Factory(dict)
+    state_dir: Path | None = None
     sessions: dict[str, _Hosted] = attrs.field(factory=dict, init=False)
     #: Sessions opened since the server started, and the most open at once.
     opened_total: int = attrs.field(default=0, init=False)
@@ -96,11 +123,14 @@ class SandboxServer:
     _opening: int = attrs.field(default=0, init=False)
     _backends: dict[str, BaseEnvironment] = attrs.field(factory=dict, init=False)
     _ids: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    admission: Admission = attrs.field(init=False)
+    _state: StateDir | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         if not self.token:
             raise ValueError("the server refuses to start without a token")
         self._backend({})  # an unknown provider id fails now, not at the first open
+        self.admission = Admission(self.max_unauthenticated)
 
     @property
     def load(self) -> int:
@@ -116,16 +146,48 @@ class SandboxServer:
 
     # -- connections ---------------------------------------------------------
 
-    async def handle(self, request: trio_websocket.WebSocketRequest) -> None:
-        """trio-websocket's handler: one connection, from handshake to close."""
-        ws = await request.accept()
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        """One accepted connection, from accept to close. Until its hello
+        checks out it holds a place in :attr:`admission` and lives under one
+        deadline, ``auth_timeout`` from now; never raises."""
+        authenticated = False
         try:
-            hello: str | bytes | None = None
-            with trio.move_on_after(self.auth_timeout):
-                hello = await ws.get_message()
-            if not self._authenticated(hello):
-                await ws.aclose(4001, "authentication failed")
-                return
+            async with trio.open_nursery() as nursery:  # trio-websocket's reader task runs here
+                ws: trio_websocket.WebSocketConnection | None = None
+                hello: str | bytes | None = None
+                with trio.move_on_after(self.auth_timeout):
+                    request = await trio_websocket.wrap_server_stream(
+                        nursery, stream, max_message_size=self.max_message_bytes, receive_buffer_size=p.CHUNK
+                    )
+                    ws = await request.accept()
+                    hello = await ws.get_message()
+                if ws is None:  # no WebSocket in time: hang up without a word
+                    nursery.cancel_scope.cancel()
+                    return
+                try:
+                    if not self._authenticated(hello):
+                        with trio.move_on_after(_REFUSAL_SECONDS):
+                            await ws.aclose(4001, "authentication failed")
+                        return
+                    self.admission.leave()
+                    authenticated = True
+                    await self._serve_client(ws)
+                finally:
+                    with trio.move_on_after(self.grace):
+                        await ws.aclose()
+                    nursery.cancel_scope.cancel()
+        except* (trio_websocket.ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the peer went away (or never spoke WebSocket)
+        except* Exception as group:
+            log.warning("connection failed: %s", _error(None, group.exceptions[0])["message"])
+        finally:
+            if not authenticated:
+                self.admission.leave()
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_client(self, ws: trio_websocket.WebSocketConnection) -> None:
+        """An authenticated connection: its one request."""
+        try:
             await ws.send_message(
                 p.encode(
                     {
@@ -224,6 +286,10 @@ class SandboxServer:
             hosted = _Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope())
             self.sessions[name] = hosted
             self.opened_total += 1
+            if self._state is not None:
+                # On disk before the client hears of it: a SIGKILL from here on
+                # leaves a record the next start reaps.
+                await self._state.record(hosted.session_id, name, config, session.handle)
             opened = {
                 "type": "opened",
                 "session": hosted.session_id,
@@ -244,14 +310,20 @@ class SandboxServer:
                         close_error = " ".join(str(exc).split()) or type(exc).__name__
                 if grace.cancelled_caught:
                     close_error = f"closing the session took longer than the server's {self.grace}s grace"
+                if close_error is None and hosted is not None and self._state is not None:
+                    with trio.move_on_at(grace_deadline, shield=True):
+                        await self._state.forget(hosted.session_id)
             if hosted is not None:
                 self.sessions.pop(name, None)
                 hosted.closed.set()
-        with trio.move_on_at(grace_deadline):
-            try:
-                await ws.send_message(p.encode({"type": "closed", "error": close_error}))
-            except trio_websocket.ConnectionClosed:
-                pass
+                # Shielded, and on every way out: a server shutting down still
+                # tells its client whether the sandbox is gone (a client told
+                # nothing must assume it was left behind).
+                with trio.move_on_at(grace_deadline, shield=True):
+                    try:
+                        await ws.send_message(p.encode({"type": "closed", "error": close_error}))
+                    except trio_websocket.ConnectionClosed:
+                        pass
 
     async def _serve_session(self, ws: trio_websocket.WebSocketConnection, hosted: _Hosted) -> None:
         """Read the client's requests until ``close`` or a dropped connection.
@@ -307,7 +379,7 @@ class SandboxServer:
                 if kind == "exec":
                     start(op, _exec, session, request)
                 elif kind == "read_file":
-                    start(op, _read, session, request.get("path"))
+                    start(op, _read, session, request.get("path"), self._read_limit(request.get("max_bytes")))
                 elif kind == "write_file":
                     data = await self._receive_file(ws, op, request)
                     start(op, _write, session, request.get("path"), data)
@@ -315,6 +387,14 @@ class SandboxServer:
                     start(op, _set_policy, session, _policy(request.get("policy")))
                 else:
                     raise p.ProtocolError(f"unknown operation {kind!r}")
+
+    def _read_limit(self, max_bytes: Any) -> int:
+        """The client's ``max_bytes`` (None: the runtime's default), capped by the server's own limit."""
+        if max_bytes is None:
+            max_bytes = DEFAULT_MAX_READ_BYTES
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+            raise p.ProtocolError(f"read_file max_bytes {max_bytes!r} is not a byte count")
+        return min(max_bytes, self.max_file_bytes)
 
     async def _receive_file(self, ws: trio_websocket.WebSocketConnection, op: int, request: dict[str, Any]) -> bytes:
         size = request.get("size")
@@ -348,6 +428,11 @@ class SandboxServer:
             await self._backend({}).reap(handle)
         return False
 
+    async def _reap_leftover(self, config: dict[str, Any], handle: dict[str, Any]) -> None:
+        """Reap a sandbox a killed server of this provider recorded."""
+        with trio.fail_after(self.grace):
+            await self._backend(config).reap(handle)
+
     async def _sweep(self, tag: Any) -> int:
         if not isinstance(tag, str) or not p.NAME_RE.fullmatch(tag):
             raise p.ProtocolError(f"sweep tag {tag!r} must match [a-z0-9-]{{1,40}}")
@@ -361,6 +446,10 @@ class SandboxServer:
             if sweep is not None:
                 await sweep(tag)
         return len(doomed)
+
+
+#: How long a refused client gets to answer the closing handshake.
+_REFUSAL_SECONDS = 1.0
 
 
 async def _hang_up(ws: trio_websocket.WebSocketConnection, exc: BaseException, code: int) -> None:
@@ -415,8 +504,15 @@ async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[s
     await send({"type": "exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out})
 
 
-async def _read(send: Any, op: int, session: EnvironmentSession, path: Any) -> None:
-    data = memoryview(await session.read_file(p.check_path(path)))
+async def _read(send: Any, op: int, session: EnvironmentSession, path: Any, max_bytes: int) -> None:
+    path = p.check_path(path)
+    if "max_bytes" in inspect.signature(session.read_file).parameters:
+        content = await session.read_file(path, max_bytes)
+    else:  # a provider written before max_bytes: the cap is applied here
+        content = await session.read_file(path)
+    if len(content) > max_bytes:
+        raise FileRefusedError(f"{path!r} is larger than {max_bytes} bytes")
+    data = memoryview(content)
     for start in range(0, len(data), p.OUTPUT_CHUNK):
         await send(p.pack_chunk(op, p.FILE, data[start : start + p.OUTPUT_CHUNK]))
     await send({"type": "done", "id": op, "size": len(data)})
@@ -443,20 +539,29 @@ async def serve_sandboxes(
     returns the bound port (useful with port 0). Cancelling it closes every
     session, each bounded by the server's grace.
 
+    With a ``state_dir``, what servers killed on that directory left is
+    reaped first, before the port is even bound; a reap that fails is logged
+    and retried at the next start.
+
     Connections use TCP keepalive, so a driver whose machine vanished without
     closing its connections (power loss, a partition) is noticed within
     about half a minute and its sessions closed like any other."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    for listener in listeners:
-        p.set_keepalive(listener.socket)  # accepted connections inherit it
-    ws_server = trio_websocket.WebSocketServer(
-        server.handle,
-        listeners,
-        max_message_size=server.max_message_bytes,
-        receive_buffer_size=p.CHUNK,
-        connect_timeout=server.auth_timeout,
-        disconnect_timeout=server.grace,
-    )
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ws_server.run)
-        task_status.started(ws_server.port)
+    if server.state_dir is not None:
+        server._state = await StateDir.open(server.state_dir, server.provider)
+    try:
+        if server._state is not None:
+            reaped = await server._state.reap_leftovers(server.provider, server._reap_leftover)
+            if reaped:
+                log.warning("reaped %d session(s) left by a server killed on %s", reaped, server.state_dir)
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        for listener in listeners:
+            p.set_keepalive(listener.socket)  # accepted connections inherit it
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(accept_loop, listener, server.admission, server.serve_connection, nursery)
+            task_status.started(listeners[0].socket.getsockname()[1])
+    finally:
+        if server._state is not None:
+            with trio.move_on_after(server.grace, shield=True):
+                await server._state.close()
+            server._state = None

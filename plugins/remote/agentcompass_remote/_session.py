@@ -12,8 +12,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
-from agentcompass.runtime import OutputCallback, OutputStream, cleanup_deadline, exec_keeping_tails
+from agentcompass import EnvironmentSession, ExecResult, FileRefusedError, IssueError, NetworkPolicy
+from agentcompass.runtime import (
+    DEFAULT_MAX_READ_BYTES,
+    OutputCallback,
+    OutputStream,
+    cleanup_deadline,
+    exec_keeping_tails,
+)
 
 from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost
@@ -54,6 +60,8 @@ def reason(exc: BaseException) -> str:
 
 def reply_error(reply: dict[str, Any]) -> Exception:
     message = str(reply.get("message") or "the server reported an error")
+    if reply.get("code") == p.FILE_REFUSED:
+        return FileRefusedError(message)
     errno = reply.get("errno")
     if isinstance(errno, int):
         return OSError(errno, message)
@@ -80,6 +88,7 @@ class RemoteSession(EnvironmentSession):
         self._lock = trio.Lock()
         self._ops = 0
         self._closed = False
+        self._ended = False  # the server closed the session and said so
         self._handle = {"url": server.url, "name": name, "session": reply.get("session")}
         inner = reply.get("handle")
         if isinstance(inner, dict):
@@ -120,6 +129,7 @@ class RemoteSession(EnvironmentSession):
                         await self._send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
                 reply = await self._until_done(op, on_chunk)
             except _SessionEnded:
+                self._ended = True
                 await self._conn.abort()
                 raise fail(f"the server closed session {self._handle['name']} (reaped or swept)") from None
             except (ConnectionLost, p.ProtocolError) as exc:
@@ -174,6 +184,7 @@ class RemoteSession(EnvironmentSession):
                     if isinstance(message, dict) and (message.get("id") == op or message["type"] == "closed"):
                         if message["type"] != "closed":
                             return  # the operation ended (cancelled, or finished first)
+                        self._ended = True
                         break
             except (ConnectionLost, p.ProtocolError):
                 pass
@@ -220,17 +231,27 @@ class RemoteSession(EnvironmentSession):
             raise fail(f"unexpected reply {reply['type']!r} to exec")
         return ExecResult(exit_code=exit_code, timed_out=bool(reply.get("timed_out")))
 
-    async def read_file(self, path: str) -> bytes:
-        """Read a file (paths as the server's provider takes them; ``..`` out
-        of the session and absolute paths outside ``/app``, ``/tests``,
-        ``/logs``, ``/solution`` are refused)."""
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a regular file of at most ``max_bytes`` (None: the runtime's
+        default), which the server caps by its own limit; the server's
+        provider raises :class:`~agentcompass.FileRefusedError` (a link on
+        the way, not a regular file, too large), and so does this. Paths as
+        the server's provider takes them; ``..`` out of the session and
+        absolute paths outside ``/app``, ``/tests``, ``/logs``, ``/solution``
+        are refused."""
         _check_path(path)
+        limit = DEFAULT_MAX_READ_BYTES if max_bytes is None else max_bytes
         chunks: list[bytes] = []
+        size = 0
 
         async def keep(_kind: int, payload: bytes) -> None:
+            nonlocal size
+            size += len(payload)
+            if size > limit:
+                raise p.ProtocolError(f"the server sent more than the {limit} bytes asked for")
             chunks.append(payload)
 
-        await self._request({"type": "read_file", "path": path}, keep)
+        await self._request({"type": "read_file", "path": path, "max_bytes": max_bytes}, keep)
         return b"".join(chunks)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
@@ -244,16 +265,26 @@ class RemoteSession(EnvironmentSession):
 
     async def close(self) -> None:
         """Ask the server to close the session and wait until it has.
-        Idempotent. A close that failed on the server is a WARNING
-        ``cleanup_failed``. If this is cancelled, the connection is dropped,
-        and the server closes the session on its own within its grace."""
+        Idempotent. Returns only when the server said the sandbox is gone
+        (in answer, or unprompted after a reap or sweep). A close that
+        failed on the server, or one the server never confirmed (the
+        connection was lost: a server killed with SIGKILL leaves its
+        sandboxes), is a WARNING ``cleanup_failed``, so the runtime keeps
+        the session reapable. If this is cancelled, the connection is
+        dropped, and the server closes the session on its own within its
+        grace."""
         if self._closed:
             return
         self._closed = True
         self._env._closed(self._server)
         conn = self._conn
+        where = f"sandbox server {self._server.url}"
         if conn.closed:
-            return
+            if self._ended:
+                return
+            raise IssueError(
+                "warning", "cleanup_failed", f"{where}: the connection was lost; the session may be left there"
+            )
         error = None
         try:
             async with self._lock:
@@ -263,9 +294,9 @@ class RemoteSession(EnvironmentSession):
                     if isinstance(message, dict) and message["type"] == "closed":
                         error = message.get("error")
                         break
-        except (ConnectionLost, p.ProtocolError):
-            pass  # the server is gone, and so is the session
+        except (ConnectionLost, p.ProtocolError) as exc:
+            error = f"{reason(exc)}, and the close was never confirmed; the session may be left there"
         finally:
             await conn.abort()
         if error:
-            raise IssueError("warning", "cleanup_failed", f"sandbox server {self._server.url}: {error}")
+            raise IssueError("warning", "cleanup_failed", f"{where}: {error}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 import trio
-from agentcompass_remote import SandboxServer, serve_sandboxes
+from agentcompass_remote import PROTOCOL_VERSION, SandboxServer, serve_sandboxes
 
 TOKEN = "test-token-0123456789"
 #: How long a test waits for a real process or server to reach a state.
@@ -81,7 +81,9 @@ def serve_command(token_file: Path, root: Path, port: int = 0, *extra: str) -> l
         str(token_file),
         "--provider-config",
         f'{{"root": "{root}"}}',
-        *extra,
+        "--state-dir",
+        f"{root}.state",
+        *extra,  # a later --state-dir wins
     ]
 
 
@@ -122,7 +124,7 @@ async def start_spawned(token_file: Path, root: Path, port: int = 0, *extra: str
 
 async def hello(ws: Any, token: str | None = TOKEN) -> dict[str, Any]:
     """Authenticate a raw trio-websocket connection; return the welcome."""
-    message: dict[str, Any] = {"type": "hello", "version": 2}
+    message: dict[str, Any] = {"type": "hello", "version": PROTOCOL_VERSION}
     if token is not None:
         message["token"] = token
     await ws.send_message(json.dumps(message))

@@ -33,6 +33,10 @@ async def test_a_killed_server_fails_its_sessions_and_is_used_again_once_restart
             await on_victim.exec("echo hi")
         assert (lost.value.severity, lost.value.code) == ("fatal", "environment_failed")
         assert victim.url in lost.value.message
+        # Its close cannot be confirmed: the runtime keeps such a session reapable.
+        with pytest.raises(IssueError) as unconfirmed:
+            await on_victim.close()
+        assert (unconfirmed.value.severity, unconfirmed.value.code) == ("warning", "cleanup_failed")
         # Opens skip the dead server...
         for _ in range(3):
             session = await env.open(None, NetworkPolicy())
@@ -135,4 +139,6 @@ async def test_reap_destroys_what_a_killed_server_left_once_it_is_back(spawn):
     await env.reap(handle)  # idempotent
     assert not sandbox.exists()
     await wait_for(lambda: processes_marked(sandbox) == [], "the sandbox's processes to be gone", seconds=5)
-    await session.close()
+    with pytest.raises(IssueError) as unconfirmed:  # the killed server never confirmed it
+        await session.close()
+    assert unconfirmed.value.code == "cleanup_failed"

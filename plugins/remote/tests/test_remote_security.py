@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio_websocket
 from _remote_support import TOKEN, InProcess, ask, open_raw, processes_marked, start_in_process, wait_for
-from agentcompass_remote import RemoteEnvironment
+from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment
 
 from agentcompass import IssueError, NetworkPolicy
 
@@ -32,7 +32,7 @@ async def _refused(ws: trio_websocket.WebSocketConnection) -> int | None:
 @pytest.mark.parametrize("token", [None, "", "wrong-token", TOKEN + "x", TOKEN[:-1]])
 async def test_a_missing_or_wrong_token_is_refused_before_any_session(server: InProcess, token: str | None):
     async with trio_websocket.open_websocket_url(server.url) as ws:
-        message = {"type": "hello", "version": 2} | ({} if token is None else {"token": token})
+        message = {"type": "hello", "version": PROTOCOL_VERSION} | ({} if token is None else {"token": token})
         await ws.send_message(json.dumps(message))
         # An open sent right behind the bad hello must not create anything.
         await ws.send_message(json.dumps(OPEN))
@@ -49,12 +49,12 @@ async def test_an_open_instead_of_a_hello_is_refused(server: InProcess):
 
 async def test_a_token_sent_after_the_auth_timeout_is_refused(nursery: trio.Nursery, tmp_path: Path):
     served = await start_in_process(nursery, tmp_path / "sandboxes", auth_timeout=0.3)
+    started = trio.current_time()  # the deadline runs from the accept, upgrade included
     async with trio_websocket.open_websocket_url(served.url) as ws:
-        started = trio.current_time()
         assert await _refused(ws) == 4001  # the server hangs up on its own
         assert trio.current_time() - started >= 0.3
         with pytest.raises(trio_websocket.ConnectionClosed):
-            await ws.send_message(json.dumps({"type": "hello", "version": 2, "token": TOKEN}))
+            await ws.send_message(json.dumps({"type": "hello", "version": PROTOCOL_VERSION, "token": TOKEN}))
     assert served.server.load == 0 and served.sandboxes() == []
 
 
