@@ -25,6 +25,15 @@ therefore refer to them as ``${APP_DIR:-/app}``, ``${TESTS_DIR:-/tests}``
 and so on, which works under both. File operations of the Environment API
 accept ``/app/...`` style paths under every provider.
 
+Task directories are untrusted input, read by the runtime's user. A task
+holding a symbolic link that resolves outside its directory (absolute or
+relative, dangling or not), or whose ``environment``, ``tests`` or
+``solution`` is itself a link, fails to load with one line naming the task
+and the link (``compass validate`` exits 2). Links that stay inside are
+copied into the session as links, never followed; files are opened without
+following links or blocking on a FIFO, so a task directory changed after it
+loaded cannot make the runtime read a host file (FATAL ``setup_failed``).
+
 What each phase does:
 
 - ``prepare_task`` copies ``environment/`` into ``/app``. ``solution/`` is
@@ -36,7 +45,13 @@ What each phase does:
   ``bash "${TESTS_DIR:-/tests}/test.sh"`` from ``/app`` and reads the reward:
   ``/logs/verifier/reward.txt`` (one number) if present, else
   ``/logs/verifier/reward.json`` (an object of numbers: its ``"reward"`` entry,
-  or the mean of all entries when there is no ``"reward"``). The exit status of
+  or the mean of all entries when there is no ``"reward"``). Where the
+  session offers ``exec_private``, test.sh runs with its own private
+  ``/logs/verifier`` and the reward comes from the files it returns, so a
+  process the agent left running cannot rewrite it; elsewhere the shared
+  directory is read. Either way the reward is read as a regular file of at
+  most 1 MiB: a FIFO, a device, a link, a larger file or one that vanished
+  is a WARNING ``reward_unparseable`` scored 0, never a FATAL. The exit status of
   ``test.sh`` does not matter; only the reward does. Its exit code and the
   last 16 KiB of its stdout and stderr are kept in the attempt's run result,
   ``artifacts["verifier"] = {"exit_code", "stdout", "stderr"}``, so a zero
@@ -54,6 +69,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import posixpath
 import shlex
 import stat
 import tomllib
@@ -69,6 +86,7 @@ from agentcompass import (
     EnvironmentSession,
     Evaluation,
     ExecResult,
+    FileRefusedError,
     Issue,
     IssueError,
     PreparedTask,
@@ -77,6 +95,7 @@ from agentcompass import (
     TaskSpec,
     register,
 )
+from agentcompass.runtime import read_beneath
 
 __all__ = ["TAIL_BYTES", "TerminalBenchmark", "command_output", "output_tail"]
 
@@ -89,18 +108,25 @@ _TESTS = ("/tests", "TESTS_DIR")
 _SOLUTION = ("/solution", "SOLUTION_DIR")
 
 _RUN_TESTS = 'bash "${TESTS_DIR:-/tests}/test.sh"'
+# Tried in this order (as Harbor does); read as regular files of at most 1 MiB.
+_REWARD_FILES = ("reward.txt", "reward.json")
+_MAX_REWARD_BYTES = 1024 * 1024
+# What ``exec_private`` brings back of the verifier's directory, at most.
+_MAX_VERIFIER_BYTES = 16 * 1024 * 1024
+_MAX_TASK_TEXT_BYTES = 16 * 1024 * 1024
+# What a session made that makes a reward file unreadable: scored, not FATAL.
+_SESSION_MADE = (FileRefusedError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 _RESET_VERIFIER = """set -e
 t="${TESTS_DIR:-/tests}"; v="${LOGS_DIR:-/logs}/verifier"
 mkdir -p "$t" "$v"
 find "$t" "$v" -mindepth 1 -delete
 """
-# Prints the name of the reward file test.sh wrote, reward.txt first (as Harbor does).
+# Prints the name of the reward file test.sh left, reward.txt first, whatever
+# it is (a FIFO or a link is found, then refused by read_file).
 _FIND_REWARD = """v="${LOGS_DIR:-/logs}/verifier"
-for f in reward.txt reward.json; do [ -f "$v/$f" ] && { echo "$f"; exit 0; }; done
+for f in reward.txt reward.json; do { [ -e "$v/$f" ] || [ -L "$v/$f" ]; } && { echo "$f"; exit 0; }; done
 exit 0
 """
-
-_FileList = list[tuple[str, bytes, bool]]
 
 
 @register
@@ -156,9 +182,9 @@ class TerminalBenchmark(BaseBenchmark):
         """Copy ``environment/`` into ``/app`` (and ``solution/`` into ``/solution``
         for the ``oracle`` harness); the agent's input is the instruction."""
         task_dir = Path(task.data["dir"])
-        await _upload(env, await _read_tree(task_dir / "environment", _IMAGE_FILES), _APP)
+        await _upload(env, await _read_tree(task_dir, "environment", _IMAGE_FILES), _APP)
         if request.harness.id == "oracle":
-            await _upload(env, await _read_tree(task_dir / "solution"), _SOLUTION)
+            await _upload(env, await _read_tree(task_dir, "solution"), _SOLUTION)
         return PreparedTask(
             task=task,
             input={"instruction": task.data["instruction"]},
@@ -203,21 +229,55 @@ class TerminalBenchmark(BaseBenchmark):
         task_dir = Path(prepared.task.data["dir"])
         if env.handle != prepared.metadata.get("prepared_in"):
             # A fresh evaluation sandbox: give it the task's starting files.
-            await _upload(env, await _read_tree(task_dir / "environment", _IMAGE_FILES), _APP)
+            await _upload(env, await _read_tree(task_dir, "environment", _IMAGE_FILES), _APP)
         await _check(env, _RESET_VERIFIER, "reset the verifier directories")
-        await _upload(env, await _read_tree(task_dir / "tests"), _TESTS)
-        result = await env.exec(_RUN_TESTS)
+        await _upload(env, await _read_tree(task_dir, "tests"), _TESTS)
+        try:
+            # Where the provider can, test.sh writes its reward where nothing the
+            # agent left running can rewrite it; else in the shared /logs/verifier.
+            result, private = await env.exec_private(
+                _RUN_TESTS, directory="/logs/verifier", max_bytes=_MAX_VERIFIER_BYTES
+            )
+        except NotImplementedError:
+            result, private = await env.exec(_RUN_TESTS), None
         # Kept with the attempt (the run result's artifacts are the attempt's), so a zero can be explained.
         run_result.artifacts["verifier"] = command_output(result)
-        found = (await env.exec(_FIND_REWARD)).stdout.strip()
-        if found not in ("reward.txt", "reward.json"):
-            return _zero("reward_missing", f"tests/test.sh wrote no reward file (exit code {result.exit_code})")
-        raw = await env.read_file(f"/logs/verifier/{found}")
+        if private is not None:
+            found = next((name for name in _REWARD_FILES if name in private), None)
+            if found is None:
+                return _zero("reward_missing", f"tests/test.sh wrote no reward file (exit code {result.exit_code})")
+            raw = private[found]
+            if len(raw) > _MAX_REWARD_BYTES:
+                return _zero("reward_unparseable", f"{found}: larger than {_MAX_REWARD_BYTES} bytes")
+        else:
+            found = (await env.exec(_FIND_REWARD)).stdout.strip()
+            if found not in _REWARD_FILES:
+                return _zero("reward_missing", f"tests/test.sh wrote no reward file (exit code {result.exit_code})")
+            try:
+                raw = await env.read_file(f"/logs/verifier/{found}", max_bytes=_MAX_REWARD_BYTES)
+            except Exception as exc:
+                made = _made_by_session(exc)
+                if made is None:
+                    raise
+                if isinstance(made, FileNotFoundError):
+                    return _zero("reward_unparseable", f"{found} vanished before it was read")
+                return _zero("reward_unparseable", f"{found}: {made}")
         try:
             reward = _parse_reward(found, raw)
         except ValueError as exc:
             return _zero("reward_unparseable", f"{found}: {exc}")
         return Evaluation(values={"reward": reward, "passed": reward >= 1})
+
+
+def _made_by_session(exc: BaseException) -> OSError | None:
+    """The file error in ``exc`` that what the session holds explains (a link,
+    a FIFO, a file too large or gone), else None. The runtime passes
+    :class:`FileRefusedError` through and tags the provider's other errors as
+    Environment failures, keeping the provider's error as the cause."""
+    for candidate in (exc, exc.__cause__):
+        if isinstance(candidate, _SESSION_MADE):
+            return candidate
+    return None
 
 
 #: How much of a command's stdout and stderr an attempt keeps (bytes, from the end).
@@ -279,33 +339,112 @@ async def _check(env: EnvironmentSession, cmd: str, what: str) -> None:
         raise IssueError("fatal", "environment_failed", f"could not {what} (exit {result.exit_code}): {detail}")
 
 
-async def _read_tree(directory: Path, exclude: frozenset[str] = frozenset()) -> _FileList:
-    return await trio.to_thread.run_sync(_read_tree_sync, directory, exclude)
+@attrs.frozen
+class _Tree:
+    """What one upload copies: regular files (relative posix path, content,
+    executable) and symbolic links (relative path, target) that stay inside
+    the task directory, copied as links."""
+
+    files: list[tuple[str, bytes, bool]]
+    links: list[tuple[str, str]]
 
 
-def _read_tree_sync(directory: Path, exclude: frozenset[str]) -> _FileList:
-    """(relative posix path, content, executable) of every file under ``directory``."""
-    if not directory.is_dir():
-        return []
-    files = []
-    for path in sorted(directory.rglob("*")):
-        if not path.is_file() or path.relative_to(directory).as_posix() in exclude:
-            continue
-        executable = bool(path.stat().st_mode & stat.S_IXUSR) or path.suffix == ".sh"
-        files.append((path.relative_to(directory).as_posix(), path.read_bytes(), executable))
-    return files
+async def _read_tree(task_dir: Path, sub: str, exclude: frozenset[str] = frozenset()) -> _Tree:
+    return await trio.to_thread.run_sync(_read_tree_sync, task_dir, sub, exclude)
 
 
-async def _upload(env: EnvironmentSession, files: _FileList, root: tuple[str, str]) -> None:
-    """Write ``files`` under a sandbox root, then mark the executable ones."""
+def _read_tree_sync(task_dir: Path, sub: str, exclude: frozenset[str]) -> _Tree:
+    """Blocking: the tree ``task_dir/sub``, read without following a link.
+
+    A task directory may change after it loaded: every directory is opened
+    relative to its parent's descriptor without following links
+    (``os.fwalk``) and every file with ``O_NOFOLLOW``, so nothing outside
+    the task directory is read. A link that now points outside, or an entry
+    swapped for a link while being read, is a FATAL ``setup_failed``; FIFOs,
+    devices and sockets are left out.
+    """
+    top = task_dir / sub
+    if top.is_symlink() or not top.is_dir():  # a link here failed the load: the task changed since
+        return _Tree([], [])
+    task_real = os.path.realpath(task_dir)
+    files: list[tuple[str, bytes, bool]] = []
+    links: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(top, follow_symlinks=False):
+        for name in sorted([*dirnames, *filenames]):
+            rel = Path(dirpath, name).relative_to(top).as_posix()
+            if rel in exclude:
+                continue
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                target = os.readlink(name, dir_fd=dir_fd)
+                inside = _link_inside(task_real, os.path.join(dirpath, name), target)
+                if inside is None:
+                    raise IssueError(
+                        "fatal",
+                        "setup_failed",
+                        f"task {task_dir.name!r}: {sub}/{rel} is a symbolic link pointing outside the "
+                        f"task directory ({target!r}); not copied",
+                    )
+                links.append((rel, inside))
+            elif stat.S_ISREG(info.st_mode):
+                content = _read_regular(name, dir_fd, f"task {task_dir.name!r}: {sub}/{rel}")
+                executable = bool(info.st_mode & stat.S_IXUSR) or name.endswith(".sh")
+                files.append((rel, content, executable))
+    files.sort()
+    links.sort()
+    return _Tree(files, links)
+
+
+def _read_regular(name: str, dir_fd: int, where: str) -> bytes:
+    """The bytes of the regular file ``name`` in ``dir_fd``, opened without
+    following a link or blocking on a FIFO put there since it was listed."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        raise IssueError("fatal", "setup_failed", f"{where} changed while being read: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IssueError("fatal", "setup_failed", f"{where} changed while being read: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _link_inside(task_real: str, link: str, target: str) -> str | None:
+    """The target to give the link ``link`` (whose text is ``target``) in a
+    session, or None when it resolves (as the kernel would, through links
+    before it) outside the task directory ``task_real``. An absolute target
+    inside is made relative, since the task directory's host path means
+    nothing in a session."""
+    resolved = os.path.realpath(link)
+    if os.path.commonpath([task_real, resolved]) != task_real:
+        return None
+    if os.path.isabs(target):
+        return os.path.relpath(resolved, os.path.realpath(os.path.dirname(link)))
+    return target
+
+
+async def _upload(env: EnvironmentSession, tree: _Tree, root: tuple[str, str]) -> None:
+    """Write the files of ``tree`` under a sandbox root, then make its links and
+    mark the executable files."""
     virtual, variable = root
-    for rel, content, _ in files:
-        await env.write_file(f"{virtual}/{rel}", content)
-    executables = [rel for rel, _, executable in files if executable]
-    if executables:
+
+    def place(rel: str) -> str:
         # Quote only the relative part: the variable must still expand (local layout).
-        targets = " ".join(f'"${{{variable}:-{virtual}}}"/{shlex.quote(rel)}' for rel in executables)
-        await _check(env, f"chmod +x -- {targets}", f"make files under {virtual} executable")
+        return f'"${{{variable}:-{virtual}}}"/{shlex.quote(rel)}'
+
+    for rel, content, _ in tree.files:
+        await env.write_file(f"{virtual}/{rel}", content)
+    script = [
+        f"mkdir -p -- {place(posixpath.dirname(rel) or '.')} && ln -sfn -- {shlex.quote(target)} {place(rel)}"
+        for rel, target in tree.links
+    ]
+    executables = [rel for rel, _, executable in tree.files if executable]
+    if executables:
+        script.append(f"chmod +x -- {' '.join(place(rel) for rel in executables)}")
+    if script:
+        await _check(env, "set -e\n" + "\n".join(script), f"copy files under {virtual}")
 
 
 def _load_tasks(path: str | Path) -> list[TaskSpec]:
@@ -321,6 +460,7 @@ def _load_tasks(path: str | Path) -> list[TaskSpec]:
 
 def _load_task(directory: Path) -> TaskSpec:
     where = f"path: task {directory.name!r}"
+    _check_links(directory, where)
     instruction = directory / "instruction.md"
     if not instruction.is_file():
         raise ComponentError(f"{where} has no instruction.md ({directory})")
@@ -330,7 +470,7 @@ def _load_task(directory: Path) -> TaskSpec:
     toml_path = directory / "task.toml"
     if toml_path.is_file():
         try:
-            config = tomllib.loads(toml_path.read_text())
+            config = tomllib.loads(_read_task_text(directory, "task.toml", where))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ComponentError(f"{where}: invalid task.toml: {exc}") from None
     metadata_table = config.get("metadata", {})
@@ -348,10 +488,42 @@ def _load_task(directory: Path) -> TaskSpec:
         metadata["metadata"] = _jsonable(metadata_table)
     return TaskSpec(
         task_id=directory.name,
-        data={"instruction": instruction.read_text(), "dir": str(directory.resolve())},
+        data={"instruction": _read_task_text(directory, "instruction.md", where), "dir": str(directory.resolve())},
         category=category,
         metadata=metadata,
     )
+
+
+def _check_links(directory: Path, where: str) -> None:
+    """Refuse a task directory holding a symbolic link that resolves outside it
+    (absolute or relative, dangling or not), or whose ``environment``,
+    ``tests`` or ``solution`` is a link: a task directory is untrusted input,
+    and its files are read by the runtime's user."""
+    task_real = os.path.realpath(directory)
+    for sub in ("environment", "tests", "solution"):
+        if (directory / sub).is_symlink():
+            raise ComponentError(f"{where}: {sub} is a symbolic link, not a directory")
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(task_real, follow_symlinks=False):
+        for name in sorted([*dirnames, *filenames]):
+            if not stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                continue
+            target = os.readlink(name, dir_fd=dir_fd)
+            if _link_inside(task_real, os.path.join(dirpath, name), target) is None:
+                rel = Path(dirpath, name).relative_to(task_real).as_posix()
+                raise ComponentError(f"{where}: symbolic link {rel!r} points outside the task directory ({target!r})")
+
+
+def _read_task_text(directory: Path, name: str, where: str) -> str:
+    """A top-level file of a task directory as text, read as a regular file of
+    at most 16 MiB, without blocking on a FIFO or leaving the task directory."""
+    # A link inside the task directory is followed by hand: the path it
+    # resolves to is read by a walk that refuses any link still on the way.
+    task_real = os.path.realpath(directory)
+    resolved = os.path.realpath(directory / name)
+    try:
+        return read_beneath(task_real, os.path.relpath(resolved, task_real), _MAX_TASK_TEXT_BYTES).decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ComponentError(f"{where}: cannot read {name}: {exc}") from None
 
 
 def _timeout(section: Any, where: str) -> float | None:
