@@ -90,7 +90,7 @@ async def accept_loop(
                 await trio.sleep(BACKOFF_SECONDS)
                 continue
             if starved_since is not None:
-                log.warning("accepting connections again after %.1fs", trio.current_time() - starved_since)
+                log.info("accepting connections again after %.1fs", trio.current_time() - starved_since)
                 starved_since = None
             if not admission.enter():
                 # Over the cap: hang up before reading anything.

@@ -324,6 +324,24 @@ class SandboxSession(EnvironmentSession):
         assert code is not None
         return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
 
+    async def exec_private(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        directory: str,
+        max_bytes: int,
+    ) -> tuple[ExecResult, dict[str, bytes]]:
+        """Run ``cmd`` as :meth:`exec` does, with ``directory`` (a Harbor
+        directory or a path under one) private to it, and return its result
+        and the regular files it left there; how, and what it costs, is in
+        :mod:`._private`."""
+        from . import _private  # it builds on this module
+
+        return await _private.exec_private(self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
+
     def nsenter_args(self) -> list[str]:
         """``nsenter`` and its namespace options: the session's namespaces by
         the descriptors it holds (pass them with ``pass_fds``), never by pid.

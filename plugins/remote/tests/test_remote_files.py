@@ -1,0 +1,74 @@
+"""``read_file(path, max_bytes)`` over the protocol: the byte cap travels to
+the server, which caps it by its own ``max_file_bytes``, and a refusal comes
+back as :class:`~agentcompass.FileRefusedError`, not a generic failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+import trio_websocket
+from _remote_support import TOKEN, ask, open_raw, start_in_process
+from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment
+
+from agentcompass import FileRefusedError, IssueError, NetworkPolicy
+
+
+async def test_read_file_carries_max_bytes_and_a_refusal_comes_back_as_file_refused(
+    nursery: trio.Nursery, tmp_path: Path
+):
+    served = await start_in_process(nursery, tmp_path / "sandboxes", max_file_bytes=1000)
+    env = RemoteEnvironment({"url": served.url, "token": TOKEN})
+    session = await env.open(None, NetworkPolicy())
+    try:
+        await session.write_file("/app/small", b"x" * 100)
+        await session.write_file("/app/big", b"y" * 1000)
+        assert await session.read_file("/app/small", max_bytes=100) == b"x" * 100
+        with pytest.raises(FileRefusedError) as refused:
+            await session.read_file("/app/small", max_bytes=99)
+        assert "larger than 99 bytes" in str(refused.value)
+        assert isinstance(refused.value, OSError) and not isinstance(refused.value, IssueError)
+        # No max_bytes: the runtime's default, capped by the server's own limit.
+        await session.exec("head -c 1001 /dev/zero > $APP_DIR/huge")
+        with pytest.raises(FileRefusedError, match="larger than 1000 bytes"):
+            await session.read_file("/app/huge")
+        assert await session.read_file("/app/big") == b"y" * 1000
+        # A refusal is one operation's failure: the session goes on.
+        with pytest.raises(FileNotFoundError):
+            await session.read_file("/app/missing")
+        assert (await session.exec("echo on")).stdout == "on\n"
+    finally:
+        await session.close()
+
+
+async def test_the_wire_carries_max_bytes_and_the_file_refused_code(server):
+    async with trio_websocket.open_websocket_url(server.url) as ws:
+        await open_raw(ws)
+        ok = await ask(ws, {"type": "write_file", "id": 1, "path": "/app/f", "size": 0})
+        assert ok == {"type": "done", "id": 1}
+        await ws.send_message(json.dumps({"type": "exec", "id": 2, "cmd": "printf 12345 > $APP_DIR/f"}))
+        while not isinstance(reply := await ws.get_message(), str):
+            pass
+        assert json.loads(reply)["type"] == "exit"
+        refused = await ask(ws, {"type": "read_file", "id": 3, "path": "/app/f", "max_bytes": 4})
+        assert refused["type"] == "error" and refused["id"] == 3 and refused["code"] == "file_refused"
+        assert (await ask(ws, {"type": "read_file", "id": 4, "path": "/app/f", "max_bytes": 5}))["size"] == 5
+        # A max_bytes that is not a byte count is a protocol error: the server hangs up.
+        await ws.send_message(json.dumps({"type": "read_file", "id": 5, "path": "/app/f", "max_bytes": "lots"}))
+        replies = []
+        with pytest.raises(trio_websocket.ConnectionClosed):
+            while True:
+                replies.append(json.loads(await ws.get_message()))
+        assert [(r["type"], r["id"]) for r in replies if r["type"] == "error"] == [("error", None)]
+        assert "max_bytes" in replies[-1]["message"]
+
+
+async def test_a_client_of_the_previous_protocol_version_is_refused(server):
+    assert PROTOCOL_VERSION == 3
+    async with trio_websocket.open_websocket_url(server.url) as ws:
+        await ws.send_message(json.dumps({"type": "hello", "version": 2, "token": TOKEN}))
+        with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 4001

@@ -1,0 +1,75 @@
+"""The server's state directory: a server killed with SIGKILL leaves its
+sessions' sandboxes, and a server started again on the same state directory
+reaps them before it accepts a connection; live servers sharing a state
+directory leave each other's sessions alone."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+from _remote_support import TOKEN, processes_marked, start_in_process
+from agentcompass_remote import RemoteEnvironment
+
+from agentcompass import IssueError, NetworkPolicy
+from agentcompass.environments.local import DIR_PREFIX
+
+
+def _sandboxes(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.name.startswith(DIR_PREFIX)) if root.exists() else []
+
+
+def _records(state: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in state.glob("*/*.json") if p.name != "server.json"]
+
+
+async def test_a_restarted_server_reaps_what_its_killed_life_left_before_it_accepts(spawn, tmp_path: Path):
+    first = await spawn("k")
+    env = RemoteEnvironment({"url": first.url, "token": TOKEN, "retry_down_seconds": 0})
+    sessions = [await env.open(None, NetworkPolicy(), f"run-k-{i}") for i in range(3)]
+    for session in sessions:
+        await session.exec("sleep 1000 > /dev/null 2>&1 & echo started")
+    state = Path(f"{first.root}.state")
+    assert sorted(r["name"] for r in _records(state)) == ["run-k-0", "run-k-1", "run-k-2"]
+
+    first.process.send_signal(signal.SIGKILL)
+    await first.process.wait()
+    # What a SIGKILL leaves: three sandboxes, their processes still running.
+    assert len(_sandboxes(first.root)) == 3 and processes_marked(first.root)
+    for session in sessions:
+        with pytest.raises(IssueError) as unconfirmed:
+            await session.close()
+        assert (unconfirmed.value.severity, unconfirmed.value.code) == ("warning", "cleanup_failed")
+
+    # Same root, same state directory: spawn returns once the server listens.
+    again = await spawn("k", first.port)
+    assert again.root == first.root
+    assert _sandboxes(again.root) == []
+    assert processes_marked(again.root) == []
+    assert _records(state) == []
+    assert len([d for d in state.iterdir() if not d.name.startswith(".")]) == 1  # only its own
+    # The driver's reap of the sessions it could not close finds nothing left (idempotent).
+    for session in sessions:
+        await env.reap(session.handle)
+
+
+async def test_a_session_is_recorded_while_open_and_a_live_servers_sessions_are_left_alone(
+    nursery: trio.Nursery, tmp_path: Path
+):
+    state = tmp_path / "state"
+    one = await start_in_process(nursery, tmp_path / "one", state_dir=state)
+    env = RemoteEnvironment({"url": one.url, "token": TOKEN})
+    session = await env.open(None, NetworkPolicy(), "run-r-1")
+    [record] = _records(state)
+    assert record["name"] == "run-r-1" and record["handle"] == session.handle["inner"]
+
+    # A second server on the same state directory: the first is alive, so nothing is reaped.
+    two = await start_in_process(nursery, tmp_path / "one", state_dir=state)
+    assert len(_sandboxes(one.root)) == 1
+    assert (await session.exec("echo still")).stdout == "still\n"
+    await session.close()
+    assert _records(state) == []
+    assert two.server.load == 0
