@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, processes_marked, start_in_process
+from _remote_support import TOKEN, processes_marked, start_in_process, wait_for
 from agentcompass_remote import RemoteEnvironment
 
-from agentcompass import IssueError, NetworkPolicy
+import agentcompass
+from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, IssueError, NetworkPolicy, Orchestration, RunRequest
 from agentcompass.environments.local import DIR_PREFIX
+from agentcompass.testing import hang_guard
 
 
 def _sandboxes(root: Path) -> list[Path]:
@@ -73,3 +76,48 @@ async def test_a_session_is_recorded_while_open_and_a_live_servers_sessions_are_
     await session.close()
     assert _records(state) == []
     assert two.server.load == 0
+
+
+SOLVE = 'touch "{shared}/started-$$"; sleep 1000\n'
+TEST = 'echo 0 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n'
+
+
+async def test_a_run_on_a_server_killed_mid_run_journals_no_close_and_nothing_is_left(
+    spawn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for i in range(3):
+        task = tmp_path / "tasks" / f"hang-{i}"
+        (task / "tests").mkdir(parents=True)
+        (task / "solution").mkdir()
+        (task / "instruction.md").write_text("Hang.\n")
+        (task / "tests" / "test.sh").write_text(TEST)
+        (task / "solution" / "solve.sh").write_text(SOLVE.format(shared=shared))
+    served = await spawn("mid-run")
+    monkeypatch.setenv("REMOTE_TOKEN", TOKEN)
+    request = RunRequest(
+        name="killed-server",
+        benchmark=ComponentRef("terminal", {"path": str(tmp_path / "tasks")}),
+        harness=ComponentRef("oracle"),
+        environment=ComponentRef("remote", {"url": served.url, "token": "${REMOTE_TOKEN}"}),
+        execution=ExecutionSpec(attempts=AttemptsSpec(k=1), max_retries=0),
+        output_root=tmp_path / "runs",
+    )
+    with hang_guard(120):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(agentcompass.launch, Orchestration([request], task_concurrency=3))
+            await wait_for(lambda: len(list(shared.glob("started-*"))) == 3, "every task to start")
+            served.process.send_signal(signal.SIGKILL)
+            await served.process.wait()
+    [run_dir] = (tmp_path / "runs" / "killed-server").iterdir()
+    journal = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
+    # The driver could not close them, so it did not journal them closed.
+    assert [line["event"] for line in journal] == ["opened"] * 3
+    assert len(_sandboxes(served.root)) == 3
+
+    again = await spawn("mid-run", served.port)
+    assert _sandboxes(again.root) == [] and processes_marked(again.root) == []
+    cli = [sys.executable, "-m", "agentcompass._cli", "reap", str(run_dir)]
+    reaped = await trio.run_process(cli, capture_stdout=True, capture_stderr=True, check=False)
+    assert b"reaped 3 session(s)" in reaped.stdout, reaped.stderr
