@@ -79,8 +79,9 @@ if TYPE_CHECKING:
 #: than ``max_bytes`` fails on a full disk only far past what is returned.
 _TMPFS_MIN_BYTES = 64 * 1024 * 1024
 _TMPFS_INODES = 65536
-#: The private tmpfs's source name, by which the runtime finds it in the mount table.
-_SOURCE = "agentcompass-private"
+#: The private tmpfs's source name, then the session's: how the runtime
+#: finds it in the mount table (and anyone finds it in a mount listing).
+SOURCE_PREFIX = "agentcompass-private-"
 #: How many entries of the covered Harbor directory are bound back at most
 #: (the agent chooses them: a bound setup cost).
 _BIND_BACK_MAX = 64
@@ -92,17 +93,17 @@ _JOINED = ("mnt", "uts", "ipc", "net", "cgroup")
 
 # pid 1 of the private pid namespace, as the host's root in a private copy of
 # the session's mounts. Arguments: the Harbor directory, the path beneath it
-# (may be empty), the ready descriptor, descriptors to close, the tmpfs size,
-# the user namespace's path, then the command (env -i ...).
+# (may be empty), the ready descriptor, descriptors to close, the tmpfs size
+# and source name, the user namespace's path, then the command (env -i ...).
 _SETUP = r"""
 set -e
-top=$1 sub=$2 ready=$3 close=$4 size=$5 userns=$6
-shift 6
+top=$1 sub=$2 ready=$3 close=$4 size=$5 source=$6 userns=$7
+shift 7
 for n in $close; do eval "exec $n>&-"; done
 first=${sub%%/*}
 exec 9<"$top"
 mount -t tmpfs -o "size=$size,nr_inodes=__INODES__,mode=0755,uid=__UID__,gid=__UID__,nosuid,nodev" \
-    __SOURCE__ "$top"
+    "$source" "$top"
 [ -z "$sub" ] || setpriv --reuid __UID__ --regid __UID__ --clear-groups mkdir -p -- "$top/$sub"
 set +e
 if [ -n "$first" ]; then
@@ -125,7 +126,7 @@ exec </dev/null
 nsenter "--user=$userns" -S __INSIDE__ -G __INSIDE__ "$@"
 exit $?
 """.replace("__INODES__", str(_TMPFS_INODES)).replace("__MAX__", str(_BIND_BACK_MAX))
-_SETUP = _SETUP.replace("__SOURCE__", _SOURCE).replace("__UID__", str(_host.HOST_UID))
+_SETUP = _SETUP.replace("__UID__", str(_host.HOST_UID))
 _SETUP = _SETUP.replace("__INSIDE__", str(_host.INSIDE_UID))
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -156,6 +157,7 @@ async def exec_private(
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     top, sub = split_directory(directory)
+    source = SOURCE_PREFIX + session.name
     argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
     workdir = posixpath.join("/app", cwd or ".")
     variables = {
@@ -187,7 +189,7 @@ async def exec_private(
                 *joined,
                 "unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc",
                 "bash", "-c", _SETUP, "bash", top, sub, str(ready_write), " ".join(str(fd) for fd in passed[1:]),
-                str(max(_TMPFS_MIN_BYTES, 2 * max_bytes)), f"/proc/self/fd/{fds['user']}",
+                str(max(_TMPFS_MIN_BYTES, 2 * max_bytes)), source, f"/proc/self/fd/{fds['user']}",
                 "env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv,
             ]  # fmt: skip
             try:
@@ -223,7 +225,7 @@ async def exec_private(
                         # Our unreaped child: its pid is its own, and the mount
                         # namespace behind its root is the private one. A procfs
                         # walk into a tmpfs: it cannot block.
-                        root_fd = _open_private(proc.pid, top)
+                        root_fd = _open_private(proc.pid, top, source)
                         assert proc.stdin is not None
                         await proc.stdin.send_all(b"go\n")
                         await proc.stdin.aclose()
@@ -279,7 +281,7 @@ def _check_init(name: str, pidns_fd: int) -> None:
             raise fail(f"sandbox {name}: {exc}") from None
 
 
-def _open_private(pid: int, top: str) -> int:
+def _open_private(pid: int, top: str, source: str) -> int:
     """A descriptor of the private tmpfs at ``top`` in the mount namespace of
     ``pid``, checked against that namespace's mount table: the top mount
     there must be the setup's tmpfs, and the descriptor on it."""
@@ -295,7 +297,7 @@ def _open_private(pid: int, top: str) -> int:
             fields = line.split()
             if len(fields) > 4 and fields[4] == top:
                 after = fields[fields.index("-") + 1 :] if "-" in fields else []
-                device = fields[2] if after[:2] == ["tmpfs", _SOURCE] else None
+                device = fields[2] if after[:2] == ["tmpfs", source] else None
         info = os.fstat(fd)
         if device != f"{os.major(info.st_dev)}:{os.minor(info.st_dev)}":
             raise fail(f"the private run's {top} is not its own tmpfs")
@@ -367,4 +369,4 @@ def _open_beneath(root_fd: int, parts: list[str]) -> int:
     return fd
 
 
-__all__ = ["collect", "exec_private", "split_directory"]
+__all__ = ["SOURCE_PREFIX", "collect", "exec_private", "split_directory"]

@@ -1,0 +1,264 @@
+"""exec_private against a hostile session: a daemon the agent left running
+cannot reach the verifier's directory (by the shared path, by
+``/proc/<pid>/root`` or ``cwd``, by renaming the directory away) while it
+keeps running and serving; the returned files respect ``max_bytes`` and skip
+links and FIFOs; a timeout, a cancellation and ``close`` leave nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+from _sandbox_support import census, requires_sandbox, wait_for_file
+from agentcompass_sandbox import SandboxEnvironment, _host
+from agentcompass_sandbox._private import SOURCE_PREFIX
+
+from agentcompass import IssueError, NetworkPolicy
+from agentcompass.testing import hang_guard
+
+pytestmark = requires_sandbox
+NONE = NetworkPolicy("none")
+PORT = 8765
+MARKER = "verifier-marker-5f1c"
+
+# The agent's daemon: serves /tmp/www on loopback and, in a loop, writes 1
+# into every reward file it can name, renames the verifier's directory away
+# and makes a new one, and notes every process command line it can see.
+_DAEMON = r"""
+import functools, glob, http.server, os, threading
+os.makedirs("/tmp/www", exist_ok=True)
+with open("/tmp/www/status", "w") as f:
+    f.write("daemon alive\n")
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory="/tmp/www")
+server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+seen = set()
+n = 0
+while True:
+    n += 1
+    targets = ["/logs/verifier/reward.txt"]
+    targets += glob.glob("/proc/*/root/logs/verifier/reward.txt")
+    targets += [cwd + "/reward.txt" for cwd in glob.glob("/proc/*/cwd")]
+    targets += [cwd + "/logs/verifier/reward.txt" for cwd in glob.glob("/proc/*/root")]
+    for path in targets:
+        try:
+            with open(path, "w") as f:
+                f.write("1\n")
+        except OSError:
+            pass
+    if n % 5 == 0:
+        try:
+            os.rename("/logs/verifier", "/logs/verifier.%d" % n)
+            os.mkdir("/logs/verifier")
+        except OSError:
+            pass
+    for cmdline in glob.glob("/proc/*/cmdline"):
+        try:
+            with open(cmdline, "rb") as f:
+                seen.add(f.read())
+        except OSError:
+            pass
+    if n % 20 == 0:
+        with open("/app/count.tmp", "w") as f:
+            f.write(str(n))
+        os.replace("/app/count.tmp", "/app/count")
+        with open("/app/seen.tmp", "wb") as f:
+            f.write(b"\n".join(seen))
+        os.replace("/app/seen.tmp", "/app/seen")
+""".replace("PORT", str(PORT))
+
+# The verifier: reads the daemon's service, gives the daemon time to strike,
+# writes 0, and checks what it wrote is still there.
+_VERIFIER = f"""
+: {MARKER}
+python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{PORT}/status').read().decode().strip())"
+readlink /proc/self/exe
+cd /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+sleep 0.5
+cat /logs/verifier/reward.txt
+"""
+
+
+async def test_a_daemon_left_running_cannot_touch_the_private_directory(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(120):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            await session.write_file("/app/daemon.py", _DAEMON)
+            started = await session.exec(
+                "mkdir -p /logs/verifier && setsid nohup python3 /app/daemon.py > /dev/null 2>&1 < /dev/null &"
+            )
+            assert started.exit_code == 0, started
+            await wait_for_file(session, "/app/count", 30)
+            for attempt in range(5):
+                before = int(await session.read_file("/app/count"))
+                result, files = await session.exec_private(
+                    _VERIFIER, timeout=60, directory="/logs/verifier", max_bytes=1 << 20
+                )
+                assert result.exit_code == 0, (attempt, result)
+                served, exe, written = result.stdout.splitlines()
+                # The verifier reached the daemon's service; its /proc/self is its own.
+                assert (served, exe) == ("daemon alive", "/usr/bin/readlink")
+                # What the verifier wrote stayed what it wrote, and that is what comes back.
+                assert written == "0", (attempt, result)
+                assert files == {"reward.txt": b"0\n"}, attempt
+                # The daemon was at work meanwhile, and is still.
+                after = int(await session.read_file("/app/count"))
+                assert after > before, (before, after)
+            shared = await session.exec("cat /logs/verifier*/reward.txt")
+            assert "1" in shared.stdout.split(), shared
+            # No process of the verifier was ever visible to the daemon.
+            await trio.sleep(0.2)
+            seen = await session.read_file("/app/seen")
+            assert b"daemon.py" in seen
+            assert MARKER.encode() not in seen
+            alive = await session.exec("pgrep -f daemon.py")
+            assert alive.exit_code == 0, alive
+        finally:
+            await session.close()
+
+
+async def test_returned_files_respect_max_bytes_and_skip_links_and_fifos(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            await session.exec("mkdir -p /logs/agent && echo agent-log > /logs/agent/log")
+            script = (
+                "cd /logs/verifier && printf 0123456789 > a.txt && printf 0123456789 > b.txt"
+                " && head -c 100 /dev/zero > c.bin && mkdir d && printf xyz > d/e.txt"
+                " && mkfifo fifo && ln -s /etc/passwd link && ln -s a.txt alias && ln -s /etc d/etc"
+                " && cat /logs/agent/log"
+            )
+            result, files = await session.exec_private(script, directory="/logs/verifier", max_bytes=25)
+            assert result.exit_code == 0, result
+            # The rest of /logs is still there for the command to read.
+            assert result.stdout == "agent-log\n"
+            # In path order, each file while it fits: c.bin (100 bytes) does not.
+            assert files == {"a.txt": b"0123456789", "b.txt": b"0123456789", "d/e.txt": b"xyz"}
+            assert sum(len(v) for v in files.values()) <= 25
+            # Nothing of it reached the session's own /logs/verifier.
+            assert (await session.exec("ls -A /logs/verifier 2>/dev/null | wc -l")).stdout.strip() == "0"
+            # A private directory below the Harbor one; and none outside them.
+            result, files = await session.exec_private(
+                "mkdir -p /app/out/deep && echo hi > /app/out/deep/x && ls /app",
+                directory="/app/out/deep",
+                max_bytes=10,
+            )
+            assert result.exit_code == 0 and files == {"x": b"hi\n"}, result
+            with pytest.raises(IssueError, match="private directory"):
+                await session.exec_private("true", directory="/tmp/x", max_bytes=10)
+        finally:
+            await session.close()
+
+
+def _session_pids(name: str) -> dict[str, list[int]]:
+    """Processes per leaf of the session's tracking cgroup (blocking)."""
+    track = Path(_host.cgroup_bases()["track"]) / name
+    found: dict[str, list[int]] = {}
+    for entry in os.scandir(track):
+        if entry.is_dir():
+            found[entry.name] = [int(p) for p in Path(entry.path, "cgroup.procs").read_text().split()]
+    return found
+
+
+def _private_mounts(name: str) -> list[str]:
+    """Every process on the host that still has the session's private tmpfs mounted (blocking)."""
+    source = (SOURCE_PREFIX + name).encode()
+    holders = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if source in Path(f"/proc/{pid}/mountinfo").read_bytes():
+                    holders.append(pid)
+            except OSError:
+                pass
+    return holders
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_timeout_kills_the_tree_and_keeps_what_it_wrote(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            fds = _open_fds()
+            result, files = await session.exec_private(
+                "echo 0 > /logs/verifier/reward.txt; sleep 1000 & sleep 1000",
+                timeout=1,
+                directory="/logs/verifier",
+                max_bytes=100,
+            )
+            assert result.timed_out and result.exit_code == 124
+            assert files == {"reward.txt": b"0\n"}
+            left = await trio.to_thread.run_sync(_session_pids, session.name)
+            assert set(left) == {"init"}, left
+            assert await trio.to_thread.run_sync(_private_mounts, session.name) == []
+            assert _open_fds() == fds
+        finally:
+            await session.close()
+
+
+async def test_a_cancellation_kills_the_tree_and_leaves_nothing(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            fds = _open_fds()
+            entries = sorted(os.listdir(session.handle["dir"]))
+            with trio.move_on_after(30) as scope:
+                async with trio.open_nursery() as nursery:
+
+                    async def verifier() -> None:
+                        await session.exec_private(
+                            "touch /app/started; sleep 1000 & sleep 1000", directory="/logs/verifier", max_bytes=100
+                        )
+
+                    nursery.start_soon(verifier)
+                    await wait_for_file(session, "/app/started")
+                    assert await trio.to_thread.run_sync(_private_mounts, session.name) != []
+                    nursery.cancel_scope.cancel()
+            assert not scope.cancelled_caught  # the cancellation ended it, not the 30 s
+            left = await trio.to_thread.run_sync(_session_pids, session.name)
+            assert set(left) == {"init"}, left
+            assert await trio.to_thread.run_sync(_private_mounts, session.name) == []
+            assert _open_fds() == fds
+            assert sorted(os.listdir(session.handle["dir"])) == entries
+            # The session goes on.
+            assert (await session.exec("echo ok")).stdout == "ok\n"
+        finally:
+            await session.close()
+
+
+async def test_close_ends_a_private_run_and_leaves_nothing(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        outcome: list[object] = []
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def verifier() -> None:
+                    try:
+                        outcome.append(
+                            await session.exec_private(
+                                "touch /app/started; sleep 1000", directory="/logs/verifier", max_bytes=100
+                            )
+                        )
+                    except IssueError as exc:
+                        outcome.append(exc)
+
+                nursery.start_soon(verifier)
+                await wait_for_file(session, "/app/started")
+                await session.close()
+            (result,) = outcome
+            assert isinstance(result, tuple) and result[0].exit_code != 0, result
+            assert await census(tag) == []
+            assert await trio.to_thread.run_sync(_private_mounts, session.name) == []
+            with pytest.raises(IssueError, match="closed"):
+                await session.exec_private("true", directory="/logs/verifier", max_bytes=10)
+        finally:
+            await session.close()
