@@ -35,6 +35,12 @@ async def test_read_file_carries_max_bytes_and_a_refusal_comes_back_as_file_refu
         with pytest.raises(FileRefusedError, match="larger than 1000 bytes"):
             await session.read_file("/app/huge")
         assert await session.read_file("/app/big") == b"y" * 1000
+        # What the session made is refused by the provider behind the server, and comes back as such.
+        await session.exec("ln -s /etc $APP_DIR/etc && mkfifo $APP_DIR/fifo")
+        with pytest.raises(FileRefusedError, match="symbolic link"):
+            await session.read_file("/app/etc/passwd")
+        with pytest.raises(FileRefusedError, match="not a regular file"):
+            await session.read_file("/app/fifo")
         # A refusal is one operation's failure: the session goes on.
         with pytest.raises(FileNotFoundError):
             await session.read_file("/app/missing")
