@@ -33,6 +33,8 @@ def leftovers(prefix: str) -> list[str]:
         if base.is_dir():
             found += [f"cgroup {base / e}" for e in os.listdir(base) if e.startswith(prefix)]
     found += [f"lease of {n}" for n in _host.leases_with_prefix(prefix)]
+    with open("/proc/self/mounts") as f:
+        found += [f"mount {m}" for m in (line.split()[1] for line in f) if m.startswith(f"{_host.STATE_ROOT}/{prefix}")]
     marker = f"{_host.STATE_ROOT}/{prefix}".encode()
     for entry in os.listdir("/proc"):
         if entry.isdigit():

@@ -188,3 +188,19 @@ async def test_a_dead_init_never_lets_an_exec_into_another_session(provider: San
             await first.close()
             if second is not None:
                 await second.close()
+
+
+async def test_each_session_tmpfs_has_a_bounded_size(tag: str) -> None:
+    provider = SandboxEnvironment({"tmpfs_mb": 8})
+    with hang_guard(30):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            for directory in ("/tmp", "/app", "/logs"):
+                filled = await session.exec(f"head -c 12M /dev/zero > {directory}/fill")
+                assert filled.exit_code != 0 and "No space left" in filled.stderr, (directory, filled)
+                assert (await session.exec(f"rm {directory}/fill")).exit_code == 0
+            # The default, with no memory_mb: 1 GiB each, not half of the host's memory.
+            assert SandboxEnvironment({}).options.tmpfs_mb == 1024
+        finally:
+            await session.close()
+            await provider.sweep(tag)

@@ -97,7 +97,7 @@ async def test_sweep_destroys_sessions_by_prefix_only(provider: SandboxEnvironme
             assert (await other.exec("echo alive")).stdout == "alive\n"
             await provider.sweep(tag)
             # A half-made session (directory and cgroup only, as after a kill inside open).
-            await trio.to_thread.run_sync(_host.make_session_dir, f"{tag}-half")
+            await trio.to_thread.run_sync(_host.make_session_dir, f"{tag}-half", 1 << 20)
             await trio.to_thread.run_sync(_host.make_cgroups, f"{tag}-half", None, None)
             assert await census(tag)
             await provider.sweep(tag)

@@ -73,7 +73,7 @@ async def test_sigkill_during_a_run_then_reuse_leaves_nothing(tmp_path: Path) ->
                     opened = [s for s in _sessions(output_root) if s.get("event") == "opened"]
                     if opened:
                         name = opened[0]["handle"]["name"]
-                        started = Path(f"/run/agentcompass-sandbox/{name}/app/started")
+                        started = _host.files_dir(name) / "app" / "started"
                         if await trio.to_thread.run_sync(started.exists):
                             break
                     await trio.sleep(0.05)

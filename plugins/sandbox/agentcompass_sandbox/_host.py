@@ -19,6 +19,7 @@ Everything here blocks and runs in a worker thread.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -46,8 +47,10 @@ INSIDE_UID = 1000
 #: of the host is visible: not /root, /mnt, /media, /boot, nor any project
 #: directory. Each bind costs a mount and a read-only remount at every open.
 USERLAND = ("usr", "etc", "opt", "var", "home", "srv", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-#: Harbor paths bound into every sandbox, each a directory of the session's state dir.
+#: Harbor paths bound into every sandbox, each a directory of the session's files.
 SUBDIRS = ("app", "tests", "logs", "solution")
+#: The session's own tmpfs (of a fixed size) holding ``SUBDIRS``, in its state dir.
+FILES = "files"
 MARKER = "session.json"
 CGROUP_GROUP = "agentcompass-sandbox"
 #: The host table that NATs and forwards every sandbox's egress.
@@ -57,6 +60,9 @@ SUBNET_PREFIX = (10, 213)
 LEASES = 16384
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_MS_BIND, _MS_REC, _MS_SHARED, _MNT_DETACH = 0x1000, 0x4000, 1 << 20, 2
 
 _KILL_ROUNDS = 2000
 _KILL_PAUSE = 0.001
@@ -79,6 +85,11 @@ def veth_name(name: str) -> str:
 
 def session_dir(name: str) -> Path:
     return STATE_ROOT / name
+
+
+def files_dir(name: str) -> Path:
+    """Where the session's ``/app``, ``/tests``, ``/logs`` and ``/solution`` are."""
+    return STATE_ROOT / name / FILES
 
 
 def lease_addresses(index: int) -> tuple[str, str]:
@@ -126,7 +137,29 @@ def ensure_state_root() -> None:
         if not entries and not _on_tmpfs(STATE_ROOT):
             with contextlib.suppress(HostError):
                 run(["mount", "-t", "tmpfs", "-o", "mode=0711", "agentcompass-sandbox", str(STATE_ROOT)])
+        # Each session's files are a tmpfs mounted below: shared, so the
+        # spawner's mount namespace (a slave of this one) sees them.
+        if not os.path.ismount(STATE_ROOT):
+            _mount(str(STATE_ROOT), str(STATE_ROOT), None, _MS_BIND, None)
+        _mount(None, str(STATE_ROOT), None, _MS_SHARED, None)
     _state_root_ready = True
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    def enc(text: str | None) -> bytes | None:
+        return None if text is None else text.encode()
+
+    if _libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise HostError(f"mount {target}: {os.strerror(err)}")
+
+
+def _unmount(target: str) -> None:
+    """Detach the mount at ``target``; nothing mounted there is fine."""
+    if _libc.umount2(target.encode(), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):
+            raise HostError(f"umount {target}: {os.strerror(err)}")
 
 
 def _on_tmpfs(path: Path) -> bool:
@@ -142,10 +175,10 @@ def _on_tmpfs(path: Path) -> bool:
     return fstype == "tmpfs"
 
 
-def make_session_dir(name: str) -> Path:
+def make_session_dir(name: str, files_bytes: int) -> Path:
     """Create the state directory (marker first, so a kill right after leaves
-    something ``sweep`` recognises) and the Harbor subdirectories, owned by
-    the sandbox user."""
+    something ``sweep`` recognises), the session's files tmpfs of
+    ``files_bytes`` and the Harbor subdirectories in it, owned by the sandbox user."""
     ensure_state_root()
     path = session_dir(name)
     try:
@@ -153,8 +186,11 @@ def make_session_dir(name: str) -> Path:
     except FileExistsError:
         raise SessionExists(f"sandbox session {name!r} already exists ({path})") from None
     write_marker(name, {"name": name, "created": time.time(), "runtime_pid": os.getpid()})
+    files = f"{path}/{FILES}"
+    os.mkdir(files, 0o755)
+    _mount("agentcompass-files", files, "tmpfs", 0, f"size={files_bytes},mode=0755")
     for sub in SUBDIRS:
-        sub_path = f"{path}/{sub}"
+        sub_path = f"{files}/{sub}"
         os.mkdir(sub_path, 0o755)
         os.chown(sub_path, HOST_UID, HOST_UID)
     if os.path.isfile("/etc/hosts") and not os.path.islink("/etc/hosts"):
@@ -560,6 +596,7 @@ def destroy(name: str) -> None:
 
 def remove_session_dir(name: str) -> None:
     path = f"{STATE_ROOT}/{name}"
+    _unmount(f"{path}/{FILES}")
     try:
         entries = list(os.scandir(path))
     except FileNotFoundError:

@@ -60,9 +60,10 @@ class SandboxEnvironment(BaseEnvironment):
     Config: ``memory_mb`` and ``pids_max`` (cgroup limits of the whole
     session; none by default), ``max_output_bytes`` (per stream of one
     ``exec``; 1 MiB), ``reuse_network_namespaces`` (give a session's
-    network namespace back to the pool at close; true), ``tmp_mb`` (the size
-    of each session's ``/tmp``, a tmpfs of its own; 1024: without it a
-    session could fill half the host's memory there). Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
+    network namespace back to the pool at close; true), ``tmpfs_mb`` (the size
+    of each of a session's two tmpfs, ``/tmp`` and the one holding ``/app``,
+    ``/tests``, ``/logs`` and ``/solution``; 1024: without a size a session
+    could fill half the host's memory in each). Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
     id: ClassVar[str] = "sandbox"
@@ -73,7 +74,7 @@ class SandboxEnvironment(BaseEnvironment):
         pids_max: int | None = attrs.field(default=None, validator=_positive)
         max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
         reuse_network_namespaces: bool = True
-        tmp_mb: int = attrs.field(default=1024, validator=_positive)
+        tmpfs_mb: int = attrs.field(default=1024, validator=_positive)
 
     def host_euid(self) -> int:
         """The uid :meth:`preflight` checks (a seam: override to model another host)."""
@@ -133,7 +134,7 @@ class SandboxEnvironment(BaseEnvironment):
             lookup=self.resolve_host,
             pool=pool,
             recycle=options.reuse_network_namespaces,
-            tmp_mb=options.tmp_mb,
+            tmpfs_mb=options.tmpfs_mb,
         )
         try:
             await session.start(policy)

@@ -96,7 +96,7 @@ class SandboxSession(EnvironmentSession):
         lookup: Callable[[str], list[str]] = _policy.lookup,
         pool: _pool.Pool | None = None,
         recycle: bool = True,
-        tmp_mb: int = 1024,
+        tmpfs_mb: int = 1024,
     ):
         self.name = name
         self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
@@ -105,10 +105,11 @@ class SandboxSession(EnvironmentSession):
         self._ruleset_applied = False  # whether any policy installed rules (recycling resets them)
         self._lookup = lookup
         self._dir = _host.session_dir(name)
+        self._files = _host.files_dir(name)
         self._max_output = max_output_bytes
         self._memory_mb = memory_mb
         self._pids_max = pids_max
-        self._tmp_bytes = tmp_mb * 1024 * 1024
+        self._tmpfs_bytes = tmpfs_mb * 1024 * 1024  # /tmp, and the session's files
         self._cgroups: dict[str, str] = {}
         self._lifeline: int | None = None  # write end of the init's stdin
         self._init_pid: int | None = None  # host pid of bwrap's pid 1, valid only while start runs
@@ -157,7 +158,7 @@ class SandboxSession(EnvironmentSession):
         """Blocking, in one worker-thread hop: the state directory, the
         cgroups, the init's leaf, the binds, whether the session has its own
         /etc/hosts, and bwrap's log file (a descriptor the caller closes)."""
-        _host.make_session_dir(self.name)
+        _host.make_session_dir(self.name, self._tmpfs_bytes)
         self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max)
         if self._pool is not None:
             self._netns = self._pool.take()
@@ -178,7 +179,7 @@ class SandboxSession(EnvironmentSession):
     async def _spawn_init(self, init_cg: str, binds: list[str], own_hosts: bool, log_fd: int) -> None:
         mounts: list[str] = []
         for sub in _host.SUBDIRS:
-            mounts += ["--bind", str(self._dir / sub), "/" + sub]
+            mounts += ["--bind", str(self._files / sub), "/" + sub]
         if own_hosts:
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
         # A pooled namespace is entered by the spawner; otherwise bwrap makes one (loopback only).
@@ -186,7 +187,7 @@ class SandboxSession(EnvironmentSession):
         argv = [
             "bwrap", "--die-with-parent", "--unshare-all", *share, "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
-            "--proc", "/proc", "--dev", "/dev", "--size", str(self._tmp_bytes), "--tmpfs", "/tmp", "--dir", "/run", *mounts,
+            "--proc", "/proc", "--dev", "/dev", "--size", str(self._tmpfs_bytes), "--tmpfs", "/tmp", "--dir", "/run", *mounts,
             "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
         ]  # fmt: skip
         info_read, info_write = os.pipe()
@@ -361,7 +362,7 @@ class SandboxSession(EnvironmentSession):
         parts = raw.split("/")[1:]
         if not parts or parts[0] not in _host.SUBDIRS:
             raise fail(f"path {os.fspath(path)!r} is outside the sandbox's /app, /tests, /logs and /solution")
-        return self._dir / parts[0], "/".join(parts[1:]) or "."
+        return self._files / parts[0], "/".join(parts[1:]) or "."
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """Read a regular file of at most ``max_bytes`` (path rules in the
