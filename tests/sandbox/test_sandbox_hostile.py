@@ -119,9 +119,7 @@ async def test_root_side_file_operations_never_follow_a_swapped_link_out(
     assert outcomes.get("FileRefusedError", 0) > 0, outcomes
 
 
-async def test_reads_of_what_a_session_made_are_bounded_and_never_block(
-    provider: SandboxEnvironment, tag: str
-) -> None:
+async def test_reads_of_what_a_session_made_are_bounded_and_never_block(provider: SandboxEnvironment, tag: str) -> None:
     with hang_guard(30):
         session = await provider.open(None, NONE, f"{tag}-a")
         try:

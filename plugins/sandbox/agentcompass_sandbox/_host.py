@@ -227,7 +227,6 @@ def read_marker(name: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-
 # ------------------------------------------------------------------ cgroups
 
 

@@ -280,7 +280,6 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
     return made[0], probes[0]
 
 
-
 def delete_link(name: str) -> None:
     """Delete the interface ``name`` of this namespace (both ends of a veth go)."""
     sock = _Socket()
