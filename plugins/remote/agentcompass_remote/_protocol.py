@@ -24,6 +24,7 @@ __all__ = [
     "STDOUT",
     "FILE",
     "FILE_REFUSED",
+    "NOT_IMPLEMENTED",
     "VERSION",
     "ProtocolError",
     "check_path",
@@ -35,10 +36,13 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; both sides refuse another version.
-#: 3: ``read_file`` carries ``max_bytes``, and refusals come back as ``file_refused``.
+#: 3: ``read_file`` carries ``max_bytes``, refusals come back as ``file_refused``,
+#: and ``exec_private`` is forwarded.
 VERSION = 3
 #: The ``code`` of an error that is a :class:`~agentcompass.FileRefusedError`.
 FILE_REFUSED = "file_refused"
+#: The ``code`` of an error that is a :class:`NotImplementedError` (an optional operation).
+NOT_IMPLEMENTED = "not_implemented"
 #: Binary message prefix: operation id (u32), kind (u8).
 HEADER = struct.Struct("!IB")
 STDOUT, STDERR, FILE = 1, 2, 3

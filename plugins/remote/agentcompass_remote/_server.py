@@ -65,6 +65,9 @@ def _error(op: int | None, exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, FileRefusedError):
         # What the session made, not a failure of the server: the client raises it as such.
         reply.update(code=p.FILE_REFUSED, message=message)
+    elif isinstance(exc, NotImplementedError):
+        # An optional operation the provider lacks (``exec_private``): the caller falls back.
+        reply.update(code=p.NOT_IMPLEMENTED, message=message)
     elif isinstance(exc, IssueError):
         reply.update(severity=exc.severity, code=exc.code, message=exc.message)
     elif isinstance(exc, OSError) and exc.errno is not None:
@@ -378,6 +381,8 @@ class SandboxServer:
                 session = hosted.backend
                 if kind == "exec":
                     start(op, _exec, session, request)
+                elif kind == "exec_private":
+                    start(op, _exec_private, session, request, self._read_limit(request.get("max_bytes")))
                 elif kind == "read_file":
                     start(op, _read, session, request.get("path"), self._read_limit(request.get("max_bytes")))
                 elif kind == "write_file":
@@ -389,7 +394,8 @@ class SandboxServer:
                     raise p.ProtocolError(f"unknown operation {kind!r}")
 
     def _read_limit(self, max_bytes: Any) -> int:
-        """The client's ``max_bytes`` (None: the runtime's default), capped by the server's own limit."""
+        """The client's ``max_bytes`` of a ``read_file`` or ``exec_private``
+        (None: the runtime's default), capped by the server's own limit."""
         if max_bytes is None:
             max_bytes = DEFAULT_MAX_READ_BYTES
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
@@ -479,7 +485,8 @@ def _output_limit(backend: BaseEnvironment, session: EnvironmentSession) -> int 
     return limit if isinstance(limit, int) and limit > 0 else None
 
 
-async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[str, Any]) -> None:
+def _exec_args(request: dict[str, Any]) -> tuple[str | list[str], float | None, str | None, dict[str, str] | None]:
+    """``cmd``, ``timeout``, ``cwd`` and ``env`` of an exec request, checked."""
     cmd = request.get("cmd")
     if not (isinstance(cmd, str) or (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd))):
         raise p.ProtocolError("cmd must be a string or a non-empty list of strings")
@@ -492,6 +499,11 @@ async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[s
     timeout = request.get("timeout")
     if timeout is not None and not isinstance(timeout, int | float):
         raise p.ProtocolError("timeout must be a number")
+    return cmd, timeout, cwd, env
+
+
+async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[str, Any]) -> None:
+    cmd, timeout, cwd, env = _exec_args(request)
 
     async def forward(stream: str, chunk: bytes) -> None:
         # Awaiting the send is the backpressure: a slow client stalls the command's pipe.
@@ -502,6 +514,30 @@ async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[s
 
     result = await session.exec_stream(cmd, timeout, cwd, env, on_output=forward)
     await send({"type": "exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out})
+
+
+async def _send_data(send: Any, op: int, kind: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    for start in range(0, len(view), p.OUTPUT_CHUNK):
+        await send(p.pack_chunk(op, kind, view[start : start + p.OUTPUT_CHUNK]))
+
+
+async def _exec_private(
+    send: Any, op: int, session: EnvironmentSession, request: dict[str, Any], max_bytes: int
+) -> None:
+    """The backend's ``exec_private``: its output, then the files it brought
+    back (their bytes in the order of the final message's ``files``)."""
+    cmd, timeout, cwd, env = _exec_args(request)
+    directory = p.check_path(request.get("directory"), "directory")
+    result, files = await session.exec_private(cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
+    await _send_data(send, op, p.STDOUT, result.stdout.encode("utf-8", errors="surrogateescape"))
+    await _send_data(send, op, p.STDERR, result.stderr.encode("utf-8", errors="surrogateescape"))
+    sizes = []
+    for path, content in files.items():
+        await _send_data(send, op, p.FILE, content)
+        sizes.append([path, len(content)])
+    final = {"type": "private_exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out}
+    await send({**final, "files": sizes})
 
 
 async def _read(send: Any, op: int, session: EnvironmentSession, path: Any, max_bytes: int) -> None:

@@ -62,6 +62,8 @@ def reply_error(reply: dict[str, Any]) -> Exception:
     message = str(reply.get("message") or "the server reported an error")
     if reply.get("code") == p.FILE_REFUSED:
         return FileRefusedError(message)
+    if reply.get("code") == p.NOT_IMPLEMENTED:
+        return NotImplementedError(message)
     errno = reply.get("errno")
     if isinstance(errno, int):
         return OSError(errno, message)
@@ -230,6 +232,64 @@ class RemoteSession(EnvironmentSession):
         if reply["type"] != "exit" or not isinstance(exit_code, int):
             raise fail(f"unexpected reply {reply['type']!r} to exec")
         return ExecResult(exit_code=exit_code, timed_out=bool(reply.get("timed_out")))
+
+    async def exec_private(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        directory: str,
+        max_bytes: int,
+    ) -> tuple[ExecResult, dict[str, bytes]]:
+        """The server's provider's ``exec_private`` (see
+        :meth:`EnvironmentSession.exec_private`): its result and the files it
+        brought back, ``max_bytes`` capped by the server's own limit. A
+        provider without it raises :exc:`NotImplementedError`, and so does this."""
+        _check_path(directory)
+        streams = {p.STDOUT: bytearray(), p.STDERR: bytearray(), p.FILE: bytearray()}
+        bounds = {p.STDOUT: self._env._max_output * _OUTPUT_SLACK, p.FILE: max_bytes}
+        bounds[p.STDERR] = bounds[p.STDOUT]
+
+        async def keep(kind: int, payload: bytes) -> None:
+            received = streams.get(kind)
+            if received is None or len(received) + len(payload) > bounds[kind]:
+                raise p.ProtocolError(f"exec_private sent more than asked for (kind {kind})")
+            received += payload
+
+        message = {
+            "type": "exec_private",
+            "cmd": cmd,
+            "timeout": timeout,
+            "cwd": cwd,
+            "env": env,
+            "directory": directory,
+            "max_bytes": max_bytes,
+        }
+        reply = await self._request(message, keep)
+        exit_code, sizes = reply.get("exit_code"), reply.get("files")
+        if reply["type"] != "private_exit" or not isinstance(exit_code, int) or not isinstance(sizes, list):
+            raise fail(f"unexpected reply {reply['type']!r} to exec_private")
+        files: dict[str, bytes] = {}
+        data, offset = streams[p.FILE], 0
+        for entry in sizes:
+            if not (
+                isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], int)
+            ):
+                raise fail("exec_private: a malformed list of files")
+            path, size = entry
+            files[path] = bytes(data[offset : offset + size])
+            offset += size
+        if offset != len(data):
+            raise fail("exec_private: the files do not add up to the data sent")
+        result = ExecResult(
+            exit_code=exit_code,
+            stdout=streams[p.STDOUT].decode("utf-8", errors="surrogateescape"),
+            stderr=streams[p.STDERR].decode("utf-8", errors="surrogateescape"),
+            timed_out=bool(reply.get("timed_out")),
+        )
+        return result, files
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """Read a regular file of at most ``max_bytes`` (None: the runtime's

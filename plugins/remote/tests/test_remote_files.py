@@ -1,6 +1,8 @@
 """``read_file(path, max_bytes)`` over the protocol: the byte cap travels to
 the server, which caps it by its own ``max_file_bytes``, and a refusal comes
-back as :class:`~agentcompass.FileRefusedError`, not a generic failure."""
+back as :class:`~agentcompass.FileRefusedError`, not a generic failure.
+``exec_private`` is forwarded, or is :exc:`NotImplementedError` when the
+server's provider lacks it."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import pytest
 import trio
 import trio_websocket
 from _remote_support import TOKEN, ask, open_raw, start_in_process
-from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment
+from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment, SandboxServer, serve_sandboxes
 
-from agentcompass import FileRefusedError, IssueError, NetworkPolicy
+import agentcompass
+from agentcompass import EnvironmentSession, FileRefusedError, IssueError, NetworkPolicy
+from agentcompass.environments.local import LocalEnvironment
 
 
 async def test_read_file_carries_max_bytes_and_a_refusal_comes_back_as_file_refused(
@@ -78,3 +82,84 @@ async def test_a_client_of_the_previous_protocol_version_is_refused(server):
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:
             await ws.get_message()
         assert closed.value.reason.code == 4001
+
+
+class _PrivateSession(EnvironmentSession):
+    """A ``local`` session with a stand-in ``exec_private`` (not private at
+    all: the command's directory is a fresh one under the sandbox), to see
+    what the protocol carries."""
+
+    def __init__(self, inner: EnvironmentSession):
+        self._inner = inner
+
+    @property
+    def handle(self) -> dict:
+        return self._inner.handle
+
+    async def exec(self, cmd, timeout=None, cwd=None, env=None):
+        return await self._inner.exec(cmd, timeout, cwd, env)
+
+    async def exec_private(self, cmd, timeout=None, cwd=None, env=None, *, directory, max_bytes):
+        _private_calls.append((directory, max_bytes))
+        made = await self._inner.exec("d=$(mktemp -d -p $APP_DIR) && echo -n $d")
+        result = await self._inner.exec(cmd, timeout, cwd, {**(env or {}), "PRIVATE_DIR": made.stdout})
+        listing = await self._inner.exec(f"cd {made.stdout} && find . -type f -printf '%P\\n'")
+        files = {}
+        for name in listing.stdout.split():
+            files[name] = (Path(made.stdout) / name).read_bytes()
+        return result, files
+
+    async def read_file(self, path, max_bytes=None):
+        return await self._inner.read_file(path, max_bytes)
+
+    async def write_file(self, path, data):
+        await self._inner.write_file(path, data)
+
+    async def set_network_policy(self, policy):
+        await self._inner.set_network_policy(policy)
+
+    async def close(self):
+        await self._inner.close()
+
+
+_private_calls: list[tuple[str, int]] = []
+
+
+@agentcompass.register
+class _PrivateLocal(LocalEnvironment):
+    id = "test-remote-private-local"
+
+    async def open(self, config, policy, name=None):
+        return _PrivateSession(await super().open(config, policy, name))
+
+
+async def test_exec_private_is_forwarded_with_its_files(nursery: trio.Nursery, tmp_path: Path):
+    _private_calls.clear()
+    root = tmp_path / "sandboxes"
+    server = SandboxServer(_PrivateLocal.id, TOKEN, default_config={"root": str(root)}, max_file_bytes=5000)
+    port = await nursery.start(serve_sandboxes, server, "127.0.0.1", 0)
+    env = RemoteEnvironment({"url": f"ws://127.0.0.1:{port}", "token": TOKEN, "provider": _PrivateLocal.id})
+    session = await env.open(None, NetworkPolicy())
+    try:
+        script = 'echo out; echo err >&2; echo -n 1 > "$PRIVATE_DIR/reward.txt"; mkdir "$PRIVATE_DIR/d"; printf "\\xff" > "$PRIVATE_DIR/d/bin"; exit 3'
+        result, files = await session.exec_private(script, 30, directory="/logs/verifier", max_bytes=1 << 20)
+        assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, "out\n", "err\n", False)
+        assert files == {"reward.txt": b"1", "d/bin": b"\xff"}
+        assert _private_calls == [("/logs/verifier", 5000)]  # capped by the server's limit
+        # A directory outside the session never reaches the provider.
+        with pytest.raises(IssueError, match="outside the session"):
+            await session.exec_private("true", directory="/etc", max_bytes=10)
+        assert len(_private_calls) == 1
+    finally:
+        await session.close()
+
+
+async def test_exec_private_of_a_provider_without_it_is_not_implemented(server):
+    env = RemoteEnvironment({"url": server.url, "token": TOKEN})
+    session = await env.open(None, NetworkPolicy())
+    try:
+        with pytest.raises(NotImplementedError):
+            await session.exec_private("true", directory="/logs/verifier", max_bytes=100)
+        assert (await session.exec("echo on")).stdout == "on\n"  # the session goes on
+    finally:
+        await session.close()
