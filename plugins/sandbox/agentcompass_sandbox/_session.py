@@ -36,6 +36,8 @@ from . import _host, _policy, _pool, _spawner
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
+#: ``exit_code`` of an exec after the session's init has exited (nothing ran).
+INIT_GONE_EXIT_CODE = 255
 _CHUNK = 65536
 # After the command exits, how long to keep reading output a background process may hold.
 _DRAIN_SECONDS = 0.5
@@ -49,9 +51,7 @@ _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: (bwrap and its init, nsenter and its wrapper): the runtime's own
 #: environment, which may hold API keys, never reaches a sandbox.
 BASE_ENV = {"PATH": _PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
-#: The namespaces an exec enters, as nsenter names them, by the descriptors
-#: the session holds: taken from its init once, so a pid number is never
-#: looked up again (a dead init's number may be another session's by then).
+#: The namespaces an exec enters, as nsenter names them.
 _NAMESPACES = (("user", "user"), ("mnt", "mount"), ("pid", "pid"), ("uts", "uts"), ("ipc", "ipc"),
                ("net", "net"), ("cgroup", "cgroup"))  # fmt: skip
 
@@ -113,7 +113,10 @@ class SandboxSession(EnvironmentSession):
         self._cgroups: dict[str, str] = {}
         self._lifeline: int | None = None  # write end of the init's stdin
         self._init_pid: int | None = None  # host pid of bwrap's pid 1, valid only while start runs
-        self._ns_fds: dict[str, int] = {}  # the init's namespaces, held from start to close
+        # A pidfd of bwrap's pid 1, held from start to close: it never refers to
+        # another process, so an exec never enters a later holder of the number.
+        self._pidfd: int | None = None
+        self._own_netns: int | None = None  # its network namespace, when not a pooled one
         self._lease: int | None = None
         self._ruleset = False  # whether an nftables table is installed in the namespace
         self._hosts_extended = False  # whether /etc/hosts holds allowlisted names
@@ -220,8 +223,10 @@ class SandboxSession(EnvironmentSession):
         # once the init runs: every exec enters its namespaces, held from now on.
         self._init_pid = child_pid
         try:
-            self._ns_fds = await trio.to_thread.run_sync(_open_namespaces, child_pid)
-        except OSError as exc:
+            self._pidfd = os.pidfd_open(child_pid)
+            if self._netns is None:
+                self._own_netns = self.namespace_fds(("net",))["net"]
+        except (OSError, InitGone) as exc:
             raise fail(f"sandbox {self.name}: its init ended while it started ({exc})") from None
 
     async def _log(self) -> str:
@@ -271,28 +276,40 @@ class SandboxSession(EnvironmentSession):
             "SOLUTION_DIR": "/solution",
             **(env or {}),
         }
+        label = f"x{next(self._labels)}"
         try:
-            leaf = await trio.to_thread.run_sync(_host.exec_cgroup, self._cgroups["track"], f"x{next(self._labels)}")
+            fds, leaf = await trio.to_thread.run_sync(self._exec_prepare, label)
         except OSError as exc:
             raise fail(f"sandbox {self.name}: {exc}") from None
-        self._check_open()
+        except InitGone as exc:
+            # The agent killed its own init: nothing runs any more, which is its doing.
+            return ExecResult(exit_code=INIT_GONE_EXIT_CODE, stderr=f"sandbox {self.name}: {exc}; nothing ran\n")
         uid = str(_host.INSIDE_UID)
         full = [
             "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
-            *self.nsenter_args(), "-S", uid, "-G", uid,
+            *nsenter_args(fds), "-S", uid, "-G", uid,
             "env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv,
         ]  # fmt: skip
         try:
+            self._check_open()
             proc = await trio.lowlevel.open_process(
                 full,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=BASE_ENV,
-                pass_fds=tuple(self._ns_fds.values()),
+                pass_fds=tuple(fds.values()),
             )
         except OSError as exc:
+            await trio.to_thread.run_sync(_host.try_remove_cgroup, leaf)
             raise fail(f"sandbox {self.name}: could not start nsenter: {exc}") from None
+        except BaseException:
+            with trio.move_on_at(cleanup_deadline(), shield=True):
+                await trio.to_thread.run_sync(_host.try_remove_cgroup, leaf)
+            raise
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         out, err = OutputTail(self._max_output), OutputTail(self._max_output)
         timed_out = False
         try:
@@ -343,14 +360,39 @@ class SandboxSession(EnvironmentSession):
 
         return await _private.exec_private(self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
 
-    def nsenter_args(self) -> list[str]:
-        """``nsenter`` and its namespace options: the session's namespaces by
-        the descriptors it holds (pass them with ``pass_fds``), never by pid.
-        Once the init has died, entering fails (its pid namespace takes no
-        new process), so a command of a dead session runs nowhere."""
-        if not self._ns_fds:
-            raise fail(f"sandbox {self.name} has not started")
-        return ["nsenter", *(f"--{option}=/proc/self/fd/{self._ns_fds[ns]}" for ns, option in _NAMESPACES)]
+    def namespace_fds(self, which: tuple[str, ...] = tuple(ns for ns, _ in _NAMESPACES)) -> dict[str, int]:
+        """Blocking: new descriptors of the init's namespaces ``which`` (the
+        caller closes them), opened while the session's pidfd shows the init
+        alive throughout, so they are its own and never a later holder's of
+        its pid number. Raise :class:`InitGone` once the init has exited."""
+        if self._pidfd is None or self._init_pid is None:
+            raise InitGone("the sandbox has not started")
+        fds: dict[str, int] = {}
+        try:
+            for ns in which:
+                try:
+                    fds[ns] = os.open(f"/proc/{self._init_pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    raise InitGone("the session's init has exited") from None
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)
+            if poller.poll(0):  # readable: it has exited, the numbers may be anyone's
+                raise InitGone("the session's init has exited")
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        return fds
+
+    def _exec_prepare(self, label: str) -> tuple[dict[str, int], str]:
+        """Blocking, one thread hop per exec: the namespaces, then the cgroup leaf."""
+        fds = self.namespace_fds()
+        try:
+            return fds, _host.exec_cgroup(self._cgroups["track"], label)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
 
     # ------------------------------------------------------------ files
 
@@ -405,7 +447,7 @@ class SandboxSession(EnvironmentSession):
                 self._ruleset = True
             if policy.mode != "none" and self._lease is None:
                 # A pooled namespace without a veth is lent under none only.
-                await trio.to_thread.run_sync(self._make_network, self._ns_fds["net"])
+                await trio.to_thread.run_sync(self._make_network, self._net_fd())
             if policy.mode == "full" and self._ruleset:
                 await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset("full"))
                 self._ruleset = False
@@ -416,10 +458,14 @@ class SandboxSession(EnvironmentSession):
     def _apply_ruleset(self, ruleset: str) -> None:
         """Blocking: ``nft -f`` in the session's network namespace (a pooled
         one through its descriptor, so even before the sandbox starts)."""
-        if self._netns is not None:
-            _host.apply_ruleset_in(self._netns.fd, ruleset)
-        else:
-            _host.apply_ruleset_in(self._ns_fds["net"], ruleset)
+        _host.apply_ruleset_in(self._net_fd(), ruleset)
+
+    def _net_fd(self) -> int:
+        """The session's network namespace: the pool's, or its init's own."""
+        fd = self._own_netns if self._netns is None else self._netns.fd
+        if fd is None:
+            raise _host.HostError("the sandbox has no network namespace (it has not started)")
+        return fd
 
     def _write_hosts(self, resolved: list[_policy.Resolved]) -> None:
         """Blocking: rewrite the sandbox's /etc/hosts in place (it is bind-mounted by inode)."""
@@ -460,9 +506,10 @@ class SandboxSession(EnvironmentSession):
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
-        for fd in self._ns_fds.values():
-            os.close(fd)
-        self._ns_fds = {}
+        for fd in (self._pidfd, self._own_netns):
+            if fd is not None:
+                os.close(fd)
+        self._pidfd = self._own_netns = None
         # bwrap is in the session's cgroup from its first instruction, so the
         # teardown kills it with everything it started.
         await trio.to_thread.run_sync(self._destroy)
@@ -494,21 +541,11 @@ async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done:
     done.set()
 
 
-def _open_namespaces(pid: int) -> dict[str, int]:
-    """Blocking: descriptors of ``pid``'s namespaces, taken while a pidfd
-    shows it alive throughout, so they are that process's and no later
-    holder's of the number."""
-    pidfd = os.pidfd_open(pid)
-    fds: dict[str, int] = {}
-    try:
-        for ns, _option in _NAMESPACES:
-            fds[ns] = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
-        if select.select([pidfd], [], [], 0)[0]:  # readable: it exited meanwhile
-            raise ProcessLookupError(f"process {pid} exited")
-    except BaseException:
-        for fd in fds.values():
-            os.close(fd)
-        raise
-    finally:
-        os.close(pidfd)
-    return fds
+class InitGone(Exception):
+    """The session's init has exited: its namespaces can no longer be entered."""
+
+
+def nsenter_args(fds: dict[str, int]) -> list[str]:
+    """``nsenter`` and its namespace options, by the descriptors of
+    :meth:`SandboxSession.namespace_fds` (pass them with ``pass_fds``), never by pid."""
+    return ["nsenter", *(f"--{option}=/proc/self/fd/{fds[ns]}" for ns, option in _NAMESPACES if ns in fds)]
