@@ -101,6 +101,11 @@ def serve(
         raise ConfigError(f"--provider-config is not valid JSON: {exc}") from None
     if not isinstance(defaults, dict):
         raise ConfigError(f"--provider-config must be a JSON object, got {provider_config!r}")
+    state_dir = state_dir or default_state_dir()
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise ConfigError(f"--state-dir {str(state_dir)!r} cannot be made: {exc.strerror}") from None
     try:
         server = SandboxServer(
             provider,
@@ -110,7 +115,7 @@ def serve(
             auth_timeout=auth_timeout_seconds,
             max_unauthenticated=max_unauthenticated,
             default_config=defaults,
-            state_dir=state_dir or default_state_dir(),
+            state_dir=state_dir,
         )
     except ComponentError as exc:
         raise ConfigError(f"--provider {provider!r}: {exc}") from None

@@ -292,7 +292,7 @@ class SandboxServer:
             if self._state is not None:
                 # On disk before the client hears of it: a SIGKILL from here on
                 # leaves a record the next start reaps.
-                await self._state.record(hosted.session_id, name, config, session.handle)
+                await self._state.record(hosted.session_id, name, {**config, **self.default_config}, session.handle)
             opened = {
                 "type": "opened",
                 "session": hosted.session_id,
@@ -435,9 +435,11 @@ class SandboxServer:
         return False
 
     async def _reap_leftover(self, config: dict[str, Any], handle: dict[str, Any]) -> None:
-        """Reap a sandbox a killed server of this provider recorded."""
+        """Reap a sandbox a killed server of this provider recorded, with
+        the provider config it was opened with."""
+        backend = _build_component("environment", self.provider, config)
         with trio.fail_after(self.grace):
-            await self._backend(config).reap(handle)
+            await backend.reap(handle)
 
     async def _sweep(self, tag: Any) -> int:
         if not isinstance(tag, str) or not p.NAME_RE.fullmatch(tag):

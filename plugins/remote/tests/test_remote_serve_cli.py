@@ -30,6 +30,10 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
         (("--token-file", "{token}", "--provider", "nope"), "unknown environment id 'nope'"),
         (("--token-file", "{token}", "--capacity", "-1"), "--capacity must be >= 0"),
         (("--token-file", "{token}", "--max-unauthenticated", "-1"), "--max-unauthenticated must be >= 0"),
+        (
+            ("--token-file", "{token}", "--state-dir", "/proc/no-such-dir"),
+            "--state-dir '/proc/no-such-dir' cannot be made",
+        ),
         (("--token-file", "{token}", "--provider-config", "[1]"), "--provider-config must be a JSON object"),
     ],
 )

@@ -68,6 +68,7 @@ async def test_a_session_is_recorded_while_open_and_a_live_servers_sessions_are_
     session = await env.open(None, NetworkPolicy(), "run-r-1")
     [record] = _records(state)
     assert record["name"] == "run-r-1" and record["handle"] == session.handle["inner"]
+    assert record["config"]["root"] == str(one.root)  # what it was opened with, to reap it the same way
 
     # A second server on the same state directory: the first is alive, so nothing is reaped.
     two = await start_in_process(nursery, tmp_path / "one", state_dir=state)
