@@ -3,8 +3,8 @@
 Each connection authenticates first (the token, compared in constant time;
 the WebSocket upgrade and the hello within ``auth_timeout`` seconds of the
 accept, at most ``max_unauthenticated`` connections at a time in that state:
-see ``_listen``) and then does one thing: host
-one session (``open``), or ``reap`` / ``sweep`` by session name. A session
+see ``_listen``) and then does one thing: host one session (``open``), or
+``reap`` / ``sweep`` by session name. A session
 lives exactly as long as its connection: when the client closes it, or the
 connection drops (a driver killed mid-exec), the server cancels what the
 session was doing and closes it within ``grace`` seconds, so a dead driver
