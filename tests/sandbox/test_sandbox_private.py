@@ -262,3 +262,38 @@ async def test_close_ends_a_private_run_and_leaves_nothing(provider: SandboxEnvi
                 await session.exec_private("true", directory="/logs/verifier", max_bytes=10)
         finally:
             await session.close()
+
+
+# The agent owns the session's /: it swaps the top-level symlinks of the
+# userland (the ELF interpreter is /lib64/ld-linux-*.so or /lib/ld-linux-*.so)
+# for links to an empty directory of its own, in one process.
+_HIJACK = r"""
+import os
+os.makedirs("/tmp/evil", exist_ok=True)
+for name in ("bin", "sbin", "lib", "lib64"):
+    if os.path.islink("/" + name):
+        os.rename("/" + name, "/" + name + ".orig")
+        os.symlink("/tmp/evil", "/" + name)
+"""
+
+
+async def test_a_private_run_never_runs_what_the_agent_put_in_the_root(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            await session.write_file("/app/hijack.py", _HIJACK)
+            assert (await session.exec("python3 /app/hijack.py")).exit_code == 0
+            # Every later exec starts with the agent's loader (here: none at all).
+            assert (await session.exec("true")).exit_code != 0
+            # A private run starts nothing from the session's root, as root or
+            # as the sandbox user: its root has the host's layout.
+            result, files = await session.exec_private(
+                "echo 0 > /logs/verifier/reward.txt && readlink /lib64 /bin && ls /lib64.orig > /dev/null",
+                directory="/logs/verifier",
+                max_bytes=100,
+            )
+            assert result.exit_code == 0, result
+            assert files == {"reward.txt": b"0\n"}
+            assert "/tmp/evil" not in result.stdout
+        finally:
+            await session.close()

@@ -5,63 +5,64 @@ agent left running cannot rewrite it, while they keep running for the
 verifier to test. Being in a mount namespace of its own is not enough: the
 agent's processes have the verifier's uid, so any process of the verifier
 they can *see* in their pid namespace is one whose ``/proc/<pid>/root`` (and
-``cwd``, ``fd``, ptrace) they may use. The private command is therefore
-never in the session's pid namespace, nor in a child of it.
+``cwd``, ``fd``, ptrace) they may use. So the private command is never in
+the session's pid namespace, nor in a child of it.
 
-How, step by step (one process chain from the runtime, every step checked
-on this host's kernel):
+How (the root side is :mod:`._private_init`, a script of its own):
 
-1. The exec's wrapper puts the chain into a leaf of the session's cgroup
-   (so a timeout, a cancellation and ``close`` kill it as they kill an exec).
-2. ``nsenter`` joins the session's mount, UTS, IPC, network and cgroup
-   namespaces by the descriptors the session holds, but neither its user
-   namespace (it stays the host's root) nor its pid namespace.
-3. ``unshare`` makes a new mount namespace (a private copy: nothing mounted
-   in it propagates back) and a new pid namespace, a child of the host's:
-   the session's processes can neither see nor name anything in it. Its
-   pid 1 is a root shell with ``/proc`` for that pid namespace mounted.
-4. That shell mounts a fresh, size-capped tmpfs over the Harbor directory
-   holding ``directory`` (``/logs`` for ``/logs/verifier``), makes
-   ``directory`` in it, and binds the other entries that directory had back
-   in place. Covering the whole Harbor directory matters: a mount on
+1. The exec's wrapper puts the script into a leaf of the session's cgroup
+   (so a timeout, a cancellation and ``close`` kill the run as they kill an exec).
+2. The script, the host's root, joins the session's mount, UTS, IPC, network
+   and cgroup namespaces by the descriptors the session holds, but neither
+   its user namespace nor its pid namespace; then makes a private copy of
+   the mounts (nothing mounted in it propagates back) and a new pid
+   namespace, a child of the host's: no process of the session can see or
+   name anything in it. Its pid 1 mounts a ``/proc`` of its own.
+3. Pid 1 builds a new root: the host's userland layout as bwrap made it
+   (the session's ``/`` belongs to the sandbox user, who can replace
+   ``/lib64`` and with it the ELF interpreter of every later program), the
+   session's other top-level entries, and on the Harbor directory holding
+   ``directory`` (``/logs`` for ``/logs/verifier``) a fresh, size-capped
+   tmpfs with ``directory`` in it and the Harbor directory's other entries
+   bound back. Covering the whole Harbor directory matters: a mount on
    ``/logs/verifier`` itself sits on a dentry the agent can rename or
-   remove, which moves or detaches the mount in every namespace; ``/logs``
-   is a mount point of the session and cannot be.
-5. It says ``ready``; the runtime opens the tmpfs through
-   ``/proc/<pid>/root`` of its own unreaped child (whose mount namespace
-   this is) and keeps that descriptor, so the files outlive the process
-   tree (a timeout kills the tree before anything could copy them); then
-   it says ``go``.
-6. The shell joins the session's user namespace as uid/gid 1000 (no
-   capabilities once it execs) and runs the command as :meth:`exec` would.
-   When the command ends, so does pid 1, and with it every process the
-   command left behind.
-7. The runtime walks ``directory`` through its descriptor without following
-   a link (:func:`agentcompass.runtime.read_beneath`) and closes it: no host
-   directory is ever made, so there is nothing on the host to remove.
+   remove, which moves or detaches the mount in every namespace.
+4. It hands the runtime a descriptor of that tmpfs over a socket and waits
+   for ``go``: the runtime holds the files from then on, so they outlive a
+   tree a timeout kills, and no host directory is ever made.
+5. It starts the command in the session's user namespace as uid/gid 1000,
+   with no capabilities, and reaps until it ends; when pid 1 ends, every
+   process the command left behind ends with it.
+6. The runtime walks ``directory`` through its descriptor without following
+   a link (:func:`agentcompass.runtime.read_beneath`), then closes it.
 
 Trade-offs (non-goals): the command does not see the session's processes
 (``ps``, ``pgrep``, ``kill -0 $(cat pidfile)`` find nothing), while it
 reaches their services by the network namespace, ``/tmp`` and the other
 directories, which are the session's; ``/proc/self`` is its own, so
-programs that read ``/proc/self/exe`` work. Entries of the covered Harbor
-directory other than ``directory`` are bound back as they were when the
-command started (directories and regular files, at most
-:data:`_BIND_BACK_MAX`); what the agent adds there later is not seen.
-Processes the command starts in the background end with it. Don't confuse
-this with a sandbox for the command: it runs code and reads files the agent
-may have written, and whatever the command runs can write its own result.
+programs that read ``/proc/self/exe`` work. Top-level entries the agent
+made, and entries of the covered Harbor directory other than
+``directory``, are bound back as they were when the command started (at
+most :data:`MAX_ENTRIES` each); what the agent adds there later is not
+seen. Processes the command starts in the background end with it; a
+command killed by a signal exits with 128 + the signal's number. Don't
+confuse this with a sandbox for the command: it runs code and reads files
+the agent may have written, and whatever it runs can write its result.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
+import json
 import math
 import os
 import posixpath
+import shutil
+import socket
 import stat
 import subprocess
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
@@ -70,7 +71,17 @@ from agentcompass import ExecResult, FileRefusedError
 from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath
 
 from . import _host
-from ._session import _DRAIN_SECONDS, _WRAP, BASE_ENV, TIMEOUT_EXIT_CODE, _pump, fail
+from ._session import (
+    _DRAIN_SECONDS,
+    _WRAP,
+    BASE_ENV,
+    INIT_GONE_EXIT_CODE,
+    TIMEOUT_EXIT_CODE,
+    InitGone,
+    _pump,
+    _root_binds,
+    fail,
+)
 
 if TYPE_CHECKING:
     from ._session import SandboxSession
@@ -78,68 +89,37 @@ if TYPE_CHECKING:
 #: The private tmpfs holds at least this much, so a verifier writing more
 #: than ``max_bytes`` fails on a full disk only far past what is returned.
 _TMPFS_MIN_BYTES = 64 * 1024 * 1024
-_TMPFS_INODES = 65536
-#: The private tmpfs's source name, then the session's: how the runtime
-#: finds it in the mount table (and anyone finds it in a mount listing).
+#: The private tmpfs's source name, then the session's (``-root`` after it:
+#: the new root's): how anyone finds them in a mount listing.
 SOURCE_PREFIX = "agentcompass-private-"
-#: How many entries of the covered Harbor directory are bound back at most
-#: (the agent chooses them: a bound setup cost).
-_BIND_BACK_MAX = 64
-# ioctl(NS_GET_PID_FROM_PIDNS): the pid, here, of a pid namespace's init; ESRCH once it has died.
-_NS_GET_PID_FROM_PIDNS = 0x8004B706
-# Namespaces the chain enters by descriptor before unshare; the user
-# namespace is joined last, by the shell, and the pid namespace never.
-_JOINED = ("mnt", "uts", "ipc", "net", "cgroup")
-
-# pid 1 of the private pid namespace, as the host's root in a private copy of
-# the session's mounts. Arguments: the Harbor directory, the path beneath it
-# (may be empty), the ready descriptor, descriptors to close, the tmpfs size
-# and source name, the user namespace's path, then the command (env -i ...).
-_SETUP = r"""
-set -e
-top=$1 sub=$2 ready=$3 close=$4 size=$5 source=$6 userns=$7
-shift 7
-for n in $close; do eval "exec $n>&-"; done
-first=${sub%%/*}
-exec 9<"$top"
-mount -t tmpfs -o "size=$size,nr_inodes=__INODES__,mode=0755,uid=__UID__,gid=__UID__,nosuid,nodev" \
-    "$source" "$top"
-[ -z "$sub" ] || setpriv --reuid __UID__ --regid __UID__ --clear-groups mkdir -p -- "$top/$sub"
-set +e
-if [ -n "$first" ]; then
-    # Best effort: the agent chose these names; whatever is odd is skipped.
-    ls -A /proc/self/fd/9 | head -n __MAX__ | while IFS= read -r name; do
-        [ "$name" = "$first" ] && continue
-        src=/proc/self/fd/9/$name
-        if [ -d "$src" ] && [ ! -L "$src" ]; then
-            mkdir -- "$top/$name" && mount --no-canonicalize --bind -- "$src" "$top/$name"
-        elif [ -f "$src" ] && [ ! -L "$src" ]; then
-            : > "$top/$name" && mount --no-canonicalize --bind -- "$src" "$top/$name"
-        fi
-    done 2>/dev/null
-fi
-exec 9<&-
-echo ready >&"$ready"
-eval "exec $ready>&-"
-read -r _ || exit 125
-exec </dev/null
-nsenter "--user=$userns" -S __INSIDE__ -G __INSIDE__ "$@"
-exit $?
-""".replace("__INODES__", str(_TMPFS_INODES)).replace("__MAX__", str(_BIND_BACK_MAX))
-_SETUP = _SETUP.replace("__UID__", str(_host.HOST_UID))
-_SETUP = _SETUP.replace("__INSIDE__", str(_host.INSIDE_UID))
-
+#: How many entries the agent made are bound back at most, at the top level
+#: and in the covered Harbor directory (it chooses them: a bounded setup cost).
+MAX_ENTRIES = 256
+_NAMESPACES = ("user", "mnt", "uts", "ipc", "net", "cgroup")
+_SCRIPT = Path(__file__).with_name("_private_init.py")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def split_directory(directory: str) -> tuple[str, str]:
-    """(Harbor directory, path beneath it) of ``directory``; only a Harbor
-    directory or a path under one can be made private."""
+def split_directory(directory: str) -> tuple[str, list[str]]:
+    """(Harbor directory's name, components beneath it) of ``directory``;
+    only a Harbor directory or a path under one can be made private."""
     norm = posixpath.normpath(directory)
     parts = norm.split("/")[1:] if posixpath.isabs(norm) else []
     if not parts or parts[0] not in _host.SUBDIRS:
         raise fail(f"private directory {directory!r} is not /app, /tests, /logs or /solution or a path under one")
-    return "/" + parts[0], "/".join(parts[1:])
+    return parts[0], parts[1:]
+
+
+def userland_layout() -> list[tuple[str, str, str]]:
+    """Blocking: the top-level userland entries as bwrap made them,
+    ``(name, "symlink", target)`` or ``(name, "dir", "")``."""
+    layout = []
+    args = _root_binds()
+    for index in range(0, len(args), 3):
+        option, first, path = args[index : index + 3]
+        name = path.lstrip("/")
+        layout.append((name, "symlink", first) if option == "--symlink" else (name, "dir", ""))
+    return layout
 
 
 async def exec_private(
@@ -157,7 +137,6 @@ async def exec_private(
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     top, sub = split_directory(directory)
-    source = SOURCE_PREFIX + session.name
     argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
     workdir = posixpath.join("/app", cwd or ".")
     variables = {
@@ -168,69 +147,82 @@ async def exec_private(
         "SOLUTION_DIR": "/solution",
         **(env or {}),
     }
-    nsenter = session.nsenter_args()  # raises when the session has not started
-    fds = session._ns_fds
-    _check_init(session.name, fds["pid"])
-    joined = [a for a in nsenter if not a.startswith(("--user=", "--pid="))]
-    if len(joined) != 1 + len(_JOINED):
-        raise fail(f"sandbox {session.name}: unexpected nsenter options {nsenter!r}")
+    label = f"p{next(session._labels)}"
     try:
-        leaf = await trio.to_thread.run_sync(_host.exec_cgroup, session._cgroups["track"], f"p{next(session._labels)}")
+        fds, leaf, layout, program = await trio.to_thread.run_sync(_prepare, session, label)
     except OSError as exc:
         raise fail(f"sandbox {session.name}: {exc}") from None
-    root_fd: int | None = None  # the private tmpfs, held by the runtime
+    except InitGone as exc:
+        # As exec: the agent killed its own init, and nothing runs any more.
+        return ExecResult(exit_code=INIT_GONE_EXIT_CODE, stderr=f"sandbox {session.name}: {exc}; nothing ran\n"), {}
+    held: int | None = None  # the private tmpfs, held by the runtime
     try:
-        session._check_open()
-        ready_read, ready_write = os.pipe()
         try:
-            passed = tuple(fds[ns] for ns in ("user", *_JOINED))
+            session._check_open()
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel = trio.socket.from_stdlib_socket(ours)
+        try:
+            config = {
+                "fds": fds,
+                "sock": theirs.fileno(),
+                "top": top,
+                "sub": sub,
+                "size": max(_TMPFS_MIN_BYTES, 2 * max_bytes),
+                "source": SOURCE_PREFIX + session.name,
+                "userland": layout,
+                "host_uid": _host.HOST_UID,
+                "inside_uid": _host.INSIDE_UID,
+                "max_entries": MAX_ENTRIES,
+                "program": program,
+                "argv": ["env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv],
+                "env": BASE_ENV,
+            }
             full = [
                 "/bin/sh", "-c", _WRAP, "sh", *session._procs_files(leaf), "--",
-                *joined,
-                "unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc",
-                "bash", "-c", _SETUP, "bash", top, sub, str(ready_write), " ".join(str(fd) for fd in passed[1:]),
-                str(max(_TMPFS_MIN_BYTES, 2 * max_bytes)), source, f"/proc/self/fd/{fds['user']}",
-                "env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv,
+                sys.executable, "-I", "-S", str(_SCRIPT), json.dumps(config),
             ]  # fmt: skip
             try:
                 proc = await trio.lowlevel.open_process(
                     full,
-                    stdin=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     env=BASE_ENV,
-                    pass_fds=(*passed, ready_write),
+                    pass_fds=(*fds.values(), theirs.fileno()),
                 )
             except BaseException as exc:
-                os.close(ready_read)
+                channel.close()
                 if isinstance(exc, OSError):
-                    raise fail(f"sandbox {session.name}: could not start nsenter: {exc}") from None
+                    raise fail(f"sandbox {session.name}: could not start the private run: {exc}") from None
                 raise
-            ready = trio.lowlevel.FdStream(ready_read)  # closes ready_read from here on
         finally:
-            os.close(ready_write)
+            theirs.close()
+            for fd in fds.values():
+                os.close(fd)
         out, err = OutputTail(session._max_output), OutputTail(session._max_output)
         timed_out = False
-        started = True
+        started = False
         try:
             async with trio.open_nursery() as nursery:
                 out_done, err_done = trio.Event(), trio.Event()
                 nursery.start_soon(_pump, proc.stdout, out, out_done)
                 nursery.start_soon(_pump, proc.stderr, err, err_done)
                 with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
-                    said = b""
-                    while b"\n" not in said and (chunk := await ready.receive_some(64)):
-                        said += chunk
-                    if said == b"ready\n":
-                        # Our unreaped child: its pid is its own, and the mount
-                        # namespace behind its root is the private one. A procfs
-                        # walk into a tmpfs: it cannot block.
-                        root_fd = _open_private(proc.pid, top, source)
-                        assert proc.stdin is not None
-                        await proc.stdin.send_all(b"go\n")
-                        await proc.stdin.aclose()
-                    else:
-                        started = False
+                    said, received = await _receive_ready(channel)
+                    # Adopted before the next checkpoint: the finally below closes it.
+                    held, extra = (received[0], received[1:]) if received else (None, [])
+                    for fd in extra:
+                        os.close(fd)
+                    if said == b"ready\n" and held is not None:
+                        started = True
+                        try:
+                            await channel.send(b"go\n")
+                        except OSError:
+                            pass  # it died meanwhile: its status says how
                     await proc.wait()
                 if deadline.cancelled_caught:
                     timed_out = True
@@ -247,64 +239,66 @@ async def exec_private(
             raise
         finally:
             with trio.move_on_at(cleanup_deadline(), shield=True):
-                await ready.aclose()
-                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                channel.close()
+                for stream in (proc.stdout, proc.stderr):
                     if stream is not None:
                         await stream.aclose()
         if not started and not timed_out:
+            session._check_open()
             raise fail(f"sandbox {session.name}: the private run did not start: {' '.join(err.text().split())[:300]}")
         files: dict[str, bytes] = {}
-        if root_fd is not None:
-            files = await trio.to_thread.run_sync(collect, root_fd, sub, max_bytes, abandon_on_cancel=False)
+        if held is not None:
+            files = await trio.to_thread.run_sync(collect, held, "/".join(sub), max_bytes, abandon_on_cancel=False)
         code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
         assert code is not None
         return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out), files
     finally:
-        # Acquired together, released together: the tree (nothing of it may
-        # outlive the call: its pid namespace died with its pid 1), the
+        # Acquired together, released together: the tree (nothing of it
+        # outlives the call: its pid namespace ends with its pid 1), the
         # leaf, and the tmpfs (gone with its last reference, this one).
         with trio.move_on_at(cleanup_deadline(), shield=True):
-            if root_fd is not None:
-                os.close(root_fd)
+            if held is not None:
+                os.close(held)
             await trio.to_thread.run_sync(_host.kill_cgroup, leaf, True)
 
 
-def _check_init(name: str, pidns_fd: int) -> None:
-    """Refuse to run in a session whose init has died, as :meth:`exec` does
-    (it enters the pid namespace; a private run never does)."""
+async def _receive_ready(channel: trio.socket.SocketType) -> tuple[bytes, list[int]]:
+    """What the private run's pid 1 says up to its first newline, and the
+    descriptors it sent with it (``b""`` and none if it ended first)."""
+    said = b""
+    received: list[int] = []
+    space = socket.CMSG_SPACE(4 * 4)
     try:
-        fcntl.ioctl(pidns_fd, _NS_GET_PID_FROM_PIDNS, 1)
-    except OSError as exc:
-        if exc.errno == errno.ESRCH:
-            raise fail(f"sandbox {name}: its init has ended") from None
-        if exc.errno not in (errno.ENOTTY, errno.EINVAL):  # an older kernel: exec's check catches it
-            raise fail(f"sandbox {name}: {exc}") from None
-
-
-def _open_private(pid: int, top: str, source: str) -> int:
-    """A descriptor of the private tmpfs at ``top`` in the mount namespace of
-    ``pid``, checked against that namespace's mount table: the top mount
-    there must be the setup's tmpfs, and the descriptor on it."""
-    try:
-        fd = os.open(f"/proc/{pid}/root{top}", _DIR_FLAGS)
-    except OSError as exc:
-        raise fail(f"the private run's directory is gone: {exc}") from None
-    try:
-        with open(f"/proc/{pid}/mountinfo", "rb") as f:
-            table = f.read().decode(errors="replace")
-        device = None  # of the last mount at top: the one on top
-        for line in table.splitlines():
-            fields = line.split()
-            if len(fields) > 4 and fields[4] == top:
-                after = fields[fields.index("-") + 1 :] if "-" in fields else []
-                device = fields[2] if after[:2] == ["tmpfs", source] else None
-        info = os.fstat(fd)
-        if device != f"{os.major(info.st_dev)}:{os.minor(info.st_dev)}":
-            raise fail(f"the private run's {top} is not its own tmpfs")
+        while b"\n" not in said:
+            data, ancillary, _flags, _addr = await channel.recvmsg(64, space, socket.MSG_CMSG_CLOEXEC)
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    received += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4)]
+            if not data:
+                break
+            said += data
     except BaseException:
-        os.close(fd)
+        for fd in received:
+            os.close(fd)
         raise
-    return fd
+    return said, received
+
+
+def _prepare(session: SandboxSession, label: str) -> tuple[dict[str, int], str, list[tuple[str, str, str]], str]:
+    """Blocking, one thread hop: the session's namespaces but its pid one
+    (descriptors the caller closes), the cgroup leaf, the userland layout,
+    and where ``env`` is (the host's userland is the session's)."""
+    program = shutil.which("env", path=BASE_ENV["PATH"])
+    if program is None:
+        raise OSError(errno.ENOENT, "env is not on the sandbox's PATH")
+    fds = session.namespace_fds(_NAMESPACES)
+    try:
+        return fds, _host.exec_cgroup(session._cgroups["track"], label), userland_layout(), program
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
 
 
 def collect(root_fd: int, sub: str, max_bytes: int) -> dict[str, bytes]:
@@ -369,4 +363,4 @@ def _open_beneath(root_fd: int, parts: list[str]) -> int:
     return fd
 
 
-__all__ = ["SOURCE_PREFIX", "collect", "exec_private", "split_directory"]
+__all__ = ["MAX_ENTRIES", "SOURCE_PREFIX", "collect", "exec_private", "split_directory", "userland_layout"]
