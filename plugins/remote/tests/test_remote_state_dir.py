@@ -6,6 +6,7 @@ directory leave each other's sessions alone."""
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -122,3 +123,36 @@ async def test_a_run_on_a_server_killed_mid_run_journals_no_close_and_nothing_is
     cli = [sys.executable, "-m", "agentcompass._cli", "reap", str(run_dir)]
     reaped = await trio.run_process(cli, capture_stdout=True, capture_stderr=True, check=False)
     assert b"reaped 3 session(s)" in reaped.stdout, reaped.stderr
+
+
+def _dead_server(state: Path, name: str, provider: str, records: dict[str, dict]) -> Path:
+    """What a server killed with SIGKILL leaves in the state directory (its lock is free)."""
+    directory = state / name
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()
+    (directory / "server.json").write_text(json.dumps({"provider": provider, "pid": 1}))
+    for session, record in records.items():
+        (directory / f"{session}.json").write_text(json.dumps(record))
+    return directory
+
+
+async def test_leftovers_of_another_provider_stay_and_a_failed_reap_is_kept_for_the_next_start(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    state = tmp_path / "state"
+    other = _dead_server(state, "1-aaaa", "sandbox", {"s.1": {"name": "s", "config": {}, "handle": {"x": 1}}})
+    # A handle local refuses to reap (no marker file there): the record stays.
+    stranger = tmp_path / "not-a-sandbox"
+    stranger.mkdir()
+    (stranger / "precious").write_text("keep me")
+    refused = {"name": "t", "config": {}, "handle": {"path": str(stranger)}}
+    kept = _dead_server(state, "2-bbbb", "local", {"t.1": refused})
+    with caplog.at_level(logging.WARNING, logger="agentcompass_remote.server"):
+        served = await start_in_process(nursery, tmp_path / "sandboxes", state_dir=state)
+    assert (other / "s.1.json").exists()
+    assert (kept / "t.1.json").exists() and (stranger / "precious").exists()
+    assert any("could not reap session t" in r.getMessage() for r in caplog.records)
+    # The server serves all the same.
+    env = RemoteEnvironment({"url": served.url, "token": TOKEN})
+    session = await env.open(None, NetworkPolicy())
+    await session.close()
