@@ -354,6 +354,10 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{option} is not valid JSON: {exc}") from None
+    except RecursionError:  # json's own recursion, far deeper than the config allows
+        from ._config import MAX_NESTING
+
+        raise ConfigError(f"{option} is nested deeper than {MAX_NESTING} levels") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{option} must be a JSON object, got {text!r}")
     return value

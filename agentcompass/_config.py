@@ -9,6 +9,13 @@ A config is a YAML mapping with three keys, all optional but ``requests``::
 
 :func:`load_config` reads and structures it in this order:
 
+0. The YAML is parsed within two limits, checked while it is composed so a
+   bomb costs what its text costs: nesting at most :data:`MAX_NESTING` (100)
+   mappings and lists deep, and aliases adding at most
+   :data:`MAX_ALIAS_VALUES` (100,000) values when written out ("billion
+   laughs"); a recursive alias is refused. ``--set`` values are parsed the
+   same way, and data handed to :func:`build_orchestration` (JSON flags, SDK
+   callers) is held to the same depth.
 1. ``--set`` overrides edit the raw YAML data (see :func:`apply_override`).
 2. ``${VAR}`` is replaced by the environment variable in every string
    (``$${VAR}`` keeps a literal ``${VAR}``); an unset variable is an error.
@@ -44,7 +51,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import yaml
@@ -103,7 +110,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {_one_line(exc)}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML in {path}{_yaml_where(exc)}") from None
     if not isinstance(data, dict):
@@ -124,10 +131,165 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+# ---------------------------------------------------------------- bounded YAML
+
+#: The deepest nesting of mappings and lists a config may have, counting the
+#: top-level mapping as 1 and a value reached through an alias as if written
+#: out there. Deeper is refused while parsing, before the parser's own
+#: recursion (or any later walk of the data) can overflow the stack.
+MAX_NESTING = 100
+#: How many values (scalars, lists and mappings) all the aliases of one
+#: document may add when written out in full. A few anchors for a shared model
+#: block add tens; a "billion laughs" document (aliases of aliases of lists)
+#: would add ~10**9 from a few hundred bytes, and is refused while parsing.
+MAX_ALIAS_VALUES = 100_000
+_SHOWN_PATH_PARTS = 8
+
+
+class _LimitError(yaml.MarkedYAMLError):
+    """A document beyond :data:`MAX_NESTING` or :data:`MAX_ALIAS_VALUES`."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses, while composing, nesting deeper than
+    :data:`MAX_NESTING`, aliases that add more than :data:`MAX_ALIAS_VALUES`
+    values, and recursive aliases (``&a [*a]``).
+
+    Composition is where a document's size can explode: an alias is one event
+    but stands for its whole anchored node. Each finished collection's height
+    and written-out size are recorded (an alias only ever names a finished
+    node, or an open one, which is recursion), so the check costs one pass
+    over the nodes as written, never the expansion. Construction then builds
+    the same shared objects ``yaml.safe_load`` would.
+    """
+
+    def __init__(self, stream: str, depth: int = 0, where: Sequence[str] = ()) -> None:
+        super().__init__(stream)
+        self._depth = depth  # collections open around the next node
+        self._where = list(where)  # the key path to the next node, for messages
+        self._shapes: dict[int, tuple[int, int]] = {}  # id(collection node): (height, written-out size)
+        self._alias_values = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        label = _label(parent, index)
+        if label:
+            self._where.append(label)
+        try:
+            if self.check_event(yaml.AliasEvent):
+                return self._compose_alias(parent, index)
+            event = self.peek_event()
+            if not isinstance(event, yaml.CollectionStartEvent):
+                return super().compose_node(parent, index)
+            if self._depth >= MAX_NESTING:
+                self._refuse(f"nesting deeper than {MAX_NESTING} levels", event.start_mark)
+            self._depth += 1
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+            self._shapes[id(node)] = _shape(node, self._shapes)
+            return node
+        finally:
+            if label:
+                self._where.pop()
+
+    def _compose_alias(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        node = self.anchors.get(event.anchor)
+        if isinstance(node, yaml.CollectionNode):
+            shape = self._shapes.get(id(node))
+            if shape is None:
+                self._refuse(f"recursive alias *{event.anchor} (it is inside its own anchor)", event.start_mark)
+            height, size = shape
+            if self._depth + height > MAX_NESTING:
+                self._refuse(
+                    f"nesting deeper than {MAX_NESTING} levels through alias *{event.anchor}", event.start_mark
+                )
+        else:
+            size = 1
+        self._alias_values += size
+        if self._alias_values > MAX_ALIAS_VALUES:
+            self._refuse(f"aliases expand to more than {MAX_ALIAS_VALUES} values (alias-bomb limit)", event.start_mark)
+        return super().compose_node(parent, index)  # undefined aliases: yaml's own error
+
+    def _refuse(self, problem: str, mark: Any) -> NoReturn:
+        where = "".join(self._where[:_SHOWN_PATH_PARTS]).lstrip(".")
+        if len(self._where) > _SHOWN_PATH_PARTS:
+            where += "..."
+        raise _LimitError(problem=f"{problem} @ {where or 'top level'}", problem_mark=mark)
+
+
+def _label(parent: yaml.Node | None, index: Any) -> str:
+    if isinstance(parent, yaml.SequenceNode):
+        return f"[{index}]"
+    if isinstance(parent, yaml.MappingNode):
+        return f".{index.value}" if isinstance(index, yaml.ScalarNode) else ".<key>"
+    return ""
+
+
+def _shape(node: yaml.Node, shapes: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(height, size) of a finished collection ``node`` with every alias written out."""
+    children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+    height, size = 0, 1
+    for child in children:
+        child_height, child_size = shapes.get(id(child), (0, 1))  # a scalar: (0, 1)
+        height = max(height, child_height)
+        size += child_size
+    return height + 1, size
+
+
+def safe_load(text: str, *, depth: int = 0, where: Sequence[str] = ()) -> Any:
+    """``yaml.safe_load`` within :data:`MAX_NESTING` and :data:`MAX_ALIAS_VALUES`.
+
+    ``depth`` is the number of collections the text's value will sit in
+    (for an override's value), ``where`` the key path labels to it
+    (``["requests", "[0]", ".model"]``), for messages. Raises ``yaml.YAMLError``.
+    """
+    loader = _BoundedLoader(text, depth, where)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def check_nesting(data: Any, where: str = "") -> None:
+    """Raise :class:`ConfigError` if ``data`` (parsed already, e.g. from JSON or
+    given by the SDK) nests deeper than :data:`MAX_NESTING`, naming the path to a
+    too-deep value. Shared and recursive containers are walked once per level,
+    so this is linear in the distinct containers, never their expansion."""
+    # Breadth first, one level at a time; an entry is (container, its parent entry, key).
+    level: list[tuple[Any, Any, str]] = [(data, None, where)] if isinstance(data, (dict, list)) else []
+    for _ in range(MAX_NESTING):
+        seen: set[int] = set()
+        deeper: list[tuple[Any, Any, str]] = []
+        for entry in level:
+            container = entry[0]
+            items = container.items() if isinstance(container, dict) else enumerate(container)
+            for key, value in items:
+                if isinstance(value, (dict, list)) and id(value) not in seen:
+                    seen.add(id(value))
+                    deeper.append((value, entry, f"[{key}]" if isinstance(container, list) else f".{key}"))
+        level = deeper
+    if level:
+        parts: list[str] = []
+        entry = level[0]
+        while entry is not None:
+            parts.append(entry[2])
+            entry = entry[1]
+        parts.reverse()
+        shown = "".join(parts[:_SHOWN_PATH_PARTS]).lstrip(".") + ("..." if len(parts) > _SHOWN_PATH_PARTS else "")
+        raise ConfigError(f"config nested deeper than {MAX_NESTING} levels @ {shown or 'top level'}")
+
+
 def build_orchestration(
     data: dict[str, Any], overrides: Sequence[str] = (), base_dir: Path | None = None
 ) -> Orchestration:
-    """Structure config ``data`` (the parsed YAML) after overrides and ``${VAR}`` expansion."""
+    """Structure config ``data`` (the parsed YAML) after overrides and ``${VAR}`` expansion.
+
+    ``data`` nested deeper than :data:`MAX_NESTING` is refused first (YAML read
+    by :func:`load_config` was bounded while parsing; this covers JSON and SDK data).
+    """
+    check_nesting(data)
     written = copy.deepcopy(data.get("requests"))  # as in the file: --set values are the command line's
     data = copy.deepcopy(data)
     for override in overrides:
@@ -250,10 +412,16 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     if not sep or not key.strip():
         raise ConfigError(f"invalid override {override!r}: expected key=value")
     path = _parse_key(key.strip(), override)
+    # Collections around the value: one per key part, the last one's included
+    # (the top-level mapping holds ``path[0]``); a request field is also inside
+    # the requests list and a request.
+    depth = len(path) if path[0] in TOP_LEVEL_KEYS else len(path) + 2
+    if depth > MAX_NESTING:
+        raise ConfigError(f"invalid override {_shown(override)}: key nested deeper than {MAX_NESTING} levels")
     try:
-        value = yaml.safe_load(raw)
+        value = safe_load(raw, depth=depth, where=[f"[{p}]" if isinstance(p, int) else f".{p}" for p in path])
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid override {override!r}: bad YAML value{_yaml_where(exc)}") from None
+        raise ConfigError(f"invalid override {_shown(override)}: bad YAML value{_yaml_where(exc)}") from None
     head = path[0]
     if head in TOP_LEVEL_KEYS:
         _set_path(data, path, value, override)
@@ -268,6 +436,11 @@ def apply_override(data: dict[str, Any], override: str) -> None:
             f"invalid override {override!r}: unknown key {head!r} "
             f"(expected {', '.join(TOP_LEVEL_KEYS)} or a request field)"
         )
+
+
+def _shown(override: str, limit: int = 80) -> str:
+    # An override as messages quote it: a bomb given with --set stays one short line.
+    return repr(override) if len(override) <= limit else repr(override[:limit]) + "..."
 
 
 def _parse_key(key: str, override: str) -> list[str | int]:
