@@ -266,10 +266,13 @@ async def test_close_ends_a_private_run_and_leaves_nothing(provider: SandboxEnvi
 
 # The agent owns the session's /: it swaps the top-level symlinks of the
 # userland (the ELF interpreter is /lib64/ld-linux-*.so or /lib/ld-linux-*.so)
-# for links to an empty directory of its own, in one process.
+# for links to an empty directory of its own, in one process, after making
+# more top-level names than a private run brings over.
 _HIJACK = r"""
 import os
 os.makedirs("/tmp/evil", exist_ok=True)
+for n in range(300):  # more names than are brought over, all sorting before app and tests
+    os.mkdir("/a%03d" % n)
 for name in ("bin", "sbin", "lib", "lib64"):
     if os.path.islink("/" + name):
         os.rename("/" + name, "/" + name + ".orig")
@@ -288,7 +291,7 @@ async def test_a_private_run_never_runs_what_the_agent_put_in_the_root(provider:
             # A private run starts nothing from the session's root, as root or
             # as the sandbox user: its root has the host's layout.
             result, files = await session.exec_private(
-                "echo 0 > /logs/verifier/reward.txt && readlink /lib64 /bin && ls /lib64.orig > /dev/null",
+                "echo 0 > /logs/verifier/reward.txt && readlink /lib64 /bin && ls -d /a000 /app /tests /tmp /dev/null > /dev/null",
                 directory="/logs/verifier",
                 max_bytes=100,
             )

@@ -96,6 +96,8 @@ SOURCE_PREFIX = "agentcompass-private-"
 #: and in the covered Harbor directory (it chooses them: a bounded setup cost).
 MAX_ENTRIES = 256
 _NAMESPACES = ("user", "mnt", "uts", "ipc", "net", "cgroup")
+# What bwrap makes at the top of a session besides the userland and the Harbor directories.
+_SESSION_MOUNTS = ("tmp", "dev", "run")
 _SCRIPT = Path(__file__).with_name("_private_init.py")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -174,6 +176,7 @@ async def exec_private(
                 "size": max(_TMPFS_MIN_BYTES, 2 * max_bytes),
                 "source": SOURCE_PREFIX + session.name,
                 "userland": layout,
+                "session_entries": [*_host.SUBDIRS, *_SESSION_MOUNTS],
                 "host_uid": _host.HOST_UID,
                 "inside_uid": _host.INSIDE_UID,
                 "max_entries": MAX_ENTRIES,

@@ -17,7 +17,8 @@ from a root it rebuilt with the host's own layout.
 stream socket to the runtime), ``top`` (the Harbor directory's name),
 ``sub`` (components of the private directory beneath it), ``size`` and
 ``source`` of the private tmpfs, ``userland`` (names whose host layout is
-reproduced), ``host_uid``, ``inside_uid``, ``max_entries``, ``program`` and
+reproduced), ``session_entries`` (the session's own top-level mounts, made
+before the entries the agent made), ``host_uid``, ``inside_uid``, ``max_entries``, ``program`` and
 ``argv`` (``env``'s absolute path on the host's userland, and ``env -i -C
 ...`` with the command) and ``env`` (the environment ``env`` starts in).
 
@@ -151,7 +152,14 @@ def _build_root(config, session_root, root_dir, private_dir):  # type: ignore[no
     _attach(proc, root_dir, "proc")
     os.close(proc)
     skip = {name for name, _kind, _target in config["userland"]} | {"proc", top}
-    _clone_entries(session_root, root_dir, skip, config["max_entries"])
+    # The session's own mounts first: no number of names the agent made pushes them out.
+    for name in config["session_entries"]:
+        if name not in skip:
+            try:
+                _clone_entry(session_root, name, root_dir)
+            except OSError:
+                pass
+    _clone_entries(session_root, root_dir, skip | set(config["session_entries"]), config["max_entries"])
     # The Harbor directory: the private tmpfs, the path to the private
     # directory in it, and clones of the directory's other entries.
     here = os.open(".", _DIR, dir_fd=private_dir)
