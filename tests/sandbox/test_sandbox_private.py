@@ -300,3 +300,17 @@ async def test_a_private_run_never_runs_what_the_agent_put_in_the_root(provider:
             assert "/tmp/evil" not in result.stdout
         finally:
             await session.close()
+
+
+async def test_a_session_whose_init_died_runs_no_private_command(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            assert (await session.exec("kill -9 -1; sleep 5")).exit_code != 0
+            result, files = await session.exec_private("touch /app/ran", directory="/logs/verifier", max_bytes=10)
+            assert result.exit_code == 255 and "nothing ran" in result.stderr, result
+            assert files == {}
+            with pytest.raises(FileNotFoundError):
+                await session.read_file("/app/ran")
+        finally:
+            await session.close()
