@@ -67,7 +67,10 @@ async def test_remote_backed_by_sandbox_conforms(nursery: trio.Nursery):
     async def count() -> int:
         await wait_for(lambda: server.load == 0, "the server to close its sessions")
         root = sandbox_host.STATE_ROOT
-        return len([e for e in os.listdir(root) if not e.startswith(".")]) if root.is_dir() else 0
+        # Only this test's sessions (named by the remote provider or with the
+        # kit's tag): other runs on this host share the state root.
+        ours = ("remote-", tag, f"x{tag}")
+        return len([e for e in os.listdir(root) if e.startswith(ours)]) if root.is_dir() else 0
 
     env = RemoteEnvironment({"url": f"ws://127.0.0.1:{port}", "token": TOKEN, "provider": "sandbox"})
     try:
