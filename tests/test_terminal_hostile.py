@@ -134,7 +134,8 @@ async def test_links_that_stay_inside_are_copied_as_links_and_loading_reads_thro
     assert seen.stdout == "real\n" * 3
 
 
-def test_compass_validate_exits_2_naming_the_task_and_the_link(tmp_path: Path, root_only_file: Path):
+@pytest.mark.parametrize("command", ["validate", "launch"])
+def test_compass_exits_2_naming_the_task_and_the_link(tmp_path: Path, root_only_file: Path, command: str):
     task = make_task(tmp_path / "tasks", "leaky")
     (task / "environment").mkdir()
     (task / "environment" / "key").symlink_to(root_only_file)
@@ -145,8 +146,9 @@ def test_compass_validate_exits_2_naming_the_task_and_the_link(tmp_path: Path, r
         "    harness: {id: oracle}\n"
         "    environment: {id: local}\n"
     )
+    extra = ("--output-root", "runs") if command == "launch" else ()
     done = subprocess.run(
-        [sys.executable, "-m", "agentcompass._cli", "validate", "config.yaml"],
+        [sys.executable, "-m", "agentcompass._cli", command, "config.yaml", *extra],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -157,6 +159,7 @@ def test_compass_validate_exits_2_naming_the_task_and_the_link(tmp_path: Path, r
     [line] = done.stderr.splitlines()
     assert "'leaky'" in line and "symbolic link 'environment/key' points outside the task directory" in line
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()  # nothing ran, no session was opened
 
 
 async def test_links_planted_after_the_load_reach_nothing_of_the_host(tmp_path: Path, root_only_file: Path):

@@ -396,7 +396,9 @@ class LocalSession(EnvironmentSession):
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Replace the file at ``path`` (a rename over it: a link or FIFO there is
         replaced, not written through), making its parent directories; ``str``
-        is written as UTF-8. A link on the way is refused."""
+        is written as UTF-8. A link on the way is refused. A cancellation takes
+        effect once the write is done (it never waits on the session), so a
+        file is never left half-written."""
         self._check_open()
         relative = self._relative(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
