@@ -148,7 +148,7 @@ class TerminalBenchmark(BaseBenchmark):
         )
 
     def preflight(self, request: RunRequest) -> None:
-        """Load every task directory (layout, ``task.toml``) and check ``task_ids``."""
+        """Load every task directory (layout, ``task.toml``, links) and check ``task_ids``."""
         tasks = _load_tasks(self.options.path)
         known = {task.task_id for task in tasks}
         for task_id in request.task_ids or ():
@@ -157,8 +157,9 @@ class TerminalBenchmark(BaseBenchmark):
 
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         """Every task directory under ``path``, sorted by id. A directory
-        without ``instruction.md`` or ``tests/test.sh``, or with an invalid
-        ``task.toml``, is a :class:`ComponentError` naming it."""
+        without ``instruction.md`` or ``tests/test.sh``, with an invalid
+        ``task.toml`` or with a symbolic link pointing out of it, is a
+        :class:`ComponentError` naming it (and the link)."""
         try:
             return await trio.to_thread.run_sync(_load_tasks, self.options.path)
         except ComponentError as exc:
