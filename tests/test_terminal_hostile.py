@@ -139,6 +139,7 @@ def test_compass_exits_2_naming_the_task_and_the_link(tmp_path: Path, root_only_
     task = make_task(tmp_path / "tasks", "leaky")
     (task / "environment").mkdir()
     (task / "environment" / "key").symlink_to(root_only_file)
+    (task / "environment" / "shadow").symlink_to("/etc/shadow")
     (tmp_path / "config.yaml").write_text(
         "requests:\n"
         "  - name: hostile\n"
