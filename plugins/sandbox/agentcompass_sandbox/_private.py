@@ -170,7 +170,6 @@ async def exec_private(
         try:
             config = {
                 "fds": fds,
-                "sock": theirs.fileno(),
                 "top": top,
                 "sub": sub,
                 "size": max(_TMPFS_MIN_BYTES, 2 * max_bytes),
@@ -186,7 +185,7 @@ async def exec_private(
             }
             full = [
                 "/bin/sh", "-c", _WRAP, "sh", *session._procs_files(leaf), "--",
-                sys.executable, "-I", "-S", str(_SCRIPT), json.dumps(config),
+                sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()),
             ]  # fmt: skip
             try:
                 proc = await trio.lowlevel.open_process(
@@ -215,6 +214,7 @@ async def exec_private(
                 nursery.start_soon(_pump, proc.stdout, out, out_done)
                 nursery.start_soon(_pump, proc.stderr, err, err_done)
                 with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
+                    await _send_config(channel, config)
                     said, received = await _receive_ready(channel)
                     # Adopted before the next checkpoint: the finally below closes it.
                     held, extra = (received[0], received[1:]) if received else (None, [])
@@ -263,6 +263,18 @@ async def exec_private(
             if held is not None:
                 os.close(held)
             await trio.to_thread.run_sync(_host.kill_cgroup, leaf, True)
+
+
+async def _send_config(channel: trio.socket.SocketType, config: dict[str, object]) -> None:
+    """The configuration, length first; a run that ended before reading it
+    is seen by what comes next (no ``ready``)."""
+    body = json.dumps(config).encode()
+    view = memoryview(len(body).to_bytes(8, "big") + body)
+    try:
+        while view:
+            view = view[await channel.send(view) :]
+    except OSError:
+        pass
 
 
 async def _receive_ready(channel: trio.socket.SocketType) -> tuple[bytes, list[int]]:

@@ -1,6 +1,6 @@
 """The root side of a private run (see :mod:`._private`), a standalone script.
 
-Run as ``python -I -S _private_init.py CONFIG`` (standard library only) by
+Run as ``python -I -S _private_init.py FD`` (standard library only) by
 the exec wrapper, as the host's root, already in the session's cgroup leaf.
 It must never run a program, load a library or import a module from the
 session's files while it is root: the session's ``/`` belongs to the
@@ -12,9 +12,11 @@ session's mount namespace; from then on it works by system calls only,
 starts (``env``, then the command) starts as uid 1000 with no capabilities,
 from a root it rebuilt with the host's own layout.
 
-``CONFIG`` is JSON: ``fds`` (descriptors of the session's ``user``, ``mnt``,
-``uts``, ``ipc``, ``net`` and ``cgroup`` namespaces), ``sock`` (a Unix
-stream socket to the runtime), ``top`` (the Harbor directory's name),
+``FD`` is a Unix stream socket to the runtime, which first sends the
+configuration (its length as 8 bytes, big-endian, then JSON; sent, not
+passed as an argument, so a command of any length fits): ``fds``
+(descriptors of the session's ``user``, ``mnt``, ``uts``, ``ipc``, ``net``
+and ``cgroup`` namespaces), ``top`` (the Harbor directory's name),
 ``sub`` (components of the private directory beneath it), ``size`` and
 ``source`` of the private tmpfs, ``userland`` (names whose host layout is
 reproduced), ``session_entries`` (the session's own top-level mounts, made
@@ -240,10 +242,20 @@ def _pid1(config, sock, session_root):  # type: ignore[no-untyped-def]
             os._exit(code if code >= 0 else 128 - code)
 
 
+def _receive_config(sock):  # type: ignore[no-untyped-def]
+    data = b""
+    while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "big"):
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            raise _Refused("the runtime sent no configuration")
+        data += chunk
+    return json.loads(data[8:])
+
+
 def main():  # type: ignore[no-untyped-def]
-    config = json.loads(sys.argv[1])
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    config = _receive_config(sock)
     fds = config["fds"]
-    sock = socket.socket(fileno=config["sock"])
     for ns in ("net", "uts", "ipc", "cgroup", "mnt"):
         _check(_libc.setns(fds[ns], 0), f"setns {ns}")
     # In the session's mounts from here on: no import may find a module.
