@@ -52,11 +52,11 @@ async def test_a_link_the_session_plants_to_a_host_file_is_neither_read_nor_writ
     with trio.fail_after(HANG_GUARD):
         with pytest.raises(FileRefusedError, match="symbolic link"):
             await session.read_file("/app/key")
-        with pytest.raises((FileRefusedError, NotADirectoryError)):
+        with pytest.raises(FileRefusedError, match="symbolic link"):
             await session.read_file("/app/keys/secret.txt")
-        with pytest.raises((FileRefusedError, NotADirectoryError)):
+        with pytest.raises(FileRefusedError, match="symbolic link"):
             await session.write_file("/app/keys/secret.txt", "owned")
-        with pytest.raises((FileRefusedError, NotADirectoryError)):
+        with pytest.raises(FileRefusedError, match="symbolic link"):
             await session.write_file("/app/keys/new.txt", "owned")
         await session.write_file("/app/key", "mine")  # replaces the link itself
     assert secret.read_bytes() == HOST_SECRET
@@ -143,6 +143,8 @@ async def test_a_path_swapped_for_a_link_while_reading_and_writing_never_reaches
                     content = await session.read_file("/app/sub/secret.txt")
                     assert content != HOST_SECRET
                     outcomes["sandbox"] += 1
+                # NotADirectoryError: swapped back between the refused open and the
+                # look at what refused it.
                 except (FileRefusedError, NotADirectoryError):
                     outcomes["refused"] += 1
                 except FileNotFoundError:
