@@ -175,6 +175,7 @@ async def exec_private(
                 "size": max(_TMPFS_MIN_BYTES, 2 * max_bytes),
                 "source": SOURCE_PREFIX + session.name,
                 "userland": layout,
+                "reserved": list(_host.USERLAND),
                 "session_entries": [*_host.SUBDIRS, *_SESSION_MOUNTS],
                 "host_uid": _host.HOST_UID,
                 "inside_uid": _host.INSIDE_UID,

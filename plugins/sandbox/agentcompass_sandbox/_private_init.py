@@ -19,7 +19,8 @@ passed as an argument, so a command of any length fits): ``fds``
 and ``cgroup`` namespaces), ``top`` (the Harbor directory's name),
 ``sub`` (components of the private directory beneath it), ``size`` and
 ``source`` of the private tmpfs, ``userland`` (names whose host layout is
-reproduced), ``session_entries`` (the session's own top-level mounts, made
+reproduced), ``reserved`` (every userland name, reproduced or not),
+``session_entries`` (the session's own top-level mounts, made
 before the entries the agent made), ``host_uid``, ``inside_uid``, ``max_entries``, ``program`` and
 ``argv`` (``env``'s absolute path on the host's userland, and ``env -i -C
 ...`` with the command) and ``env`` (the environment ``env`` starts in).
@@ -153,7 +154,8 @@ def _build_root(config, session_root, root_dir, private_dir):  # type: ignore[no
     os.mkdir("proc", 0o555, dir_fd=root_dir)
     _attach(proc, root_dir, "proc")
     os.close(proc)
-    skip = {name for name, _kind, _target in config["userland"]} | {"proc", top}
+    # Userland names are the host's or nothing: never what the agent put there.
+    skip = {*config["reserved"], "proc", top}
     # The session's own mounts first: no number of names the agent made pushes them out.
     for name in config["session_entries"]:
         if name not in skip:
