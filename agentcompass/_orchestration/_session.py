@@ -12,6 +12,7 @@ resource is acquired.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -76,9 +77,13 @@ class GuardedSession(EnvironmentSession):
         *,
         directory: str,
         max_bytes: int,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> tuple[ExecResult, dict[str, bytes]]:
+        options: dict[str, Any] = {"directory": directory, "max_bytes": max_bytes}
+        if inputs:  # providers written before inputs keep working without them
+            options["inputs"] = inputs
         try:
-            return await self._inner.exec_private(cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
+            return await self._inner.exec_private(cmd, timeout, cwd, env, **options)
         except NotImplementedError:
             raise  # the caller falls back to exec and read_file
         except (IssueError, EnvironmentFailure):

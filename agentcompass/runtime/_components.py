@@ -33,7 +33,7 @@ from ._values import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from ._output import OutputCallback
 
@@ -384,6 +384,7 @@ class EnvironmentSession:
         *,
         directory: str,
         max_bytes: int,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> tuple[ExecResult, dict[str, bytes]]:
         """Run ``cmd`` as :meth:`exec` does, with ``directory`` replaced, for
         this command's process tree only, by a new empty directory that
@@ -392,11 +393,21 @@ class EnvironmentSession:
         relative to ``directory`` -> bytes, at most ``max_bytes`` in all;
         links, special files and what is past the limit are left out).
 
-        It is how a verifier writes its reward where processes an agent left
-        running cannot rewrite it, while they keep running for the verifier
-        to test. Optional: the default raises :exc:`NotImplementedError`
-        and callers then fall back to :meth:`exec` and :meth:`read_file`,
-        which a process of the session can race.
+        ``inputs`` (absolute path -> bytes, e.g. ``/tests/test.sh``) are files
+        the command reads from private directories too: each directory they
+        name at the top (``/tests``) is, for the command, a new one holding
+        only them, written by the runtime where nothing else can reach it. The
+        command's ``HOME`` is a new empty private directory, so no dotfile
+        planted in the session's own ``HOME`` runs in it.
+
+        It is how a verifier reads its tests and writes its reward where
+        processes an agent left running can touch neither, while they keep
+        running for the verifier to test. It protects against processes, not
+        against what the command itself chooses to run: a verifier that
+        executes the agent's code gives that code its powers. Optional: the
+        default raises :exc:`NotImplementedError` and callers then fall back
+        to :meth:`exec` and :meth:`read_file`, which a process of the
+        session can race.
         """
         raise NotImplementedError
 
