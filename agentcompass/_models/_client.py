@@ -11,19 +11,31 @@ what happened                   severity code
 =============================== ======== ======================
 HTTP 401 or 403                 fatal    ``model_auth``
 HTTP 402                        fatal    ``model_quota``
+HTTP 404                        fatal    ``model_not_found``
 HTTP 429                        fatal    ``model_rate_limited`` (``retry_after``)
 HTTP 5xx                        fatal    ``model_server_error``
 connection failed or dropped    fatal    ``model_unreachable``
+connect timeout                 fatal    ``model_unreachable``
 read / write / pool timeout     error    ``model_timeout``
 other HTTP 4xx (a bad request)  error    ``model_bad_request``
 no usable message in the reply  error    ``no_valid_output``
+an error event in a stream      fatal    ``model_server_error``
 =============================== ======== ======================
 
-Another 4xx (400, 404, 422) is an ERROR, not FATAL: the usual cause is the
-agent's own conversation (a context that outgrew the model), which is a
-result about the agent. The client never retries on its own: a FATAL
-failure is retried by the runtime (a whole attempt), so the retry budget,
-backoff and records stay in one place.
+A 404 is FATAL: it is a wrong ``base_url`` (a missing ``/v1``) or model
+name, so no result of the run measures the agent. Another 4xx (400, 422)
+is an ERROR: the usual cause is the agent's own conversation (a context that
+outgrew the model), which is a result about the agent. The client never
+retries a call on its own (its endpoint's transport resends only a request
+that met a stale keep-alive connection, see ``_http``): a FATAL failure is
+retried by the runtime (a whole attempt), so the retry budget, backoff and
+records stay in one place.
+
+``chat(..., stream=True)`` asks for a streamed reply (``"stream": true``
+and ``"stream_options": {"include_usage": true}``) and assembles its
+server-sent events (text deltas, tool-call deltas by index, the usage of the
+last chunk) into the same :class:`ChatReply`; a server that answers a
+streamed request with a plain JSON reply is read as one.
 
 Messages are one line, name the model and endpoint, and carry at most 500
 characters of the server's error body with the API key and anything shaped
@@ -109,43 +121,60 @@ class ChatClient:
 
     model: ModelSpec
     http: httpx.AsyncClient
-    #: Parsed once: parsing a URL string is half of httpx's cost of building a request.
-    url: httpx.URL
-    #: The client's headers (its key's ``Authorization`` among them) plus the JSON
-    #: content type, and its timeouts: built once per endpoint, so that a call
-    #: builds its body and nothing else (``http.send`` of a prepared request).
-    headers: httpx.Headers | None = attrs.field(default=None, repr=False)
-    extensions: dict[str, Any] | None = attrs.field(default=None, repr=False)
+    #: ``{base_url}/chat/completions``, parsed once per endpoint.
+    url: httpx.URL | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.headers is None:
-            self.headers, self.extensions = prepared_request_parts(self.http)
+        if self.url is None:
+            import httpx
+
+            self.url = httpx.URL((self.model.base_url or "").rstrip("/") + "/chat/completions")
 
     @property
     def where(self) -> str:
         return f"model {self.model.name!r} at {self.model.base_url}"
 
     async def chat(
-        self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None, **params: Any
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        stream: bool = False,
+        **params: Any,
     ) -> ChatReply:
         """One completion of ``messages``; ``tools`` are OpenAI function tools.
 
         The request body is ``{"model", "messages", "tools"}`` plus the
         ModelSpec's ``params`` (temperature, max_tokens, ...), then ``params``
-        given here. Raises :class:`ModelError`.
+        given here. ``stream`` asks for the reply as server-sent events
+        (see the module docstring); the reply is the same either way.
+        Raises :class:`ModelError`.
         """
         body: dict[str, Any] = {"model": self.model.name, "messages": messages}
         if tools:
             body["tools"] = tools
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         body.update(self.model.params)
         body.update(params)
         import httpx  # loaded by the pool already; imported here so the contracts load without it
 
         # As httpx's ``json=`` encodes it, with one encoder for every call.
-        content = _JSON.encode(body).encode()
-        request = httpx.Request("POST", self.url, headers=self.headers, content=content, extensions=self.extensions)
+        assert self.url is not None
+        request = self.http.build_request("POST", self.url, content=_JSON.encode(body).encode(), headers=_HEADERS)
         try:
-            response = await self.http.send(request)
+            response = await self.http.send(request, stream=True)
+            try:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise self._status_error(response)
+                if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
+                    return await self._parse_stream(response)
+                await response.aread()
+                return self._parse(response)
+            finally:
+                await response.aclose()
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout):
                 raise self._error("fatal", "model_unreachable", f"could not connect ({_name(exc)})") from None
@@ -153,12 +182,9 @@ class ChatClient:
                 "error", "model_timeout", f"no reply within {self._timeout_text()} ({_name(exc)})"
             ) from None
         except httpx.TransportError as exc:
-            raise self._error("fatal", "model_unreachable", f"connection failed ({_name(exc)}: {exc})") from None
+            raise self._error("fatal", "model_unreachable", f"connection failed ({_cause(exc)})") from None
         except httpx.DecodingError:
             raise self._error("error", "no_valid_output", "the reply's body could not be decoded") from None
-        if response.status_code >= 400:
-            raise self._status_error(response)
-        return self._parse(response)
 
     def _timeout_text(self) -> str:
         timeout = self.model.timeout_seconds
@@ -179,6 +205,8 @@ class ChatClient:
             return self._error("fatal", "model_auth", detail)
         if status == 402:
             return self._error("fatal", "model_quota", detail)
+        if status == 404:
+            return self._error("fatal", "model_not_found", f"{detail} (is base_url or the model name wrong?)")
         if status == 429:
             return self._error("fatal", "model_rate_limited", detail, retry_after(response.headers.get("retry-after")))
         if status >= 500:
@@ -209,9 +237,75 @@ class ChatClient:
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments if arguments is not None else {})
             calls.append(ToolCall(str(raw.get("id") or f"call_{len(calls)}"), function["name"], arguments))
+        usage = data.get("usage")
+        return self._reply(content, calls, usage, choice.get("finish_reason"))
+
+    async def _parse_stream(self, response: httpx.Response) -> ChatReply:
+        """Assemble a streamed reply. Only ``data:`` lines carry anything in
+        OpenAI's streams (no event names, ids or retries), so that is all of
+        the event-stream format read here; ``data: [DONE]`` ends it."""
+        text: list[str] = []
+        calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument pieces]]
+        usage: Any = None
+        finish: str | None = None
+        chunks = 0
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                raise self._error("error", "no_valid_output", "a streamed chunk is not JSON") from None
+            if not isinstance(chunk, dict):
+                raise self._error("error", "no_valid_output", "a streamed chunk is not an object")
+            if chunk.get("error") is not None:
+                detail = " ".join(json.dumps(chunk["error"]).split())[:_BODY_CHARS]
+                raise self._error("fatal", "model_server_error", f"the stream ended in an error: {detail}")
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                chunks += 1
+                finish = choice.get("finish_reason") or finish
+                delta = choice.get("delta")
+                if not isinstance(delta, dict):
+                    continue
+                piece = delta.get("content")
+                if piece is not None and not isinstance(piece, str):
+                    raise self._error("error", "no_valid_output", "the reply's content is not text")
+                if piece is not None:
+                    text.append(piece)
+                for raw in delta.get("tool_calls") or ():
+                    if not isinstance(raw, dict):
+                        raise self._error("error", "no_valid_output", "the reply has a malformed tool call")
+                    index = raw.get("index", len(calls))
+                    call = calls.setdefault(index if isinstance(index, int) else len(calls), [None, None, []])
+                    function: dict[str, Any] = raw["function"] if isinstance(raw.get("function"), dict) else {}
+                    call[0] = raw.get("id") or call[0]
+                    if isinstance(function.get("name"), str):
+                        call[1] = (call[1] or "") + function["name"]
+                    if isinstance(function.get("arguments"), str):
+                        call[2].append(function["arguments"])
+        if not chunks:
+            raise self._error("error", "no_valid_output", "the streamed reply has no choices")
+        tool_calls: list[ToolCall] = []
+        for _, (call_id, name, pieces) in sorted(calls.items()):
+            if not name:
+                raise self._error("error", "no_valid_output", "the reply has a malformed tool call")
+            tool_calls.append(ToolCall(str(call_id or f"call_{len(tool_calls)}"), name, "".join(pieces) or "{}"))
+        content = "".join(text) if text else None
+        if content == "" and tool_calls:
+            content = None  # as a complete reply gives a tool-call message
+        return self._reply(content, tool_calls, usage, finish)
+
+    def _reply(self, content: str | None, calls: list[ToolCall], usage: Any, finish: Any) -> ChatReply:
         if content is None and not calls:
             raise self._error("error", "no_valid_output", "the reply has neither content nor tool calls")
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        usage = usage if isinstance(usage, dict) else {}
         out: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             out["tool_calls"] = [
@@ -224,21 +318,13 @@ class ChatClient:
                 "prompt_tokens": _count(usage.get("prompt_tokens")),
                 "completion_tokens": _count(usage.get("completion_tokens")),
             },
-            finish_reason=choice.get("finish_reason"),
+            finish_reason=finish if isinstance(finish, str) else None,
             message=out,
         )
 
 
-def prepared_request_parts(http: httpx.AsyncClient) -> tuple[httpx.Headers, dict[str, Any]]:
-    """The headers and extensions ``http.build_request`` would give a JSON POST."""
-    import httpx
-
-    headers = httpx.Headers(http.headers)
-    headers["Content-Type"] = "application/json"
-    return headers, {"timeout": http.timeout.as_dict()}
-
-
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_HEADERS = {"Content-Type": "application/json"}
 
 
 def retry_after(value: str | None) -> float | None:
@@ -263,3 +349,17 @@ def _count(value: Any) -> int:
 
 def _name(exc: BaseException) -> str:
     return type(exc).__name__
+
+
+def _cause(exc: BaseException) -> str:
+    """``Name: message`` of ``exc``, or of the first exception under it that
+    says something (httpx's ``ConnectError`` over a TLS failure has no text
+    of its own; the ``SSLCertVerificationError`` it came from does)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if str(seen):
+            return f"{_name(exc)}: {_name(seen) + ': ' if seen is not exc else ''}{seen}"
+        seen = seen.__cause__ or seen.__context__
+    return _name(exc)

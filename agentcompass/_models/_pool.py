@@ -12,9 +12,14 @@ An endpoint is ``(base_url, api_key, max_connections, timeout_seconds)``:
 two ModelSpecs that differ only in name or ``params`` share one connection
 pool. The pool size is the spec's ``max_connections``, else the
 orchestration's ``task_concurrency`` (so the tasks that use it never queue
-for a connection); ``timeout_seconds`` bounds each call (``None``: 600 s,
-as the OpenAI SDK's default). An executor that runs tasks in a process of
-its own (SPEC 11) opens a pool there with :func:`open_model_clients`.
+for a connection); ``timeout_seconds`` bounds each read, write and wait for
+a connection (``None``: 600 s, as the OpenAI SDK's default) and connecting
+takes at most :data:`CONNECT_TIMEOUT_SECONDS` of it. An executor that runs
+tasks in a process of its own (SPEC 11) opens a pool there with
+:func:`open_model_clients`.
+
+How each endpoint's client is built (httpx's own transport, proxies and
+trust store from the environment) is ``_http``'s docstring.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ from typing import TYPE_CHECKING, Any
 from .._redact import register_secret
 from ..runtime._errors import ConfigError
 from ..runtime._values import ModelSpec
-from ._client import ChatClient, prepared_request_parts
+from ._client import ChatClient
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
 
-# httpx and the transport load with the first client: importing the contracts stays cheap.
+# httpx loads with the first client: importing the contracts stays cheap.
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "ModelClients", "chat_client", "open_model_clients"]
 
@@ -50,8 +57,9 @@ class ModelClients:
         self.default_max_connections = max(1, default_max_connections)
         self.transport = transport
         self._http: dict[tuple[Any, ...], httpx.AsyncClient] = {}
-        # Per endpoint: its chat URL and prepared request parts (see ChatClient).
-        self._parts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # Per endpoint: its chat URL, parsed once.
+        self._urls: dict[tuple[Any, ...], httpx.URL] = {}
+        self._verify: ssl.SSLContext | None = None
         self.closed = False
 
     def client(self, model: ModelSpec) -> ChatClient:
@@ -63,27 +71,27 @@ class ModelClients:
             raise ConfigError(f"model {model.name!r}: base_url is required for api 'openai-chat'")
         key = model.api_key.reveal() if model.api_key else ""
         endpoint = (model.base_url, key, model.max_connections, model.timeout_seconds)
-        import httpx
-
         http = self._http.get(endpoint)
         if http is None:
-            from ._transport import endpoint_client
+            import httpx
+
+            from ._http import endpoint_client, trust_store
 
             if key:
                 register_secret(key)
             size = model.max_connections or self.default_max_connections
             timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
-            http = endpoint_client(key, timeout, size, self.transport)
+            if self.transport is None and self._verify is None:
+                self._verify = trust_store()
+            http = endpoint_client(key, timeout, size, self._verify, self.transport)
             self._http[endpoint] = http
-            url = httpx.URL(model.base_url.rstrip("/") + "/chat/completions")
-            self._parts[endpoint] = (url, *prepared_request_parts(http))
-        url, headers, extensions = self._parts[endpoint]
-        return ChatClient(model, http, url, headers, extensions)
+            self._urls[endpoint] = httpx.URL(model.base_url.rstrip("/") + "/chat/completions")
+        return ChatClient(model, http, self._urls[endpoint])
 
     async def aclose(self) -> None:
         """Close every client (idempotent). The caller bounds it (the grace)."""
         self.closed = True
-        clients, self._http, self._parts = list(self._http.values()), {}, {}
+        clients, self._http, self._urls = list(self._http.values()), {}, {}
         for http in clients:
             await http.aclose()
 
@@ -103,9 +111,9 @@ async def open_model_clients(
     run's one grace deadline).
 
     ``transport``, when given, carries every endpoint's requests instead of
-    the runtime's own HTTP/1.1 connection pools (an ``httpx.MockTransport``
-    to test a harness without a server, say); each endpoint's client closes
-    it when the pool closes.
+    httpx's connection pools (an ``httpx.MockTransport`` to test a harness
+    without a server, say; no proxies from the environment, no retry of a
+    stale connection); each endpoint's client closes it when the pool closes.
 
     ``launch`` does this for its run; call it yourself only to use a
     component outside ``launch`` (a test, a notebook)."""

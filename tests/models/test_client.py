@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 
-import attrs
 import pytest
 import trio
 
@@ -50,6 +49,7 @@ async def one_call(script, **spec_kwargs):
         (error(401), "fatal", "model_auth"),
         (error(403), "fatal", "model_auth"),
         (error(402), "fatal", "model_quota"),
+        (error(404), "fatal", "model_not_found"),
         (error(429), "fatal", "model_rate_limited"),
         (error(500), "fatal", "model_server_error"),
         (error(503), "fatal", "model_server_error"),
@@ -58,7 +58,7 @@ async def one_call(script, **spec_kwargs):
         (malformed(), "error", "no_valid_output"),
         (Reply(body={"choices": [{"message": {"role": "assistant", "content": None}}]}), "error", "no_valid_output"),
     ],
-    ids=["401", "403", "402", "429", "500", "503", "400", "empty-choices", "malformed-json", "no-content"],
+    ids=["401", "403", "402", "404", "429", "500", "503", "400", "empty-choices", "malformed-json", "no-content"],
 )
 async def test_status_and_body_classification(reply, severity, code):
     exc, server = await one_call([reply])
@@ -194,31 +194,3 @@ async def test_the_pool_holds_at_most_max_connections_and_reuses_them():
         nursery.cancel_scope.cancel()
     assert sorted(replies) == [str(i) for i in range(6)]
     assert server.connections == 2  # six calls, two connections, each reused
-
-
-async def test_the_endpoint_client_keeps_no_cookies():
-    with_cookie = attrs.evolve(text("a"), headers={"Set-Cookie": "session=abc; Path=/"})
-    server2 = ModelServer([with_cookie, text("b")])
-    async with hang_guard(20), trio.open_nursery() as nursery:
-        url = await nursery.start(server2.serve)
-        async with open_model_clients(2):
-            client = chat_client(spec(url))
-            await client.chat(MESSAGES)
-            await client.chat(MESSAGES)
-        nursery.cancel_scope.cancel()
-    assert "cookie" not in server2.requests[1].headers
-
-
-async def test_a_transport_given_to_the_pool_carries_every_request():
-    import httpx
-
-    seen: list[tuple[str, str | None]] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append((str(request.url), request.headers.get("authorization")))
-        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": "mocked"}}]})
-
-    async with hang_guard(20), open_model_clients(2, transport=httpx.MockTransport(answer)):
-        reply = await chat_client(spec("http://model.invalid/v1")).chat(MESSAGES)
-    assert reply.content == "mocked"
-    assert seen == [("http://model.invalid/v1/chat/completions", f"Bearer {KEY}")]

@@ -1,0 +1,139 @@
+"""The ``httpx.AsyncClient`` of one model endpoint, on httpx's own transport.
+
+Everything HTTP is httpx's: ``httpx.AsyncHTTPTransport`` (httpcore's
+connection pool, TLS, HTTP/1.1), proxies from ``HTTP_PROXY`` /
+``HTTPS_PROXY`` / ``ALL_PROXY`` / ``NO_PROXY`` and the trust store from
+``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (else certifi's bundle), both as httpx
+reads them, and a cookie jar of the endpoint's own. Added on top, both for
+long-lived pools against real servers:
+
+- TCP keepalive on every connection: a reply that takes minutes to generate
+  sends no byte meanwhile, and a NAT or load balancer drops connections it
+  thinks idle; the probes keep it open and find a dead peer.
+- One retry of a request that failed on a *reused* keep-alive connection
+  before the reply's head arrived: the server closed the connection while
+  the request was on its way, so nothing was read and the request goes again
+  on a new connection. A new connection that fails is never retried (that
+  is the server's answer), nor is anything that failed after the head.
+
+Idle connections are kept :data:`KEEPALIVE_EXPIRY_SECONDS`, under the 5 s
+after which uvicorn (vLLM, SGLang) closes them, so that race is rare before
+the retry is needed. Connecting takes at most :data:`CONNECT_TIMEOUT_SECONDS`
+(a host that does not answer is FATAL ``model_unreachable`` in seconds, not
+after ``timeout_seconds``).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any
+
+import httpx
+
+# The proxy table httpx builds from the environment for a client that has no
+# transport of its own; a client given its own transport (ours, for the
+# socket options) skips it, so it is built here from the same function.
+from httpx._utils import get_environment_proxies
+
+__all__ = ["CONNECT_TIMEOUT_SECONDS", "KEEPALIVE_EXPIRY_SECONDS", "endpoint_client"]
+
+CONNECT_TIMEOUT_SECONDS = 10.0
+KEEPALIVE_EXPIRY_SECONDS = 4.0
+
+#: Probe after 60 s of silence, every 10 s, give up after 6 unanswered.
+_KEEPALIVE = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)] + [
+    (socket.IPPROTO_TCP, getattr(socket, name), value)
+    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6))
+    if hasattr(socket, name)
+]
+
+#: The errors of a connection the server had closed: httpcore reports a
+#: failed send as the read that follows it.
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class _Progress:
+    """A request's httpcore ``trace`` callback: did it open a connection,
+    and was the reply's head read (see ``_StaleRetry``)."""
+
+    __slots__ = ("connected", "head_read", "outer")
+
+    def __init__(self, outer: Any):
+        self.connected = False
+        self.head_read = False
+        self.outer = outer
+
+    async def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.started":
+            self.connected = True
+        elif event == "http11.receive_response_headers.complete":
+            self.head_read = True
+        if self.outer is not None:
+            await self.outer(event, info)
+
+
+class _StaleRetry(httpx.AsyncBaseTransport):
+    """``inner``, sending a request once more when it failed on a reused
+    connection before the reply's head was read (see the module docstring)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport):
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        original = request.extensions
+        progress = _Progress(original.get("trace"))
+        request.extensions = {**original, "trace": progress}
+        try:
+            return await self._inner.handle_async_request(request)
+        except _STALE:
+            if progress.connected or progress.head_read:
+                raise
+        request.extensions = original
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _transport(size: int, verify: ssl.SSLContext, proxy: str | None = None) -> httpx.AsyncBaseTransport:
+    limits = httpx.Limits(
+        max_connections=size, max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS
+    )
+    return _StaleRetry(httpx.AsyncHTTPTransport(verify=verify, limits=limits, socket_options=_KEEPALIVE, proxy=proxy))
+
+
+def trust_store() -> ssl.SSLContext:
+    """The verifying context of every endpoint (``SSL_CERT_FILE``, ``SSL_CERT_DIR``
+    or certifi's, as httpx picks it); loading one costs tens of milliseconds,
+    so a pool makes it once."""
+    return httpx.create_ssl_context(trust_env=True)
+
+
+def endpoint_client(
+    key: str,
+    timeout: float,
+    size: int,
+    verify: ssl.SSLContext | None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> httpx.AsyncClient:
+    """The shared client of one endpoint: its key's header, ``timeout`` for
+    each read, write and wait for a connection (connecting within
+    :data:`CONNECT_TIMEOUT_SECONDS` of it), a pool of ``size`` connections
+    per origin; ``transport``, when given, carries every request instead
+    (a test seam: no proxies, no retry)."""
+    mounts: dict[str, httpx.AsyncBaseTransport | None] | None = None
+    if transport is None:
+        assert verify is not None
+        transport = _transport(size, verify)
+        mounts = {
+            pattern: None if proxy is None else _transport(size, verify, proxy)
+            for pattern, proxy in get_environment_proxies().items()
+        }
+    return httpx.AsyncClient(
+        # The endpoint's key is part of its identity: the header belongs to its client.
+        headers={"Authorization": f"Bearer {key}"} if key else None,
+        timeout=httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_SECONDS, timeout)),
+        transport=transport,
+        mounts=mounts,
+    )
