@@ -202,3 +202,18 @@ async def test_each_session_tmpfs_has_a_bounded_size(tag: str) -> None:
         finally:
             await session.close()
             await provider.sweep(tag)
+
+
+async def test_the_session_root_cannot_be_rearranged(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(30):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            # Replacing /lib64 would hand every later command (the runtime's own
+            # verifier commands included) the agent's ELF interpreter.
+            for attempt in ("mv /lib64 /lib64.old", "mkdir /fake", "ln -sfn /tmp /bin", "touch /x"):
+                result = await session.exec(attempt)
+                assert result.exit_code != 0 and "Read-only file system" in result.stderr, (attempt, result)
+            writable = await session.exec("touch /tmp/a /app/a /logs/a /tests/a /solution/a")
+            assert writable.exit_code == 0, writable
+        finally:
+            await session.close()

@@ -285,13 +285,14 @@ async def test_a_private_run_never_runs_what_the_agent_put_in_the_root(provider:
         session = await provider.open(None, NONE, f"{tag}-a")
         try:
             await session.write_file("/app/hijack.py", _HIJACK)
-            assert (await session.exec("python3 /app/hijack.py")).exit_code == 0
-            # Every later exec starts with the agent's loader (here: none at all).
-            assert (await session.exec("true")).exit_code != 0
-            # A private run starts nothing from the session's root, as root or
-            # as the sandbox user: its root has the host's layout.
+            # The session's root is read-only: the agent cannot replace its loader.
+            hijack = await session.exec("python3 /app/hijack.py")
+            assert hijack.exit_code != 0 and "Read-only file system" in hijack.stderr, hijack
+            assert (await session.exec("true")).exit_code == 0
+            # A private run starts nothing from the session's root either, as root
+            # or as the sandbox user: its root has the host's layout.
             result, files = await session.exec_private(
-                "echo 0 > /logs/verifier/reward.txt && readlink /lib64 /bin && ls -d /a000 /app /tests /tmp /dev/null > /dev/null",
+                "echo 0 > /logs/verifier/reward.txt && readlink /lib64 /bin && ls -d /app /tests /tmp /dev/null > /dev/null",
                 directory="/logs/verifier",
                 max_bytes=100,
             )

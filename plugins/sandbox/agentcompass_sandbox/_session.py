@@ -191,6 +191,9 @@ class SandboxSession(EnvironmentSession):
             "bwrap", "--die-with-parent", "--unshare-all", *share, "--uid", str(_host.INSIDE_UID),
             "--gid", str(_host.INSIDE_UID), "--hostname", "sandbox", *binds,
             "--proc", "/proc", "--dev", "/dev", "--size", str(self._tmpfs_bytes), "--tmpfs", "/tmp", "--dir", "/run", *mounts,
+            # The root tmpfs is the sandbox user's: read-only, so no command can
+            # replace /lib64 (every later program's ELF interpreter) or /bin.
+            "--remount-ro", "/",
             "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
         ]  # fmt: skip
         info_read, info_write = os.pipe()
