@@ -13,6 +13,10 @@ a 4 GiB sparse file can neither block nor exhaust the runtime. A write goes to a
 new file beside the target and is renamed over it, so it never writes through
 a hard link or into something the session made.
 
+The root is a path or an open directory descriptor (``int``): a descriptor
+reaches a directory that has no path the runtime can name, such as a mount
+held only by descriptor, and is neither closed nor moved by them.
+
 They are blocking: call them through ``trio.to_thread.run_sync``. Don't confuse
 them with a sandbox: they confine the runtime's own accesses, not the session.
 """
@@ -58,12 +62,15 @@ def _refuse(path: str, exc: OSError) -> OSError:
     return exc
 
 
-def _open_dirs(root: str | os.PathLike[str], parts: Sequence[str], create: bool, owner: tuple[int, int] | None) -> int:
-    """A descriptor of the directory ``root/parts...``, walked without following links."""
+def _open_dirs(
+    root: str | os.PathLike[str] | int, parts: Sequence[str], create: bool, owner: tuple[int, int] | None
+) -> int:
+    """A new descriptor of the directory ``root/parts...``, walked without following links."""
     try:
-        fd = os.open(root, _DIR_FLAGS)
+        # A descriptor root is reopened, never used itself: the walk closes what it opened.
+        fd = os.open(".", _DIR_FLAGS, dir_fd=root) if isinstance(root, int) else os.open(root, _DIR_FLAGS)
     except OSError as exc:
-        raise _refuse(os.fspath(root), exc) from None
+        raise _refuse(f"descriptor {root}" if isinstance(root, int) else os.fspath(root), exc) from None
     try:
         for index, name in enumerate(parts):
             try:
@@ -93,8 +100,9 @@ def _open_dirs(root: str | os.PathLike[str], parts: Sequence[str], create: bool,
     return fd
 
 
-def read_beneath(root: str | os.PathLike[str], relpath: str, max_bytes: int | None = None) -> bytes:
-    """The bytes of the regular file ``relpath`` under the directory ``root``.
+def read_beneath(root: str | os.PathLike[str] | int, relpath: str, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file ``relpath`` under the directory ``root``
+    (a path, or an open directory descriptor).
 
     Raise :exc:`FileNotFoundError` or :exc:`IsADirectoryError` as usual, and
     :exc:`FileRefusedError` for a symbolic link on the way, a file that is
@@ -136,12 +144,19 @@ def read_beneath(root: str | os.PathLike[str], relpath: str, max_bytes: int | No
 
 
 def write_beneath(
-    root: str | os.PathLike[str], relpath: str, data: bytes, owner: tuple[int, int] | None = None
+    root: str | os.PathLike[str] | int,
+    relpath: str,
+    data: bytes,
+    owner: tuple[int, int] | None = None,
+    *,
+    mode: int | None = None,
 ) -> None:
-    """Replace the file ``relpath`` under the directory ``root`` with ``data``.
+    """Replace the file ``relpath`` under the directory ``root`` (a path, or
+    an open directory descriptor) with ``data``.
 
     Missing parent directories are made (owned by ``owner``, a ``(uid, gid)``,
-    when given, as is the file). A symbolic link on the way is refused with
+    when given, as is the file). The file's mode is ``mode`` exactly when
+    given, else 0o644 less the umask. A symbolic link on the way is refused with
     :exc:`FileRefusedError`; the target itself is replaced by a rename, never
     opened, so a link or FIFO planted there is replaced, not written through.
     """
@@ -156,6 +171,8 @@ def write_beneath(
             try:
                 if owner is not None:
                     os.fchown(fd, *owner)
+                if mode is not None:
+                    os.fchmod(fd, mode)  # after the chown, which clears set-id bits
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
