@@ -1,9 +1,10 @@
 """A real OpenAI-compatible chat-completions server on 127.0.0.1, scripted per request.
 
 For tests, demos and benchmarks that need a model without an API key. It is
-a plain HTTP/1.1 server (Trio sockets and ``h11``, keep-alive) answering
-``POST /v1/chat/completions``; every request is recorded in
-:attr:`ModelServer.requests`. What it answers is a *script*:
+a plain ASGI app served by hypercorn's Trio worker (HTTP/1.1, keep-alive)
+answering ``POST /v1/chat/completions`` (any path ending in
+``/chat/completions``; every other route is 404); every request is recorded
+in :attr:`ModelServer.requests`. What it answers is a *script*:
 
 - a list of :class:`Reply` values, served in order (past the end: HTTP 500
   ``script exhausted``), or
@@ -12,28 +13,68 @@ a plain HTTP/1.1 server (Trio sockets and ``h11``, keep-alive) answering
   conversations each follow the script) or :func:`by_instruction` (an episode
   chosen by a substring of the first user message).
 
-Replies: :func:`text`, :func:`tool_call`, :func:`error` (any status, any
-headers such as ``Retry-After``), :func:`malformed` (a 200 whose body is not
-JSON), :func:`empty_choices`, :func:`echo_headers` (an error body that
-repeats the request's headers, ``Authorization`` included: a redaction
-probe); ``reply.after(seconds)`` delays one. A client that closes its
-connection while its reply is delayed is counted in :attr:`ModelServer.aborted`.
+Replies: :func:`text`, :func:`tool_call`, :func:`tool_calls` (several calls in
+one message), :func:`error` (any status, any headers such as ``Retry-After``
+or ``Connection: close``), :func:`malformed` (a 200 whose body is not JSON),
+:func:`empty_choices`, :func:`echo_headers` (an error body that repeats the
+request's headers, ``Authorization`` included: a redaction probe);
+``reply.after(seconds)`` delays one (a long delay is a server that hangs).
+A client that closes its connection while its reply is delayed is counted in
+:attr:`ModelServer.aborted`.
 
 In a test::
 
     server = ModelServer([text("hi")])
     base_url = await nursery.start(server.serve)    # "http://127.0.0.1:PORT/v1"
 
-As a command, ``python -m agentcompass.testing.model_server [--script FILE]
-[--port N] [-- COMMAND ...]`` prints the base URL and serves until
-interrupted; with a command it runs it with ``MODEL_BASE_URL`` set to the
-URL, then stops and exits with the command's status. The script file is
-JSON: ``{"delay": 0.1, "episodes": [{"match": "hello.txt", "steps": [STEP,
-...]}], "default": [STEP, ...]}`` where a STEP is ``{"text": "..."}``,
-``{"tool_call": {"name": "bash", "arguments": {...}}}``, ``{"status": 429,
-"headers": {...}, "body": ...}``, ``{"malformed": "..."}``,
-``{"empty_choices": true}`` or ``{"echo_headers": 500}``, each optionally
-with its own ``"delay"``.
+The server stops when its scope is cancelled, or gracefully after
+:meth:`ModelServer.stop`.
+
+As a command::
+
+    python -m agentcompass.testing.model_server [--script FILE] [--port N] [-- COMMAND ...]
+
+prints the base URL (``http://127.0.0.1:PORT/v1``) and serves until
+interrupted; with ``-- COMMAND ...`` it runs the command with
+``MODEL_BASE_URL`` set to that URL, then stops and exits with the command's
+status (``make demo-agent`` runs ``compass launch`` so). Without
+``--script`` every request gets a short text reply.
+
+The script file is JSON::
+
+    {"delay": 0.1,
+     "episodes": [{"match": "hello.txt", "steps": [STEP, ...]}, ...],
+     "default": [STEP, ...]}
+
+A conversation whose first user message contains an episode's ``match``
+follows that episode's steps, else ``default`` (with neither: HTTP 400). Its
+n-th request (n assistant messages so far) gets ``steps[n]``; the last step
+repeats. A STEP is one of
+
+- ``{"text": "..."}``: an assistant message;
+- ``{"tool_call": {"name": "bash", "arguments": {...}}}``: one tool call;
+- ``{"tool_calls": [{"name": ..., "arguments": ...}, ...]}``: several;
+- ``{"status": 429, "headers": {"Retry-After": "2"}, "body": ...}``: any
+  status, headers and JSON body (an OpenAI-style error when omitted);
+- ``{"malformed": "..."}``: a 200 with that body, not JSON;
+- ``{"empty_choices": true}``: a 200 with ``"choices": []``;
+- ``{"echo_headers": 500}``: that status, the request's headers as body;
+
+each optionally with ``"delay"`` (seconds before the reply; the file's
+``delay`` by default), ``"headers"`` (added to the reply's, e.g.
+``{"Connection": "close"}`` to close the connection after it),
+``"chunk_chars"`` and ``"chunk_delay"`` (streamed replies).
+
+A request with ``"stream": true`` gets a 200 reply whose body has
+``choices`` as server-sent events in the chat-completions chunk format:
+``data: {chunk}`` events (the role first; the content in pieces of
+``Reply.chunk_chars`` characters; each tool call's ``index``, ``id`` and
+function name, then its arguments in pieces; a last chunk with the
+``finish_reason``), a usage chunk (``"choices": []``) when the request asks
+``"stream_options": {"include_usage": true}``, then ``data: [DONE]``;
+``Reply.chunk_delay`` spaces the events. Other replies (errors, echoes) are
+sent as they are without streaming, and a malformed body is sent as one
+event with no ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -44,11 +85,14 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
-import h11
 import trio
+
+from .._asgi import lifespan, listen, serve_asgi
+from ._chat_stream import sse_events
 
 __all__ = [
     "ModelServer",
@@ -63,21 +107,27 @@ __all__ = [
     "malformed",
     "text",
     "tool_call",
+    "tool_calls",
 ]
 
 _ids = itertools.count(1)
+_CHUNK_CHARS = 8
 
 
 @attrs.frozen
 class Reply:
     """One scripted HTTP reply. ``body`` is JSON-encoded unless it is ``bytes``;
-    ``echo_headers`` replaces the body with the request's headers."""
+    ``echo_headers`` replaces the body with the request's headers.
+    ``chunk_chars`` and ``chunk_delay`` shape the reply to a streaming request:
+    the size of each content or arguments piece and the pause between events."""
 
     status: int = 200
     body: Any = None
     headers: dict[str, str] = attrs.Factory(dict)
     delay: float = 0.0
     echo_headers: bool = False
+    chunk_chars: int = _CHUNK_CHARS
+    chunk_delay: float = 0.0
 
     def after(self, seconds: float) -> Reply:
         """This reply, sent ``seconds`` after the request arrived."""
@@ -132,9 +182,25 @@ def tool_call(
     completion_tokens: int = 5,
 ) -> Reply:
     """An assistant message calling tool ``name`` with ``arguments`` (a dict is JSON-encoded)."""
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    call = {"id": call_id or f"call_{next(_ids)}", "type": "function", "function": {"name": name, "arguments": args}}
-    message = {"role": "assistant", "content": content, "tool_calls": [call]}
+    return tool_calls(
+        [(name, arguments, call_id)], content=content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+    )
+
+
+def tool_calls(
+    calls: Sequence[tuple[str, dict[str, Any] | str] | tuple[str, dict[str, Any] | str, str | None]],
+    *,
+    content: str | None = None,
+    prompt_tokens: int = 10,
+    completion_tokens: int = 5,
+) -> Reply:
+    """An assistant message with one tool call per ``(name, arguments[, call_id])``."""
+    made = []
+    for name, arguments, *rest in calls:
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        call_id = (rest[0] if rest else None) or f"call_{next(_ids)}"
+        made.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
+    message = {"role": "assistant", "content": content, "tool_calls": made}
     return Reply(body=_completion(message, "tool_calls", prompt_tokens, completion_tokens))
 
 
@@ -204,11 +270,12 @@ class ModelServer:
         self.requests: list[RecordedRequest] = []
         #: Requests whose client closed the connection before the reply was sent.
         self.aborted = 0
-        #: Connections accepted and connections that have ended.
+        #: Client connections that sent a request (told apart by their address).
         self.connections = 0
-        self.closed_connections = 0
+        self._peers: set[Any] = set()
         self.base_url = ""
         self._changed = trio.Event()
+        self._stop = trio.Event()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -216,12 +283,17 @@ class ModelServer:
 
     async def wait_until(self, predicate: Callable[[ModelServer], bool]) -> None:
         """Return once ``predicate(server)`` holds (checked after every request
-        and connection event); the caller bounds the wait."""
+        and abort); the caller bounds the wait."""
         while not predicate(self):
             await self._changed.wait()
 
+    def stop(self) -> None:
+        """Stop serving gracefully: no new connections; replies in progress
+        get a second to finish. Cancelling :meth:`serve`'s scope stops it at once."""
+        self._stop.set()
+
     def _reply_for(self, request: RecordedRequest) -> Reply:
-        if request.method != "POST" or not request.path.rstrip("/").endswith("/chat/completions"):
+        if request.method != "POST" or not request.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
             return error(404, body={"error": {"message": f"no route {request.method} {request.path}"}})
         if callable(self._script):
             return self._script(request)
@@ -231,89 +303,99 @@ class ModelServer:
         return self._script[self._next - 1]
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED, port: int = 0) -> None:
-        """Listen on 127.0.0.1 (``port`` 0: any free port) and serve until cancelled;
-        ``task_status.started`` gets the base URL (``http://127.0.0.1:PORT/v1``)."""
-        listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
-        bound = listeners[0].socket.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{bound}/v1"
-        async with trio.open_nursery() as nursery:
-            task_status.started(self.base_url)
-            await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
+        """Listen on 127.0.0.1 (``port`` 0: any free port) and serve until
+        cancelled or :meth:`stop`; ``task_status.started`` gets the base URL
+        (``http://127.0.0.1:PORT/v1``). A busy port raises ``OSError``."""
+        listener = listen(port)
+        self.base_url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        with listener:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(partial(serve_asgi, self._app, listener, stop=self._stop))
+                task_status.started(self.base_url)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        self.connections += 1
-        conn = h11.Connection(h11.SERVER)
-        try:
-            while True:
-                request = await self._read_request(conn, stream)
-                if request is None:
-                    return
-                self.requests.append(request)
-                self._notify()
-                reply = self._reply_for(request)
-                if reply.delay and await self._client_left_during(stream, reply.delay):
-                    self.aborted += 1
-                    self._notify()
-                    return
-                await self._send(conn, stream, request, reply)
-                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
-                    return
-                conn.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI app: record the request, wait out the reply's delay, answer."""
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
             return
-        finally:
-            with trio.move_on_after(1, shield=True):
-                await stream.aclose()
-            self.closed_connections += 1
+        if scope["type"] != "http":
+            return
+        peer = scope.get("client")
+        if peer is None or peer not in self._peers:
+            self._peers.add(peer)
+            self.connections += 1
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client left mid-request
+        request = _recorded(scope, body)
+        self.requests.append(request)
+        self._notify()
+        reply = self._reply_for(request)
+        if reply.delay and await _client_left_during(receive, reply.delay):
+            self.aborted += 1
             self._notify()
-
-    async def _read_request(self, conn: h11.Connection, stream: trio.SocketStream) -> RecordedRequest | None:
-        head: h11.Request | None = None
-        body = bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                data = await stream.receive_some(65536)
-                conn.receive_data(data)
-                if not data and conn.their_state is h11.IDLE:
-                    return None
-                continue
-            if isinstance(event, h11.Request):
-                head = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                assert head is not None
-                headers = {k.decode().lower(): v.decode("latin-1") for k, v in head.headers}
-                return RecordedRequest(head.method.decode(), head.target.decode(), headers, bytes(body))
-            elif isinstance(event, h11.ConnectionClosed):
-                return None
-
-    async def _client_left_during(self, stream: trio.SocketStream, delay: float) -> bool:
-        """Wait ``delay``; True if the client closed the connection meanwhile."""
-        with trio.move_on_after(delay):
-            data = await stream.receive_some(65536)
-            if not data:
-                return True
-            # A pipelined request would arrive here; no OpenAI client pipelines.
-            raise h11.ProtocolError("unexpected data while a reply is pending")
-        return False
-
-    async def _send(
-        self, conn: h11.Connection, stream: trio.SocketStream, request: RecordedRequest, reply: Reply
-    ) -> None:
+            return
+        asked = request.json if isinstance(request.json, dict) else {}
+        if asked.get("stream") is True and reply.status == 200 and not reply.echo_headers:
+            options = asked.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            if await _stream(send, receive, reply, usage):
+                self.aborted += 1
+                self._notify()
+            return
         if reply.echo_headers:
             payload = json.dumps({"error": {"message": "echo", "headers": request.headers}}).encode()
         elif isinstance(reply.body, bytes):
             payload = reply.body
         else:
             payload = json.dumps(reply.body).encode()
-        headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
-        headers += [(k, v) for k, v in reply.headers.items()]
-        data = conn.send(h11.Response(status_code=reply.status, headers=headers))
-        data += conn.send(h11.Data(data=payload))
-        data += conn.send(h11.EndOfMessage())
-        await stream.send_all(data)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers + _headers(reply)})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """The request's body, or None if the client disconnected first."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return bytes(body)
+
+
+def _recorded(scope: dict[str, Any], body: bytes) -> RecordedRequest:
+    raw = scope.get("raw_path") or scope["path"].encode()
+    target = raw.decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else "")
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    return RecordedRequest(scope["method"], target, headers, body)
+
+
+async def _client_left_during(receive: Any, seconds: float) -> bool:
+    """Wait ``seconds``; True if the client closed the connection meanwhile."""
+    with trio.move_on_after(seconds):
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        return True
+    return False
+
+
+async def _stream(send: Any, receive: Any, reply: Reply, include_usage: bool) -> bool:
+    """Send ``reply`` as server-sent events; True if the client left midway."""
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers + _headers(reply)})
+    events = sse_events(reply.body, reply.chunk_chars, include_usage)
+    for n, event in enumerate(events):
+        if n and reply.chunk_delay and await _client_left_during(receive, reply.chunk_delay):
+            return True
+        await send({"type": "http.response.body", "body": event, "more_body": n < len(events) - 1})
+    return False
 
 
 def _step(raw: dict[str, Any], delay: float) -> Reply:
@@ -321,13 +403,18 @@ def _step(raw: dict[str, Any], delay: float) -> Reply:
         raise ValueError(f"a script step must be an object, got {raw!r}")
     raw = dict(raw)
     step_delay = float(raw.pop("delay", delay))
+    headers = {str(k): str(v) for k, v in (raw.pop("headers", None) or {}).items()}
+    chunk_chars = int(raw.pop("chunk_chars", _CHUNK_CHARS))
+    chunk_delay = float(raw.pop("chunk_delay", 0.0))
     if "text" in raw:
         reply = text(str(raw["text"]))
     elif "tool_call" in raw:
         call = raw["tool_call"]
         reply = tool_call(call["name"], call.get("arguments", {}))
+    elif "tool_calls" in raw:
+        reply = tool_calls([(call["name"], call.get("arguments", {})) for call in raw["tool_calls"]])
     elif "status" in raw:
-        reply = error(int(raw["status"]), headers=raw.get("headers"), body=raw.get("body"))
+        reply = error(int(raw["status"]), body=raw.get("body"))
     elif "malformed" in raw:
         reply = malformed(str(raw["malformed"]))
     elif "empty_choices" in raw:
@@ -336,6 +423,7 @@ def _step(raw: dict[str, Any], delay: float) -> Reply:
         reply = echo_headers(int(raw["echo_headers"]))
     else:
         raise ValueError(f"unknown script step {sorted(raw)}")
+    reply = attrs.evolve(reply, headers={**reply.headers, **headers}, chunk_chars=chunk_chars, chunk_delay=chunk_delay)
     return reply.after(step_delay) if step_delay else reply
 
 
@@ -350,21 +438,14 @@ def load_script(data: dict[str, Any]) -> Script:
 async def _main(script: Script, port: int, command: list[str]) -> int:
     server = ModelServer(script)
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial_serve(server, port))
+        url = await nursery.start(partial(server.serve, port=port))
         print(url, flush=True)
         if not command:
             await trio.sleep_forever()
         env = {**os.environ, "MODEL_BASE_URL": url}
         result = await trio.run_process(command, env=env, check=False)
-        nursery.cancel_scope.cancel()
+        server.stop()
     return result.returncode
-
-
-def partial_serve(server: ModelServer, port: int) -> Callable[..., Any]:
-    async def serve(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        await server.serve(task_status=task_status, port=port)
-
-    return serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,11 +454,18 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1 :]
+    doc = __doc__ or ""
     parser = argparse.ArgumentParser(
-        prog="python -m agentcompass.testing.model_server", description=__doc__.splitlines()[0]
+        prog="python -m agentcompass.testing.model_server",
+        usage="%(prog)s [--script FILE] [--port N] [-- COMMAND ...]",
+        description=doc.splitlines()[0],
+        epilog=doc[doc.index("As a command::") :],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--script", help="JSON script file (default: every request gets a short text reply)")
-    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
+    parser.add_argument(
+        "--script", metavar="FILE", help="JSON script file (default: every request gets a short text reply)"
+    )
+    parser.add_argument("--port", metavar="N", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
     args = parser.parse_args(argv)
     if args.script:
         try:
