@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from _terminal_tasks import make_task
@@ -290,9 +291,20 @@ class PrivateVerifier(EnvironmentSession):
         return await self.inner.exec(cmd, timeout, cwd, env)
 
     async def exec_private(
-        self, cmd: Any, timeout: Any = None, cwd: Any = None, env: Any = None, *, directory: str, max_bytes: int
+        self,
+        cmd: Any,
+        timeout: Any = None,
+        cwd: Any = None,
+        env: Any = None,
+        *,
+        directory: str,
+        max_bytes: int,
+        inputs: Any = None,
     ) -> tuple[ExecResult, dict[str, bytes]]:
-        self.private_calls.append({"cmd": cmd, "directory": directory, "max_bytes": max_bytes})
+        self.private_calls.append({"cmd": cmd, "directory": directory, "max_bytes": max_bytes, "inputs": inputs})
+        for path, content in (inputs or {}).items():  # a provider would keep these private
+            await self.inner.write_file(path, content)
+        await self.inner.exec('mkdir -p "$LOGS_DIR/verifier"')  # the private directory starts empty
         return await self.inner.exec(cmd, timeout, cwd, env), dict(self.private_files)
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
@@ -328,6 +340,8 @@ async def test_the_reward_comes_from_the_files_exec_private_returns(tmp_path: Pa
     assert evaluation.values == {"reward": 0.25, "passed": False} and evaluation.issues == []
     [call] = env.private_calls
     assert call["directory"] == "/logs/verifier" and call["max_bytes"] == 16 * 1024 * 1024
+    # The verifier's own files go in as private inputs, not through the shared /tests.
+    assert set(call["inputs"]) == {"/tests/test.sh"}
     assert "test.sh" in call["cmd"]
     assert run_result.artifacts["verifier"] == {"exit_code": 0, "stdout": "verified\n", "stderr": ""}
 
@@ -348,3 +362,37 @@ async def test_what_exec_private_returns_is_scored_not_the_shared_directory(
     evaluation, _, _ = await evaluate_privately(tmp_path, files)
     assert evaluation.values == {"reward": 0.0, "passed": False}
     assert [(i.severity, i.code) for i in evaluation.issues] == [("warning", code)]
+
+
+class DeadSession(PrivateVerifier):
+    """A session whose processes are all gone (the agent killed its init):
+    every command fails without running, and it offers no private run."""
+
+    async def exec(self, cmd: Any, timeout: Any = None, cwd: Any = None, env: Any = None) -> ExecResult:
+        return ExecResult(exit_code=255, stderr="the session's init has exited; nothing ran\n")
+
+    async def exec_private(self, *args: Any, **kwargs: Any) -> tuple[ExecResult, dict[str, bytes]]:
+        raise NotImplementedError
+
+
+async def test_a_session_the_agent_broke_is_scored_zero_not_fatal(tmp_path: Path):
+    make_task(tmp_path / "tasks", "t", 'echo 1 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n')
+    [task] = await load(tmp_path / "tasks")
+    request = request_for(tmp_path / "tasks", harness="some-agent")
+    benchmark = TerminalBenchmark(request.benchmark.config)
+    local = await LocalEnvironment({"root": str(tmp_path / "sandboxes")}).open(None, NetworkPolicy())
+    try:
+        with trio.fail_after(HANG_GUARD):
+            prepared = await benchmark.prepare_task(task, local, request, {})
+            dead = DeadSession(local, {})
+            evaluation = await benchmark.evaluate(prepared, RunResult(), GuardedSession(dead, NetworkPolicy()), request)
+            assert evaluation.values == {"reward": 0.0, "passed": False}
+            [issue] = evaluation.issues
+            assert (issue.severity, issue.code) == ("error", "verifier_setup_failed")
+            # In a fresh evaluation session the same failure is the infrastructure's: FATAL.
+            fresh = attrs.evolve(prepared, metadata={**prepared.metadata, "prepared_in": {"other": 1}})
+            with pytest.raises(IssueError) as raised:
+                await benchmark.evaluate(fresh, RunResult(), GuardedSession(dead, NetworkPolicy()), request)
+            assert raised.value.severity == "fatal"
+    finally:
+        await local.close()

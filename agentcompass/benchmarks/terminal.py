@@ -228,18 +228,26 @@ class TerminalBenchmark(BaseBenchmark):
                 "eval_mode 'none' cannot score it (use 'reuse')",
             )
         task_dir = Path(prepared.task.data["dir"])
-        if env.handle != prepared.metadata.get("prepared_in"):
+        own = env.handle == prepared.metadata.get("prepared_in")
+        if not own:
             # A fresh evaluation sandbox: give it the task's starting files.
             await _upload(env, await _read_tree(task_dir, "environment", _IMAGE_FILES), _APP)
-        await _check(env, _RESET_VERIFIER, "reset the verifier directories")
-        await _upload(env, await _read_tree(task_dir, "tests"), _TESTS)
+        tests = await _read_tree(task_dir, "tests")
         try:
-            # Where the provider can, test.sh writes its reward where nothing the
-            # agent left running can rewrite it; else in the shared /logs/verifier.
+            # Where the provider can, test.sh is read and its reward written where
+            # nothing the agent left running can reach; else in the shared directories.
             result, private = await env.exec_private(
-                _RUN_TESTS, directory="/logs/verifier", max_bytes=_MAX_VERIFIER_BYTES
+                _RUN_TESTS, directory="/logs/verifier", max_bytes=_MAX_VERIFIER_BYTES, inputs=_inputs(tests)
             )
         except NotImplementedError:
+            try:
+                await _check(env, _RESET_VERIFIER, "reset the verifier directories")
+                await _upload(env, tests, _TESTS)
+            except IssueError as exc:
+                if not own or exc.code != "environment_failed":
+                    raise
+                # In the session the agent ran in, a setup command that fails is its doing.
+                return _zero("verifier_setup_failed", exc.message, "error")
             result, private = await env.exec(_RUN_TESTS), None
         # Kept with the attempt (the run result's artifacts are the attempt's), so a zero can be explained.
         run_result.artifacts["verifier"] = command_output(result)
@@ -301,11 +309,22 @@ def command_output(result: ExecResult) -> dict[str, Any]:
     }
 
 
-def _zero(code: str, message: str) -> Evaluation:
+def _zero(code: str, message: str, severity: Literal["warning", "error"] = "warning") -> Evaluation:
     return Evaluation(
         values={"reward": 0.0, "passed": False},
-        issues=[Issue("warning", "evaluate", code, message)],
+        issues=[Issue(severity, "evaluate", code, message)],
     )
+
+
+def _inputs(tree: _Tree) -> dict[str, bytes]:
+    """The verifier's files for ``exec_private``: those of ``tests/``, links
+    inside it taken as the files they name."""
+    files = {rel: content for rel, content, _ in tree.files}
+    for rel, target in tree.links:
+        named = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+        if named in files:
+            files[rel] = files[named]
+    return {f"{_TESTS[0]}/{rel}": content for rel, content in files.items()}
 
 
 def _parse_reward(name: str, raw: bytes) -> float:

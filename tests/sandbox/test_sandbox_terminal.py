@@ -82,3 +82,55 @@ def test_a_dockerfile_is_not_built_and_says_so(tmp_path: Path, environment: str)
     assert codes == ["image_not_built"]
     issue = record["attempts"][0]["issues"][0]
     assert issue["severity"] == "warning" and "environment/Dockerfile was not built" in issue["message"]
+
+
+def _hostile_task(root: Path, name: str, solve: str, test: str) -> None:
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "solution").mkdir()
+    (task / "instruction.md").write_text("Do nothing useful.\n")
+    (task / "task.toml").write_text('version = "1.0"\n[agent]\ntimeout_sec = 60.0\n[verifier]\ntimeout_sec = 60.0\n')
+    (task / "solution" / "solve.sh").write_text(solve)
+    (task / "tests" / "test.sh").write_text(test)
+
+
+# The agent leaves a daemon that keeps writing a perfect score wherever it can
+# name the verifier's reward; the verifier itself fails the task.
+_REWRITER = """#!/usr/bin/env bash
+cat > /tmp/rewrite.sh <<'SH'
+while :; do
+  mkdir -p /logs/verifier 2>/dev/null
+  echo 1 > /logs/verifier/reward.txt 2>/dev/null
+  for d in /proc/[0-9]*; do echo 1 > "$d/root/logs/verifier/reward.txt"; done 2>/dev/null
+done
+SH
+setsid bash /tmp/rewrite.sh > /dev/null 2>&1 &
+"""
+_FAILS = """#!/usr/bin/env bash
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+sleep 0.5
+"""
+
+
+@requires_sandbox
+async def test_a_daemon_left_by_the_agent_cannot_rewrite_the_reward(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    _hostile_task(tasks, "rewriter", _REWRITER, _FAILS)
+    records = _launch(tmp_path, "rewriter", "sandbox", tasks, "{attempts: {k: 5}}")
+    attempts = records["rewriter"]["attempts"]
+    assert len(attempts) == 5
+    assert [a["values"]["reward"] for a in attempts] == [0.0] * 5
+
+
+@requires_sandbox
+async def test_an_agent_that_kills_its_own_init_is_scored_not_fatal(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    _hostile_task(tasks, "suicide", "#!/usr/bin/env bash\nkill -9 -1\n", _FAILS.replace("echo 0", "echo 1"))
+    records = _launch(tmp_path, "suicide", "sandbox", tasks, "{max_retries: 2}")
+    record = records["suicide"]
+    assert record["severity"] != "fatal", record
+    (attempt,) = record["attempts"]
+    assert attempt["retries"] == 0  # the agent's doing is never retried as infrastructure
+    assert attempt["values"].get("reward") == 0.0
+    assert all(issue["severity"] != "fatal" for issue in attempt["issues"]), attempt["issues"]
