@@ -10,10 +10,11 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from view_helpers import COMPASS, LEAKY_KEY, agent_trajectory, attempt, run_dir_state, task, write_run, writer_lock
 
-from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
+from agentcompass._view import CHUNK_STEPS, Site, find_runs, serve, write_site
 
 
 def _data(body: bytes) -> object:
@@ -186,3 +187,16 @@ def test_cli_reports_a_busy_port(agent_run: Path) -> None:
         result = subprocess.run([COMPASS, "view", str(agent_run), "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and len(result.stderr.splitlines()) == 1
+
+
+async def test_the_server_stops_within_the_callers_scope(agent_run: Path) -> None:
+    with trio.fail_after(30):
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(serve, Site(find_runs([agent_run]), live=True), 0)
+                async with httpx.AsyncClient(base_url=url) as client:
+                    assert (await client.get("/data/runs.js")).status_code == 200
+                    scope.cancel()  # with the client's keep-alive connection still open
+    port = int(url.split(":")[2].rstrip("/"))
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))
