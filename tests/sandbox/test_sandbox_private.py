@@ -1,8 +1,10 @@
 """exec_private against a hostile session: a daemon the agent left running
 cannot reach the verifier's directory (by the shared path, by
-``/proc/<pid>/root`` or ``cwd``, by renaming the directory away) while it
-keeps running and serving; the returned files respect ``max_bytes`` and skip
-links and FIFOs; a timeout, a cancellation and ``close`` leave nothing."""
+``/proc/<pid>/root`` or ``cwd``, by renaming the directory away) nor its
+tests (the inputs) while it keeps running and serving; nothing planted in the
+session's ``HOME`` runs; the inputs arrive exactly and the session's own
+Harbor directories are untouched; the returned files respect ``max_bytes``
+and skip links and FIFOs; a timeout, a cancellation and ``close`` leave nothing."""
 
 from __future__ import annotations
 
@@ -155,6 +157,195 @@ async def test_returned_files_respect_max_bytes_and_skip_links_and_fifos(
             await session.close()
 
 
+# The agent's daemon against the tests: in a loop, rewrites every test.sh
+# it can name, and every other file under /tests, to write reward 1.
+_TESTS_DAEMON = r"""
+import glob, os
+cheat = b"echo 1 > /logs/verifier/reward.txt\n"
+n = 0
+while True:
+    n += 1
+    targets = {"/tests/test.sh"}
+    targets.update(glob.glob("/tests/**", recursive=True))
+    targets.update(glob.glob("/proc/*/root/tests/**", recursive=True))
+    targets.update(glob.glob("/proc/*/root/tests/test.sh"))
+    targets.update(cwd + "/test.sh" for cwd in glob.glob("/proc/*/cwd"))
+    for path in targets:
+        try:
+            if os.path.isdir(path):
+                continue
+            with open(path, "wb") as f:
+                f.write(cheat)
+        except OSError:
+            pass
+    if n % 20 == 0:
+        with open("/app/count.tmp", "w") as f:
+            f.write(str(n))
+        os.replace("/app/count.tmp", "/app/count")
+"""
+
+
+async def test_a_daemon_rewriting_the_tests_cannot_change_the_reward(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(120):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            await session.write_file("/app/daemon.py", _TESTS_DAEMON)
+            await session.write_file("/tests/test.sh", "echo 0 > /logs/verifier/reward.txt\n")
+            started = await session.exec("setsid nohup python3 /app/daemon.py > /dev/null 2>&1 < /dev/null &")
+            assert started.exit_code == 0, started
+            await wait_for_file(session, "/app/count", 30)
+            rewards = []
+            for _ in range(5):
+                before = int(await session.read_file("/app/count"))
+                result, files = await session.exec_private(
+                    "bash /tests/test.sh",
+                    timeout=60,
+                    directory="/logs/verifier",
+                    max_bytes=1 << 20,
+                    inputs={"/tests/test.sh": b"echo 0 > /logs/verifier/reward.txt"},
+                )
+                assert result.exit_code == 0, result
+                rewards.append(files.get("reward.txt"))
+                await trio.sleep(0.05)
+                assert int(await session.read_file("/app/count")) > before  # the daemon was at work
+            assert rewards == [b"0\n"] * 5
+            # What the daemon struck is the session's own copy, which the runs never used.
+            assert await session.read_file("/tests/test.sh") == b"echo 1 > /logs/verifier/reward.txt\n"
+        finally:
+            await session.close()
+
+
+# Files a shell or Python reads from HOME, planted in the session's HOME
+# (/tmp): each leaves a marker and writes reward 1.
+_PLANT = r"""
+set -e
+site=$(python3 -c 'import site; print(site.getusersitepackages())')
+case "$site" in /tmp/*) ;; *) echo "user site $site is not under HOME=/tmp"; exit 1 ;; esac
+mkdir -p "$site"
+printf 'import os\nopen("/tmp/ran-usercustomize", "w").close()\nos.makedirs("/logs/verifier", exist_ok=True)\nopen("/logs/verifier/reward.txt", "w").write("1\\n")\n' > "$site/usercustomize.py"
+for f in .bashrc .profile .bash_profile; do
+    printf 'touch /tmp/ran-%s; echo 1 > /logs/verifier/reward.txt\n' "$f" > "/tmp/$f"
+done
+"""
+_USE_HOME = """echo 0 > /logs/verifier/reward.txt
+python3 -c 'import sys'
+bash -l -c true
+bash -i -c true 2> /dev/null
+sh -l -c true
+echo "$HOME $(ls -A "$HOME" | wc -l)"
+touch "$HOME/made"
+"""
+
+
+async def test_nothing_planted_in_the_sessions_home_runs_in_a_private_run(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            planted = await session.exec(_PLANT)
+            assert planted.exit_code == 0, planted
+            for _ in range(2):  # and HOME is new each time: what the first run made is gone
+                result, files = await session.exec_private(_USE_HOME, directory="/logs/verifier", max_bytes=100)
+                assert result.exit_code == 0, result
+                assert result.stdout == "/root 0\n", result
+                assert files == {"reward.txt": b"0\n"}
+            ran = await session.exec("ls /tmp/ran-* 2> /dev/null")
+            assert ran.stdout == "", ran
+            # The plants work where HOME is the session's.
+            await session.exec(_USE_HOME)
+            ran = await session.exec("ls /tmp/ran-* | sort")
+            assert ran.stdout.split() == [
+                "/tmp/ran-.bash_profile",
+                "/tmp/ran-.bashrc",
+                "/tmp/ran-.profile",
+                "/tmp/ran-usercustomize",
+            ], ran
+        finally:
+            await session.close()
+
+
+_INPUTS = {
+    "/tests/test.sh": b"#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n",
+    "/tests/test_outputs.py": b"def test_it():\n    assert True\n",
+    "/tests/data/deep/all.bin": bytes(range(256)) * 17,
+    "/tests/data/empty": b"",
+    "/tests/with space.txt": "é\n".encode(),
+    "/solution/solve.sh": b"echo solved\n",
+}
+_COPY_INPUTS = """set -e
+cd /logs/verifier
+cp -a /tests tests && cp -a /solution solution
+ls -A /tests /tests/data /solution
+stat -c '%a %u %n' /tests/test.sh /tests/data/empty /tests/data
+echo new > /tests/made-by-the-command
+"""
+
+
+async def test_inputs_arrive_exactly_and_leave_the_sessions_directories_alone(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            await session.write_file("/tests/session-own.txt", "the session's\n")
+            await session.write_file("/solution/other.sh", "echo other\n")
+            result, files = await session.exec_private(
+                _COPY_INPUTS, directory="/logs/verifier", max_bytes=1 << 20, inputs=_INPUTS
+            )
+            assert result.exit_code == 0, result
+            expected = {path.lstrip("/"): data for path, data in _INPUTS.items()}
+            assert files == expected
+            # Only the inputs are there: none of the session's own entries of
+            # those directories; every input mode 0o755, the sandbox user's.
+            assert result.stdout.splitlines() == [
+                "/solution:", "solve.sh", "",
+                "/tests:", "data", "test.sh", "test_outputs.py", "with space.txt", "",
+                "/tests/data:", "deep", "empty",
+                "755 1000 /tests/test.sh", "755 1000 /tests/data/empty", "755 1000 /tests/data",
+            ]  # fmt: skip
+            # The session's own /tests and /solution are as they were.
+            after = await session.exec("find /tests /solution | sort")
+            assert after.stdout.split() == [
+                "/solution", "/solution/other.sh", "/tests", "/tests/session-own.txt",
+            ]  # fmt: skip
+            assert await session.read_file("/tests/session-own.txt") == b"the session's\n"
+            # Without inputs, the session's /tests is what the command sees.
+            result, _ = await session.exec_private("ls /tests", directory="/logs/verifier", max_bytes=10)
+            assert result.stdout == "session-own.txt\n", result
+        finally:
+            await session.close()
+
+
+async def test_inputs_that_name_no_file_of_another_harbor_directory_are_refused(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    with hang_guard(60):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            refused = [
+                ("in /logs, the Harbor directory of the private directory", {"/logs/tests/test.sh": b""}),
+                ("not a file under", {"/tmp/test.sh": b""}),
+                ("not a file under", {"/tests": b""}),
+                ("not an absolute path", {"tests/test.sh": b""}),
+                ("named twice", {"/tests/a": b"", "/tests//a": b""}),
+                ("beneath another input", {"/tests/a": b"", "/tests/a/b": b""}),
+                ("not bytes", {"/tests/a": "text"}),
+            ]
+            for message, inputs in refused:
+                with pytest.raises(ValueError, match=message):
+                    await session.exec_private(
+                        "touch /app/ran",
+                        directory="/logs/verifier",
+                        max_bytes=10,
+                        inputs=inputs,  # type: ignore[arg-type]
+                    )
+            with pytest.raises(FileNotFoundError):
+                await session.read_file("/app/ran")
+        finally:
+            await session.close()
+
+
 def _session_pids(name: str) -> dict[str, list[int]]:
     """Processes per leaf of the session's tracking cgroup (blocking)."""
     track = Path(_host.cgroup_bases()["track"]) / name
@@ -193,6 +384,7 @@ async def test_a_timeout_kills_the_tree_and_keeps_what_it_wrote(provider: Sandbo
                 timeout=1,
                 directory="/logs/verifier",
                 max_bytes=100,
+                inputs={"/tests/test.sh": b"true"},  # its tmpfs, and HOME's, go too
             )
             assert result.timed_out and result.exit_code == 124
             assert files == {"reward.txt": b"0\n"}
@@ -215,7 +407,10 @@ async def test_a_cancellation_kills_the_tree_and_leaves_nothing(provider: Sandbo
 
                     async def verifier() -> None:
                         await session.exec_private(
-                            "touch /app/started; sleep 1000 & sleep 1000", directory="/logs/verifier", max_bytes=100
+                            "touch /app/started; sleep 1000 & sleep 1000",
+                            directory="/logs/verifier",
+                            max_bytes=100,
+                            inputs={"/tests/test.sh": b"true"},
                         )
 
                     nursery.start_soon(verifier)

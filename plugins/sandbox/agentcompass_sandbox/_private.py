@@ -1,12 +1,12 @@
-"""Private runs: one command with a directory that nothing else in the session can reach.
+"""Private runs: one command with directories that nothing else in the session can reach.
 
-:func:`exec_private` is how a verifier writes its reward where processes an
-agent left running cannot rewrite it, while they keep running for the
-verifier to test. Being in a mount namespace of its own is not enough: the
-agent's processes have the verifier's uid, so any process of the verifier
-they can *see* in their pid namespace is one whose ``/proc/<pid>/root`` (and
-``cwd``, ``fd``, ptrace) they may use. So the private command is never in
-the session's pid namespace, nor in a child of it.
+:func:`exec_private` is how a verifier reads its tests and writes its reward
+where processes an agent left running can touch neither, while they keep
+running for the verifier to test. Being in a mount namespace of its own is
+not enough: the agent's processes have the verifier's uid, so any process
+of the verifier they can *see* in their pid namespace is one whose
+``/proc/<pid>/root`` (and ``cwd``, ``fd``, ptrace) they may use. So the
+private command is never in the session's pid namespace, nor in a child of it.
 
 How (the root side is :mod:`._private_init`, a script of its own):
 
@@ -26,10 +26,16 @@ How (the root side is :mod:`._private_init`, a script of its own):
    tmpfs with ``directory`` in it and the Harbor directory's other entries
    bound back. Covering the whole Harbor directory matters: a mount on
    ``/logs/verifier`` itself sits on a dentry the agent can rename or
-   remove, which moves or detaches the mount in every namespace.
-4. It hands the runtime a descriptor of that tmpfs over a socket and waits
-   for ``go``: the runtime holds the files from then on, so they outlive a
-   tree a timeout kills, and no host directory is ever made.
+   remove, which moves or detaches the mount in every namespace. Each
+   other Harbor directory the ``inputs`` name (``/tests``) is a fresh tmpfs
+   too, holding nothing of the session's; and :data:`HOME` is a fresh
+   tmpfs the size of the session's ``/tmp``, the command's ``HOME``.
+4. It hands the runtime descriptors of the ``directory`` and inputs tmpfses
+   over a socket and waits for ``go``. Meanwhile the runtime writes the
+   inputs through their descriptors (:func:`agentcompass.runtime.write_beneath`,
+   no link followed, though nothing else can reach them yet: the new root is
+   attached nowhere). It holds the ``directory`` one from then on, so the
+   files outlive a tree a timeout kills, and no host directory is ever made.
 5. It starts the command in the session's user namespace as uid/gid 1000,
    with no capabilities, and reaps until it ends; when pid 1 ends, every
    process the command left behind ends with it.
@@ -40,8 +46,14 @@ Trade-offs (non-goals): the command does not see the session's processes
 (``ps``, ``pgrep``, ``kill -0 $(cat pidfile)`` find nothing), while it
 reaches their services by the network namespace, ``/tmp`` and the other
 directories, which are the session's; ``/proc/self`` is its own, so
-programs that read ``/proc/self/exe`` work. Top-level entries the agent
-made, and entries of the covered Harbor directory other than
+programs that read ``/proc/self/exe`` work. A Harbor directory the inputs
+name holds only them, every file mode 0o755 (bytes carry no mode, and a
+test script must stay runnable: executable data files are harmless),
+owned by the sandbox user, who may write there as in the session's; none
+of the session's entries of it is seen. ``HOME`` starts empty each run, so
+no dotfile or user site-packages of the session's ``HOME`` (``/tmp``) is
+read, and no cache survives from one run to the next. Top-level entries
+the agent made, and entries of the covered Harbor directory other than
 ``directory``, are bound back as they were when the command started (at
 most :data:`MAX_ENTRIES` each); what the agent adds there later is not
 seen. Processes the command starts in the background end with it; a
@@ -68,7 +80,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from agentcompass import ExecResult, FileRefusedError
-from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath
+from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath, write_beneath
 
 from . import _host
 from ._session import (
@@ -84,6 +96,8 @@ from ._session import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._session import SandboxSession
 
 #: The private tmpfs holds at least this much, so a verifier writing more
@@ -100,6 +114,12 @@ _NAMESPACES = ("user", "mnt", "uts", "ipc", "net", "cgroup")
 _SESSION_MOUNTS = ("tmp", "dev", "run")
 _SCRIPT = Path(__file__).with_name("_private_init.py")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The private run's ``HOME``: a top-level name no session entry can take
+#: there (the session has none of it: its ``/`` is read-only), as in Harbor's
+#: images, where the verifier runs as root.
+HOME = "/root"
+#: The mode of every input file.
+INPUT_MODE = 0o755
 
 
 def split_directory(directory: str) -> tuple[str, list[str]]:
@@ -110,6 +130,35 @@ def split_directory(directory: str) -> tuple[str, list[str]]:
     if not parts or parts[0] not in _host.SUBDIRS:
         raise fail(f"private directory {directory!r} is not /app, /tests, /logs or /solution or a path under one")
     return parts[0], parts[1:]
+
+
+def split_inputs(inputs: Mapping[str, bytes] | None, top: str) -> dict[str, dict[str, bytes]]:
+    """``inputs`` by the Harbor directory they go to (name -> path beneath
+    it -> bytes), in name order; :exc:`ValueError` for a path that is not a
+    file under a Harbor directory other than ``top`` (that of
+    ``directory``), one named twice, or one beneath another."""
+    groups: dict[str, dict[str, bytes]] = {}
+    for path, data in (inputs or {}).items():
+        if not isinstance(path, str) or not posixpath.isabs(path) or "\0" in path:
+            raise ValueError(f"input {path!r} is not an absolute path")
+        parts = posixpath.normpath(path).split("/")[1:]
+        if len(parts) < 2 or parts[0] not in _host.SUBDIRS:
+            raise ValueError(f"input {path!r} is not a file under /app, /tests, /logs or /solution")
+        if parts[0] == top:
+            raise ValueError(f"input {path!r} is in /{top}, the Harbor directory of the private directory")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ValueError(f"input {path!r} is not bytes but {type(data).__name__}")
+        group = groups.setdefault(parts[0], {})
+        rel = "/".join(parts[1:])
+        if rel in group:
+            raise ValueError(f"input {path!r} is named twice")
+        group[rel] = bytes(data)
+    for name, group in groups.items():
+        for rel in group:
+            for index in range(1, rel.count("/") + 1):
+                if rel.rsplit("/", index)[0] in group:
+                    raise ValueError(f"input /{name}/{rel} is beneath another input, a file")
+    return {name: groups[name] for name in sorted(groups)}
 
 
 def userland_layout() -> list[tuple[str, str, str]]:
@@ -133,12 +182,14 @@ async def exec_private(
     *,
     directory: str,
     max_bytes: int,
+    inputs: Mapping[str, bytes] | None = None,
 ) -> tuple[ExecResult, dict[str, bytes]]:
     """:meth:`SandboxSession.exec_private` (the mechanism in the module docstring)."""
     session._check_open()
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     top, sub = split_directory(directory)
+    groups = split_inputs(inputs, top)
     argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
     workdir = posixpath.join("/app", cwd or ".")
     variables = {
@@ -147,6 +198,7 @@ async def exec_private(
         "TESTS_DIR": "/tests",
         "LOGS_DIR": "/logs",
         "SOLUTION_DIR": "/solution",
+        "HOME": HOME,
         **(env or {}),
     }
     label = f"p{next(session._labels)}"
@@ -158,6 +210,7 @@ async def exec_private(
         # As exec: the agent killed its own init, and nothing runs any more.
         return ExecResult(exit_code=INIT_GONE_EXIT_CODE, stderr=f"sandbox {session.name}: {exc}; nothing ran\n"), {}
     held: int | None = None  # the private tmpfs, held by the runtime
+    held_inputs: list[int] = []  # the inputs' tmpfses, written through, closed with it
     try:
         try:
             session._check_open()
@@ -180,6 +233,9 @@ async def exec_private(
                 "host_uid": _host.HOST_UID,
                 "inside_uid": _host.INSIDE_UID,
                 "max_entries": MAX_ENTRIES,
+                "inputs": [[name, _input_bytes(group)] for name, group in groups.items()],
+                "home": HOME.lstrip("/"),
+                "home_size": session._tmpfs_bytes,
                 "program": program,
                 "argv": ["env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv],
                 "env": BASE_ENV,
@@ -217,16 +273,22 @@ async def exec_private(
                 with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
                     await _send_config(channel, config)
                     said, received = await _receive_ready(channel)
-                    # Adopted before the next checkpoint: the finally below closes it.
-                    held, extra = (received[0], received[1:]) if received else (None, [])
-                    for fd in extra:
-                        os.close(fd)
-                    if said == b"ready\n" and held is not None:
+                    # Adopted before the next checkpoint: the finally below closes them.
+                    held, held_inputs = (received[0], received[1:]) if received else (None, [])
+                    if said == b"ready\n" and held is not None and len(held_inputs) == len(groups):
+                        try:
+                            await trio.to_thread.run_sync(
+                                _write_inputs, held_inputs, list(groups.values()), abandon_on_cancel=False
+                            )
+                        except OSError as exc:
+                            raise fail(f"sandbox {session.name}: could not write the inputs: {exc}") from None
                         started = True
                         try:
                             await channel.send(b"go\n")
                         except OSError:
                             pass  # it died meanwhile: its status says how
+                    else:
+                        channel.close()  # no go: a pid 1 still waiting for one ends
                     await proc.wait()
                 if deadline.cancelled_caught:
                     timed_out = True
@@ -259,10 +321,12 @@ async def exec_private(
     finally:
         # Acquired together, released together: the tree (nothing of it
         # outlives the call: its pid namespace ends with its pid 1), the
-        # leaf, and the tmpfs (gone with its last reference, this one).
+        # leaf, and the tmpfses (gone with their last reference, these).
         with trio.move_on_at(cleanup_deadline(), shield=True):
             if held is not None:
                 os.close(held)
+            for fd in held_inputs:
+                os.close(fd)
             await trio.to_thread.run_sync(_host.kill_cgroup, leaf, True)
 
 
@@ -283,7 +347,7 @@ async def _receive_ready(channel: trio.socket.SocketType) -> tuple[bytes, list[i
     descriptors it sent with it (``b""`` and none if it ended first)."""
     said = b""
     received: list[int] = []
-    space = socket.CMSG_SPACE(4 * 4)
+    space = socket.CMSG_SPACE(4 * (1 + len(_host.SUBDIRS)))
     try:
         while b"\n" not in said:
             data, ancillary, _flags, _addr = await channel.recvmsg(64, space, socket.MSG_CMSG_CLOEXEC)
@@ -299,6 +363,23 @@ async def _receive_ready(channel: trio.socket.SocketType) -> tuple[bytes, list[i
             os.close(fd)
         raise
     return said, received
+
+
+def _input_bytes(group: dict[str, bytes]) -> int:
+    """The size of an inputs tmpfs: room for the inputs twice over (the
+    command may write beside them: caches, ``__pycache__``), at least
+    what the private directory's has."""
+    return max(_TMPFS_MIN_BYTES, 2 * sum(len(data) + 4096 for data in group.values()))
+
+
+def _write_inputs(fds: list[int], groups: list[dict[str, bytes]]) -> None:
+    """Blocking: each group's files beneath its tmpfs, owned by the sandbox
+    user, mode :data:`INPUT_MODE`, no link followed; the descriptors stay
+    the caller's to close."""
+    owner = (_host.HOST_UID, _host.HOST_UID)
+    for fd, group in zip(fds, groups, strict=True):
+        for rel, data in group.items():
+            write_beneath(fd, rel, data, owner, mode=INPUT_MODE)
 
 
 def _prepare(session: SandboxSession, label: str) -> tuple[dict[str, int], str, list[tuple[str, str, str]], str]:
@@ -322,7 +403,6 @@ def collect(root_fd: int, sub: str, max_bytes: int) -> dict[str, bytes]:
     (relative path -> bytes), in path order, each while it fits in what is
     left of ``max_bytes``; links and special files are skipped and nothing
     is followed."""
-    root = f"/proc/self/fd/{root_fd}/."
     files: dict[str, bytes] = {}
     left = max_bytes
     base = sub.split("/") if sub else []
@@ -346,7 +426,7 @@ def collect(root_fd: int, sub: str, max_bytes: int) -> dict[str, bytes]:
                         subdirs.append(name)
                     elif is_file:
                         try:
-                            data = read_beneath(root, posixpath.join(sub, path) if sub else path, left)
+                            data = read_beneath(root_fd, posixpath.join(sub, path) if sub else path, left)
                         except (FileRefusedError, OSError):
                             continue  # larger than what is left, or changed meanwhile
                         files[path] = data
@@ -379,4 +459,14 @@ def _open_beneath(root_fd: int, parts: list[str]) -> int:
     return fd
 
 
-__all__ = ["MAX_ENTRIES", "SOURCE_PREFIX", "collect", "exec_private", "split_directory", "userland_layout"]
+__all__ = [
+    "HOME",
+    "INPUT_MODE",
+    "MAX_ENTRIES",
+    "SOURCE_PREFIX",
+    "collect",
+    "exec_private",
+    "split_directory",
+    "split_inputs",
+    "userland_layout",
+]

@@ -21,7 +21,11 @@ and ``cgroup`` namespaces), ``top`` (the Harbor directory's name),
 ``source`` of the private tmpfs, ``userland`` (names whose host layout is
 reproduced), ``reserved`` (every userland name, reproduced or not),
 ``session_entries`` (the session's own top-level mounts, made
-before the entries the agent made), ``host_uid``, ``inside_uid``, ``max_entries``, ``program`` and
+before the entries the agent made), ``host_uid``, ``inside_uid``, ``max_entries``,
+``inputs`` (``[name, size]`` of each Harbor directory that is a fresh
+tmpfs of that size instead of the session's, for the runtime to fill),
+``home`` and ``home_size`` (the top-level name and size of the command's
+fresh ``HOME`` tmpfs), ``program`` and
 ``argv`` (``env``'s absolute path on the host's userland, and ``env -i -C
 ...`` with the command) and ``env`` (the environment ``env`` starts in).
 
@@ -30,8 +34,10 @@ mounts and a new pid namespace (a child of the host's); fork its pid 1, which
 mounts a fresh ``/proc``, builds the new root (a tmpfs: the host's symlinks
 and userland binds, clones of the session's other top-level entries, and on
 ``top`` the private tmpfs with ``sub`` in it and clones of ``top``'s other
-entries), sends the runtime a descriptor of the private tmpfs with
-``ready``, waits for ``go``, then starts the command in the session's user
+entries, on each ``inputs`` name an empty tmpfs, on ``home`` another),
+sends the runtime descriptors of the private tmpfs and of the inputs ones,
+in that order, with ``ready``, waits for ``go`` (the runtime writes the
+inputs meanwhile), then starts the command in the session's user
 namespace as uid/gid 1000 and reaps until it ends. The first process waits
 for pid 1 and exits with its status; a failure before ``ready`` is one line
 on stderr and exit status 125.
@@ -140,9 +146,11 @@ def _clone_entries(src_dir, dst_dir, skip, limit):  # type: ignore[no-untyped-de
             pass
 
 
-def _build_root(config, session_root, root_dir, private_dir):  # type: ignore[no-untyped-def]
+def _build_root(config, session_root, root_dir, private_dir, fresh):  # type: ignore[no-untyped-def]
     """The new root in ``root_dir``: the host's userland layout, the fresh
-    /proc, the session's other top-level entries, and ``top``."""
+    /proc, the session's other top-level entries, ``top``, and the
+    ``fresh`` tmpfses (``[(name, mount descriptor)]``: the inputs' and
+    ``home``) in place of what the session has of those names."""
     top = config["top"]
     host_uid = config["host_uid"]
     for name, kind, target in config["userland"]:
@@ -155,7 +163,7 @@ def _build_root(config, session_root, root_dir, private_dir):  # type: ignore[no
     _attach(proc, root_dir, "proc")
     os.close(proc)
     # Userland names are the host's or nothing: never what the agent put there.
-    skip = {*config["reserved"], "proc", top}
+    skip = {*config["reserved"], "proc", top, *(name for name, _ in fresh)}
     # The session's own mounts first: no number of names the agent made pushes them out.
     for name in config["session_entries"]:
         if name not in skip:
@@ -184,6 +192,9 @@ def _build_root(config, session_root, root_dir, private_dir):  # type: ignore[no
         os.close(original)
     os.mkdir(top, 0o755, dir_fd=root_dir)
     _attach(private_dir, root_dir, top)
+    for name, mount_fd in fresh:
+        os.mkdir(name, 0o755, dir_fd=root_dir)
+        _attach(mount_fd, root_dir, name)
 
 
 def _become_sandbox_user(config):  # type: ignore[no-untyped-def]
@@ -213,12 +224,20 @@ def _pid1(config, sock, session_root):  # type: ignore[no-untyped-def]
     root_options = [("source", config["source"] + "-root"), ("size", "4m"), ("nr_inodes", "4096"), ("mode", "0755")]
     root_dir = _fs("tmpfs", [*root_options, *owner], attrs)
     private_dir = _fs("tmpfs", [("source", config["source"]), *size, ("nr_inodes", "65536"), *owner], attrs)
-    _build_root(config, session_root, root_dir, private_dir)
+    fresh = []
+    for name, input_size in config["inputs"]:
+        options = [("source", f"{config['source']}-{name}"), ("size", str(input_size)), ("nr_inodes", "65536")]
+        fresh.append((name, _fs("tmpfs", [*options, ("mode", "0755"), *owner], attrs)))
+    home_options = [("source", config["source"] + "-home"), ("size", str(config["home_size"]))]
+    home = _fs("tmpfs", [*home_options, ("nr_inodes", "262144"), ("mode", "0700"), *owner], attrs)
+    _build_root(config, session_root, root_dir, private_dir, [*fresh, (config["home"], home)])
     os.close(session_root)
-    held = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=private_dir)
-    socket.send_fds(sock, [b"ready\n"], [held])
-    os.close(held)
-    os.close(private_dir)
+    os.close(home)
+    mounts = [private_dir, *(fd for _, fd in fresh)]
+    held = [os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd) for fd in mounts]
+    socket.send_fds(sock, [b"ready\n"], held)
+    for fd in [*held, *mounts]:
+        os.close(fd)
     if sock.recv(16) != b"go\n":
         raise _Refused("the runtime did not say go")
     sock.close()

@@ -23,7 +23,7 @@ import os
 import posixpath
 import select
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -354,14 +354,18 @@ class SandboxSession(EnvironmentSession):
         *,
         directory: str,
         max_bytes: int,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> tuple[ExecResult, dict[str, bytes]]:
         """Run ``cmd`` as :meth:`exec` does, with ``directory`` (a Harbor
-        directory or a path under one) private to it, and return its result
-        and the regular files it left there; how, and what it costs, is in
-        :mod:`._private`."""
+        directory or a path under one) private to it, the Harbor directories
+        ``inputs`` name holding only them, and a fresh ``HOME``; return its
+        result and the regular files it left in ``directory``; how, and what
+        it costs, is in :mod:`._private`."""
         from . import _private  # it builds on this module
 
-        return await _private.exec_private(self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
+        return await _private.exec_private(
+            self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes, inputs=inputs
+        )
 
     def namespace_fds(self, which: tuple[str, ...] = tuple(ns for ns, _ in _NAMESPACES)) -> dict[str, int]:
         """Blocking: new descriptors of the init's namespaces ``which`` (the
