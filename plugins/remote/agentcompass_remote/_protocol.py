@@ -37,7 +37,7 @@ __all__ = [
 
 #: Bumped on any incompatible change; both sides refuse another version.
 #: 3: ``read_file`` carries ``max_bytes``, refusals come back as ``file_refused``,
-#: and ``exec_private`` is forwarded.
+#: and ``exec_private`` is forwarded, its ``inputs`` as file data after it.
 VERSION = 3
 #: The ``code`` of an error that is a :class:`~agentcompass.FileRefusedError`.
 FILE_REFUSED = "file_refused"

@@ -382,7 +382,9 @@ class SandboxServer:
                 if kind == "exec":
                     start(op, _exec, session, request)
                 elif kind == "exec_private":
-                    start(op, _exec_private, session, request, self._read_limit(request.get("max_bytes")))
+                    limit = self._read_limit(request.get("max_bytes"))
+                    inputs = await self._receive_inputs(ws, op, request.get("inputs"))
+                    start(op, _exec_private, session, request, limit, inputs)
                 elif kind == "read_file":
                     start(op, _read, session, request.get("path"), self._read_limit(request.get("max_bytes")))
                 elif kind == "write_file":
@@ -402,10 +404,38 @@ class SandboxServer:
             raise p.ProtocolError(f"read_file max_bytes {max_bytes!r} is not a byte count")
         return min(max_bytes, self.max_file_bytes)
 
-    async def _receive_file(self, ws: trio_websocket.WebSocketConnection, op: int, request: dict[str, Any]) -> bytes:
+    async def _receive_inputs(self, ws: trio_websocket.WebSocketConnection, op: int, listed: Any) -> dict[str, bytes]:
+        """The files an ``exec_private`` names in ``inputs`` (``[[path,
+        size], ...]``, absent for none), whose bytes follow it in that order,
+        at most ``max_file_bytes`` in all."""
+        if listed is None:
+            return {}
+        if not isinstance(listed, list):
+            raise p.ProtocolError("exec_private inputs must be a list of [path, size]")
+        sizes: dict[str, int] = {}
+        for entry in listed:
+            if not (isinstance(entry, list) and len(entry) == 2):
+                raise p.ProtocolError("exec_private inputs must be a list of [path, size]")
+            path, size = entry
+            p.check_path(path, "input")
+            if not path.startswith("/") or path in sizes:
+                raise p.ProtocolError(f"input {path!r} is not absolute, or is named twice")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise p.ProtocolError(f"input {path!r} size {size!r} is not a byte count")
+            sizes[path] = size
+        data = await self._receive_file(ws, op, {"size": sum(sizes.values())}, "exec_private inputs")
+        inputs, offset = {}, 0
+        for path, size in sizes.items():
+            inputs[path] = data[offset : offset + size]
+            offset += size
+        return inputs
+
+    async def _receive_file(
+        self, ws: trio_websocket.WebSocketConnection, op: int, request: dict[str, Any], what: str = "write_file"
+    ) -> bytes:
         size = request.get("size")
         if not isinstance(size, int) or not 0 <= size <= self.max_file_bytes:
-            raise p.ProtocolError(f"write_file size {size!r} is not between 0 and {self.max_file_bytes}")
+            raise p.ProtocolError(f"{what} size {size!r} is not between 0 and {self.max_file_bytes}")
         data = bytearray()
         while len(data) < size:
             chunk = await ws.get_message()
@@ -413,7 +443,7 @@ class SandboxServer:
                 raise p.ProtocolError("expected file data")
             chunk_op, kind, payload = p.unpack_chunk(chunk)
             if chunk_op != op or kind != p.FILE or len(data) + len(payload) > size:
-                raise p.ProtocolError("file data does not match its write_file")
+                raise p.ProtocolError(f"file data does not match its {what}")
             data += payload
         return bytes(data)
 
@@ -525,13 +555,17 @@ async def _send_data(send: Any, op: int, kind: int, data: bytes | memoryview) ->
 
 
 async def _exec_private(
-    send: Any, op: int, session: EnvironmentSession, request: dict[str, Any], max_bytes: int
+    send: Any, op: int, session: EnvironmentSession, request: dict[str, Any], max_bytes: int, inputs: dict[str, bytes]
 ) -> None:
-    """The backend's ``exec_private``: its output, then the files it brought
-    back (their bytes in the order of the final message's ``files``)."""
+    """The backend's ``exec_private`` with the client's inputs: its output,
+    then the files it brought back (their bytes in the order of the final
+    message's ``files``)."""
     cmd, timeout, cwd, env = _exec_args(request)
     directory = p.check_path(request.get("directory"), "directory")
-    result, files = await session.exec_private(cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
+    options: dict[str, Any] = {"directory": directory, "max_bytes": max_bytes}
+    if inputs:  # providers written before inputs keep working without them
+        options["inputs"] = inputs
+    result, files = await session.exec_private(cmd, timeout, cwd, env, **options)
     await _send_data(send, op, p.STDOUT, result.stdout.encode("utf-8", errors="surrogateescape"))
     await _send_data(send, op, p.STDERR, result.stderr.encode("utf-8", errors="surrogateescape"))
     sizes = []

@@ -25,6 +25,8 @@ from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._provider import RemoteEnvironment, _Server
 
 __all__ = ["RemoteSession", "fail", "policy_message", "reason", "reply_error"]
@@ -242,12 +244,18 @@ class RemoteSession(EnvironmentSession):
         *,
         directory: str,
         max_bytes: int,
+        inputs: Mapping[str, bytes] | None = None,
     ) -> tuple[ExecResult, dict[str, bytes]]:
         """The server's provider's ``exec_private`` (see
         :meth:`EnvironmentSession.exec_private`): its result and the files it
-        brought back, ``max_bytes`` capped by the server's own limit. A
-        provider without it raises :exc:`NotImplementedError`, and so does this."""
+        brought back, ``max_bytes`` capped by the server's own limit. The
+        ``inputs`` travel as file data after the request (at most the
+        server's ``max_file_bytes`` in all). A provider without it raises
+        :exc:`NotImplementedError`, and so does this."""
         _check_path(directory)
+        listed = [(path, bytes(data)) for path, data in (inputs or {}).items()]
+        for path, _ in listed:
+            _check_path(path)
         streams = {p.STDOUT: bytearray(), p.STDERR: bytearray(), p.FILE: bytearray()}
         bounds = {p.STDOUT: self._env._max_output * _OUTPUT_SLACK, p.FILE: max_bytes}
         bounds[p.STDERR] = bounds[p.STDOUT]
@@ -258,7 +266,7 @@ class RemoteSession(EnvironmentSession):
                 raise p.ProtocolError(f"exec_private sent more than asked for (kind {kind})")
             received += payload
 
-        message = {
+        message: dict[str, Any] = {
             "type": "exec_private",
             "cmd": cmd,
             "timeout": timeout,
@@ -267,7 +275,9 @@ class RemoteSession(EnvironmentSession):
             "directory": directory,
             "max_bytes": max_bytes,
         }
-        reply = await self._request(message, keep)
+        if listed:  # absent for none: a request as before inputs existed
+            message["inputs"] = [[path, len(data)] for path, data in listed]
+        reply = await self._request(message, keep, b"".join(data for _, data in listed) if listed else None)
         exit_code, sizes = reply.get("exit_code"), reply.get("files")
         if reply["type"] != "private_exit" or not isinstance(exit_code, int) or not isinstance(sizes, list):
             raise fail(f"unexpected reply {reply['type']!r} to exec_private")

@@ -12,10 +12,22 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from agentcompass_remote import PROTOCOL_VERSION, SandboxServer, serve_sandboxes
 
+try:
+    import agentcompass_sandbox
+except ImportError:  # the remote plugin does not need the sandbox plugin
+    agentcompass_sandbox = None
+
 TOKEN = "test-token-0123456789"
+SANDBOX_PROBLEM = (
+    "the sandbox plugin is not installed" if agentcompass_sandbox is None else agentcompass_sandbox.host_problem()
+)
+#: Tests of ``remote`` backed by ``sandbox``, skipped with the sandbox's own
+#: preflight message where this host cannot run it.
+requires_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=SANDBOX_PROBLEM or "")
 #: How long a test waits for a real process or server to reach a state.
 WAIT_SECONDS = 20.0
 
@@ -131,11 +143,11 @@ async def hello(ws: Any, token: str | None = TOKEN) -> dict[str, Any]:
     return json.loads(await ws.get_message())
 
 
-async def open_raw(ws: Any, name: str = "raw-1") -> dict[str, Any]:
-    """Authenticate and open a ``local`` session on a raw connection."""
+async def open_raw(ws: Any, name: str = "raw-1", provider: str = "local") -> dict[str, Any]:
+    """Authenticate and open a session (``local``'s by default) on a raw connection."""
     await hello(ws)
     policy = {"mode": "full", "allow": []}
-    await ws.send_message(json.dumps({"type": "open", "name": name, "provider": "local", "policy": policy}))
+    await ws.send_message(json.dumps({"type": "open", "name": name, "provider": provider, "policy": policy}))
     reply = json.loads(await ws.get_message())
     assert reply["type"] == "opened", reply
     return reply

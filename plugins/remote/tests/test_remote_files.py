@@ -1,8 +1,10 @@
 """``read_file(path, max_bytes)`` over the protocol: the byte cap travels to
 the server, which caps it by its own ``max_file_bytes``, and a refusal comes
 back as :class:`~agentcompass.FileRefusedError`, not a generic failure.
-``exec_private`` is forwarded, or is :exc:`NotImplementedError` when the
-server's provider lacks it."""
+``exec_private`` is forwarded with its inputs (to a provider written before
+inputs, without them), or is :exc:`NotImplementedError` when the server's
+provider lacks it; backed by ``sandbox``, the inputs are what the command
+reads."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ from pathlib import Path
 import pytest
 import trio
 import trio_websocket
-from _remote_support import TOKEN, ask, open_raw, start_in_process
+from _remote_support import TOKEN, ask, open_raw, requires_sandbox, start_in_process
 from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment, SandboxServer, serve_sandboxes
 
 import agentcompass
 from agentcompass import EnvironmentSession, FileRefusedError, IssueError, NetworkPolicy
 from agentcompass.environments.local import LocalEnvironment
+from agentcompass.testing import hang_guard
 
 
 async def test_read_file_carries_max_bytes_and_a_refusal_comes_back_as_file_refused(
@@ -123,6 +126,16 @@ class _PrivateSession(EnvironmentSession):
 
 
 _private_calls: list[tuple[str, int]] = []
+_received_inputs: list[dict[str, bytes] | None] = []
+
+
+class _InputsSession(_PrivateSession):
+    """The stand-in, with inputs: it records them and writes them under its
+    directory's ``inputs/`` for the command."""
+
+    async def exec_private(self, cmd, timeout=None, cwd=None, env=None, *, directory, max_bytes, inputs=None):
+        _received_inputs.append(None if inputs is None else dict(inputs))
+        return await super().exec_private(cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes)
 
 
 @agentcompass.register
@@ -131,6 +144,14 @@ class _PrivateLocal(LocalEnvironment):
 
     async def open(self, config, policy, name=None):
         return _PrivateSession(await super().open(config, policy, name))
+
+
+@agentcompass.register
+class _InputsLocal(LocalEnvironment):
+    id = "test-remote-inputs-local"
+
+    async def open(self, config, policy, name=None):
+        return _InputsSession(await super().open(config, policy, name))
 
 
 async def test_exec_private_is_forwarded_with_its_files(nursery: trio.Nursery, tmp_path: Path):
@@ -150,6 +171,99 @@ async def test_exec_private_is_forwarded_with_its_files(nursery: trio.Nursery, t
         with pytest.raises(IssueError, match="outside the session"):
             await session.exec_private("true", directory="/etc", max_bytes=10)
         assert len(_private_calls) == 1
+        # Inputs for a provider written before them: an empty set is no inputs at all.
+        result, _ = await session.exec_private("true", directory="/logs/verifier", max_bytes=10, inputs={})
+        assert result.exit_code == 0 and len(_private_calls) == 2
+    finally:
+        await session.close()
+
+
+_INPUTS = {
+    "/tests/test.sh": b"echo 0 > /logs/verifier/reward.txt\n",
+    "/tests/data/deep/big.bin": bytes(range(256)) * 4096,  # 1 MiB: several chunks each way
+    "/tests/empty": b"",
+    "/solution/solve.sh": b"\xff\x00",
+}
+
+
+async def test_exec_private_forwards_its_inputs_exactly(nursery: trio.Nursery, tmp_path: Path):
+    _received_inputs.clear()
+    root = tmp_path / "sandboxes"
+    server = SandboxServer(_InputsLocal.id, TOKEN, default_config={"root": str(root)}, max_file_bytes=2 << 20)
+    port = await nursery.start(serve_sandboxes, server, "127.0.0.1", 0)
+    env = RemoteEnvironment({"url": f"ws://127.0.0.1:{port}", "token": TOKEN, "provider": _InputsLocal.id})
+    session = await env.open(None, NetworkPolicy())
+    try:
+        with hang_guard(30):
+            result, _ = await session.exec_private("echo ran", directory="/logs/verifier", max_bytes=10, inputs=_INPUTS)
+            assert result.stdout == "ran\n"
+            result, _ = await session.exec_private("true", directory="/logs/verifier", max_bytes=10)
+            assert result.exit_code == 0
+            assert _received_inputs == [_INPUTS, None]  # and none when there are none
+            # An input outside the session is refused before anything is sent.
+            with pytest.raises(IssueError, match="outside the session"):
+                await session.exec_private("true", directory="/logs/verifier", max_bytes=10, inputs={"/etc/x": b""})
+            assert len(_received_inputs) == 2
+            # More than the server takes is a protocol error: the session goes, FATAL.
+            with pytest.raises(IssueError) as lost:
+                await session.exec_private(
+                    "true", directory="/logs/verifier", max_bytes=10, inputs={"/tests/huge": b"x" * (3 << 20)}
+                )
+            assert (lost.value.severity, lost.value.code) == ("fatal", "environment_failed")
+            assert len(_received_inputs) == 2
+    finally:
+        await session.close()
+
+
+async def test_the_wire_carries_inputs_as_file_data_after_the_request(nursery: trio.Nursery, tmp_path: Path):
+    _received_inputs.clear()
+    server = SandboxServer(_InputsLocal.id, TOKEN, default_config={"root": str(tmp_path / "sandboxes")})
+    port = await nursery.start(serve_sandboxes, server, "127.0.0.1", 0)
+    async with trio_websocket.open_websocket_url(f"ws://127.0.0.1:{port}") as ws:
+        await open_raw(ws, provider=_InputsLocal.id)
+        request = {
+            "type": "exec_private", "id": 1, "cmd": "true", "directory": "/logs/verifier", "max_bytes": 10,
+            "inputs": [["/tests/a", 3], ["/tests/b/c", 2]],
+        }  # fmt: skip
+        await ws.send_message(json.dumps(request))
+        await ws.send_message(b"\x00\x00\x00\x01\x03" + b"AAA")
+        await ws.send_message(b"\x00\x00\x00\x01\x03" + b"BB")
+        while not isinstance(reply := await ws.get_message(), str):
+            pass
+        assert json.loads(reply)["type"] == "private_exit"
+        assert _received_inputs == [{"/tests/a": b"AAA", "/tests/b/c": b"BB"}]
+        # An input named twice is a protocol error: the server hangs up.
+        request = {**request, "id": 2, "inputs": [["/tests/a", 0], ["/tests/a", 0]]}
+        await ws.send_message(json.dumps(request))
+        with pytest.raises(trio_websocket.ConnectionClosed):
+            while True:
+                reply = await ws.get_message()
+        assert "named twice" in json.loads(reply)["message"]
+    assert len(_received_inputs) == 1
+
+
+@requires_sandbox
+async def test_inputs_reach_a_sandbox_behind_the_server(nursery: trio.Nursery):
+    server = SandboxServer("sandbox", TOKEN, grace=10.0)
+    port = await nursery.start(serve_sandboxes, server, "127.0.0.1", 0)
+    env = RemoteEnvironment({"url": f"ws://127.0.0.1:{port}", "token": TOKEN, "provider": "sandbox"})
+    session = await env.open(None, NetworkPolicy("none"))
+    try:
+        with hang_guard(60):
+            await session.write_file("/tests/test.sh", "echo 1 > /logs/verifier/reward.txt\n")
+            result, files = await session.exec_private(
+                "bash /tests/test.sh && cp -r /tests /solution /logs/verifier/ && echo $HOME",
+                directory="/logs/verifier",
+                max_bytes=4 << 20,
+                inputs=_INPUTS,
+            )
+            assert result.exit_code == 0 and result.stdout == "/root\n", result
+            assert files == {
+                "reward.txt": b"0\n",
+                **{path.removeprefix("/"): data for path, data in _INPUTS.items()},
+            }
+            # The session's own /tests is untouched.
+            assert await session.read_file("/tests/test.sh") == b"echo 1 > /logs/verifier/reward.txt\n"
     finally:
         await session.close()
 
