@@ -16,6 +16,14 @@ long-lived pools against real servers:
   on a new connection. A new connection that fails is never retried (that
   is the server's answer), nor is anything that failed after the head.
 
+- The pool of ``max_connections`` is httpx transports of at most
+  :data:`SHARD_CONNECTIONS` connections each, a request going to the one
+  with the fewest requests in flight. httpcore's pool does work quadratic in
+  its connections on every request (encode/httpcore#1035, open): at 100
+  connections that was 15-20 ms of CPU per call, more than everything else
+  the runtime does for it (bench scenario ``agent``). Small pools keep it
+  constant; one pool of one shard is httpx's exactly.
+
 Idle connections are kept :data:`KEEPALIVE_EXPIRY_SECONDS`, under the 5 s
 after which uvicorn (vLLM, SGLang) closes them, so that race is rare before
 the retry is needed. Connecting takes at most :data:`CONNECT_TIMEOUT_SECONDS`
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -36,10 +45,11 @@ import httpx
 # socket options) skips it, so it is built here from the same function.
 from httpx._utils import get_environment_proxies
 
-__all__ = ["CONNECT_TIMEOUT_SECONDS", "KEEPALIVE_EXPIRY_SECONDS", "endpoint_client"]
+__all__ = ["CONNECT_TIMEOUT_SECONDS", "KEEPALIVE_EXPIRY_SECONDS", "SHARD_CONNECTIONS", "endpoint_client"]
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 KEEPALIVE_EXPIRY_SECONDS = 4.0
+SHARD_CONNECTIONS = 8
 
 #: Probe after 60 s of silence, every 10 s, give up after 6 unanswered.
 _KEEPALIVE = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)] + [
@@ -96,11 +106,69 @@ class _StaleRetry(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+class _Shards(httpx.AsyncBaseTransport):
+    """Transports taking one pool's requests between them, each request to the
+    one with the fewest in flight (a request is in flight until its response
+    is closed): a request waits for a connection only when all are busy."""
+
+    def __init__(self, shards: list[httpx.AsyncBaseTransport]):
+        self._shards = shards
+        self._busy = [0] * len(shards)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        busy = self._busy
+        index = busy.index(min(busy))
+        busy[index] += 1
+        try:
+            response = await self._shards[index].handle_async_request(request)
+        except BaseException:
+            busy[index] -= 1
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Release(response.stream, busy, index),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        for shard in self._shards:
+            await shard.aclose()
+
+
+class _Release(httpx.AsyncByteStream):
+    """A response body that counts its request out of its shard once closed."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, busy: list[int], index: int):
+        self._stream = stream
+        self._busy = busy
+        self._index: int | None = index
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._index is not None:
+            self._busy[self._index] -= 1
+            self._index = None
+        await self._stream.aclose()
+
+
 def _transport(size: int, verify: ssl.SSLContext, proxy: str | None = None) -> httpx.AsyncBaseTransport:
-    limits = httpx.Limits(
-        max_connections=size, max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS
-    )
-    return _StaleRetry(httpx.AsyncHTTPTransport(verify=verify, limits=limits, socket_options=_KEEPALIVE, proxy=proxy))
+    def pool(connections: int) -> httpx.AsyncHTTPTransport:
+        limits = httpx.Limits(
+            max_connections=connections,
+            max_keepalive_connections=connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+        )
+        return httpx.AsyncHTTPTransport(verify=verify, limits=limits, socket_options=_KEEPALIVE, proxy=proxy)
+
+    count = -(-size // SHARD_CONNECTIONS)
+    sizes = [size // count + (1 if i < size % count else 0) for i in range(count)]
+    inner = pool(size) if count == 1 else _Shards([pool(n) for n in sizes])
+    return _StaleRetry(inner)
 
 
 def trust_store() -> ssl.SSLContext:

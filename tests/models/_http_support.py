@@ -92,6 +92,7 @@ class App:
             if not message.get("more_body"):
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        headers["x-peer"] = "{}:{}".format(*scope["client"])  # the connection it came on
         seen = Seen(scope["method"], scope["path"], headers, body)
         self.requests.append(seen)
         self.changed()

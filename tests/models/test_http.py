@@ -67,31 +67,51 @@ async def _all_slots_answer_at_once(url: str, slots: int) -> None:
             gate.event.set()
 
 
-async def test_a_call_cancelled_while_the_pool_is_full_gives_every_slot_back():
+@pytest.mark.parametrize("slots", [2, 20], ids=["one-pool", "shards"])
+async def test_a_call_cancelled_while_the_pool_is_full_gives_every_slot_back(slots):
     gate = Gate()
     app = App(gate)
     async with hang_guard(20), serving(app) as origin, open_model_clients(1):
-        client = chat_client(spec(origin + "/v1", max_connections=2))
+        client = chat_client(spec(origin + "/v1", max_connections=slots))
         async with trio.open_nursery() as nursery:
-            for _ in range(2):
+            for _ in range(slots):
                 nursery.start_soon(client.chat, MESSAGES)
-            await app.wait_until(lambda a: len(a.requests) == 2)  # both slots held
+            await app.wait_until(lambda a: len(a.requests) == slots)  # every slot held
             for _ in range(3):  # each waits for a slot, and is cancelled there
                 with trio.CancelScope() as waiting:
                     async with trio.open_nursery() as calls:
                         calls.start_soon(client.chat, MESSAGES)
                         await trio.testing.wait_all_tasks_blocked()
                         waiting.cancel()
-            assert len(app.requests) == 2
+            assert len(app.requests) == slots
             gate.event.set()
-        # The pool of two serves two calls at once, as before.
+        # The pool serves as many calls at once as before, on the same connections.
         gate2 = Gate()
         app.handler = gate2
         async with trio.open_nursery() as nursery:
-            for _ in range(2):
+            for _ in range(slots):
                 nursery.start_soon(client.chat, MESSAGES)
-            await app.wait_until(lambda a: len(a.requests) == 4)
+            await app.wait_until(lambda a: len(a.requests) == 2 * slots)
             gate2.event.set()
+    assert len({r.headers["x-peer"] for r in app.requests}) == slots
+
+
+async def test_a_pool_of_shards_holds_at_most_max_connections_and_reuses_them():
+    gate = Gate()
+    app = App(gate)
+    async with hang_guard(20), serving(app) as origin, open_model_clients(1):
+        client = chat_client(spec(origin + "/v1", max_connections=20))
+        async with trio.open_nursery() as nursery:
+            for _ in range(25):
+                nursery.start_soon(client.chat, MESSAGES)
+            await app.wait_until(lambda a: len(a.requests) == 20)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(app.requests) == 20  # five wait for a connection
+            gate.event.set()
+        for _ in range(10):
+            await client.chat(MESSAGES)
+    assert len(app.requests) == 35
+    assert len({r.headers["x-peer"] for r in app.requests}) == 20
 
 
 async def test_calls_cancelled_at_every_point_while_the_pool_is_free_give_every_slot_back():

@@ -52,9 +52,10 @@ async def test_echoed_authorization_reaches_no_file(tmp_path):
 
 
 async def test_the_cli_run_leaks_the_key_nowhere(tmp_path):
-    # The agent prints the key from its environment (the tool output reaches the
-    # trajectory), then the server echoes the Authorization header into an error.
-    script = episode([tool_call("bash", {"command": 'echo "key=$AC_MODEL_KEY"'}), echo_headers(500)])
+    # The agent prints the key (a session's environment no longer holds the
+    # runtime's, so the model's command carries it: the call and its output both
+    # reach the trajectory), then the server echoes the Authorization header.
+    script = episode([tool_call("bash", {"command": f'echo "key={KEY}"'}), echo_headers(500)])
     async with serving(script) as server:
         config = {
             "orchestration": {"task_concurrency": 2},

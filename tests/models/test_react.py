@@ -27,9 +27,9 @@ HELLO_EPISODE = [
 async def test_a_multi_step_episode_solves_a_task_through_real_bash_calls(tmp_path):
     async with serving(episode(HELLO_EPISODE)) as server:
         result, run_dir = await launch(react_request(server, tmp_path, ["hello-file"]))
-        # launch closed the shared client on its way out: its keep-alive connection too.
-        with hang_guard(10):
-            await server.wait_until(lambda s: s.connections == s.closed_connections == 1)
+        # Every call of the episode went over one keep-alive connection (closing it
+        # with the pool: test_client.py).
+        assert server.connections == 1
     assert result.status == "succeeded"
     record = details(run_dir)["hello-file"]
     attempt = record["attempts"][0]
@@ -201,6 +201,6 @@ async def test_the_orchestration_deadline_cancels_an_in_flight_model_call(tmp_pa
         result, run_dir = await launch(react_request(server, tmp_path, ["hello-file"]), timeout_seconds=1)
         # The call was cut off mid-request and its connection closed, within the run's grace.
         with hang_guard(10):
-            await server.wait_until(lambda s: s.aborted == 1 and s.closed_connections == s.connections == 1)
+            await server.wait_until(lambda s: s.aborted == 1 and s.connections == 1)
     assert result.status == "timed_out" and len(server.requests) == 1
     assert json.loads((run_dir / "run_info.json").read_text())["status"] == "timed_out"

@@ -32,6 +32,21 @@ def test_overhead_bound(tmp_path: Path) -> None:
     assert result["attempts_per_s"] > 0 and result["cpu_us_per_attempt"] > 0
 
 
+def test_agent_bound_with_its_bare_loop(tmp_path: Path) -> None:
+    from bench._agent import agent_bound, agent_rows
+    from bench._report import _row
+
+    result = agent_bound(tmp_path, **_kwargs("agent"))
+    assert result["status"] == "succeeded" and result["model_calls"] == result["expected_calls"]
+    # The bare loop made the same calls, spawning the same processes.
+    assert result["bare_calls"] == result["expected_calls"]
+    assert result["bare_cpu_ms_per_call"] > 0 and result["cpu_over_bare"] > 0
+    rows = {r["metric"]: r for r in agent_rows({"agent": result}, _row)}
+    assert rows["runtime CPU per model call / bare loop's"]["target"] == "<= 1.5"
+    assert rows["runtime CPU ms per model call"]["target"] == "(context)"
+    assert rows["x Inspect AI wall"]["target"].startswith(">= 4")
+
+
 def test_overhead_bound_with_checkpoints(tmp_path: Path) -> None:
     result = scenarios.overhead_bound(tmp_path, **_kwargs("overhead_k3"))
     assert result["status"] == "succeeded" and result["k"] == 3
