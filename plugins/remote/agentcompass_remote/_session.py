@@ -253,9 +253,12 @@ class RemoteSession(EnvironmentSession):
         server's ``max_file_bytes`` in all). A provider without it raises
         :exc:`NotImplementedError`, and so does this."""
         _check_path(directory)
-        listed = [(path, bytes(data)) for path, data in (inputs or {}).items()]
-        for path, _ in listed:
+        listed = []
+        for path, content in (inputs or {}).items():
             _check_path(path)
+            if not isinstance(content, bytes | bytearray | memoryview):
+                raise ValueError(f"input {path!r} is not bytes but {type(content).__name__}")
+            listed.append((path, bytes(content)))
         streams = {p.STDOUT: bytearray(), p.STDERR: bytearray(), p.FILE: bytearray()}
         bounds = {p.STDOUT: self._env._max_output * _OUTPUT_SLACK, p.FILE: max_bytes}
         bounds[p.STDERR] = bounds[p.STDOUT]
@@ -276,8 +279,8 @@ class RemoteSession(EnvironmentSession):
             "max_bytes": max_bytes,
         }
         if listed:  # absent for none: a request as before inputs existed
-            message["inputs"] = [[path, len(data)] for path, data in listed]
-        reply = await self._request(message, keep, b"".join(data for _, data in listed) if listed else None)
+            message["inputs"] = [[path, len(content)] for path, content in listed]
+        reply = await self._request(message, keep, b"".join(content for _, content in listed) if listed else None)
         exit_code, sizes = reply.get("exit_code"), reply.get("files")
         if reply["type"] != "private_exit" or not isinstance(exit_code, int) or not isinstance(sizes, list):
             raise fail(f"unexpected reply {reply['type']!r} to exec_private")

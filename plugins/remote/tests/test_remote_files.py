@@ -203,6 +203,8 @@ async def test_exec_private_forwards_its_inputs_exactly(nursery: trio.Nursery, t
             # An input outside the session is refused before anything is sent.
             with pytest.raises(IssueError, match="outside the session"):
                 await session.exec_private("true", directory="/logs/verifier", max_bytes=10, inputs={"/etc/x": b""})
+            with pytest.raises(ValueError, match="not bytes"):
+                await session.exec_private("true", directory="/logs/verifier", max_bytes=10, inputs={"/tests/x": "s"})
             assert len(_received_inputs) == 2
             # More than the server takes is a protocol error: the session goes, FATAL.
             with pytest.raises(IssueError) as lost:
