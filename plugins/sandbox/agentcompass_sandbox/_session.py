@@ -54,6 +54,7 @@ BASE_ENV = {"PATH": _PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
 #: The namespaces an exec enters, as nsenter names them.
 _NAMESPACES = (("user", "user"), ("mnt", "mount"), ("pid", "pid"), ("uts", "uts"), ("ipc", "ipc"),
                ("net", "net"), ("cgroup", "cgroup"))  # fmt: skip
+_NAMESPACE_NAMES = tuple(ns for ns, _ in _NAMESPACES)
 
 
 def fail(message: str) -> IssueError:
@@ -367,7 +368,7 @@ class SandboxSession(EnvironmentSession):
             self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes, inputs=inputs
         )
 
-    def namespace_fds(self, which: tuple[str, ...] = tuple(ns for ns, _ in _NAMESPACES)) -> dict[str, int]:
+    def namespace_fds(self, which: tuple[str, ...] = _NAMESPACE_NAMES) -> dict[str, int]:
         """Blocking: new descriptors of the init's namespaces ``which`` (the
         caller closes them), opened while the session's pidfd shows the init
         alive throughout, so they are its own and never a later holder's of
