@@ -242,7 +242,7 @@ def agent_rows(results: dict[str, Any], row: Any) -> list[dict[str, Any]]:
     CPU per model call against the bare loop's, and its wall time against
     Inspect AI's ``react``. The former absolute rows (``<= 1 ms`` of CPU per
     call, ``<= 1.5 x ideal``) are context now: the tools' own ``bash``
-    processes take about 1.6 ms of CPU per call on the same two cores, so no
+    processes take 1.2-1.6 ms of CPU per call on the same two cores, so no
     runtime could meet them here (docs/performance.md)."""
     rows = []
     r = results.get("agent")
