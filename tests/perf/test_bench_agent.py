@@ -34,6 +34,8 @@ def test_agent_rows() -> None:
             "agent": {
                 "wall_over_ideal": 1.3,
                 "cpu_ms_per_call": 1.4,
+                "cpu_over_bare": 1.6,
+                "bare_cpu_ms_per_call": 0.875,
                 "children_cpu_ms_per_call": 0.9,
                 "noop_env_cpu_ms_per_call": 0.8,
             },
@@ -41,9 +43,12 @@ def test_agent_rows() -> None:
         }
     )
     met = {(r["scenario"], r["metric"]): r["ok"] for r in rows}
-    assert met[("agent-bound", "wall / ideal")] is True
-    assert met[("agent-bound", "runtime CPU ms per model call")] is False
+    # The targets are relative to what ran beside it; the absolute figures are context.
+    assert met[("agent-bound", "runtime CPU per model call / bare loop's")] is False
     assert met[("agent-bound", "x Inspect AI wall")] is True
+    assert met[("agent-bound", "wall / ideal")] is None
+    assert met[("agent-bound", "runtime CPU ms per model call")] is None
     table = render_table(rows)
-    assert "| agent-bound | x Inspect AI wall | 25.0 | >= 20 | yes |" in table
+    assert "| agent-bound | x Inspect AI wall | 25.0 | >= 4 | yes |" in table
+    assert "| agent-bound | runtime CPU per model call / bare loop's | 1.60 | <= 1.5 | **no** |" in table
     assert "| agent-bound | same, no-op environment: runtime CPU ms per model call | 0.80 | (context) |  |" in table
