@@ -30,9 +30,9 @@ from .runtime import ExecResult as ExecResult
 from .runtime import ExecutionPlan as ExecutionPlan
 from .runtime import ExecutionSpec as ExecutionSpec
 from .runtime import Executor as Executor
+from .runtime import FileRefusedError as FileRefusedError
 from .runtime import HarnessFreeBenchmark as HarnessFreeBenchmark
 from .runtime import Issue as Issue
-from .runtime import FileRefusedError as FileRefusedError
 from .runtime import IssueError as IssueError
 from .runtime import ModelSpec as ModelSpec
 from .runtime import NetworkOverrides as NetworkOverrides

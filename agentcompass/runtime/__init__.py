@@ -23,12 +23,12 @@ from ._errors import FileRefusedError as FileRefusedError
 from ._errors import IssueError as IssueError
 from ._errors import RunFailedError as RunFailedError
 from ._executor import Executor as Executor
+from ._executor import Grants as Grants
+from ._executor import TaskReporter as TaskReporter
 from ._files import DEFAULT_MAX_READ_BYTES as DEFAULT_MAX_READ_BYTES
 from ._files import read_beneath as read_beneath
 from ._files import split_beneath as split_beneath
 from ._files import write_beneath as write_beneath
-from ._executor import Grants as Grants
-from ._executor import TaskReporter as TaskReporter
 from ._output import OutputCallback as OutputCallback
 from ._output import OutputStream as OutputStream
 from ._output import OutputTail as OutputTail
