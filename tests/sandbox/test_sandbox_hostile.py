@@ -217,3 +217,14 @@ async def test_the_session_root_cannot_be_rearranged(provider: SandboxEnvironmen
             assert writable.exit_code == 0, writable
         finally:
             await session.close()
+
+
+async def test_host_users_files_are_not_in_the_session(provider: SandboxEnvironment, tag: str) -> None:
+    with hang_guard(30):
+        session = await provider.open(None, NONE, f"{tag}-a")
+        try:
+            listed = await session.exec("ls -d /home /srv /root /mnt 2>&1; ls /")
+            for hidden in ("/home", "/srv", "/root", "/mnt"):
+                assert f"cannot access '{hidden}'" in listed.stdout, listed
+        finally:
+            await session.close()

@@ -44,9 +44,10 @@ HOST_UID = 65534
 INSIDE_UID = 1000
 #: The host's userland, mounted read-only into every sandbox where it exists
 #: (top-level symlinks such as /bin -> usr/bin are recreated). Nothing else
-#: of the host is visible: not /root, /mnt, /media, /boot, nor any project
-#: directory. Each bind costs a mount and a read-only remount at every open.
-USERLAND = ("usr", "etc", "opt", "var", "home", "srv", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+#: of the host is visible: not /root, /home (the host users' files), /srv,
+#: /mnt, /media, /boot, nor any project directory. Each bind costs a mount
+#: and a read-only remount at every open.
+USERLAND = ("usr", "etc", "opt", "var", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 #: Harbor paths bound into every sandbox, each a directory of the session's files.
 SUBDIRS = ("app", "tests", "logs", "solution")
 #: The session's own tmpfs (of a fixed size) holding ``SUBDIRS``, in its state dir.
