@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import posixpath
 import shutil
@@ -80,19 +79,17 @@ from typing import TYPE_CHECKING
 import trio
 
 from agentcompass import ExecResult, FileRefusedError
-from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath, write_beneath
+from agentcompass.runtime import cleanup_deadline, read_beneath, write_beneath
 
 from . import _host
 from ._session import (
-    _DRAIN_SECONDS,
     _WRAP,
     BASE_ENV,
     INIT_GONE_EXIT_CODE,
-    TIMEOUT_EXIT_CODE,
     InitGone,
-    _pump,
     _root_binds,
     fail,
+    supervise,
 )
 
 if TYPE_CHECKING:
@@ -262,62 +259,44 @@ async def exec_private(
             theirs.close()
             for fd in fds.values():
                 os.close(fd)
-        out, err = OutputTail(session._max_output), OutputTail(session._max_output)
-        timed_out = False
         started = False
+
+        async def hand_over() -> None:
+            # The configuration, then ``ready`` with the tmpfs descriptors, the
+            # inputs written through them, then ``go``: all within the timeout.
+            nonlocal held, held_inputs, started
+            await _send_config(channel, config)
+            said, received = await _receive_ready(channel)
+            # Adopted before the next checkpoint: the finally below closes them.
+            held, held_inputs = (received[0], received[1:]) if received else (None, [])
+            if said == b"ready\n" and held is not None and len(held_inputs) == len(groups):
+                try:
+                    await trio.to_thread.run_sync(
+                        _write_inputs, held_inputs, list(groups.values()), abandon_on_cancel=False
+                    )
+                except OSError as exc:
+                    raise fail(f"sandbox {session.name}: could not write the inputs: {exc}") from None
+                started = True
+                try:
+                    await channel.send(b"go\n")
+                except OSError:
+                    pass  # it died meanwhile: its status says how
+            else:
+                channel.close()  # no go: a pid 1 still waiting for one ends
+
         try:
-            async with trio.open_nursery() as nursery:
-                out_done, err_done = trio.Event(), trio.Event()
-                nursery.start_soon(_pump, proc.stdout, out, out_done)
-                nursery.start_soon(_pump, proc.stderr, err, err_done)
-                with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
-                    await _send_config(channel, config)
-                    said, received = await _receive_ready(channel)
-                    # Adopted before the next checkpoint: the finally below closes them.
-                    held, held_inputs = (received[0], received[1:]) if received else (None, [])
-                    if said == b"ready\n" and held is not None and len(held_inputs) == len(groups):
-                        try:
-                            await trio.to_thread.run_sync(
-                                _write_inputs, held_inputs, list(groups.values()), abandon_on_cancel=False
-                            )
-                        except OSError as exc:
-                            raise fail(f"sandbox {session.name}: could not write the inputs: {exc}") from None
-                        started = True
-                        try:
-                            await channel.send(b"go\n")
-                        except OSError:
-                            pass  # it died meanwhile: its status says how
-                    else:
-                        channel.close()  # no go: a pid 1 still waiting for one ends
-                    await proc.wait()
-                if deadline.cancelled_caught:
-                    timed_out = True
-                    await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
-                    await proc.wait()
-                with trio.move_on_after(_DRAIN_SECONDS):
-                    await out_done.wait()
-                    await err_done.wait()
-                nursery.cancel_scope.cancel()
-        except BaseException:
-            with trio.move_on_at(cleanup_deadline(), shield=True):
-                await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
-                await proc.wait()
-            raise
+            result = await supervise(proc, leaf, session._max_output, timeout, hand_over)
         finally:
-            with trio.move_on_at(cleanup_deadline(), shield=True):
-                channel.close()
-                for stream in (proc.stdout, proc.stderr):
-                    if stream is not None:
-                        await stream.aclose()
-        if not started and not timed_out:
+            channel.close()
+        if not started and not result.timed_out:
             session._check_open()
-            raise fail(f"sandbox {session.name}: the private run did not start: {' '.join(err.text().split())[:300]}")
+            raise fail(
+                f"sandbox {session.name}: the private run did not start: {' '.join(result.stderr.split())[:300]}"
+            )
         files: dict[str, bytes] = {}
         if held is not None:
             files = await trio.to_thread.run_sync(collect, held, "/".join(sub), max_bytes, abandon_on_cancel=False)
-        code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
-        assert code is not None
-        return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out), files
+        return result, files
     finally:
         # Acquired together, released together: the tree (nothing of it
         # outlives the call: its pid namespace ends with its pid 1), the

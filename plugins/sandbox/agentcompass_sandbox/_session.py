@@ -23,7 +23,7 @@ import os
 import posixpath
 import select
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -314,37 +314,11 @@ class SandboxSession(EnvironmentSession):
         finally:
             for fd in fds.values():
                 os.close(fd)
-        out, err = OutputTail(self._max_output), OutputTail(self._max_output)
-        timed_out = False
         try:
-            async with trio.open_nursery() as nursery:
-                out_done, err_done = trio.Event(), trio.Event()
-                nursery.start_soon(_pump, proc.stdout, out, out_done)
-                nursery.start_soon(_pump, proc.stderr, err, err_done)
-                with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
-                    await proc.wait()
-                if deadline.cancelled_caught:
-                    timed_out = True
-                    await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
-                    await proc.wait()
-                with trio.move_on_after(_DRAIN_SECONDS):
-                    await out_done.wait()
-                    await err_done.wait()
-                nursery.cancel_scope.cancel()
-        except BaseException:
-            with trio.move_on_at(cleanup_deadline(), shield=True):
-                await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
-                await proc.wait()
-            raise
+            return await supervise(proc, leaf, self._max_output, timeout)
         finally:
             with trio.move_on_at(cleanup_deadline(), shield=True):
-                for stream in (proc.stdout, proc.stderr):
-                    if stream is not None:
-                        await stream.aclose()
                 await trio.to_thread.run_sync(_host.try_remove_cgroup, leaf)
-        code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
-        assert code is not None
-        return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
 
     async def exec_private(
         self,
@@ -540,6 +514,52 @@ class SandboxSession(EnvironmentSession):
                 self._pool.give_back(netns, self._ruleset_applied)
             else:
                 self._pool.discard(netns)
+
+
+async def supervise(
+    proc: trio.Process,
+    leaf: str,
+    max_output: int,
+    timeout: float | None,
+    first: Callable[[], Awaitable[None]] | None = None,
+) -> ExecResult:
+    """Keep the tails of ``proc``'s output until it exits and return its
+    result. ``timeout`` (from now, ``first`` included: what to do with the
+    running process before waiting for it) kills the whole tree in the
+    cgroup ``leaf`` and gives ``timed_out``; any other way out kills it too,
+    shielded until the grace deadline, and propagates."""
+    out, err = OutputTail(max_output), OutputTail(max_output)
+    timed_out = False
+    try:
+        async with trio.open_nursery() as nursery:
+            out_done, err_done = trio.Event(), trio.Event()
+            nursery.start_soon(_pump, proc.stdout, out, out_done)
+            nursery.start_soon(_pump, proc.stderr, err, err_done)
+            with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
+                if first is not None:
+                    await first()
+                await proc.wait()
+            if deadline.cancelled_caught:
+                timed_out = True
+                await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
+                await proc.wait()
+            with trio.move_on_after(_DRAIN_SECONDS):
+                await out_done.wait()
+                await err_done.wait()
+            nursery.cancel_scope.cancel()
+    except BaseException:
+        with trio.move_on_at(cleanup_deadline(), shield=True):
+            await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
+            await proc.wait()
+        raise
+    finally:
+        with trio.move_on_at(cleanup_deadline(), shield=True):
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    await stream.aclose()
+    code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
+    assert code is not None
+    return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
 
 
 async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:
