@@ -156,24 +156,30 @@ def list_command(plugins: Sequence[str], verbose: bool) -> None:
         if verbose:
             for line in describe_lines(reg.kind, reg.id, reg.cls, reg.origin, indent="    "):
                 click.echo(line)
+    if verbose:
+        click.echo("\nRequest and run settings: compass describe execution, compass describe orchestration")
 
 
 @cli.command()
 @click.argument("component_id")
 @click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
 def describe(component_id: str, plugins: Sequence[str]) -> None:
-    """Show a component's description, metrics and config keys."""
+    """Show a component's description, metrics and config keys; or, for
+    `execution` and `orchestration`, the keys of that config block."""
     from . import _registry
-    from ._describe import describe_lines
+    from ._describe import BLOCKS, block_lines, describe_lines
     from .runtime._errors import ConfigError
 
     _registry.load_plugins(list(plugins), Path.cwd())
     found = [r for r in _registry.registered() if r.id == component_id]
-    if not found:
+    if component_id in BLOCKS:
+        for line in block_lines(component_id):
+            click.echo(line)
+    elif not found:
         known = ", ".join(sorted({r.id for r in _registry.registered()}))
-        raise ConfigError(f"no component with id {component_id!r} (registered: {known})")
+        raise ConfigError(f"no component with id {component_id!r} (registered: {known}; blocks: {', '.join(BLOCKS)})")
     for i, reg in enumerate(found):
-        if i:
+        if i or component_id in BLOCKS:
             click.echo("")
         click.echo(f"{reg.kind} {reg.id!r} from {reg.origin}")
         for line in describe_lines(reg.kind, reg.id, reg.cls, reg.origin, indent="  "):

@@ -4,6 +4,12 @@ Everything comes from the component class: its docstring's first line, and
 for each field of its ``Config`` attrs class the key, type, default and a
 one-line doc (the field's ``metadata["doc"]``, as in
 ``path: Path = attrs.field(metadata={"doc": "..."})``).
+
+``compass describe execution`` and ``compass describe orchestration`` read
+the config blocks of the same name the same way, from the attrs values they
+are structured into (:data:`BLOCKS`); a nested value's keys are listed under
+its key with a dot (``attempts.k``), a mapping's under ``<id>``
+(``providers.<id>.capacity``).
 """
 
 from __future__ import annotations
@@ -16,13 +22,22 @@ from typing import Any
 
 import attrs
 
-__all__ = ["config_keys", "describe_lines", "summary_line"]
+from .runtime._values import ExecutionSpec, Orchestration
+
+__all__ = ["BLOCKS", "block_lines", "config_keys", "describe_lines", "summary_line"]
+
+#: Config blocks that ``compass describe`` explains: name -> (value class,
+#: where the block goes in a config file, keys that are not written there).
+BLOCKS: dict[str, tuple[type, str, frozenset[str]]] = {
+    "execution": (ExecutionSpec, "requests[].execution", frozenset()),
+    "orchestration": (Orchestration, "orchestration", frozenset({"requests", "plugins"})),
+}
 
 
 def summary_line(cls: type) -> str:
     """The first sentence of the class docstring (empty when there is none)."""
     paragraph = (inspect.getdoc(cls) or "").strip().split("\n\n")[0]
-    text = " ".join(paragraph.split())
+    text = " ".join(paragraph.split()).replace("``", "`")
     end = text.find(". ")
     return text if end < 0 else text[: end + 1]
 
@@ -63,16 +78,52 @@ def config_keys(cls: type) -> list[tuple[str, str, str, str]]:
     config = getattr(cls, "Config", None)
     if config is None or not attrs.has(config):
         return []
+    return _keys(config, nest=False)
+
+
+def _keys(
+    cls: type, prefix: str = "", skip: frozenset[str] = frozenset(), *, nest: bool = True
+) -> list[tuple[str, str, str, str]]:
+    """The rows of :func:`config_keys` for the attrs class ``cls``; with
+    ``nest``, a field whose type is an attrs class is listed by its own keys
+    (``attempts.k``), and one that maps ids to one by those keys under
+    ``<id>``, after its own row."""
     try:
-        hints = typing.get_type_hints(config)
+        hints = typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - an unresolvable annotation: show it as written
         hints = {}
     rows = []
-    for field in attrs.fields(config):
+    for field in attrs.fields(cls):
+        if field.name in skip:
+            continue
         type_ = hints.get(field.name, field.type)
         doc = " ".join(str(field.metadata.get("doc", "")).split())
-        rows.append((field.name, _type_name(type_), _default(field), doc))
+        args = typing.get_args(type_)
+        if nest and isinstance(type_, type) and attrs.has(type_):
+            rows += _keys(type_, f"{prefix}{field.name}.")
+        elif nest and typing.get_origin(type_) is dict and len(args) == 2 and attrs.has(args[1]):
+            rows.append((f"{prefix}{field.name}", f"dict[str, {args[1].__name__}]", _default(field), doc))
+            rows += _keys(args[1], f"{prefix}{field.name}.<id>.")
+        else:
+            rows.append((f"{prefix}{field.name}", _type_name(type_), _default(field), doc))
     return rows
+
+
+def block_lines(name: str, indent: str = "  ") -> list[str]:
+    """What ``compass describe NAME`` prints for the config block ``name`` (a key of :data:`BLOCKS`)."""
+    cls, where, skip = BLOCKS[name]
+    lines = [f"{name}: the keys of the `{where}` block of a config", f"{indent}{summary_line(cls)}", f"{indent}keys:"]
+    lines += _key_lines(_keys(cls, "", skip), indent + "  ")
+    return lines
+
+
+def _key_lines(keys: list[tuple[str, str, str, str]], indent: str) -> list[str]:
+    lines = []
+    for key, type_name, default, doc in keys:
+        lines.append(f"{indent}{key}: {type_name} ({default})")
+        if doc:
+            lines.append(f"{indent}    {doc}")
+    return lines
 
 
 def describe_lines(kind: str, component_id: str, cls: type, origin: str, indent: str = "") -> list[str]:
@@ -91,8 +142,5 @@ def describe_lines(kind: str, component_id: str, cls: type, origin: str, indent:
         lines.append(f"{indent}config: no keys")
     else:
         lines.append(f"{indent}config keys:")
-        for key, type_name, default, doc in keys:
-            lines.append(f"{indent}  {key}: {type_name} ({default})")
-            if doc:
-                lines.append(f"{indent}      {doc}")
+        lines += _key_lines(keys, indent + "  ")
     return lines

@@ -52,12 +52,12 @@ import trio
 from .. import _registry
 from .._convert import unstructure
 from .._logging import get_logger
+from .._observations import is_success
 from .._redact import redact_json_text
 from .._store import Disk, LoadedRun, latest_run, load_run
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
-from ._task import is_success
 
 log = get_logger("agentcompass.reuse")
 

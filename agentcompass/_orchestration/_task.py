@@ -9,29 +9,16 @@ run with retry budget picks the task up again).
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import trio
 
+from .._observations import is_success
 from ..runtime._executor import Executor, Grants, TaskReporter
 from ..runtime._results import AttemptRecord, TaskRecord, worst_severity
 from ..runtime._values import RunRequest, TaskSpec
 from ._attempt import run_attempt
 from ._context import GraceClock, RequestContext
 
-__all__ = ["InProcessExecutor", "is_success", "run_task"]
-
-
-def is_valid(value: Any) -> bool:
-    if value is None or isinstance(value, str):
-        return False
-    return not (isinstance(value, float) and math.isnan(value))
-
-
-def is_success(value: Any) -> bool:
-    """A valid successful observation: ``True`` or a number >= 1."""
-    return is_valid(value) and (value is True or (not isinstance(value, bool) and value >= 1))
+__all__ = ["InProcessExecutor", "run_task"]
 
 
 def _settled(records: dict[int, AttemptRecord], strategy: str, primary: str) -> bool:

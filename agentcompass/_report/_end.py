@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._observations import is_success
 from .._store import load_run
 from ._format import (
     fmt_metric,
@@ -50,10 +51,6 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def _passed(value: Any) -> bool:
-    return value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1)
-
-
 def render_request_report(name: str, status: str, run_dir: str, metrics: dict[str, Any] | None, tty: bool) -> str:
     """The end-of-run report of one request (``tty``: a rich table)."""
     directory = Path(run_dir)
@@ -88,7 +85,7 @@ def render_request_report(name: str, status: str, run_dir: str, metrics: dict[st
         for r in sorted_for_report(records)
         if r.severity != "normal"
         or worst_issue(r) is not None
-        or (primary is not None and not any(_passed(a.values.get(primary)) for a in r.attempts))
+        or (primary is not None and not any(is_success(a.values.get(primary)) for a in r.attempts))
     ]
     task_rows = [
         [

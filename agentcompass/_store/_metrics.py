@@ -13,8 +13,9 @@ Counting rules, per series over the request's task records:
   (``evaluation_failed``): an infrastructure failure means the run did not
   measure the agent, and silently dropping those tasks would flatter it.
 
-A valid value is a boolean (counted 0/1) or a finite number; ``None``, a
-missing key, NaN, infinities and anything else are not valid.
+A valid value and a success are as ``agentcompass._observations`` defines
+them (a boolean counted 0/1 or a finite number; a success is >= 1); a
+missing key counts as ``None``, not valid.
 """
 
 from __future__ import annotations
@@ -23,22 +24,13 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from .._observations import mean, reduce_values
 from ..runtime._results import TaskRecord
 
-__all__ = ["compute_metrics", "reduce_task", "valid_value"]
+__all__ = ["compute_metrics", "reduce_task"]
 
 Strategy = Literal["avg", "pass"]
 _STRATEGIES = ("avg", "pass")
-
-
-def valid_value(value: object) -> float | None:
-    """``value`` as a float if it is a valid observation, else ``None``."""
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if isinstance(value, (int, float)):
-        number = float(value)
-        return number if math.isfinite(number) else None
-    return None
 
 
 def reduce_task(record: TaskRecord, series: str, strategy: Strategy) -> float | None:
@@ -47,14 +39,7 @@ def reduce_task(record: TaskRecord, series: str, strategy: Strategy) -> float | 
     ``avg``: their mean. ``pass``: 1.0 if any is a success (``True`` or a
     number >= 1), else 0.0. ``None`` when no attempt has a valid value.
     """
-    if strategy not in _STRATEGIES:
-        raise ValueError(f"unknown attempt strategy {strategy!r}")
-    values = [v for a in record.attempts if (v := valid_value(a.values.get(series))) is not None]
-    if not values:
-        return None
-    if strategy == "avg":
-        return math.fsum(values) / len(values)
-    return 1.0 if any(v >= 1 for v in values) else 0.0
+    return reduce_values((a.values.get(series) for a in record.attempts), strategy)
 
 
 def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord], strategy: str) -> dict[str, Any]:
@@ -101,10 +86,10 @@ def _series(
     for name in names:
         counted = [(severity, reduced[name]) for severity, reduced in rows if severity != "fatal"]
         values = [value for _, value in counted if value is not None]
-        mean = math.fsum(values) / len(values) if values else None
+        average = mean(values) if values else None
         block[name] = {
-            "value": None if failed else mean,
-            "reference_value": mean,
+            "value": None if failed else average,
+            "reference_value": average,
             "evaluated": len(values),
             "unavailable": len(counted) - len(values),
             "invalidated": len(rows) - len(counted),

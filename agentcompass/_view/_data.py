@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._observations import reduce_values
 from .._store._keys import task_key
 
 __all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
@@ -91,14 +92,6 @@ def _stat_key(path: str) -> tuple[int, int] | None:
 def _read_json(path: str | Path) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if isinstance(value, (int, float)) and value == value:  # not NaN
-        return float(value)
-    return None
 
 
 class Trajectory:
@@ -698,10 +691,6 @@ def _guess_series(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _reduce(values: list[dict[str, Any]], series: str, strategy: str) -> float | None:
-    """A task's value for ``series`` as SPEC 6 reduces attempts (avg or pass)."""
-    numbers = [n for n in (_number(v.get(series)) for v in values) if n is not None]
-    if not numbers:
-        return None
-    if strategy == "pass":
-        return 1.0 if any(n >= 1 for n in numbers) else 0.0
-    return sum(numbers) / len(numbers)
+    """A task's value for ``series`` as SPEC 6 reduces attempts (avg or pass;
+    another strategy is read as avg)."""
+    return reduce_values((v.get(series) for v in values), "pass" if strategy == "pass" else "avg")

@@ -127,9 +127,15 @@ def _fail(message: str) -> IssueError:
 
 @register
 class LocalEnvironment(BaseEnvironment):
-    """Provider ``local``. Config: ``root`` (where sandbox directories are made;
-    the system temp dir when ``None``), ``max_output_bytes`` (per stream of one
-    ``exec``; default 1 MiB)."""
+    """A fresh directory per session on this host, commands run as your user: no isolation, open network.
+
+    Only the ``full`` network policy. Each session holds ``app``, ``tests``,
+    ``logs`` and ``solution``, named by ``APP_DIR``, ``TESTS_DIR``,
+    ``LOGS_DIR`` and ``SOLUTION_DIR``; commands start in ``app`` (see the
+    module docstring). Not a security boundary: use ``sandbox`` (or
+    ``docker``) for agents you do not trust. Config: ``root`` (where sandbox
+    directories are made; the system temp dir when ``None``),
+    ``max_output_bytes`` (per stream of one ``exec``; default 1 MiB)."""
 
     id: ClassVar[str] = "local"
 

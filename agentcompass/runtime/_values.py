@@ -101,8 +101,11 @@ class AttemptsSpec:
     """``k`` semantic attempts per task; ``avg`` runs all of them, ``pass`` stops
     after the first valid success of the primary metric."""
 
-    k: int = 1
-    strategy: Literal["avg", "pass"] = "avg"
+    k: int = attrs.field(default=1, metadata={"doc": "attempts per task, each run and scored on its own"})
+    strategy: Literal["avg", "pass"] = attrs.field(
+        default="avg",
+        metadata={"doc": "avg: run all k, the task scores their mean; pass: stop at the first success, 1 if any"},
+    )
 
 
 @attrs.frozen
@@ -111,9 +114,15 @@ class NetworkOverrides:
     benchmark and recipes). Applied last by the planner, so ``run: none``
     holds on any benchmark; a provider that cannot enforce it rejects the plan."""
 
-    baseline: NetworkPolicy | None = None
-    run: NetworkPolicy | None = None
-    evaluation: NetworkPolicy | None = None
+    baseline: NetworkPolicy | None = attrs.field(
+        default=None, metadata={"doc": "policy while the sandbox is set up: none, allowlist or full (null: the plan's)"}
+    )
+    run: NetworkPolicy | None = attrs.field(
+        default=None, metadata={"doc": "policy while the agent runs (null: the plan's)"}
+    )
+    evaluation: NetworkPolicy | None = attrs.field(
+        default=None, metadata={"doc": "policy while the evaluation runs (null: the plan's)"}
+    )
 
 
 @attrs.frozen
@@ -124,18 +133,53 @@ class ExecutionSpec:
     that override the benchmark's plan and every recipe (SPEC section 9).
     """
 
-    attempts: AttemptsSpec = AttemptsSpec()
-    max_retries: int = 0
-    retry_pattern_list: list[str] | None = None
-    retry_min_delay_seconds: float = 5
-    retry_max_delay_seconds: float = 60
-    setup_timeout_seconds: float | None = None
-    run_timeout_seconds: float | None = None
-    run_timer_compensation_seconds: float = 30
-    evaluation_timeout_seconds: float | None = None
-    keep_environment: bool = False
-    evaluation_environment_mode: EvaluationMode | None = None
-    network: NetworkOverrides = NetworkOverrides()
+    attempts: AttemptsSpec = attrs.field(default=AttemptsSpec(), metadata={"doc": "attempts per task"})
+    max_retries: int = attrs.field(
+        default=0,
+        metadata={
+            "doc": "extra tries of an attempt after a retryable failure, shared by its stages; "
+            "0: no retry, the first failure is final"
+        },
+    )
+    retry_pattern_list: list[str] | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "regexes: an ERROR whose code or message matches one is retried; "
+            "null or []: no ERROR is (a FATAL always is, while max_retries lasts)"
+        },
+    )
+    retry_min_delay_seconds: float = attrs.field(
+        default=5, metadata={"doc": "backoff before the first retry; it doubles per retry, jittered down to half"}
+    )
+    retry_max_delay_seconds: float = attrs.field(
+        default=60, metadata={"doc": "the backoff's ceiling (a service's Retry-After too)"}
+    )
+    setup_timeout_seconds: float | None = attrs.field(
+        default=None,
+        metadata={"doc": "bound on opening the sandbox and preparing the task, once capacity is held; null: none"},
+    )
+    run_timeout_seconds: float | None = attrs.field(
+        default=None, metadata={"doc": "the agent's budget; null: the benchmark's (terminal: task.toml), else none"}
+    )
+    run_timer_compensation_seconds: float = attrs.field(
+        default=30, metadata={"doc": "grace past the run budget before the runtime stops the run (ERROR run_failed)"}
+    )
+    evaluation_timeout_seconds: float | None = attrs.field(
+        default=None,
+        metadata={"doc": "bound on collecting artifacts and evaluating; null: the benchmark's, else none"},
+    )
+    keep_environment: bool = attrs.field(
+        default=False, metadata={"doc": "leave each sandbox as it is after its attempt, to inspect; nothing reaps it"}
+    )
+    evaluation_environment_mode: EvaluationMode | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "where evaluation runs: reuse (the task's sandbox), fresh (a new one), none; null: the benchmark's"
+        },
+    )
+    network: NetworkOverrides = attrs.field(
+        default=NetworkOverrides(), metadata={"doc": "network policy per phase, over the benchmark's and recipes'"}
+    )
 
 
 @attrs.frozen
@@ -169,20 +213,31 @@ class RunRequest:
 class ProviderLimits:
     """Limits for one Environment provider id; ``0`` disables a limit."""
 
-    capacity: int = 0
-    open_qps: float = 0
+    capacity: int = attrs.field(default=0, metadata={"doc": "sandboxes of this provider open at once; 0: no limit"})
+    open_qps: float = attrs.field(default=0, metadata={"doc": "sandbox opens per second; 0: no limit"})
 
 
 @attrs.frozen
 class Orchestration:
     """Everything one ``launch`` runs: requests plus global scheduling settings."""
 
-    requests: list[RunRequest]
-    task_concurrency: int = 4
-    timeout_seconds: float | None = None
-    cleanup_grace_seconds: float = 30
-    providers: dict[str, ProviderLimits] = attrs.Factory(dict)
-    plugins: list[str] = attrs.Factory(list)
+    requests: list[RunRequest] = attrs.field(metadata={"doc": "the requests, prepared in declaration order"})
+    task_concurrency: int = attrs.field(
+        default=4, metadata={"doc": "tasks run at once, from one pool shared by all requests (earliest first)"}
+    )
+    timeout_seconds: float | None = attrs.field(
+        default=None,
+        metadata={"doc": "overall deadline, from after the checks; then nothing new starts and results are written"},
+    )
+    cleanup_grace_seconds: float = attrs.field(
+        default=30, metadata={"doc": "how long every way out (closing sandboxes, final writes) may take"}
+    )
+    providers: dict[str, ProviderLimits] = attrs.field(
+        factory=dict, metadata={"doc": "limits per environment id (local, sandbox, ...)"}
+    )
+    plugins: list[str] = attrs.field(
+        factory=list, metadata={"doc": "modules or .py files that register components (relative to the config file)"}
+    )
 
 
 @attrs.frozen

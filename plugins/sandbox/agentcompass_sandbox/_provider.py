@@ -70,11 +70,25 @@ class SandboxEnvironment(BaseEnvironment):
 
     @attrs.frozen
     class Config:
-        memory_mb: int | None = attrs.field(default=None, validator=_positive)
-        pids_max: int | None = attrs.field(default=None, validator=_positive)
-        max_output_bytes: int = attrs.field(default=1048576, validator=attrs.validators.gt(0))
-        reuse_network_namespaces: bool = True
-        tmpfs_mb: int = attrs.field(default=1024, validator=_positive)
+        memory_mb: int | None = attrs.field(
+            default=None, validator=_positive, metadata={"doc": "memory limit of the whole session (cgroup)"}
+        )
+        pids_max: int | None = attrs.field(
+            default=None, validator=_positive, metadata={"doc": "process limit of the whole session (cgroup)"}
+        )
+        max_output_bytes: int = attrs.field(
+            default=1048576,
+            validator=attrs.validators.gt(0),
+            metadata={"doc": "exec output kept per stream (the tail, with a marker)"},
+        )
+        reuse_network_namespaces: bool = attrs.field(
+            default=True, metadata={"doc": "give a session's network namespace back to the pool at close"}
+        )
+        tmpfs_mb: int = attrs.field(
+            default=1024,
+            validator=_positive,
+            metadata={"doc": "size of each of the session's two tmpfs (/tmp; /app, /tests, /logs, /solution)"},
+        )
 
     def host_euid(self) -> int:
         """The uid :meth:`preflight` checks (a seam: override to model another host)."""
