@@ -371,8 +371,9 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
 
 def _refuse_live_reuse(orchestration: Orchestration) -> None:
     """``--reuse`` of a run that is still alive would reap its sandboxes:
-    refuse it (exit 2) before anything is created, as ``compass reap`` does."""
-    from ._orchestration._reuse import reuse_source
+    refuse it (exit 2) before anything is created, as ``compass reap`` does;
+    so is ``--reuse`` of another experiment without ``--reuse-anyway``."""
+    from ._orchestration._reuse import refuse_other_experiments, reuse_source
     from ._store._run_store import run_is_live
     from .runtime._errors import ConfigError
 
@@ -383,6 +384,7 @@ def _refuse_live_reuse(orchestration: Orchestration) -> None:
                 f"cannot reuse {source} for request {request.name!r}: its run is still alive "
                 "(already open by another writer); wait for it to end or stop it first"
             )
+    refuse_other_experiments(orchestration.requests)
 
 
 def _resume_args(ctx: click.Context) -> list[str]:

@@ -32,6 +32,7 @@ from ..runtime._values import Orchestration, RunRequest
 from ._context import GraceClock
 from ._request import RequestRun
 from ._request_state import Phase
+from ._reuse import refuse_other_experiments
 from ._scheduler import Dispatcher
 from ._task import InProcessExecutor
 
@@ -97,7 +98,8 @@ async def launch(
     the first SIGINT, SIGTERM or SIGHUP).
 
     Raises :class:`~agentcompass.ConfigError` (nothing run) when preflight
-    rejects the configuration.
+    rejects the configuration, or when a request's ``reuse`` source is
+    another experiment and ``reuse_anyway`` is not set.
     """
     return await orchestrate(orchestration, config_dir=config_dir, show_progress=show_progress, stop=stop)
 
@@ -117,10 +119,13 @@ async def orchestrate(
     if has_data_checks(orchestration):
         # A benchmark's own check may read its whole data set: off the Trio thread.
         await trio.to_thread.run_sync(check_data, orchestration)
+    if any(request.reuse is not False for request in orchestration.requests):
+        # A --reuse of another experiment is refused here, before any run directory exists.
+        await trio.to_thread.run_sync(refuse_other_experiments, orchestration.requests)
     # The runs' per-task state (every finished record, kept for metrics) is
     # freed before the thresholds come back (see RequestRun.release): with
     # it still alive, the first allocation after would walk it all in one
-    # collection (7-13 ms at 2,000 tasks, on the way out of every launch).
+    # collection, on the way out of every launch (bench ``latency``).
     # Smallest wins among the orchestrations running now; the limits go with this one.
     with (
         launch_logging(),

@@ -15,9 +15,10 @@ checkpoints decide what runs again:
   early) run.
 
 Only a run of the same experiment is reused (:func:`experiment_difference`:
-benchmark, harness, model, environment id and attempts must match); another
-reuses nothing and a note says which field differs, unless
-``reuse_anyway``. Before anything runs, every Environment session the earlier run opened and
+benchmark, harness, model, environment id and attempts must match); unless
+``reuse_anyway``, another is refused before anything runs
+(:func:`refuse_other_experiments`, a :class:`ConfigError` naming the field
+that differs: the CLI exits 2, no run directory is made). Before anything runs, every Environment session the earlier run opened and
 never closed is reaped, and every provider it used is swept by its tag
 (``BaseEnvironment.sweep``), holding the earlier run's lock: a run that is
 still alive is refused. Tasks of the source that are no longer selected are
@@ -42,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,17 +53,24 @@ import trio
 
 from .. import _registry
 from .._convert import unstructure
-from .._logging import get_logger
 from .._observations import is_success
 from .._redact import redact_json_text
 from .._store import Disk, LoadedRun, latest_run, load_run
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
+from ..runtime._errors import ConfigError
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 
-log = get_logger("agentcompass.reuse")
-
-__all__ = ["PendingTask", "ReusePlan", "plan_reuse", "reap_sessions", "experiment_difference", "reuse_source", "sweep_run"]
+__all__ = [
+    "PendingTask",
+    "ReusePlan",
+    "experiment_difference",
+    "plan_reuse",
+    "reap_sessions",
+    "refuse_other_experiments",
+    "reuse_source",
+    "sweep_run",
+]
 
 
 @attrs.frozen
@@ -113,6 +122,35 @@ def experiment_difference(old_request: dict[str, Any], request: RunRequest) -> s
             if old.get(key) != new.get(key):
                 return f"{field}.{key}: {_short(old.get(key))} != {_short(new.get(key))}"
     return None
+
+
+def refuse_other_experiments(requests: Sequence[RunRequest]) -> None:
+    """Raise :class:`ConfigError` when a request's ``--reuse`` source is
+    another experiment and ``reuse_anyway`` is not set (blocking: it reads
+    each source's ``run_info.json``). Called before anything runs, so a
+    mismatch creates no run directory; a source without a readable
+    ``run_info.json`` is left to :func:`plan_reuse`."""
+    for request in requests:
+        if request.reuse is False or request.reuse_anyway:
+            continue
+        source = reuse_source(request)
+        if source is None:
+            continue
+        try:
+            info = json.loads((source / "run_info.json").read_bytes())
+        except (OSError, ValueError):
+            continue
+        old = info.get("request") if isinstance(info, dict) else None
+        difference = experiment_difference(old if isinstance(old, dict) else {}, request)
+        if difference is not None:
+            raise ConfigError(_other_experiment(request, source, difference))
+
+
+def _other_experiment(request: RunRequest, source: Path, difference: str) -> str:
+    return (
+        f"request {request.name!r}: --reuse of {source} refused: another experiment ({difference}); "
+        "drop --reuse, or add --reuse-anyway to reuse it all the same"
+    )
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -204,10 +242,9 @@ async def plan_reuse(
     difference = experiment_difference(old_request if isinstance(old_request, dict) else {}, request)
     if difference is not None:
         if not request.reuse_anyway:
-            plan.notes.append(f"reuse: {source} is another experiment ({difference}); nothing reused")
-            log.warning("reuse_refused", request=request.name, source=str(source), difference=difference)
-            plan.pending = [PendingTask(task) for task in tasks]
-            return plan
+            # Checked before anything ran (refuse_other_experiments): only a
+            # run that became the latest since then gets here; this request fails.
+            raise ConfigError(_other_experiment(request, source, difference))
         plan.notes.append(f"reuse: --reuse-anyway: reused {source} although it is another experiment ({difference})")
 
     execution = request.execution

@@ -1,10 +1,14 @@
 """Reuse only reuses the same experiment (SPEC section 8): benchmark (id and
 config), harness (id and config), model (name, api, base_url, params),
-environment id and attempts (k, strategy) must match the source run."""
+environment id and attempts (k, strategy) must match the source run; another
+is refused before anything runs (ConfigError, exit 2), unless reuse_anyway."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -15,6 +19,7 @@ from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, ModelSpec, O
 from agentcompass._cli import _apply_cli
 from agentcompass.testing import call_log, fake_request
 
+REPO = Path(agentcompass.__file__).resolve().parents[1]
 BASE_MODEL = ModelSpec("model-a", base_url="http://127.0.0.1:1/v1", params={"temperature": 0})
 
 
@@ -57,18 +62,56 @@ DIFFERENT = [
 
 
 @pytest.mark.parametrize(("field", "change"), DIFFERENT)
-async def test_another_experiment_reuses_nothing_and_says_which_field_differs(
-    tmp_path: Path, field: str, change
-) -> None:
+async def test_another_experiment_is_refused_before_anything_runs(tmp_path: Path, field: str, change) -> None:
     base = _base(tmp_path)
-    await _launch(base)
+    first = await _launch(base)
     ran = _runs()
-    run_dir = await _launch(attrs.evolve(change(base), reuse=True))
-    info = json.loads((run_dir / "run_info.json").read_text())
-    [note] = [n for n in info["notes"] if "another experiment" in n]
-    assert f"({field}: " in note and note.endswith("nothing reused"), note
-    k = info["request"]["execution"]["attempts"]["k"]
-    assert _runs() - ran == 2 * k  # every task ran again
+    with pytest.raises(agentcompass.ConfigError) as caught:
+        await agentcompass.launch(Orchestration([attrs.evolve(change(base), reuse=True)]))
+    message = str(caught.value)
+    assert f"another experiment ({field}: " in message and "--reuse-anyway" in message, message
+    assert str(first) in message and "\n" not in message
+    assert _runs() == ran  # nothing ran ...
+    assert list((tmp_path / "exp").iterdir()) == [first]  # ... and no run directory was made
+
+
+def test_the_cli_refuses_another_experiment_with_exit_2_and_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    request = {
+        "name": "exp",
+        "benchmark": {"id": "fake-bench", "config": {"tasks": 2}},
+        "harness": {"id": "fake-harness"},
+        "environment": {"id": "fake-env"},
+        "model": {"name": "model-a", "base_url": "http://127.0.0.1:1/v1"},
+        "output_root": "runs",
+    }
+    config.write_text(json.dumps({"plugins": ["agentcompass.testing"], "requests": [request]}))  # JSON is YAML
+    first = _compass(tmp_path, "launch", "config.yaml")
+    assert first.returncode == 0, first.stderr
+    [source] = (tmp_path / "runs" / "exp").iterdir()
+
+    second = _compass(tmp_path, "launch", "config.yaml", "--reuse", "--set", "model.name=model-b")
+
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert second.stdout == ""
+    [line] = second.stderr.splitlines()
+    assert line.startswith("error: request 'exp': --reuse of ") and str(source.name) in line, line
+    assert "(model.name: 'model-a' != 'model-b')" in line and "--reuse-anyway" in line, line
+    assert list((tmp_path / "runs" / "exp").iterdir()) == [source]  # nothing written for it
+
+    anyway = _compass(tmp_path, "launch", "config.yaml", "--reuse-anyway", "--set", "model.name=model-b")
+    assert anyway.returncode == 0, anyway.stderr
+    assert len(list((tmp_path / "runs" / "exp").iterdir())) == 2
+
+
+def _compass(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("COMPASS_LOG_LEVEL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "agentcompass._cli", *args],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=120, check=False,
+    )
 
 
 ALLOWED = [

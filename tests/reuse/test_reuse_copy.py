@@ -73,8 +73,10 @@ async def test_records_reused_unchanged_are_their_source_files(tmp_path: Path) -
 
 async def test_a_record_reused_with_fewer_attempts_is_written_anew(tmp_path: Path) -> None:
     first = await _launch(_request(tmp_path, 2))
-    second = await _launch(_request(tmp_path, 1, reuse=True))
+    # Fewer attempts is another experiment: reused anyway.
+    second = await _launch(_request(tmp_path, 1, reuse=True, reuse_anyway=True))
     old, new = _record_files(first.run_dir), _record_files(second.run_dir)
+    assert set(new) == set(old)
     for task_id, path in new.items():
         assert not os.path.samefile(path, old[task_id])
         assert [a["attempt"] for a in json.loads(path.read_bytes())["attempts"]] == [0]

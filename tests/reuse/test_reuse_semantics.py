@@ -394,7 +394,8 @@ async def test_a_reuse_run_stopped_while_it_prepared_is_skipped(autojump_clock, 
         benchmark=ComponentRef("fake-bench", {"log": "prep", "tasks": 3, "script": {"*": {"load_tasks": ["ok", "hang"]}}}),
     )
     with trio.move_on_after(1) as scope:
-        await launch_one(reuse_of(slow))
+        # A script in its config makes it another experiment: reused anyway.
+        await launch_one(reuse_of(slow, reuse_anyway=True))
     assert scope.cancelled_caught
     [second_dir] = [d for d in (tmp_path / "prep").iterdir() if str(d) != first.run_dir]
     assert run_info(second_dir)["status"] == "cancelled"
@@ -418,13 +419,14 @@ async def test_a_run_of_another_benchmark_is_not_reused(autojump_clock, tmp_path
     free = fake_request("other", log="other", harness_free=True, benchmark={"tasks": 2}, output_root=tmp_path)
     before = call_log("other").count("run")
 
-    second = await launch_one(reuse_of(free))
+    with pytest.raises(agentcompass.ConfigError) as caught:
+        await launch_one(reuse_of(free))
 
-    assert second.status == "succeeded"
-    assert call_log("other").count("run") == before + 2, "nothing may be reused across benchmarks"
-    text = notes(second.run_dir)
-    assert "'fake-bench'" in text and "'fake-free-bench'" in text and "nothing reused" in text
+    assert call_log("other").count("run") == before, "nothing may run"
+    text = str(caught.value)
+    assert "'fake-bench'" in text and "'fake-free-bench'" in text and "--reuse-anyway" in text
     assert str(first.run_dir) in text
+    assert [p.name for p in (tmp_path / "other").iterdir()] == [Path(first.run_dir).name]
 
 
 async def test_a_changed_task_set_reuses_only_the_selected_tasks(autojump_clock, tmp_path: Path):
