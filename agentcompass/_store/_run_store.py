@@ -93,8 +93,8 @@ _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | or
 
 def _compact(data: Any) -> str:
     """One-line JSON text of ``data`` (records, checkpoints, journal and
-    progress lines): orjson costs a fifth of the standard encoder, which
-    calls back into Python for every float (bench: overhead). The standard
+    progress lines): orjson, as the standard encoder calls back into
+    Python for every float (bench: overhead). The standard
     encoder takes what orjson refuses (a lone surrogate, an integer beyond
     64 bits). NaN and infinities are written as ``null``."""
     try:
@@ -564,13 +564,14 @@ async def open_run_store(
     every queued write and event is committed, shielded even when the caller
     is cancelled, until ``close_deadline()`` (default:
     :func:`agentcompass.runtime.cleanup_deadline`); past it what was not
-    written is lost, as in a crash.
+    written is lost, as in a crash. Opening is cancellable like any call: a
+    disk thread it abandons finishes the open, and the store it made, left
+    unreferenced, lets go of its lock.
     """
     if close_deadline is None:
         close_deadline = cleanup_deadline
     disk = disk or Disk()
-    with trio.CancelScope(shield=True):  # never leave a lock half-taken
-        store = await disk.run(RunStore._open_sync, disk, output_root, request_name, run_id)
+    store = await disk.run(RunStore._open_sync, disk, output_root, request_name, run_id)
     _OPEN_STORES.add(store)
     try:
         async with trio.open_nursery() as nursery:

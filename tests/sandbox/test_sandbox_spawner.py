@@ -14,6 +14,7 @@ import trio
 from _sandbox_support import census, first_line, leftovers, requires_sandbox
 from agentcompass_sandbox import SandboxEnvironment, _host, _spawner
 
+from agentcompass.runtime._cleanup import using_cleanup_clock
 from agentcompass.testing import hang_guard
 
 pytestmark = requires_sandbox
@@ -82,6 +83,30 @@ async def test_the_spawner_starts_bwrap_as_nobody_in_its_cgroups_and_reports_fai
                 if fd >= 0:
                     os.close(fd)
             await trio.to_thread.run_sync(_host.kill_cgroup, str(leaf), True)
+
+
+class _Deadline:
+    """A cleanup clock whose deadline is fixed (``using_cleanup_clock``'s seam)."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def deadline(self) -> float:
+        return self.at
+
+
+async def test_a_spawner_that_does_not_answer_is_given_up_at_the_cleanup_deadline(tmp_path: Path) -> None:
+    spawner = await trio.to_thread.run_sync(_spawner._prepare, "bwrap")
+    missing = [str(tmp_path / "no-such-cgroup" / "cgroup.procs")]
+    os.kill(spawner.proc.pid, signal.SIGSTOP)
+    try:
+        with hang_guard(30), using_cleanup_clock(_Deadline(trio.current_time() + 0.5)):
+            start = trio.current_time()
+            with pytest.raises(_host.HostError, match="did not answer"):
+                await _spawn(["--no-such-option"], missing, 0, 1)
+            assert trio.current_time() - start < 5  # the deadline, not the spawner's own 10 s
+    finally:
+        os.kill(spawner.proc.pid, signal.SIGCONT)
 
 
 async def test_sandboxes_end_with_the_runtime_that_started_them(tag: str) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -428,3 +431,63 @@ async def test_a_write_queued_on_a_stalled_disk_fails_at_the_deadline(tmp_path: 
             await trio.testing.wait_all_tasks_blocked()
     assert trio.current_time() == deadline  # not before the deadline, not after
     assert errors == [errno.ETIMEDOUT]
+
+
+async def test_opening_on_a_stalled_disk_ends_with_the_callers_scope(tmp_path: Path, autojump_clock: object) -> None:
+    disk = FakeDisk()
+    disk.stall()
+    opened = False
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_resume_at, disk, trio.current_time() + 60)  # hang guard
+        with trio.move_on_after(5):
+            async with open_run_store(tmp_path, "req", "r1", disk=disk):
+                opened = True
+        stopped = trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert not opened and stopped == 5  # not shielded until the disk came back
+
+
+async def _resume_at(disk: FakeDisk, when: float) -> None:
+    await trio.sleep_until(when)
+    disk.resume()
+
+
+class _GatedDisk(Disk):
+    """The real disk; its first ``makedirs`` waits for :attr:`gate`, and the
+    run directory's lock says when it is let go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.gate, self.released = threading.Event(), threading.Event(), threading.Event()
+
+    def makedirs(self, path: str) -> None:
+        self.entered.set()
+        self.gate.wait(10)  # hang guard
+        super().makedirs(path)
+
+    @contextlib.contextmanager
+    def lock(self, path: str) -> Iterator[None]:
+        try:
+            with super().lock(path):
+                yield
+        finally:
+            self.released.set()
+
+
+async def test_an_open_abandoned_in_its_thread_lets_go_of_the_lock(tmp_path: Path) -> None:
+    disk = _GatedDisk()
+    opened = False
+
+    async def open_one() -> None:
+        nonlocal opened
+        async with open_run_store(tmp_path, "req", "r1", disk=disk):
+            opened = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(open_one)
+        assert await trio.to_thread.run_sync(disk.entered.wait, 10)
+        nursery.cancel_scope.cancel()  # the thread is abandoned mid-open
+    disk.gate.set()
+    assert await trio.to_thread.run_sync(disk.released.wait, 10)
+    assert not opened
+    assert not _run_store.run_is_live(tmp_path / "req" / "r1")

@@ -23,6 +23,8 @@ from pathlib import Path
 import attrs
 import trio
 
+from agentcompass.runtime import cleanup_deadline
+
 from ._host import HOST_UID, STATE_ROOT, USERLAND, HostError, cgroup_bases
 
 #: How long a spawn may take (an exec and bwrap's start: milliseconds) before the spawner counts as stuck.
@@ -142,13 +144,15 @@ async def spawn(
             await _send(spawner.sock, message.encode(), fds if netns is None else [*fds, netns])
         while open_fds:
             os.close(open_fds.pop())
-        with trio.move_on_after(_REPLY_SECONDS, shield=True):
+        # Shielded so that a cancelled open still learns the pid it must clean
+        # up, and bounded by the run's one cleanup deadline as well.
+        with trio.move_on_at(min(trio.current_time() + _REPLY_SECONDS, cleanup_deadline()), shield=True):
             reply = await _receive(spawner.sock, exchange, request_id)
             if "pid" in reply:
                 return int(reply["pid"]), int(reply["child_pid"])  # type: ignore[call-overload]
             raise HostError(f"could not start {argv[0]}: {reply.get('error')}")
         exchange.replies.pop(request_id, None)
-        raise HostError(f"the sandbox spawner did not answer within {_REPLY_SECONDS:.0f} s")
+        raise HostError(f"the sandbox spawner did not answer within {_REPLY_SECONDS:.0f} s or the cleanup grace")
     finally:
         while open_fds:
             os.close(open_fds.pop())
