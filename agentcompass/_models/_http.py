@@ -20,9 +20,9 @@ long-lived pools against real servers:
   :data:`SHARD_CONNECTIONS` connections each, a request going to the one
   with the fewest requests in flight. httpcore's pool does work quadratic in
   its connections on every request (encode/httpcore#1035, open): at 100
-  connections that was 15-20 ms of CPU per call, more than everything else
-  the runtime does for it (bench scenario ``agent``). Small pools keep it
-  constant; one pool of one shard is httpx's exactly.
+  connections that was more CPU per call than everything else the runtime
+  does for it (bench scenario ``agent``). Small pools keep it constant; one
+  pool of one shard is httpx's exactly.
 
 Idle connections are kept :data:`KEEPALIVE_EXPIRY_SECONDS`, under the 5 s
 after which uvicorn (vLLM, SGLang) closes them, so that race is rare before

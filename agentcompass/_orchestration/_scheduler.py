@@ -28,8 +28,9 @@ __all__ = ["Dispatcher"]
 
 #: The tasks of one request started and not yet durable before no more of
 #: its tasks start: ``max(MIN_IN_FLIGHT, IN_FLIGHT_PER_SLOT * task_concurrency)``.
-#: Under load a record takes 150-350 ms from queued to durable, so a few per
-#: slot keep the slots busy (bench ``overhead``); a record is a few KB.
+#: Under load a record spends several task lengths between queued and
+#: durable, so a few per slot keep the slots busy (bench ``overhead``); a
+#: record is a few KB.
 MIN_IN_FLIGHT = 256
 IN_FLIGHT_PER_SLOT = 4
 

@@ -113,7 +113,7 @@ def latest_run(output_root: Path, request_name: str, exclude: Path | None = None
 
 
 def _loads(data: bytes) -> Any:
-    """JSON ``data``: orjson costs a third of the standard decoder (bench:
+    """JSON ``data``: orjson, as the standard decoder is slower (bench:
     reuse), which takes what orjson refuses (NaN, a lone surrogate, a BOM)."""
     try:
         return orjson.loads(data)
