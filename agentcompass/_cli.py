@@ -514,46 +514,45 @@ def _print_result(result: Any) -> None:
 @click.argument("run_dir", required=False, type=click.Path(path_type=Path))
 @click.option(
     "--output-root", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
-    help="Where to find the latest run when RUN_DIR is not given.",
+    help="Where to find the latest run (at any depth) when RUN_DIR is not given.",
 )
-def show(run_dir: Path | None, output_root: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (status, metrics, counts, paths).")
+def show(run_dir: Path | None, output_root: Path, as_json: bool) -> None:
     """Show a run's metrics and tasks (default: the latest run).
 
-    RUN_DIR may also be a request directory (OUTPUT_ROOT/NAME): its runs are listed.
+    RUN_DIR may also be a request directory (OUTPUT_ROOT/NAME): its runs are
+    listed; any other directory shows the latest run under it.
     """
-    from ._report import render_run_list, render_run_table
-    from ._store import load_run
+    from ._report._runs import is_run_dir
+    from ._report._show import render_overview, render_run_list, run_overview
     from .runtime._errors import ConfigError
 
     if run_dir is None:
         run_dir = _latest_run(output_root)
     if not run_dir.is_dir():
         raise ConfigError(f"run directory not found: {run_dir}")
-    if not (run_dir / "run_info.json").is_file() and any((p / "run_info.json").is_file() for p in run_dir.iterdir()):
-        click.echo(render_run_list(run_dir))
-        return
-    from ._store._run_store import run_is_live
-
-    try:
-        metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        metrics = None  # the run did not finalize
-    loaded = load_run(run_dir)
-    total = loaded.run_info.get("tasks") if isinstance(loaded.run_info, dict) else None
-    table = render_run_table(
-        loaded, metrics, live=run_is_live(run_dir), total=total if isinstance(total, int) else None
-    )
-    click.echo(table.rstrip())
+    if not is_run_dir(run_dir):
+        runs = sorted(p for p in run_dir.iterdir() if is_run_dir(p))
+        if runs and as_json:
+            click.echo(json.dumps({"runs": [run_overview(p)[1] for p in runs]}, indent=2, default=str))
+            return
+        if runs:
+            click.echo(render_run_list(run_dir))
+            return
+        run_dir = _latest_run(run_dir)
+    loaded, view = run_overview(run_dir)
+    click.echo(json.dumps(view, indent=2, default=str) if as_json else render_overview(loaded, view).rstrip())
 
 
 def _latest_run(output_root: Path) -> Path:
-    """The most recent run directory of any request under ``output_root``."""
+    """The most recent run directory of any request under ``output_root``, at any depth."""
+    from ._report._runs import latest_run
     from .runtime._errors import ConfigError
 
-    runs = [p.parent for p in output_root.glob("*/*/run_info.json")]
-    if not runs:
+    found = latest_run(output_root)
+    if found is None:
         raise ConfigError(f"no runs under {output_root} (give RUN_DIR or --output-root)")
-    return max(runs, key=lambda p: (p.name, str(p)))  # run ids start with their UTC start time
+    return found
 
 
 @cli.command()
@@ -651,13 +650,14 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
 def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
     """Browse runs in a web page (read-only).
 
-    RUN_DIR is a run directory, a request's directory or an output root
+    RUN_DIR is a run directory, or a directory searched for runs at any depth
     (default: runs). Serves on 127.0.0.1 until Ctrl-C, or writes the pages
     as static files with --out."""
     import signal
 
     import trio
 
+    from ._report._runs import find_run_dirs
     from ._view import ROW_BUDGET_SECONDS, Site, find_runs, serve, write_site
     from .runtime._errors import ConfigError
 
@@ -665,7 +665,8 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
     for path in paths:
         if not path.is_dir():
             raise ConfigError(f"run directory not found: {path}")
-    runs = find_runs(paths)
+    # Runs at any depth (`make demo` writes to runs/demo/<request>/<run id>), latest first.
+    runs = find_runs([run for path in paths for run in find_run_dirs(path)])
     if not runs:
         raise ConfigError(f"no run directory found under {', '.join(str(p) for p in paths)}")
     if out is not None:

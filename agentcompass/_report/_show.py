@@ -1,4 +1,5 @@
-"""``compass show``: a run directory, or the runs of a request, as plain text.
+"""``compass show``: a run directory, or the runs of a request, as plain
+text or (``--json``) one JSON document for scripts.
 
 A run's table shows what is on disk even for a run that never finalized: finished tasks
 from ``details/``, unfinished ones from their checkpoints, sessions still
@@ -7,12 +8,13 @@ open, and what the loader had to skip.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
-from .._store import LoadedRun
+from .._store import LoadedRun, load_run
 from .._store._run_store import run_is_live
-from ._end import read_json
+from ._end import display_path, read_json
 from ._format import (
     METRIC_COLUMNS,
     attempt_counts,
@@ -22,13 +24,22 @@ from ._format import (
     metric_cells,
     no_score_sentence,
     primary_series,
+    severity_counts,
     severity_phrase,
     sorted_for_report,
     text_table,
     worst_issue,
 )
 
-__all__ = ["TERMINAL_STATUSES", "render_run_list", "render_run_table", "run_status"]
+__all__ = [
+    "TERMINAL_STATUSES",
+    "overview",
+    "render_overview",
+    "render_run_list",
+    "render_run_table",
+    "run_overview",
+    "run_status",
+]
 
 
 #: Statuses a run ends with; any other (``running``, none) means it has not ended.
@@ -44,29 +55,101 @@ def run_status(info: dict[str, Any], live: bool) -> str:
     return "running" if live else "interrupted"
 
 
+def run_overview(run_dir: Path) -> tuple[LoadedRun, dict[str, Any]]:
+    """What ``compass show`` says of ``run_dir``, read from its files: the
+    loaded run and the document ``compass show --json`` prints (see
+    :func:`overview`)."""
+    metrics = read_json(run_dir / "metrics.json")
+    loaded = load_run(run_dir)
+    info = loaded.run_info if isinstance(loaded.run_info, dict) else {}
+    total = info.get("tasks")
+    return loaded, overview(
+        loaded,
+        metrics if isinstance(metrics, dict) else None,
+        live=run_is_live(run_dir),
+        total=total if isinstance(total, int) else None,
+    )
+
+
+def overview(
+    loaded: LoadedRun, metrics: dict[str, Any] | None, *, live: bool = False, total: int | None = None
+) -> dict[str, Any]:
+    """The run's status, task counts, metrics (None: the run did not
+    finalize) and paths.
+
+    ``live``: a process still holds the run (else a run that never ended is
+    ``interrupted``). ``total``: the run's selected tasks, so that tasks that
+    never started count as unfinished too. ``final`` is true only for a run
+    that ended with every selected task finished: the metrics of any other
+    (running, interrupted, or cancelled or timed out with tasks left) count
+    only what finished. ``resume`` is then the command that runs the rest;
+    ``CONFIG`` stands for the config file it was launched with, which the
+    run directory does not record."""
+    info = loaded.run_info if isinstance(loaded.run_info, dict) else {}
+    status = run_status(info, live)
+    records = list(loaded.details.values())
+    unfinished = len(loaded.checkpoints)
+    if total is not None:
+        unfinished = max(unfinished, total - len(records))
+    final = status in TERMINAL_STATUSES and unfinished == 0
+    counts = severity_counts(records)
+    shown = display_path(loaded.run_dir)
+    resume = None
+    if not final and status != "running" and info.get("prepared"):
+        resume = shlex.join(["compass", "launch", "CONFIG", "--reuse", str(shown)])
+    request = info.get("request")
+    return {
+        "run_dir": str(shown),
+        "request": request.get("name") if isinstance(request, dict) else None,
+        "status": status,
+        "final": final,
+        "started_at": info.get("started_at"),
+        "ended_at": info.get("ended_at"),
+        "tasks": {
+            "total": total,
+            "finished": len(records),
+            "unfinished": unfinished,
+            "invalidated": counts["fatal"],
+            "error": counts["error"],
+            "normal": counts["normal"],
+        },
+        "metrics": metrics,
+        "open_sessions": len(loaded.open_sessions),
+        "resume": resume,
+        "paths": {
+            name.split(".")[0]: str(shown / name)
+            for name in ("run_info.json", "metrics.json", "summary.md", "progress.json", "log.jsonl", "details")
+            if (loaded.run_dir / name).exists()
+        },
+        "notes": list(loaded.notes),
+    }
+
+
 def render_run_table(
     loaded: LoadedRun, metrics: dict[str, Any] | None, *, live: bool = False, total: int | None = None
 ) -> str:
-    """Metrics (if the run wrote ``metrics.json``), then one row per task.
+    """Status and task counts, metrics (if the run wrote ``metrics.json``),
+    then one row per task. A run whose score is not final says so and how
+    to resume it (arguments as for :func:`overview`)."""
+    return render_overview(loaded, overview(loaded, metrics, live=live, total=total))
 
-    ``live``: a process still holds the run (else a run that never ended is
-    ``interrupted``). ``total``: the run's selected tasks (``progress.json``),
-    so that tasks that never started count as unfinished too."""
+
+def render_overview(loaded: LoadedRun, view: dict[str, Any]) -> str:
+    """The text of ``compass show`` for ``view`` (from :func:`overview`)."""
     records = list(loaded.details.values())
-    status = run_status(loaded.run_info, live)
-    unfinished = len(loaded.checkpoints)
-    if total is not None and status in ("interrupted", "running"):
-        unfinished = max(unfinished, total - len(records))
+    status, tasks, metrics = view["status"], view["tasks"], view["metrics"]
+    unfinished = tasks["unfinished"]
     out = [
         f"Run:    {loaded.run_dir}",
-        f"Status: {status}",
+        f"Status: {status}" + (" (the process running it died before it ended)" if status == "interrupted" else ""),
         f"Tasks:  {len(records)} finished ({severity_phrase(records)}), {unfinished} unfinished",
     ]
-    if status == "interrupted":
-        out.append(
-            "The process running it died before it ended: `compass launch CONFIG --reuse` "
-            "runs the unfinished tasks (and reaps what it left open)"
-        )
+    partial = not view["final"] and unfinished > 0
+    if partial:
+        of = f" of {tasks['total']}" if tasks["total"] is not None else ""
+        out.append(f"Partial: {unfinished}{of} task(s) unfinished; not a final score")
+    if view["resume"] is not None:
+        out.append(f"Resume: {view['resume']}  (CONFIG: the config it was launched with; runs only what is left)")
     if loaded.open_sessions:
         out.append(f"Open sessions: {len(loaded.open_sessions)} (never closed; `compass reap` cleans them up)")
     out.append("")
@@ -79,7 +162,8 @@ def render_run_table(
         rows = [[name, *metric_cells(s)] for name, s in metrics.get("series", {}).items()]
         for category, block in metrics.get("categories", {}).items():
             rows += [[f"{category} / {name}", *metric_cells(s)] for name, s in block.get("series", {}).items()]
-        header = ("series", "value", "reference", *METRIC_COLUMNS)
+        # Unfinished tasks count as unavailable: the values are of what finished.
+        header = ("series", "partial value" if partial else "value", "reference", *METRIC_COLUMNS)
         out += [text_table(header, rows) if rows else "Metrics: no series", ""]
 
     primary = primary_series(metrics, records)
