@@ -13,8 +13,11 @@ __all__ = [
     "METRIC_COLUMNS",
     "attempt_counts",
     "attempt_values",
+    "causes",
     "fmt_metric",
     "fmt_value",
+    "issue_code",
+    "issue_text",
     "metric_cells",
     "no_score_sentence",
     "primary_series",
@@ -98,13 +101,34 @@ def worst_issue(record: TaskRecord) -> Issue | None:
     return max(issues, key=lambda issue: SEVERITY_RANK[issue.severity], default=None)
 
 
-def issue_text(issue: Issue | None, limit: int = 120) -> str:
+def issue_text(issue: Issue | None, limit: int | None = 120) -> str:
     if issue is None:
         return ""
     text = f"{issue.severity.upper()} {issue.code}"
     if issue.message:
         text += f": {issue.message}"
     return one_line(text, limit)
+
+
+def issue_code(issue: Issue | None) -> str:
+    """``FATAL model_unreachable``: an issue without its message."""
+    return "" if issue is None else f"{issue.severity.upper()} {one_line(issue.code)}"
+
+
+def causes(records: Sequence[TaskRecord]) -> list[tuple[str, int]]:
+    """Each distinct worst issue of ``records`` as its whole one-line text
+    (:func:`issue_text` uncut) and the number of tasks it is the worst issue
+    of: most frequent first, then the most severe, then in report order."""
+    counts: Counter[str] = Counter()
+    rank: dict[str, int] = {}
+    for record in sorted_for_report(records):
+        issue = worst_issue(record)
+        if issue is not None:
+            text = issue_text(issue, limit=None)
+            counts[text] += 1
+            rank.setdefault(text, SEVERITY_RANK[issue.severity])
+    order = {text: i for i, text in enumerate(counts)}
+    return sorted(counts.items(), key=lambda item: (-item[1], -rank[item[0]], order[item[0]]))
 
 
 def sorted_for_report(records: Sequence[TaskRecord]) -> list[TaskRecord]:
