@@ -90,9 +90,16 @@ def attempt_values(attempts: Sequence[AttemptRecord], series: str | None) -> str
 
 
 def metric_cells(series: dict[str, Any]) -> list[str]:
-    """One series of ``metrics.json`` as table cells: value, reference value, counts."""
-    value, reference = fmt_metric(series.get("value")), fmt_metric(series.get("reference_value"))
-    return [value, reference, *(str(series.get(column, "")) for column in METRIC_COLUMNS)]
+    """One series of ``metrics.json`` as table cells: value, reference value, counts.
+
+    The mean shown first carries its standard error, ``0.8333 ± 0.1124``: the
+    value's, or the reference value's when there is no official value."""
+    value, reference = series.get("value"), series.get("reference_value")
+    with_error = f" ± {fmt_metric(series['stderr'])}" if series.get("stderr") is not None else ""
+    cells = [fmt_metric(value) + (with_error if value is not None else ""), fmt_metric(reference)]
+    if value is None and reference is not None:
+        cells[1] += with_error
+    return [*cells, *(str(series.get(column, "")) for column in METRIC_COLUMNS)]
 
 
 def worst_issue(record: TaskRecord) -> Issue | None:

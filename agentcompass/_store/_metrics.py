@@ -8,6 +8,10 @@ Counting rules, per series over the request's task records:
 - ``error``: tasks whose severity is ``error`` (they may still be evaluated);
 - ``reference_value``: mean of the evaluated tasks' reduced values (``None`` if
   none is evaluated);
+- ``stderr``: the standard error of that mean, the sample standard deviation
+  of the evaluated tasks' values over the square root of their number
+  (``None`` with fewer than two), reported beside every value as Inspect AI
+  does;
 - ``value``: the same mean, the official score, but ``None`` for every series
   and category as soon as any task of the request ended fatal
   (``evaluation_failed``): an infrastructure failure means the run did not
@@ -27,7 +31,7 @@ from typing import Any, Literal
 from .._observations import mean, reduce_values
 from ..runtime._results import TaskRecord
 
-__all__ = ["compute_metrics", "reduce_task"]
+__all__ = ["compute_metrics", "reduce_task", "standard_error"]
 
 Strategy = Literal["avg", "pass"]
 _STRATEGIES = ("avg", "pass")
@@ -46,8 +50,8 @@ def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord]
     """The content of ``metrics.json``::
 
         {"evaluation_failed": bool,
-         "series": {name: {"value", "reference_value", "evaluated", "unavailable",
-                           "invalidated", "error", "total"}},
+         "series": {name: {"value", "reference_value", "stderr", "evaluated",
+                           "unavailable", "invalidated", "error", "total"}},
          "categories": {category: {"series": {name: {...}}}},
          "usage": {key: sum over all attempts' run_result.usage}}
 
@@ -90,6 +94,7 @@ def _series(
         block[name] = {
             "value": None if failed else average,
             "reference_value": average,
+            "stderr": standard_error(values, average),
             "evaluated": len(values),
             "unavailable": len(counted) - len(values),
             "invalidated": len(rows) - len(counted),
@@ -97,6 +102,24 @@ def _series(
             "total": len(rows),
         }
     return block
+
+
+def standard_error(values: Sequence[float], average: float | None) -> float | None:
+    """The standard error of ``average``, the mean of finite ``values``:
+    ``sqrt(sum((v - average)**2) / (n - 1) / n)``; ``None`` for fewer than
+    two values or where it is beyond the float range."""
+    n = len(values)
+    if n < 2 or average is None:
+        return None
+    # Deviations scaled by the largest, so that their squares cannot overflow.
+    deviations = [v - average for v in values]
+    scale = max(abs(d) for d in deviations)
+    if scale == 0:
+        return 0.0
+    if not math.isfinite(scale):
+        return None
+    spread = math.sqrt(math.fsum((d / scale) ** 2 for d in deviations) / (n - 1) / n) * scale
+    return spread if math.isfinite(spread) else None
 
 
 def _add_usage(total: dict[str, Any], usage: Any) -> None:

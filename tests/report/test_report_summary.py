@@ -33,7 +33,8 @@ def test_summary_says_there_is_no_official_score() -> None:
         "No official score: 1 task(s) invalidated (a FATAL left: the infrastructure failed); "
         "reference values exclude them." in text
     )
-    assert "| acc | - | 0.3750 | 2 | 0 | 1 | 1 | 3 |" in text
+    # No official value: the standard error goes with the reference value.
+    assert "| acc | - | 0.3750 ± 0.3750 | 2 | 0 | 1 | 1 | 3 |" in text
     task_rows = text.split("## Tasks")[1].strip().splitlines()[2:]
     assert len(task_rows) == 3
     assert task_rows[0].startswith("| `` `crash` `` | math | fatal |")  # fatal first
@@ -48,7 +49,7 @@ def test_summary_without_fatal_has_official_values() -> None:
     metrics = compute_metrics(("acc",), recs, "avg")
     text = render_summary("r", Path("d"), metrics, recs, "succeeded")
     assert "No official score" not in text
-    assert "| acc | 0.3750 | 0.3750 | 2 | 0 | 0 | 1 | 2 |" in text
+    assert "| acc | 0.3750 ± 0.3750 | 0.3750 | 2 | 0 | 0 | 1 | 2 |" in text
 
 
 async def test_show_renders_a_run_directory(tmp_path: Path) -> None:

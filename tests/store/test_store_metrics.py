@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompass._store import compute_metrics, reduce_task
+from agentcompass._store._metrics import standard_error
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 
 SERIES = ("acc", "f1")
@@ -47,6 +49,7 @@ def test_example_with_a_fatal_task() -> None:
     assert metrics["series"]["acc"] == {
         "value": None,
         "reference_value": 0.5,
+        "stderr": 0.5,
         "evaluated": 2,
         "unavailable": 1,
         "invalidated": 1,
@@ -135,7 +138,25 @@ def test_metrics_identities(tasks: list, strategy: str) -> None:
                 assert s["reference_value"] is None
             else:
                 assert s["reference_value"] == pytest.approx(expected)
+            if len(evaluated) < 2:
+                assert s["stderr"] is None
+            else:
+                sd = statistics.stdev(evaluated)  # the sample standard deviation (n - 1)
+                assert s["stderr"] == pytest.approx(sd / math.sqrt(len(evaluated)), abs=1e-12)
             if any_fatal:
                 assert s["value"] is None
             else:
                 assert s["value"] == s["reference_value"]
+
+
+def test_standard_error_edges() -> None:
+    assert standard_error([], None) is None
+    assert standard_error([0.7], 0.7) is None  # one task: no spread to measure
+    assert standard_error([1.0, 1.0, 1.0], 1.0) == 0.0
+    assert standard_error([1.0, 0.0], 0.5) == pytest.approx(0.5)
+    # Finite values whose squared deviations overflow still give a finite error;
+    # one beyond the float range is no error at all (metrics.json stays JSON).
+    assert standard_error([1e200, -1e200], 0.0) == pytest.approx(1e200)
+    assert standard_error([1.7e308, -1.7e308], 0.0) == pytest.approx(1.7e308)
+    huge = [1.7e308, -1.7e308, -1.7e308]
+    assert standard_error(huge, sum(v / 3 for v in huge)) is None

@@ -67,6 +67,8 @@ function fmt(v, digits = 4) {
   if (typeof v === "number") return Number.isInteger(v) ? v.toLocaleString("en") : v.toFixed(digits).replace(/0+$/, "").replace(/\.$/, "");
   return String(v);
 }
+// A mean with its standard error (metrics.json's stderr), as Inspect shows one beside every score.
+function pm(v, stderr) { return v === null || v === undefined || stderr === null || stderr === undefined ? fmt(v) : `${fmt(v)} ± ${fmt(stderr)}`; }
 function secs(v) {
   if (v === null || v === undefined) return "—";
   if (v < 1) return (v * 1000).toFixed(0) + " ms";
@@ -383,10 +385,11 @@ function runSummary(i, data, pickCode) {
   else if (m.evaluation_failed) {
     const ref = primary && m.series[primary] ? m.series[primary].reference_value : null;
     score = h("p", { class: "score" }, h("span", { class: "badge b-bad" }, "no official score"), " ",
-      `${m.series[primary]?.invalidated ?? "some"} task(s) ended FATAL, so the result does not measure the agent. Reference ${primary}: ${fmt(ref)} (from non-invalidated tasks).`);
+      `${m.series[primary]?.invalidated ?? "some"} task(s) ended FATAL, so the result does not measure the agent. Reference ${primary}: ${pm(ref, m.series[primary]?.stderr)} (from non-invalidated tasks).`);
   } else {
     const s = m.series[primary] || {};
-    score = h("p", { class: "score" }, `${primary}: `, h("strong", { id: "score" }, fmt(s.value)), ` over ${fmt(s.evaluated)} evaluated of ${fmt(s.total)} tasks`);
+    score = h("p", { class: "score" }, `${primary}: `, h("strong", { id: "score" }, fmt(s.value)),
+      s.stderr !== null && s.stderr !== undefined ? h("span", { id: "score-stderr" }, ` ± ${fmt(s.stderr)}`) : null, ` over ${fmt(s.evaluated)} evaluated of ${fmt(s.total)} tasks`);
   }
   const usage = (m && m.usage) || data.usage || {};
   const elapsed = p.elapsed ?? (hd.ended_at && hd.started_at ? hd.ended_at - hd.started_at : null);
@@ -406,13 +409,14 @@ function runSummary(i, data, pickCode) {
     const cols = ["value", "reference_value", "evaluated", "unavailable", "invalidated", "error", "total"];
     left.push(panel("Metrics", h("table", { class: "t", id: "metrics" },
       h("tr", null, h("th", null, "series"), cols.map((c) => h("th", { class: "num" }, c.replace("_", " ")))),
-      Object.entries(m.series).map(([name, s]) => h("tr", null, h("td", null, name), cols.map((c) => h("td", { class: "num" }, fmt(s[c]))))))));
+      Object.entries(m.series).map(([name, s]) => h("tr", null, h("td", null, name), cols.map((c) => h("td", { class: "num" },
+        c === "value" ? pm(s.value, s.stderr) : c === "reference_value" && (s.value === null || s.value === undefined) ? pm(s.reference_value, s.stderr) : fmt(s[c]))))))));
     const cats = Object.entries(m.categories || {});
     if (cats.length && primary) {
       const items = cats.map(([c, v]) => ({ label: c, value: v.series[primary]?.value ?? null, ref: v.series[primary]?.reference_value ?? null }));
       left.push(panel(`${primary} by category`, barChart(items, { title: primary + " by category" }),
         h("table", { class: "t" }, h("tr", null, h("th", null, "category"), Object.keys(m.series).map((s) => h("th", { class: "num" }, s)), h("th", { class: "num" }, "tasks")),
-          cats.map(([c, v]) => h("tr", null, h("td", null, c), Object.keys(m.series).map((s) => h("td", { class: "num" }, fmt(v.series[s]?.value ?? v.series[s]?.reference_value))), h("td", { class: "num" }, fmt(v.series[primary]?.total)))))));
+          cats.map(([c, v]) => h("tr", null, h("td", null, c), Object.keys(m.series).map((s) => h("td", { class: "num" }, pm(v.series[s]?.value ?? v.series[s]?.reference_value, v.series[s]?.stderr))), h("td", { class: "num" }, fmt(v.series[primary]?.total)))))));
     }
   }
   right.push(panel("Time by phase (sum over attempts)", phaseBars(data.timings)));
