@@ -31,6 +31,7 @@ from typing import Any
 
 from .._observations import reduce_values
 from .._store._keys import task_key
+from ._logs import list_logs, read_log
 
 __all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
 
@@ -409,6 +410,7 @@ class RunData:
             run_result["trajectory_chunk_steps"] = CHUNK_STEPS
             run_result["tool_calls"] = trajectory.tool_calls
             attempt["run_result"] = run_result
+            attempt["logs"] = list_logs(self._logs_dir(key, attempt.get("attempt")))
             attempts.append(attempt)
         return {
             "task_id": record.get("task_id"),
@@ -435,6 +437,15 @@ class RunData:
                     return None
                 return RawJSON(trajectory.chunks[chunk])
         return None
+
+    def log_file(self, key: str, attempt_index: int, index: int) -> dict[str, Any] | None:
+        """The ``index``-th kept log file of an attempt (see :mod:`._logs`)."""
+        return read_log(self._logs_dir(key, attempt_index), index)
+
+    def _logs_dir(self, key: str, attempt_index: Any) -> Path:
+        """``tasks/<key>/attempt-<n>/logs``: what the attempt's verifier and agent left in ``/logs``."""
+        n = attempt_index if isinstance(attempt_index, int) and not isinstance(attempt_index, bool) else -1
+        return self.run_dir / "tasks" / key / f"attempt-{n}" / "logs"
 
     def task_keys(self) -> list[str]:
         return sorted(self._detail_files())

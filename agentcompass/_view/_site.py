@@ -16,6 +16,7 @@ Paths::
     data/<run>/run.js                     a run page: metrics, totals, task rows
     data/<run>/task/<key>.js              a task's record without trajectories
     data/<run>/traj/<key>/<attempt>-<chunk>.js   one chunk of a trajectory
+    data/<run>/log/<key>/<attempt>-<file>.js     one kept log file (by its place in the attempt's listing)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ _JS = "text/javascript; charset=utf-8"
 _RUN = re.compile(r"data/(\d+)/run\.js")
 _TASK = re.compile(r"data/(\d+)/task/([a-z0-9._~-]+)\.js")
 _TRAJ = re.compile(r"data/(\d+)/traj/([a-z0-9._~-]+)/(\d+)-(\d+)\.js")
+_LOG = re.compile(r"data/(\d+)/log/([a-z0-9._~-]+)/(\d+)-(\d+)\.js")
 
 
 class Site:
@@ -89,6 +91,8 @@ class Site:
                     chunks = (attempt.get("run_result") or {}).get("trajectory_chunks") or 0
                     for chunk in range(chunks):
                         yield f"data/{index}/traj/{key}/{attempt.get('attempt')}-{chunk}.js"
+                    for file in range(len(attempt.get("logs") or [])):
+                        yield f"data/{index}/log/{key}/{attempt.get('attempt')}-{file}.js"
 
     def _data(self, path: str) -> tuple[str, Any] | None:
         ident = path[len("data/"):-len(".js")] if path.startswith("data/") and path.endswith(".js") else ""
@@ -107,6 +111,10 @@ class Site:
             run = self._run(m.group(1))
             chunk = run.trajectory_chunk(m.group(2), int(m.group(3)), int(m.group(4))) if run else None
             return (ident, chunk) if chunk is not None else None
+        if m := _LOG.fullmatch(path):
+            run = self._run(m.group(1))
+            log = run.log_file(m.group(2), int(m.group(3)), int(m.group(4))) if run else None
+            return (ident, log) if log is not None else None
         return None
 
     def _run(self, index: str) -> RunData | None:
@@ -163,5 +171,5 @@ def _written_before(out_dir: Path) -> Iterator[str]:
     for dirpath, _, names in os.walk(data):
         for name in names:
             path = Path(dirpath, name).relative_to(out_dir).as_posix()
-            if path in ("data/config.js", "data/runs.js") or any(p.fullmatch(path) for p in (_RUN, _TASK, _TRAJ)):
+            if path in ("data/config.js", "data/runs.js") or any(p.fullmatch(path) for p in (_RUN, _TASK, _TRAJ, _LOG)):
                 yield path

@@ -120,7 +120,7 @@ class QABenchmark(HarnessFreeBenchmark):
     async def prepare_task(
         self, task: TaskSpec, env: EnvironmentSession, request: RunRequest, benchmark_plan: dict[str, Any]
     ) -> PreparedTask:
-        return PreparedTask(task=task, input={"question": task.data["question"]})
+        return PreparedTask(task=task, input={"question": task.data["question"]}, expected=task.data["answer"])
 
     async def run_task(
         self, prepared: PreparedTask, env: EnvironmentSession, model: ModelSpec | None, budget: RunBudget

@@ -311,8 +311,15 @@ class ExecutionPlan:
 
 @attrs.frozen
 class PreparedTask:
-    """A task made ready to run in one Environment session (``input`` for the agent)."""
+    """A task made ready to run in one Environment session (``input`` for the agent).
+
+    ``expected`` is the reference answer the evaluation compares against,
+    where the benchmark has one (``qa``: the answer; ``None`` for ``terminal``,
+    whose tests decide). It is kept in the attempt record for readers (the
+    viewer shows it beside the input); a harness never gives it to the agent.
+    """
 
     task: TaskSpec
     input: dict[str, Any] = attrs.Factory(dict)
     metadata: dict[str, Any] = attrs.Factory(dict)
+    expected: Any = None

@@ -457,10 +457,10 @@ async function showAttempt(i, key, attemptIndex) {
     ? h("table", { class: "t", id: "issues" }, h("tr", null, ["severity", "phase", "code", "message"].map((c) => h("th", null, c))),
       attempt.issues.map((it) => h("tr", null, h("td", null, badge(it.severity, it.severity === "fatal" ? "b-bad" : it.severity === "error" ? "b-warn" : "")), h("td", null, it.phase), h("td", { class: "mono" }, it.code), h("td", null, it.message))))
     : h("p", { class: "muted" }, "No issues.");
-  const sections = [head, note, tabs, cards, panel("Issues", issues, artifacts.execution_diagnostics ? h("details", null, h("summary", null, "diagnostics"), jsonBlock(artifacts.execution_diagnostics)) : null)];
+  const sections = [head, note, tabs, cards, taskPanel(attempt), panel("Issues", issues, artifacts.execution_diagnostics ? h("details", null, h("summary", null, "diagnostics"), jsonBlock(artifacts.execution_diagnostics)) : null)];
   const outputs = commandOutputs(artifacts);
   const grid = h("div", { class: "grid2" },
-    h("div", null, outputs, panel("Timings", phaseBars(attempt.timings))),
+    h("div", null, outputs, logsPanel(i, key, attempt), panel("Timings", phaseBars(attempt.timings))),
     h("div", null,
       panel("Output", folded(rr.output === "" || rr.output === null || rr.output === undefined ? "(empty)" : typeof rr.output === "string" ? rr.output : JSON.stringify(rr.output, null, 2))),
       panel("Plan (redacted)", h("details", null, h("summary", null, "show plan"), jsonBlock(attempt.plan))),
@@ -473,6 +473,47 @@ async function showAttempt(i, key, attemptIndex) {
   setMain(...sections);
   ready("attempt");
   stopCurrent = renderTrajectory(traj, i, key, attempt.attempt, rr.trajectory_steps || 0, rr.trajectory_chunks || 0, rr.trajectory_chunk_steps || 500);
+}
+
+// What the task asked: the prepared task's input (what the agent got) and the
+// benchmark's expected answer, both kept in the attempt record's "prepared".
+function asText(v) { return typeof v === "string" ? v : JSON.stringify(v, null, 2); }
+function taskPanel(attempt) {
+  const p = attempt.prepared;
+  if (!p) return panel("Task", h("p", { class: "muted", id: "task-input" }, "Not recorded: the attempt ended before its task was prepared."));
+  const input = Object.entries(p.input || {});
+  const hasExpected = p.expected !== null && p.expected !== undefined;
+  return panel("Task",
+    h("div", { id: "task-input" }, input.length
+      ? input.flatMap(([k, v]) => [h("div", { class: "muted" }, `input · ${k}`), folded(asText(v), "input-" + k)])
+      : h("p", { class: "muted" }, "No input recorded.")),
+    h("div", { id: "task-expected" }, h("div", { class: "muted" }, "expected"),
+      hasExpected ? folded(asText(p.expected)) : h("p", { class: "muted" }, "None recorded (the benchmark's own check decides).")));
+}
+// The kept logs (tasks/<key>/attempt-<n>/logs/ of the run directory): listed
+// with the task, each file's text loaded when it is opened.
+function logsPanel(i, key, attempt) {
+  const logs = attempt.logs || [];
+  if (!logs.length) return panel("Logs", h("p", { class: "muted", id: "logs" }, "No logs kept."));
+  return panel(`Logs (${logs.length})`, h("div", { id: "logs" }, logs.map((f, n) => {
+    const body = h("div", { class: "log-text" }, h("p", { class: "muted" }, "Loading…"));
+    const d = h("details", { class: "log", "data-path": f.path }, h("summary", null, h("span", { class: "mono" }, f.path), ` · ${fmt(f.size)} bytes`), body);
+    let loaded = false;
+    d.addEventListener("toggle", async () => {
+      if (!d.open || loaded) return;
+      loaded = true;
+      try {
+        const log = await COMPASS.load(`${i}/log/${key}/${attempt.attempt}-${n}`, { cache: false });
+        const note = h("p", { class: "muted" }, `The first ${fmt(log.skipped)} bytes are not shown.`);
+        body.replaceChildren(...(log.skipped ? [note] : []), folded(log.text));
+      } catch (e) {
+        loaded = false;
+        body.replaceChildren(h("p", { class: "bad" }, "Cannot load this log: " + e.message));
+      }
+      body.dataset.ready = "1";
+    });
+    return d;
+  })));
 }
 
 const COMMAND_TITLES = { verifier: "Verifier", harness_command: "Harness command" };
