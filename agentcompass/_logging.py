@@ -3,10 +3,12 @@
 The processor chain is: merge context variables, add level and UTC
 timestamp, format exceptions, **redact** (every string value goes through
 :func:`agentcompass._redact.redact`), write one JSON line to every attached
-file, then render for the console (``ConsoleRenderer`` on a TTY, plain
-``key=value`` otherwise) to stderr. The console has its own level (or is
-off); files get ``info`` and above. Redaction runs before both renderers,
-so no secret reaches a file or a terminal.
+file, then render for the console to stderr: one line a person reads
+(:class:`HumanRenderer`, ``warning: qa: task q1 invalidated: FATAL
+model_quota: ...``), its level in colour on a TTY, plain text otherwise.
+The console has its own level (or is off); files get ``info`` and above.
+Redaction runs before both renderers, so no secret reaches a file or a
+terminal.
 
 JSON files are attached and detached at run time with :func:`add_json_log`
 and :func:`remove_json_log` (the engine attaches one per request run
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import sys
 import threading
 import traceback
@@ -94,6 +97,67 @@ class _CurrentStderr:
 _STDERR: Any = _CurrentStderr()
 
 
+#: How the console words the runtime's own events (each key a field of the
+#: event); an event without a template, or missing one of its fields, gets
+#: the generic line (see :class:`HumanRenderer`).
+_TEMPLATES = {
+    "task_invalidated": "task {task} invalidated: FATAL {code}: {message}",
+    "request_failed": "request failed: {error}",
+    "provider_limits": "{note}",
+}
+#: Fields that say what happened, put after the event on the generic line.
+_MESSAGE_KEYS = ("message", "error", "note", "reason", "difference")
+#: Fields the console line does not repeat (the JSON file keeps them all).
+_UNSHOWN = frozenset({"timestamp", "level", "event", "logger", "request", "exception", "stack"})
+_LEVEL_STYLES = {"debug": "\x1b[2m", "info": "\x1b[36m", "warning": "\x1b[33m", "error": "\x1b[1;31m", "critical": "\x1b[1;31m"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def _one_line(value: Any) -> str:
+    return _CONTROL.sub(" ", value if isinstance(value, str) else json.dumps(value, default=str)).strip()
+
+
+class HumanRenderer:
+    """Render an event as one line for a person, not for a parser (the JSON
+    files are for those): ``LEVEL: REQUEST: what happened``.
+
+    An event with a template in ``_TEMPLATES`` reads as a sentence; any
+    other is ``LEVEL: REQUEST: event: message (key=value, ...)``, the event
+    name kept as it is (it is what to search ``log.jsonl`` for). Values are
+    shown as they are, never quoted; a traceback follows on its own lines.
+    ``colors`` styles the level (on a TTY)."""
+
+    def __init__(self, colors: bool) -> None:
+        self.colors = colors
+
+    def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
+        level = str(event_dict.get("level", "info"))
+        head = f"{_LEVEL_STYLES.get(level, '')}{level}\x1b[0m:" if self.colors else f"{level}:"
+        parts = [head]
+        if event_dict.get("request") is not None:
+            parts.append(f"{_one_line(event_dict['request'])}:")
+        parts.append(self._text(event_dict))
+        line = " ".join(parts)
+        trace = event_dict.get("exception") or event_dict.get("stack")
+        return f"{line}\n{str(trace).rstrip()}" if trace else line
+
+    @staticmethod
+    def _text(event_dict: MutableMapping[str, Any]) -> str:
+        event = _one_line(event_dict.get("event", ""))
+        fields = {k: v for k, v in event_dict.items() if k not in _UNSHOWN}
+        template = _TEMPLATES.get(event)
+        if template is not None:
+            try:
+                return template.format_map({k: _one_line(v) for k, v in fields.items() if v is not None})
+            except KeyError:
+                pass  # a field is missing: the generic line shows what there is
+        said = [_one_line(fields.pop(k)) for k in _MESSAGE_KEYS if fields.get(k) is not None]
+        text = ": ".join([event, *said]) if event else ": ".join(said)
+        if fields:
+            text += " (" + ", ".join(f"{k}={_one_line(v)}" for k, v in fields.items()) + ")"
+        return text
+
+
 def _console_filter(minimum: int) -> Any:
     """Drop events below the console level (JSON files saw them already)."""
     levels = logging.getLevelNamesMapping()
@@ -118,11 +182,7 @@ def configure_logging(console: bool = True, json_path: Path | None = None, level
     if not console:
         console_level = logging.CRITICAL + 1
     _debug = console_level <= logging.DEBUG
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=True)
-        if sys.stderr.isatty()
-        else structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event"])
-    )
+    renderer = HumanRenderer(colors=sys.stderr.isatty())
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

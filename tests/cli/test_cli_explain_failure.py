@@ -48,9 +48,9 @@ def test_run_directory_explains_a_zero(tmp_path: Path) -> None:
     assert "exited with 3" in issue["message"] and "disk on fire" in issue["message"]
 
     # The lifecycle, in order, with durations: on the console and in log.jsonl.
-    console = [line for line in proc.stderr.splitlines() if "event='attempt_" in line]
-    assert [line.split("event='")[1].split("'")[0] for line in console] == LIFECYCLE
-    assert all("seconds=" in line and "task_id='hello'" in line for line in console)
+    console = [line for line in proc.stderr.splitlines() if line.startswith("debug: explain: attempt_")]
+    assert [line.split()[2] for line in console] == LIFECYCLE
+    assert all("seconds=" in line and "task_id=hello" in line for line in console)
     events = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     lifecycle = [e for e in events if e["event"].startswith("attempt_")]
     assert [e["event"] for e in lifecycle] == LIFECYCLE
