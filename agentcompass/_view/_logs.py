@@ -31,9 +31,8 @@ MAX_FILES = 2000
 def list_logs(logs_dir: Path) -> list[dict[str, Any]]:
     """``[{"path", "size"}]`` of the regular files under ``logs_dir``, by
     path (relative, ``/``-separated); [] when there is no such directory."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(logs_dir):  # followlinks=False: links are not entered
-        dirnames.sort()
+    found: list[tuple[str, int]] = []
+    for dirpath, _, filenames in os.walk(logs_dir):  # followlinks=False: links are not entered
         for name in filenames:
             path = Path(dirpath, name)
             try:
@@ -41,9 +40,8 @@ def list_logs(logs_dir: Path) -> list[dict[str, Any]]:
             except OSError:
                 continue
             if stat.S_ISREG(info.st_mode):
-                found.append({"path": path.relative_to(logs_dir).as_posix(), "size": info.st_size})
-    found.sort(key=lambda f: f["path"])
-    return found[:MAX_FILES]
+                found.append((path.relative_to(logs_dir).as_posix(), info.st_size))
+    return [{"path": path, "size": size} for path, size in sorted(found)[:MAX_FILES]]
 
 
 def read_log(logs_dir: Path, index: int) -> dict[str, Any] | None:
