@@ -49,6 +49,9 @@ from .runtime import RunResult as RunResult
 from .runtime import Secret as Secret
 from .runtime import TaskRecord as TaskRecord
 from .runtime import TaskSpec as TaskSpec
+from .runtime._public import publish as _publish
+
+_publish(__name__, globals())
 
 if _typing.TYPE_CHECKING:
     from ._config import load_config as load_config
@@ -75,6 +78,7 @@ def __getattr__(name: str) -> _typing.Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value
+    _publish(__name__, globals(), [name])
     return value
 
 

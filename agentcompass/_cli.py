@@ -580,7 +580,7 @@ def reap(ctx: click.Context, run_dir: Path, plugins: Sequence[str]) -> None:
 def _environment_configs(run_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The run's environment config (from ``run_info.json``), keyed by provider,
     so a provider that needs settings to find its sandboxes gets them."""
-    from ._convert import structure
+    from .runtime._convert import structure
     from .runtime._errors import ConfigError
     from .runtime._values import ComponentRef
 

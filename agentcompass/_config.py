@@ -57,9 +57,9 @@ import attrs
 import yaml
 
 from . import _registry
-from ._convert import _ENV_REF, SECRET_CONFIG_KEYS, resolve_paths, structure
 from ._redact import register_secret
 from .runtime._components import BaseBenchmark, HarnessFreeBenchmark
+from .runtime._convert import _ENV_REF, SECRET_CONFIG_KEYS, resolve_paths, structure
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._values import (
     ComponentRef,

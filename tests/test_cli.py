@@ -66,7 +66,7 @@ import json, os, sys
 from pathlib import Path
 import trio
 from agentcompass._cli import main
-from agentcompass._convert import unstructure
+from agentcompass.runtime._convert import unstructure
 from agentcompass.runtime._results import OrchestrationResult, RequestResult
 
 async def fake_launch(orchestration, *, config_dir=None, show_progress=False, stop=None):

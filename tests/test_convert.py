@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentcompass import _convert
+from agentcompass.runtime import _convert
 from agentcompass.runtime._errors import ConfigError
 from agentcompass.runtime._results import (
     AttemptRecord,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agentcompass.runtime import EnvironmentSession, ExecResult, NetworkPolicy, OutputTail
+from agentcompass.runtime import EnvironmentSession, ExecResult, NetworkPolicy, OutputTail, command_output
 
 
 class ExecOnly(EnvironmentSession):
@@ -62,3 +62,12 @@ def test_output_tail_keeps_the_end_within_the_limit_with_a_marker():
     assert short.text() == "abc\ufffd"
     with pytest.raises(ValueError):
         OutputTail(0)
+
+
+def test_command_output_keeps_the_last_16_kib_of_each_stream_on_a_character_boundary():
+    # What the terminal verifier and the oracle harness keep of a finished command.
+    assert command_output(ExecResult(3, "short", "")) == {"exit_code": 3, "stdout": "short", "stderr": ""}
+    kept = command_output(ExecResult(0, "é" * 16 * 1024, "x" + "é" * 8 * 1024))
+    assert kept["stdout"] == "é" * 8 * 1024  # two bytes each
+    assert kept["stderr"] == "é" * 8 * 1024 and len(kept["stderr"].encode()) == 16 * 1024
+    assert command_output(ExecResult(-9, "partial", timed_out=True))["exit_code"] is None

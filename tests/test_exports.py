@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import ast
+import pickle
+import sys
 import types
+import typing
+from pathlib import Path
+
+import attrs
 
 import agentcompass
+import agentcompass.models
 import agentcompass.runtime
+import agentcompass.testing
 
 SPEC_NAMES = {
     # SPEC 3: contracts
@@ -90,10 +99,10 @@ def test_run_failed_error_is_a_runtime_error():
 MODEL_NAMES = {"ChatClient", "ChatReply", "ModelError", "ModelUsage", "ToolCall", "chat_client", "open_model_clients"}
 
 
-def test_runtime_exports_the_model_client_api():
+def test_models_exports_the_model_client_api():
     # Harnesses and harness-free benchmarks (plugins included) get model clients from here.
-    assert MODEL_NAMES <= _public(agentcompass.runtime)
-    assert issubclass(agentcompass.runtime.ModelError, agentcompass.IssueError)
+    assert _public(agentcompass.models) == MODEL_NAMES
+    assert issubclass(agentcompass.models.ModelError, agentcompass.IssueError)
 
 
 def test_runtime_exports_the_cleanup_deadline():
@@ -104,3 +113,108 @@ def test_runtime_exports_the_cleanup_deadline():
 def test_runtime_exports_the_exec_streaming_helpers():
     # Providers and the remote client cut streamed output with the same rule.
     assert {"OutputCallback", "OutputStream", "OutputTail", "exec_keeping_tails"} <= _public(agentcompass.runtime)
+
+
+def test_runtime_exports_what_built_ins_share():
+    # The terminal verifier and the oracle harness keep a command's output alike.
+    assert "command_output" in _public(agentcompass.runtime)
+
+
+RUNTIME = Path(agentcompass.runtime.__file__).parent
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports (TYPE_CHECKING ones too)."""
+    package = "agentcompass.runtime"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                found.add(f"{base}.{node.module}" if node.module else base)
+            else:
+                found.add(node.module or "")
+    return found
+
+
+def test_the_contracts_import_nothing_else_of_the_package():
+    # agentcompass.runtime is the bottom layer: the engine, the store, the models
+    # and the built-ins build on it, so it imports only the standard library,
+    # third-party packages and itself.
+    outside = {
+        f"{path.name}: {name}"
+        for path in sorted(RUNTIME.glob("*.py"))
+        for name in _imported_modules(path)
+        if (name == "agentcompass" or name.startswith("agentcompass."))
+        and not (name == "agentcompass.runtime" or name.startswith("agentcompass.runtime."))
+    }
+    assert outside == set()
+
+
+def test_the_import_walk_sees_relative_imports_outside_runtime(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from .._convert import x\nfrom . import _values\nimport trio\n")
+    assert _imported_modules(module) == {"agentcompass._convert", "agentcompass.runtime", "trio"}
+
+
+def test_built_ins_import_only_public_modules():
+    # Built-ins are the first plugins: no built-in module reaches into another's
+    # private names (a module path with a segment starting with "_").
+    root = RUNTIME.parent
+    reaches = set()
+    for folder in ("benchmarks", "harnesses", "environments"):
+        for path in sorted((root / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("agentcompass"):
+                    if any(part.startswith("_") for part in node.module.split(".")):
+                        reaches.add(f"{folder}/{path.name}: {node.module}")
+    assert reaches == set()
+
+
+PUBLIC_MODULES = (agentcompass, agentcompass.runtime, agentcompass.models, agentcompass.testing)
+
+
+def _named(module: types.ModuleType) -> dict[str, object]:
+    """The classes and functions a public module exports (the lazy engine names loaded)."""
+    return {
+        name: value
+        for name in _public(module)
+        if isinstance(value := getattr(module, name), (type, types.FunctionType))
+    }
+
+
+def test_public_names_report_the_module_that_exports_them():
+    wrong = {}
+    for module in PUBLIC_MODULES:
+        for name, value in _named(module).items():
+            home = "agentcompass" if getattr(agentcompass, name, None) is value else module.__name__
+            if (value.__module__, value.__qualname__) != (home, name):
+                wrong[f"{module.__name__}.{name}"] = f"{value.__module__}.{value.__qualname__}"
+    assert wrong == {}
+
+
+def test_public_names_pickle_by_their_public_path():
+    for module in PUBLIC_MODULES:
+        for value in _named(module).values():
+            assert pickle.loads(pickle.dumps(value)) is value
+    request = agentcompass.testing.fake_request()
+    assert pickle.loads(pickle.dumps(request)) == request
+    error = pickle.loads(pickle.dumps(agentcompass.ConfigError("bad key")))
+    assert type(error) is agentcompass.ConfigError and error.args == ("bad key",)
+
+
+def test_public_classes_keep_their_type_hints_and_reprs():
+    # typing.get_type_hints, attrs and cattrs (and compass describe) look
+    # annotation names up in __module__: the contracts must not lose what
+    # their private module named.
+    for module in (agentcompass, agentcompass.runtime):
+        for value in _named(module).values():
+            if isinstance(value, type):
+                typing.get_type_hints(value)
+                if attrs.has(value):
+                    attrs.resolve_types(value)
+    assert repr(agentcompass.Issue("error", "run", "x")).startswith("Issue(severity='error'")
+    assert repr(agentcompass.RunRequest).startswith("<class 'agentcompass.RunRequest'>")
+    assert "agentcompass.runtime" not in sys.modules["agentcompass"].ConfigError("x").__class__.__module__

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompass import Evaluation, register
-from agentcompass._convert import unstructure
 from agentcompass._observations import is_success, reduce_values, valid_value
 from agentcompass._orchestration._task import run_task
 from agentcompass._store._metrics import compute_metrics
 from agentcompass._view._data import RunData
+from agentcompass.runtime._convert import unstructure
 from agentcompass.testing import FakeBenchmark
 from tests.engine._support import make_context, make_request
 

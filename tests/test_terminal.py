@@ -283,13 +283,3 @@ async def test_launch_checks_the_task_directories_before_writing(tmp_path: Path)
     with pytest.raises(ComponentError, match=r"^requests\[0\] 't': benchmark 'terminal': task_ids: no task 'two'"):
         await agentcompass.launch(Orchestration([request]))
     assert not (tmp_path / "out").exists()
-
-
-def test_output_tail_keeps_the_last_16_kib_on_a_character_boundary():
-    from agentcompass.benchmarks.terminal import TAIL_BYTES, output_tail
-
-    assert output_tail("short") == "short"
-    text = "é" * TAIL_BYTES  # two bytes each
-    tail = output_tail(text)
-    assert tail == "é" * (TAIL_BYTES // 2)
-    assert len(output_tail("x" + "é" * (TAIL_BYTES // 2)).encode()) == TAIL_BYTES

@@ -113,7 +113,7 @@ class ChatReply:
 class ChatClient:
     """Chat completions for one model over its endpoint's shared HTTP client.
 
-    Obtain one with :func:`agentcompass.runtime.chat_client`; never build an
+    Obtain one with :func:`agentcompass.models.chat_client`; never build an
     ``httpx`` client of your own. It holds no connection itself: closing is
     the orchestration's job. Cancelling :meth:`chat` closes the connection
     the call was using (an interrupted HTTP/1.1 exchange cannot be reused).

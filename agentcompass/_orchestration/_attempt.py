@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import trio
 
-from .._convert import unstructure
 from .._redact import redact
+from ..runtime._convert import unstructure
 from ..runtime._results import AttemptRecord, Issue, RunResult, derive_status
 from ..runtime._values import ExecutionPlan, TaskSpec
 from ._context import RequestContext

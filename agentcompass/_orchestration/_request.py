@@ -32,13 +32,13 @@ import attrs
 import trio
 
 from .. import _registry
-from .._convert import unstructure
 from .._logging import add_json_log, get_logger, remove_json_log
 from .._redact import redact
 from .._report import render_summary
 from .._store import Disk, compute_metrics
 from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
+from ..runtime._convert import unstructure
 from ..runtime._errors import ComponentError
 from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord

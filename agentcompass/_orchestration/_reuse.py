@@ -52,11 +52,11 @@ import attrs
 import trio
 
 from .. import _registry
-from .._convert import unstructure
 from .._observations import is_success
 from .._redact import redact_json_text
 from .._store import Disk, LoadedRun, latest_run, load_run
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
+from ..runtime._convert import unstructure
 from ..runtime._errors import ConfigError
 from ..runtime._results import AttemptRecord, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec

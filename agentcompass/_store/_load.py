@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import orjson
 
-from .._convert import converter, error_line
+from ..runtime._convert import converter, error_line
 from ..runtime._results import AttemptRecord, TaskRecord
 from ._disk import is_temp_name
 from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES

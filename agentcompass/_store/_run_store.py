@@ -48,8 +48,8 @@ import orjson
 import trio
 
 from .. import _redact
-from .._convert import unstructure
 from ..runtime._cleanup import cleanup_deadline
+from ..runtime._convert import unstructure
 from ..runtime._results import AttemptRecord, TaskRecord
 from . import _commit
 from ._commit import CHECKPOINT, Write

@@ -50,7 +50,7 @@ from agentcompass import (
     TaskSpec,
     register,
 )
-from agentcompass.runtime import ModelError, ModelUsage, chat_client
+from agentcompass.models import ModelError, ModelUsage, chat_client
 
 __all__ = ["QABenchmark", "normalize_answer"]
 

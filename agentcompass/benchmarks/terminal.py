@@ -85,7 +85,6 @@ from agentcompass import (
     ComponentError,
     EnvironmentSession,
     Evaluation,
-    ExecResult,
     FileRefusedError,
     Issue,
     IssueError,
@@ -95,9 +94,9 @@ from agentcompass import (
     TaskSpec,
     register,
 )
-from agentcompass.runtime import read_beneath
+from agentcompass.runtime import command_output, read_beneath
 
-__all__ = ["TAIL_BYTES", "TerminalBenchmark", "command_output", "output_tail"]
+__all__ = ["TerminalBenchmark"]
 
 # Files of environment/ that describe a container image rather than its contents.
 _IMAGE_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml"})
@@ -287,26 +286,6 @@ def _made_by_session(exc: BaseException) -> OSError | None:
         if isinstance(candidate, _SESSION_MADE):
             return candidate
     return None
-
-
-#: How much of a command's stdout and stderr an attempt keeps (bytes, from the end).
-TAIL_BYTES = 16 * 1024
-
-
-def output_tail(text: str, limit: int = TAIL_BYTES) -> str:
-    """The last ``limit`` bytes of ``text`` (UTF-8), cut at a character boundary."""
-    data = text.encode("utf-8", errors="replace")
-    return text if len(data) <= limit else data[-limit:].decode("utf-8", errors="ignore")
-
-
-def command_output(result: ExecResult) -> dict[str, Any]:
-    """``{"exit_code", "stdout", "stderr"}`` of a command, each stream's last 16 KiB;
-    ``exit_code`` is None when the command timed out."""
-    return {
-        "exit_code": None if result.timed_out else result.exit_code,
-        "stdout": output_tail(result.stdout),
-        "stderr": output_tail(result.stderr),
-    }
 
 
 def _zero(code: str, message: str, severity: Literal["warning", "error"] = "warning") -> Evaluation:

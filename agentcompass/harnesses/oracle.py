@@ -32,7 +32,7 @@ from agentcompass import (
     RunResult,
     register,
 )
-from agentcompass.benchmarks.terminal import command_output
+from agentcompass.runtime import command_output
 
 __all__ = ["OracleHarness"]
 

@@ -1,7 +1,7 @@
 """The ``react`` harness: a tool-calling agent loop on the request's model.
 
 Each step sends the conversation to the model (through the orchestration's
-shared client, :func:`agentcompass.runtime.chat_client`) with two tools:
+shared client, :func:`agentcompass.models.chat_client`) with two tools:
 
 - ``bash(command)`` runs ``command`` in the task Environment (``bash -c``,
   starting in the app directory), bounded by ``tool_timeout_seconds``. The
@@ -54,7 +54,7 @@ from agentcompass import (
     RunResult,
     register,
 )
-from agentcompass.runtime import ChatClient, ModelError, ModelUsage, ToolCall, chat_client
+from agentcompass.models import ChatClient, ModelError, ModelUsage, ToolCall, chat_client
 
 __all__ = ["ReactHarness"]
 

@@ -1,12 +1,11 @@
-"""Public contracts of AgentCompass (SPEC section 3 and 4)."""
+"""Public contracts of AgentCompass (SPEC section 3 and 4).
 
-from .._models import ChatClient as ChatClient
-from .._models import ChatReply as ChatReply
-from .._models import ModelError as ModelError
-from .._models import ModelUsage as ModelUsage
-from .._models import ToolCall as ToolCall
-from .._models import chat_client as chat_client
-from .._models import open_model_clients as open_model_clients
+This package imports nothing else of ``agentcompass``: the engine, the
+store and the built-in components build on it, never the other way round
+(``tests/test_exports.py`` walks its imports). The model client API is
+:mod:`agentcompass.models`.
+"""
+
 from ._cleanup import DEFAULT_CLEANUP_GRACE_SECONDS as DEFAULT_CLEANUP_GRACE_SECONDS
 from ._cleanup import cleanup_deadline as cleanup_deadline
 from ._components import BaseAnalyzer as BaseAnalyzer
@@ -32,7 +31,9 @@ from ._files import write_beneath as write_beneath
 from ._output import OutputCallback as OutputCallback
 from ._output import OutputStream as OutputStream
 from ._output import OutputTail as OutputTail
+from ._output import command_output as command_output
 from ._output import exec_keeping_tails as exec_keeping_tails
+from ._public import publish as _publish
 from ._results import AttemptRecord as AttemptRecord
 from ._results import Evaluation as Evaluation
 from ._results import ExecResult as ExecResult
@@ -56,3 +57,5 @@ from ._values import ProviderLimits as ProviderLimits
 from ._values import RunRequest as RunRequest
 from ._values import Secret as Secret
 from ._values import TaskSpec as TaskSpec
+
+_publish(__name__, globals())

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from .._convert import structure_config
+from ._convert import structure_config
 from ._errors import ComponentError
 from ._results import Evaluation, ExecResult, RunBudget, RunResult, TaskRecord
 from ._values import (

@@ -42,9 +42,9 @@ from cattrs.cols import (
 )
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from .runtime._errors import ComponentError, ConfigError
-from .runtime._results import Issue
-from .runtime._values import ComponentRef, NetworkPolicy, RunRequest, Secret
+from ._errors import ComponentError, ConfigError
+from ._results import Issue
+from ._values import ComponentRef, NetworkPolicy, RunRequest, Secret
 
 __all__ = [
     "SECRET_CONFIG_KEYS",

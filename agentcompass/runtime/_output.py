@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 
 from ._results import ExecResult
 
-__all__ = ["OutputCallback", "OutputStream", "OutputTail", "exec_keeping_tails"]
+__all__ = ["COMMAND_TAIL_BYTES", "OutputCallback", "OutputStream", "OutputTail", "command_output", "exec_keeping_tails"]
 
 OutputStream = Literal["stdout", "stderr"]
 #: ``await on_output(stream, chunk)``: called by ``EnvironmentSession.exec_stream``.
@@ -91,3 +91,24 @@ async def exec_keeping_tails(
 
     result = await exec_stream(cmd, timeout, cwd, env, on_output=keep)
     return attrs.evolve(result, stdout=out.text(), stderr=err.text())
+
+
+#: How much of a command's stdout and stderr :func:`command_output` keeps (bytes, from the end).
+COMMAND_TAIL_BYTES = 16 * 1024
+
+
+def command_output(result: ExecResult, limit: int = COMMAND_TAIL_BYTES) -> dict[str, Any]:
+    """``{"exit_code", "stdout", "stderr"}`` of a finished command for an
+    attempt's artifacts: each stream's last ``limit`` bytes (UTF-8), cut at
+    a character boundary, with no marker (unlike :class:`OutputTail`, which
+    cuts output while it streams); ``exit_code`` is None when it timed out."""
+    return {
+        "exit_code": None if result.timed_out else result.exit_code,
+        "stdout": _last_bytes(result.stdout, limit),
+        "stderr": _last_bytes(result.stderr, limit),
+    }
+
+
+def _last_bytes(text: str, limit: int) -> str:
+    data = text.encode("utf-8", errors="replace")
+    return text if len(data) <= limit else data[-limit:].decode("utf-8", errors="ignore")

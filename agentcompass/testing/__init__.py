@@ -56,6 +56,8 @@ A test that needs a provider of its own builds its sessions on
 :class:`MemorySession` (files in a dict, every command exits 0).
 """
 
+from agentcompass.runtime._public import publish as _publish
+
 from ._benchmark import FakeBenchmark as FakeBenchmark
 from ._benchmark import FakeHarnessFreeBenchmark as FakeHarnessFreeBenchmark
 from ._calls import Call as Call
@@ -79,3 +81,5 @@ from ._helpers import hang_guard as hang_guard
 from ._memory import MemorySession as MemorySession
 from ._recipe import FakeAnalyzer as FakeAnalyzer
 from ._recipe import FakeRecipe as FakeRecipe
+
+_publish(__name__, globals())

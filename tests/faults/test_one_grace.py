@@ -14,14 +14,13 @@ import trio.testing
 from agentcompass import Orchestration, OrchestrationResult, register
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._store import load_run, open_run_store
+from agentcompass.models import chat_client, open_model_clients
 from agentcompass.runtime import (
     DEFAULT_CLEANUP_GRACE_SECONDS,
     AttemptRecord,
     ModelSpec,
     TaskRecord,
-    chat_client,
     cleanup_deadline,
-    open_model_clients,
 )
 from agentcompass.testing import FakeEnvironment, fake_request, hang_guard, reset_logs
 from agentcompass.testing._fake_disk import FakeDisk

@@ -10,7 +10,7 @@ import trio
 from _http_support import RawServer, completion, raw_serving, read_request, response
 
 from agentcompass import ConfigError, ModelSpec, Secret
-from agentcompass.runtime import ModelError, chat_client, open_model_clients
+from agentcompass.models import ModelError, chat_client, open_model_clients
 from agentcompass.testing import hang_guard
 from agentcompass.testing.model_server import (
     ModelServer,

@@ -26,7 +26,7 @@ from _http_support import (
 
 from agentcompass import ModelSpec
 from agentcompass._models._http import CONNECT_TIMEOUT_SECONDS
-from agentcompass.runtime import ModelError, chat_client, open_model_clients
+from agentcompass.models import ModelError, chat_client, open_model_clients
 from agentcompass.testing import hang_guard
 
 

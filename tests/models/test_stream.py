@@ -10,7 +10,7 @@ import pytest
 from _http_support import MESSAGES, Answer, App, Seen, serving
 
 from agentcompass import ModelSpec
-from agentcompass.runtime import ModelError, chat_client, open_model_clients
+from agentcompass.models import ModelError, chat_client, open_model_clients
 from agentcompass.testing import hang_guard
 
 SSE = {"content-type": "text/event-stream", "cache-control": "no-cache"}

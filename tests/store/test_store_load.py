@@ -6,9 +6,9 @@ import json
 import os
 from pathlib import Path
 
-from agentcompass._convert import unstructure
 from agentcompass._store import load_run, task_key
 from agentcompass.runtime import AttemptRecord, TaskRecord
+from agentcompass.runtime._convert import unstructure
 
 
 def record(task_id: str, severity: str, value: float = 1.0) -> TaskRecord:
