@@ -78,12 +78,14 @@ def _readme_commands() -> list[str]:
 
 
 def _fresh_clone(tmp_path: Path) -> Path:
-    """The repository's tracked files in ``tmp_path/clone``, with a ``.venv``
-    of the one running this test, installed (its stamp newer than the
-    sources, so ``make`` installs nothing)."""
+    """The repository's files (tracked, or new and not ignored) in
+    ``tmp_path/clone``, with a ``.venv`` of the one running this test,
+    installed (its stamp newer than the sources, so ``make`` installs nothing)."""
     if sys.prefix == sys.base_prefix:
         pytest.skip("needs to run from a virtual environment (make test)")
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=False)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, check=False
+    )
     if listed.returncode != 0:
         pytest.skip("needs a git checkout")
     clone = tmp_path / "clone"

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import re
-import select
 import subprocess
 import sys
 from pathlib import Path
+
+from _pty import plain_lines, run_on_pty
 
 import agentcompass
 
@@ -30,7 +29,6 @@ CONFIG = {
     ],
 }
 WARNING = "warning: logs: task t000 invalidated: FATAL agent_vanished: agent_vanished happened"
-_ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07|[()][A-Z0-9])")
 
 
 def _setup(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
@@ -58,32 +56,10 @@ def _assert_json_log_unchanged(tmp_path: Path) -> None:
 
 def test_a_terminal_gets_human_warning_lines(tmp_path: Path) -> None:
     command, env = _setup(tmp_path)
-    controller, terminal = pty.openpty()
-    try:
-        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
-    finally:
-        os.close(terminal)
-    chunks = []
-    try:
-        while True:
-            ready, _, _ = select.select([controller], [], [], 120)
-            assert ready, "compass launch wrote nothing for 120 s"
-            try:
-                data = os.read(controller, 65536)
-            except OSError:  # EIO: every writer closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-        assert proc.wait(timeout=60) == 1  # an invalidated task
-    finally:
-        os.close(controller)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    raw = b"".join(chunks).decode("utf-8", "replace")
+    code, raw = run_on_pty(command, tmp_path, env)
+    assert code == 1, raw  # an invalidated task
     assert "\x1b[33mwarning\x1b[0m:" in raw  # the level, in colour
-    lines = [_ESCAPES.sub("", line).strip() for line in raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    lines = [line.strip() for line in plain_lines(raw)]
     assert WARNING in lines, raw
     assert not [line for line in lines if "event=" in line or "level=" in line or "timestamp=" in line], raw
     _assert_json_log_unchanged(tmp_path)

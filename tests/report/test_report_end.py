@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _pty import plain_lines, run_on_pty
+
 import agentcompass
 
 REPO = Path(agentcompass.__file__).resolve().parents[1]
@@ -51,23 +53,23 @@ def _squeezed(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
-def test_every_cause_is_shown_whole_and_most_frequent_first(tmp_path: Path) -> None:
+def _project(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """The files, and the command: the model server running ``compass launch``."""
     (tmp_path / "questions.jsonl").write_text(
         "".join(json.dumps({"id": i, "question": q, "answer": "yes"}) + "\n" for i, q in QUESTIONS)
     )
     (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
     (tmp_path / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
-    env = dict(os.environ, COLUMNS="80")
+    env = dict(os.environ, COLUMNS="80", TERM="xterm-256color")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.pop("COMPASS_LOG_LEVEL", None)
+    for name in ("COMPASS_LOG_LEVEL", "NO_COLOR", "FORCE_COLOR"):
+        env.pop(name, None)
     server = [sys.executable, "-m", "agentcompass.testing.model_server", "--script", "script.json", "--"]
-    proc = subprocess.run(
-        [*server, sys.executable, "-m", "agentcompass._cli", "launch", "config.yaml"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False,
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # invalidated tasks: exit 1
+    return [*server, sys.executable, "-m", "agentcompass._cli", "launch", "config.yaml"], env
 
-    # What the records hold, whole: the cause of each task.
+
+def _causes(tmp_path: Path) -> dict[str, str]:
+    """Task id -> its cause as the record holds it, whole."""
     [run_dir] = (tmp_path / "runs" / "causes").iterdir()
     cause = {}
     for path in (run_dir / "details" / "fatal").glob("*.json"):
@@ -77,6 +79,14 @@ def test_every_cause_is_shown_whole_and_most_frequent_first(tmp_path: Path) -> N
     assert set(cause) == {"q1", "q2", "q3"}
     assert DRAINING in cause["q2"] and cause["q2"] == cause["q3"] and QUOTA in cause["q1"]
     assert len(cause["q1"]) > 100  # the old report cut causes at 44 characters
+    return cause
+
+
+def test_every_cause_is_shown_whole_and_most_frequent_first(tmp_path: Path) -> None:
+    command, env = _project(tmp_path)
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # invalidated tasks: exit 1
+    cause = _causes(tmp_path)
 
     lines = proc.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), proc.stdout
@@ -89,3 +99,17 @@ def test_every_cause_is_shown_whole_and_most_frequent_first(tmp_path: Path) -> N
     [rare] = [line for line in block if "FATAL model_quota" in line]
     assert rare.startswith("    1 task   FATAL model_quota: "), block
     assert "…" not in proc.stdout
+
+
+def test_a_terminal_gets_the_causes_whole_too(tmp_path: Path) -> None:
+    command, env = _project(tmp_path)
+    code, raw = run_on_pty(command, tmp_path, env)
+    assert code == 1, raw
+    cause = _causes(tmp_path)
+    lines = plain_lines(raw)
+    start = lines.index("causes, most frequent first") + 1
+    block = lines[start : lines.index("", start)]
+    assert all(len(line) <= 80 for line in block), block
+    text = _squeezed("\n".join(block))
+    assert text.index(_squeezed(cause["q2"])) < text.index(_squeezed(cause["q1"])), raw
+    assert block[0].startswith("2 tasks  FATAL model_server_error: "), block
