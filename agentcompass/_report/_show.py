@@ -149,7 +149,7 @@ def render_overview(loaded: LoadedRun, view: dict[str, Any]) -> str:
         of = f" of {tasks['total']}" if tasks["total"] is not None else ""
         out.append(f"Partial: {unfinished}{of} task(s) unfinished; not a final score")
     if view["resume"] is not None:
-        out.append(f"Resume: {view['resume']}  (CONFIG: the config it was launched with; runs only what is left)")
+        out += [f"Resume: {view['resume']}", "        (CONFIG: the config file it was launched with; only what is left runs)"]
     if loaded.open_sessions:
         out.append(f"Open sessions: {len(loaded.open_sessions)} (never closed; `compass reap` cleans them up)")
     out.append("")
