@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _common import wait_until
 
 import agentcompass
 
@@ -342,14 +343,6 @@ def test_run_errors(workdir: Path, args: tuple[str, ...], message: str) -> None:
 # ---------------------------------------------------------------- SIGINT
 
 
-def _wait_for(predicate: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.02)
-
-
 def _start_hanging(workdir: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
     stderr = workdir / "stderr.txt"
     proc = subprocess.Popen(
@@ -360,7 +353,7 @@ def _start_hanging(workdir: Path, mode: str) -> tuple[subprocess.Popen[str], Pat
         stdout=subprocess.PIPE,
         stderr=stderr.open("w"),
     )
-    _wait_for(lambda: (workdir / "fake.json.started").exists() or proc.poll() is not None)
+    wait_until(lambda: (workdir / "fake.json.started").exists() or proc.poll() is not None, "the fake launch to start")
     return proc, stderr
 
 
@@ -382,7 +375,7 @@ def test_second_sigint_exits_at_once(workdir: Path) -> None:
     proc, stderr = _start_hanging(workdir, "slow-cleanup")
     try:
         proc.send_signal(signal.SIGINT)
-        _wait_for(lambda: "interrupted" in stderr.read_text())
+        wait_until(lambda: "interrupted" in stderr.read_text(), "the first SIGINT's line")
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

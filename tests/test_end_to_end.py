@@ -9,15 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _common import read_jsonl
+
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "benchmarks_data" / "terminal-smoke"
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 async def test_terminal_smoke_with_oracle_writes_the_documented_files(tmp_path):
@@ -53,7 +51,7 @@ async def test_terminal_smoke_with_oracle_writes_the_documented_files(tmp_path):
     # Checkpoints are removed once a task is terminal.
     assert not list((run_dir / "tasks").glob("*/attempt-*/checkpoint.json"))
 
-    events = _read_jsonl(run_dir / "progress.jsonl")
+    events = read_jsonl(run_dir / "progress.jsonl")
     kinds = [e["event"] for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
     assert kinds.count("task_started") == kinds.count("task_finished") == len(tasks)
@@ -61,7 +59,7 @@ async def test_terminal_smoke_with_oracle_writes_the_documented_files(tmp_path):
     progress = json.loads((run_dir / "progress.json").read_text())
     assert progress["completed"] == progress["total"] == len(tasks) and progress["pending"] == 0
 
-    sessions = _read_jsonl(run_dir / "sessions.jsonl")
+    sessions = read_jsonl(run_dir / "sessions.jsonl")
     opened = {s["session"] for s in sessions if s["event"] == "opened"}
     closed = {s["session"] for s in sessions if s["event"] == "closed"}
     assert len(opened) == 2 * len(tasks) and opened == closed

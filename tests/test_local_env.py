@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from _common import wait_dead
 
 from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession, _Scanner
 from agentcompass.runtime import (
@@ -54,19 +55,6 @@ async def assert_read_and_write_refused(session: LocalSession, path: str) -> Non
     with pytest.raises(IssueError) as write_error:
         await session.write_file(path, "overwritten")
     assert_environment_failed(write_error.value)
-
-
-async def wait_dead(pid: int) -> None:
-    """Return once ``pid`` has exited (a zombie counts as dead); fail after HANG_GUARD."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        with trio.fail_after(HANG_GUARD):
-            await trio.lowlevel.wait_readable(fd)
-    finally:
-        os.close(fd)
 
 
 def is_alive(pid: int) -> bool:

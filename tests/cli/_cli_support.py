@@ -3,13 +3,13 @@ in a subprocess, and task directories written on the spot."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
+from _common import only_run_dir as only_run_dir
+from _common import read_json as read_json
 from _terminal_tasks import PASSING_TEST as PASSING_TEST
 from _terminal_tasks import make_task as make_task
 
@@ -32,10 +32,3 @@ def compass(cwd: Path, *args: str, env: dict[str, str] | None = None, unset: tup
     )
 
 
-def only_run_dir(output_root: Path, request: str) -> Path:
-    [run_dir] = (output_root / request).iterdir()
-    return run_dir
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))

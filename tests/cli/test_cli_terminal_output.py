@@ -10,11 +10,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from _cli_support import REPO, compass, make_task, only_run_dir
+from _common import wait_until
 
 import agentcompass
 
@@ -60,14 +60,11 @@ def test_ctrl_c_prints_the_run_and_the_exact_reuse_command(tmp_path: Path) -> No
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        # Bounded wait for a real condition: the slow solve.sh has started.
-        deadline = time.monotonic() + 60
-        started = False
-        while time.monotonic() < deadline and not started:
+        def started() -> bool:
             runs = list((tmp_path / "runs" / "out80").glob("*/progress.jsonl"))
-            started = bool(runs) and '"task":"good"' in runs[0].read_text()
-            time.sleep(0.05)
-        assert started, "the run never started its slow task"
+            return bool(runs) and '"task":"good"' in runs[0].read_text()
+
+        wait_until(started, "the run to start its slow task")
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:

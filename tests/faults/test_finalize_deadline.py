@@ -14,7 +14,7 @@ import attrs
 import agentcompass
 from agentcompass import Orchestration, register
 from agentcompass._logging import _json_logs
-from agentcompass.testing import fake_request
+from agentcompass.testing import call_log, fake_request
 from agentcompass.testing._benchmark import FakeBenchmark
 
 
@@ -24,17 +24,15 @@ class SlowAggregateBenchmark(FakeBenchmark):
 
     id: ClassVar[str] = "faults-slow-aggregate-bench"
     seconds: ClassVar[float] = 2.5
-    calls: ClassVar[int] = 0
 
     def aggregate_metrics(self, records: Any) -> dict[str, Any] | None:
-        type(self).calls += 1
+        call_log(self.options.log).record("benchmark", "aggregate_metrics", None)
         time.sleep(self.seconds)  # blocking on purpose: the deadline passes meanwhile
         return {"aggregated": len(records)}
 
 
 async def test_a_deadline_during_finalize_still_writes_the_terminal_status(tmp_path: Path) -> None:
-    SlowAggregateBenchmark.calls = 0
-    request = fake_request("slow-finalize", benchmark={"tasks": 2}, output_root=tmp_path)
+    request = fake_request("slow-finalize", log="slow-finalize", benchmark={"tasks": 2}, output_root=tmp_path)
     request = attrs.evolve(
         request, benchmark=attrs.evolve(request.benchmark, id=SlowAggregateBenchmark.id)
     )
@@ -49,5 +47,5 @@ async def test_a_deadline_during_finalize_still_writes_the_terminal_status(tmp_p
     assert events[-1] == {**events[-1], "event": "run_finished", "status": "timed_out"}
     # Both tasks had finished: their results stand, aggregated once.
     assert json.loads((run_dir / "metrics.json").read_text()) == {"aggregated": 2}
-    assert SlowAggregateBenchmark.calls == 1
+    assert call_log("slow-finalize").count("aggregate_metrics") == 1
     assert run_dir / "log.jsonl" not in _json_logs

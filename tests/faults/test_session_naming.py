@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-import trio
+from _common import wait_dead
 
 import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
@@ -89,16 +89,7 @@ async def test_local_names_its_directory_and_processes_and_sweep_destroys_them(t
         await env.sweep("acaaaaaaaaaa")
         await env.sweep("acaaaaaaaaaa")  # idempotent
         assert not Path(mine.handle["path"]).exists() and not half.exists()
-        for _ in range(200):  # the kernel reaps the killed daemon (bounded)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
-                break
-            await trio.sleep(0.01)
-        else:
-            raise AssertionError("the swept sandbox's daemon is still alive")
+        await wait_dead(pid)  # the swept sandbox's daemon
         assert (await theirs.exec("echo hi")).stdout == "hi\n"
     finally:
         await theirs.close()

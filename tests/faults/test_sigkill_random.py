@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _common import wait_until
 
 import agentcompass
 
@@ -98,15 +99,13 @@ def test_sigkill_inside_open_at_random_instants_then_reuse_leaks_nothing(tmp_pat
         proc = start(index, reuse=index > 0)
         pids.append(proc.pid)
         target = rng.randint(1, 4)  # kill inside this process's target-th open
-        deadline = time.monotonic() + HANG_GUARD
+
+        def reached(proc: subprocess.Popen[bytes] = proc, target: int = target, index: int = index) -> bool:
+            assert proc.poll() is None, (tmp_path / f"stderr-{index}.txt").read_text()
+            return sum(1 for e in _lines(env_log) if e[0] == "open" and int(e[2]) == proc.pid) >= target
+
         try:
-            while True:
-                opens = [e for e in _lines(env_log) if e[0] == "open" and int(e[2]) == proc.pid]
-                if len(opens) >= target:
-                    break
-                assert proc.poll() is None, (tmp_path / f"stderr-{index}.txt").read_text()
-                assert time.monotonic() < deadline, f"process {index} never reached open {target}"
-                time.sleep(0.005)
+            wait_until(reached, f"process {index} to reach open {target}", HANG_GUARD, every=0.005)
             time.sleep(rng.uniform(0, OPEN_SECONDS * 0.8))
         finally:
             proc.send_signal(signal.SIGKILL)

@@ -24,6 +24,9 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from _common import only_run_dir as only_run_dir
+from _common import read_json as read_json
+from _common import read_jsonl as read_jsonl
 
 import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
@@ -203,21 +206,6 @@ def sleepy_request(
         **{component: {"script": script}},
         **fields,
     )
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def only_run_dir(output_root: Path, name: str) -> Path:
-    """The single run directory of request ``name`` under ``output_root``."""
-    dirs = [d for d in (output_root / name).iterdir() if d.is_dir()]
-    assert len(dirs) == 1, dirs
-    return dirs[0]
 
 
 def detail_files(run_dir: Path) -> dict[str, set[str]]:

@@ -26,36 +26,45 @@ from _orch_support import (  # noqa: F401  (fixtures)
     timeline,
     unclosed_sessions,
 )
+from trio.testing import MockClock
 
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
 from agentcompass._store import RunStore
 from agentcompass.testing import FakeEnvironment, call_log, fake_request
+from agentcompass.testing._environment import FakeEnvironmentConfig
 from agentcompass.testing._fake_disk import FakeDisk
+
+
+@attrs.frozen
+class SlowPreflightConfig(FakeEnvironmentConfig):
+    preflight_seconds: float = 0
 
 
 @agentcompass.register
 class SlowPreflightEnvironment(FakeEnvironment):
-    """``fake-env`` whose construction during preflight takes ``preflight_seconds``
-    of Trio time.
+    """``fake-env`` whose first construction (preflight's) takes
+    ``preflight_seconds`` (a config key) of Trio time.
 
     Preflight is synchronous (it builds every component once to check its
     config), so in a real run a slow one spends wall time that Trio's clock
     sees too. Under the mock clock nothing passes during sync code, so the
-    constructor jumps the clock by hand, once: later builds (one per request
-    where tasks run) take no time.
+    constructor jumps the run's clock by hand, once (its call log says
+    whether it did): later builds (one per request where tasks run) take no time.
     """
 
     id: ClassVar[str] = "orch-test-slow-preflight-env"
-    clock: ClassVar[Any] = None
-    preflight_seconds: ClassVar[float] = 0
+    Config: ClassVar[type | None] = SlowPreflightConfig
+    options: SlowPreflightConfig
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
-        cls = type(self)
-        if cls.clock is not None and cls.preflight_seconds:
-            cls.clock.jump(cls.preflight_seconds)
-            cls.preflight_seconds = 0
+        log = call_log(self.options.log)
+        if not log.count("slow_build"):
+            log.record("environment", "slow_build", None)
+            clock = trio.lowlevel.current_clock()
+            assert isinstance(clock, MockClock)
+            clock.jump(self.options.preflight_seconds)
 
 
 async def test_tasks_cut_by_the_deadline_leave_no_record(autojump_clock, tmp_path: Path, timeline: Timeline):
@@ -86,15 +95,13 @@ async def test_the_deadline_starts_after_preflight(autojump_clock, tmp_path: Pat
     # Preflight takes 1000 s of Trio time; the 25 s budget is still whole
     # afterwards, so two 10 s tasks finish. Had the deadline started when
     # launch was called, it would have passed before any task started.
-    SlowPreflightEnvironment.clock = autojump_clock
-    SlowPreflightEnvironment.preflight_seconds = 1000
     request = attrs.evolve(
         sleepy_request("a", [10] * 5, tmp_path),
-        environment=ComponentRef(SlowPreflightEnvironment.id, {"log": "a"}),
+        environment=ComponentRef(SlowPreflightEnvironment.id, {"log": "a", "preflight_seconds": 1000}),
     )
     start = trio.current_time()
     result = await launch(Orchestration([request], task_concurrency=1, timeout_seconds=25))
-    assert SlowPreflightEnvironment.preflight_seconds == 0, "preflight did not build the environment"
+    assert call_log("a").count("slow_build") == 1, "preflight did not build the environment"
     assert trio.current_time() - start == 1000 + 25
     assert (result.status, result.exit_code) == ("timed_out", 1)
     assert detail_files(only_run_dir(tmp_path, "a"))["normal"] == {"a00", "a01"}

@@ -26,19 +26,26 @@ import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
 from agentcompass._store import load_run
 from agentcompass.testing import FakeEnvironment, call_log, fake_request, reset_logs
+from agentcompass.testing._environment import FakeEnvironmentConfig
+
+
+@attrs.frozen
+class SlowOpenConfig(FakeEnvironmentConfig):
+    open_seconds: int = 0
 
 
 @agentcompass.register
 class SlowOpenEnvironment(FakeEnvironment):
-    """``fake-env`` whose ``open`` first takes ``open_seconds`` that no
-    cancellation interrupts (set per example)."""
+    """``fake-env`` whose ``open`` first takes ``open_seconds`` (a config
+    key) that no cancellation interrupts."""
 
     id: ClassVar[str] = "orch-test-slow-open-env"
-    open_seconds: ClassVar[int] = 0
+    Config: ClassVar[type | None] = SlowOpenConfig
+    options: SlowOpenConfig
 
     async def open(self, config: Any, policy: Any, name: str | None = None) -> Any:
         with trio.CancelScope(shield=True):
-            await trio.sleep(type(self).open_seconds)
+            await trio.sleep(self.options.open_seconds)
             return await super().open(config, policy, name)
 
 
@@ -69,7 +76,6 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
     # ``stop``: the orchestration's own deadline, or the caller's cancel
     # scope at the same instant (launch then raises Cancelled into it).
     reset_logs()
-    SlowOpenEnvironment.open_seconds = open_seconds
     ids = [f"a{i:02d}" for i in range(len(tasks))]
     output_root = tmp_path_factory.mktemp("deadline")
     request = fake_request(
@@ -81,7 +87,10 @@ def test_a_deadline_anywhere_ends_the_run_cleanly(
         output_root=output_root,
         execution=ExecutionSpec(attempts=AttemptsSpec(k=k, strategy=strategy), max_retries=retries, retry_min_delay_seconds=1),
     )
-    request = attrs.evolve(request, environment=ComponentRef(SlowOpenEnvironment.id, request.environment.config))
+    request = attrs.evolve(
+        request,
+        environment=ComponentRef(SlowOpenEnvironment.id, {**request.environment.config, "open_seconds": open_seconds}),
+    )
     orchestration = Orchestration(
         [request],
         task_concurrency=concurrency,

@@ -10,11 +10,11 @@ takes any. Durability is the store tests' subject, not ours.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import attrs
+from _common import read_json as read_json
 
 import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
@@ -32,10 +32,6 @@ async def launch_one(request: RunRequest, *, concurrency: int = 4) -> agentcompa
 
 def reuse_of(request: RunRequest, reuse: bool | Path = True, **changes: Any) -> RunRequest:
     return attrs.evolve(request, reuse=reuse, **changes)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
 
 
 def details(run_dir: Path | str) -> dict[str, dict[str, Any]]:

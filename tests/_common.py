@@ -1,0 +1,81 @@
+"""Helpers every part of the suite shares (``tests/`` is on ``sys.path``
+through ``tests/conftest.py``): reading what a run wrote, and the one bounded
+poll for what only another process shows.
+
+Wait on the condition itself wherever the code gives a way (an event, a line
+read from a pipe, a pidfd: :func:`wait_dead`). :func:`wait_until` and
+:func:`poll_until` are for the rest, a file or a kernel object another
+process makes, and fail with ``what`` once ``seconds`` have passed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+__all__ = ["only_run_dir", "poll_until", "read_json", "read_jsonl", "wait_dead", "wait_until"]
+
+#: How often a bounded poll looks again.
+POLL_SECONDS = 0.02
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def only_run_dir(output_root: Path, name: str) -> Path:
+    """The single run directory of request ``name`` under ``output_root``."""
+    dirs = [d for d in (output_root / name).iterdir() if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def wait_until(predicate: Callable[[], object], what: str, seconds: float = 60, *, every: float = POLL_SECONDS) -> None:
+    """Block until ``predicate()`` is true (a file a subprocess writes, say),
+    looking ``every`` seconds; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+        time.sleep(every)
+
+
+async def poll_until(
+    predicate: Callable[[], object | Awaitable[object]], what: str, seconds: float = 30, *, every: float = POLL_SECONDS
+) -> None:
+    """:func:`wait_until` inside Trio; ``predicate`` may be async (a process
+    in a sandbox, a kernel object a dead process held)."""
+    with trio.move_on_after(seconds):
+        while not await _truth(predicate()):  # noqa: ASYNC110 - another process's state: nothing to wait on
+            await trio.sleep(every)
+        return
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+async def _truth(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def wait_dead(pid: int, seconds: float = 20) -> None:
+    """Return once ``pid`` has exited (a zombie counts as dead), waiting on
+    its pidfd; fail after ``seconds``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with trio.fail_after(seconds):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
