@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from _common import poll_until
 from _sandbox_support import census, requires_sandbox
 from agentcompass_sandbox import SandboxEnvironment
 
@@ -114,11 +115,7 @@ async def test_a_background_process_is_gone_after_close(provider: SandboxEnviron
             assert result.exit_code == 0
             # Still alive after its exec returned (the daemon execs with its
             # marker a moment after the shell that started it exits).
-            for _ in range(500):
-                if await _running(marker):
-                    break
-                await trio.sleep(0.01)
-            assert await _running(marker)
+            await poll_until(lambda: _running(marker), "the daemon to exec with its marker", 5)
             again = await session.exec(f"pgrep -f {marker}")
             assert again.exit_code == 0  # and visible to later commands, as in a container
         finally:

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
+from _common import poll_until
 from _sandbox_support import requires_sandbox, wait_for_file
 from agentcompass_sandbox import SandboxEnvironment, SandboxSession
 
@@ -51,11 +52,7 @@ async def connects(session: SandboxSession, address: str, port: int) -> bool:
 
 async def listening(session: SandboxSession, port: int) -> None:
     """Wait (bounded) until a server started inside accepts on loopback."""
-    for _ in range(200):
-        if await connects(session, "127.0.0.1", port):
-            return
-        await trio.sleep(0.05)
-    raise AssertionError(f"nothing listens on port {port} inside the sandbox")
+    await poll_until(lambda: connects(session, "127.0.0.1", port), f"a listener on port {port} inside", 10, every=0.05)
 
 
 async def test_none_reaches_neither_the_host_nor_another_namespace(provider: SandboxEnvironment, tag: str) -> None:

@@ -14,8 +14,8 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import pytest
 import trio
+from _common import poll_until
 from _sandbox_support import census, first_line, new_tag, requires_sandbox, veths, wait_for_file
 from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _netlink, _pool, _spawner
 
@@ -97,12 +97,7 @@ async def test_a_reused_namespace_has_no_process_socket_or_rule_of_the_previous_
             await a.exec(
                 "setsid sleep 600 > /dev/null 2>&1 & python3 -m http.server --bind 127.0.0.1 8000 > /dev/null 2>&1 &"
             )
-            for _ in range(200):
-                if await connects(a, "127.0.0.1", 8000):
-                    break
-                await trio.sleep(0.05)
-            else:
-                raise AssertionError("the server inside never listened")
+            await poll_until(lambda: connects(a, "127.0.0.1", 8000), "the server inside to listen", 10, every=0.05)
             await a.set_network_policy(NONE)
             assert a._init_pid is not None
             assert "table inet" in await trio.to_thread.run_sync(_in_netns, a._init_pid, "nft", "list", "ruleset")
@@ -312,12 +307,7 @@ async def test_sigkill_of_the_runtime_leaves_no_pooled_namespace(provider: Sandb
             await runtime.wait()
         # Bounded wait on a real condition: the kernel removes the namespaces,
         # and their veths, once the sandboxes in them are dead.
-        for _ in range(400):
-            if not pooled & veths():
-                break
-            await trio.sleep(0.05)
-        else:
-            pytest.fail(f"pooled veths outlived their runtime: {pooled & veths()}")
+        await poll_until(lambda: not pooled & veths(), "the pooled veths to go with their runtime", 20, every=0.05)
         await provider.sweep(tag)  # also releases the dead pool's leases
         owners = []
         if _host.LEASE_DIR.is_dir():
@@ -342,12 +332,7 @@ async def test_without_reuse_close_destroys_the_namespace_and_its_veth(tag: str)
                 await a.close()
             assert (pool.recycled, pool.destroyed) == (recycled, destroyed + 1)
             # The kernel removes the namespace, and its veth with it, once nothing holds it.
-            for _ in range(400):
-                if veth not in veths():
-                    break
-                await trio.sleep(0.01)
-            else:
-                raise AssertionError(f"{veth} is still there after close")
+            await poll_until(lambda: veth not in veths(), f"{veth} to go after close", 4)
             b = await provider.open(None, FULL, f"{tag}-b")
             try:
                 assert pool.made == made + 2, "open did not make a new namespace"

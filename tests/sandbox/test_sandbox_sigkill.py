@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import trio
+from _common import poll_until
 from _sandbox_support import census, requires_sandbox, veths
 from agentcompass_sandbox import _host, _pool
 
@@ -67,16 +68,18 @@ async def test_sigkill_during_a_run_then_reuse_leaves_nothing(tmp_path: Path) ->
     with hang_guard(120):
         proc = await trio.lowlevel.open_process(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            # Wait (bounded) until the session is journalled and the agent's daemon runs in it.
-            with trio.fail_after(60):
-                while True:
-                    opened = [s for s in _sessions(output_root) if s.get("event") == "opened"]
-                    if opened:
-                        name = opened[0]["handle"]["name"]
-                        started = _host.files_dir(name) / "app" / "started"
-                        if await trio.to_thread.run_sync(started.exists):
-                            break
-                    await trio.sleep(0.05)
+            name = ""
+
+            async def daemon_started() -> bool:
+                nonlocal name
+                opened = [s for s in _sessions(output_root) if s.get("event") == "opened"]
+                if not opened:
+                    return False
+                name = opened[0]["handle"]["name"]
+                return await trio.to_thread.run_sync((_host.files_dir(name) / "app" / "started").exists)
+
+            # The session journalled (by the runtime) and the agent's daemon running in it.
+            await poll_until(daemon_started, "the session and its daemon", 60, every=0.05)
             assert await census(name), "the sandbox should exist while the task runs"
         finally:
             os.kill(proc.pid, signal.SIGKILL)

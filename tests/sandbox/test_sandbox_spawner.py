@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from _common import poll_until
 from _sandbox_support import census, first_line, leftovers, requires_sandbox
 from agentcompass_sandbox import SandboxEnvironment, _host, _spawner
 
@@ -125,14 +126,11 @@ async def test_sandboxes_end_with_the_runtime_that_started_them(tag: str) -> Non
             finally:
                 runtime.send_signal(signal.SIGKILL)
                 await runtime.wait()
-            # Bounded wait on a real condition: no process of the session is left.
-            for _ in range(200):
-                processes = [p for p in await census(name) if p.startswith("process")]
-                if not processes:
-                    break
-                await trio.sleep(0.05)
-            else:
-                pytest.fail(f"the sandbox outlived its runtime: {processes}")
+
+            async def gone() -> bool:
+                return not [p for p in await census(name) if p.startswith("process")]
+
+            await poll_until(gone, "the sandbox's processes to end with its runtime", 10, every=0.05)
         finally:
             await SandboxEnvironment({}).sweep(name)
         assert await trio.to_thread.run_sync(leftovers, name) == []
