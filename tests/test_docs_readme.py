@@ -83,6 +83,9 @@ def _fresh_clone(tmp_path: Path) -> Path:
     installed (its stamp newer than the sources, so ``make`` installs nothing)."""
     if sys.prefix == sys.base_prefix:
         pytest.skip("needs to run from a virtual environment (make test)")
+    missing = [tool for tool in ("git", "make", "bash") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True, check=False
     )
