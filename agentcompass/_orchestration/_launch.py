@@ -44,30 +44,22 @@ log = get_logger("agentcompass.launch")
 class _LocalGrants:
     """Driver-owned limits granted in-process (see ``runtime._executor.Grants``).
 
-    A free permit or an unlimited open rate is granted without a schedule
-    point (cancellation is still checked first): each one puts every attempt
-    behind every runnable task, so attempts advance in lockstep (bench
-    ``latency``: wall / ideal 1.8 without them, 2.0-2.4 with them)."""
+    Both acquisitions are Trio checkpoints whether or not they wait, as
+    :meth:`trio.CapacityLimiter.acquire_on_behalf_of` is: a free permit and
+    an unlimited open rate included (what that costs: docs/performance.md,
+    bench ``latency``)."""
 
     def __init__(self) -> None:
         self.registry = provider_limits()
 
     async def acquire_capacity(self, provider: str, holder: object) -> None:
-        limiter = self.registry.capacity(provider)
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            limiter.acquire_on_behalf_of_nowait(holder)  # refused while others wait (FIFO)
-        except trio.WouldBlock:
-            await limiter.acquire_on_behalf_of(holder)
+        await self.registry.capacity(provider).acquire_on_behalf_of(holder)
 
     def release_capacity(self, provider: str, holder: object) -> None:
         self.registry.capacity(provider).release_on_behalf_of(holder)
 
     async def open_token(self, provider: str) -> None:
-        bucket = self.registry.open_rate_bucket(provider)
-        if bucket is not None:
-            await bucket.acquire()
-        # Else the permit's cancellation check just before is this call's.
+        await self.registry.acquire_open_token(provider)
 
 
 def _overall(results: list[RequestResult], timed_out: bool) -> tuple[str, int]:
@@ -120,8 +112,9 @@ async def orchestrate(
         # A benchmark's own check may read its whole data set: off the Trio thread.
         await trio.to_thread.run_sync(check_data, orchestration)
     if any(request.reuse is not False for request in orchestration.requests):
-        # A --reuse of another experiment is refused here, before any run directory exists.
-        await trio.to_thread.run_sync(refuse_other_experiments, orchestration.requests)
+        # A --reuse of another experiment is refused here, before any run
+        # directory exists; read through the disk reuse reads through.
+        await (disk if disk is not None else Disk()).run(refuse_other_experiments, orchestration.requests)
     # The runs' per-task state (every finished record, kept for metrics) is
     # freed before the thresholds come back (see RequestRun.release): with
     # it still alive, the first allocation after would walk it all in one
