@@ -54,6 +54,7 @@ import trio
 from .. import _registry
 from .._observations import is_success
 from .._redact import redact_json_text
+from .._report import display_path
 from .._store import Disk, LoadedRun, latest_run, load_run
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._convert import unstructure
@@ -148,7 +149,7 @@ def refuse_other_experiments(requests: Sequence[RunRequest]) -> None:
 
 def _other_experiment(request: RunRequest, source: Path, difference: str) -> str:
     return (
-        f"request {request.name!r}: --reuse of {source} refused: another experiment ({difference}); "
+        f"request {request.name!r}: --reuse of {display_path(source)} refused: another experiment ({difference}); "
         "drop --reuse, or add --reuse-anyway to reuse it all the same"
     )
 
