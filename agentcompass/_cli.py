@@ -164,8 +164,10 @@ def list_command(plugins: Sequence[str], verbose: bool) -> None:
 @click.argument("component_id")
 @click.option("--plugin", "plugins", multiple=True, help="Also import this module or .py file.")
 def describe(component_id: str, plugins: Sequence[str]) -> None:
-    """Show a component's description, metrics and config keys; or, for
-    `execution` and `orchestration`, the keys of that config block."""
+    """Show a component's (or config block's) keys and meaning.
+
+    ID is a registered component's id, or `execution` / `orchestration` for
+    the keys of those config blocks."""
     from . import _registry
     from ._describe import BLOCKS, block_lines, describe_lines
     from .runtime._errors import ConfigError
