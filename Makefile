@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-agent demo-sandbox system-deps test lint bench bench-inspect clean
+.PHONY: demo demo-agent demo-sandbox system-deps test test-floors lint bench bench-inspect clean
 
 # What the sandbox provider (bubblewrap, iproute2, nftables, util-linux) and the
 # viewer's browser tests (chromium, chromium-driver) need from the system.
@@ -44,6 +44,21 @@ system-deps:
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)
 
+# The declared dependency floors, installed exactly (tests/floors.py pins them) into a
+# venv of their own, under the tests that exercise each dependency.
+FLOORS := .venv-floors
+FLOOR_TESTS := tests/test_floors.py tests/test_exports.py tests/test_convert.py tests/test_config.py \
+	tests/test_limits.py tests/test_observations.py tests/engine tests/orchestration tests/store \
+	tests/models tests/view/test_view_server.py plugins/remote/tests/test_remote_session.py
+
+test-floors:
+	rm -rf $(FLOORS)
+	$(PYTHON) -m venv $(FLOORS)
+	$(FLOORS)/bin/python -m pip install -q --upgrade pip
+	$(FLOORS)/bin/python tests/floors.py > $(FLOORS)/constraints.txt
+	$(FLOORS)/bin/python -m pip install -q -c $(FLOORS)/constraints.txt -e '.[test]' -e plugins/remote -e plugins/sandbox
+	COMPASS_FLOORS=1 $(FLOORS)/bin/python -m pytest -q -p no:cacheprovider $(FLOOR_TESTS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check agentcompass tests bench $(wildcard plugins)
 	$(BIN)/mypy agentcompass/runtime
@@ -56,4 +71,4 @@ bench-inspect: $(STAMP)
 	$(BIN)/python -m bench --inspect
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(FLOORS) runs .pytest_cache
