@@ -1,11 +1,9 @@
 """The runtime's own schedule points on the per-attempt path.
 
-Under load, every schedule point puts an attempt behind every other
-runnable task, so attempts that yield several times between two harness
-calls advance in lockstep. A free capacity permit (or an unlimited open
-rate) is therefore granted without one; a cancelled caller still takes
-nothing, and components that never yield still cannot starve the run: a
-task starts as a task of its own and awaits its record's write.
+Taking a capacity permit and an open-rate token are Trio checkpoints, free
+or not, as trio's own acquisitions are; a cancelled caller takes nothing,
+and components that never yield still cannot starve the run: a task starts
+as a task of its own and awaits its record's write.
 """
 
 from __future__ import annotations
@@ -36,17 +34,22 @@ class _Steps(trio.abc.Instrument):
             self.steps += 1
 
 
-async def test_a_free_permit_is_taken_without_a_schedule_point() -> None:
+async def test_a_free_permit_and_an_unlimited_open_rate_are_checkpoints() -> None:
     grants = _LocalGrants()
     steps = _Steps(trio.lowlevel.current_task())
     trio.lowlevel.add_instrument(steps)
     try:
         await grants.acquire_capacity("schedule-points-free", object())
+        assert steps.steps == 1  # a schedule point, though the permit was free
         await grants.open_token("schedule-points-free")
+        assert steps.steps == 2
     finally:
         trio.lowlevel.remove_instrument(steps)
-    assert steps.steps == 0
     assert grants.registry.capacity("schedule-points-free").borrowed_tokens == 1
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await grants.open_token("schedule-points-free")
+    assert scope.cancelled_caught  # and a cancel point
 
 
 async def test_a_cancelled_caller_takes_no_permit() -> None:
