@@ -159,17 +159,24 @@ def test_the_import_walk_sees_relative_imports_outside_runtime(tmp_path: Path) -
     assert _imported_modules(module) == {"agentcompass._convert", "agentcompass.runtime", "trio"}
 
 
-def test_built_ins_import_only_public_modules():
-    # Built-ins are the first plugins: no built-in module reaches into another's
-    # private names (a module path with a segment starting with "_").
+BUILT_INS = ("benchmarks", "harnesses", "environments")
+
+
+def test_built_ins_import_only_public_modules_and_not_each_other():
+    # Built-ins are the first plugins: a built-in module imports public
+    # modules only (no path segment starting with "_"), and no other
+    # built-in (what two share belongs in agentcompass.runtime).
     root = RUNTIME.parent
     reaches = set()
-    for folder in ("benchmarks", "harnesses", "environments"):
+    for folder in BUILT_INS:
         for path in sorted((root / folder).glob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("agentcompass"):
-                    if any(part.startswith("_") for part in node.module.split(".")):
+                    parts = node.module.split(".")
+                    if any(part.startswith("_") for part in parts) or (parts[1:2] and parts[1] in BUILT_INS):
                         reaches.add(f"{folder}/{path.name}: {node.module}")
+                elif isinstance(node, ast.ImportFrom) and node.level > 1:  # its own folder's modules are its own
+                    reaches.add(f"{folder}/{path.name}: relative import {'.' * node.level}{node.module or ''}")
     assert reaches == set()
 
 
