@@ -80,8 +80,10 @@ def retryable_issues(issues: list[Issue], patterns: list[Any]) -> list[tuple[Iss
 
 
 class _NoDeadline:
-    """Stands in for a cancel scope when a phase has no timeout: without it
-    the overhead row falls to 40-42 x Inspect AI, at its 40 x target (bench ``overhead``)."""
+    """Stands in for a cancel scope when a phase has no timeout, which is
+    most phases of most attempts: with a ``trio.CancelScope`` in every phase
+    the row it holds, bench ``overhead`` "x Inspect AI samples/s", falls to
+    its target or below (figures in docs/performance.md)."""
 
     cancelled_caught = False
 
