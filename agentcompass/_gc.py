@@ -3,7 +3,7 @@
 A run keeps every finished task record alive until finalize, and with
 CPython's default thresholds the frequent middle-generation collections walk
 them all while finding almost nothing to free (the runtime's data is
-acyclic), which costs the ``overhead_bound`` bench scenario a fifth of its time.
+acyclic), a large share of the time of the bench scenario ``overhead``.
 
 Importing this module changes nothing. A process that owns its interpreter
 (the ``compass`` CLI, the bench) calls :func:`allow` once; from then on,
