@@ -1,5 +1,6 @@
 """Shared helpers of the sandbox provider's tests: the skip reason, unique
-session names, and a census of every kind of resource a session makes."""
+session names, a census of every kind of resource a session makes, and
+connections from inside a session."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from agentcompass_sandbox import _host, host_problem
+from _common import poll_until
+from agentcompass_sandbox import SandboxSession, _host, host_problem
 
 PROBLEM = host_problem()
 requires_sandbox = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
@@ -74,3 +76,15 @@ async def first_line(process: trio.Process) -> bytes:
     while b"\n" not in said and (chunk := await process.stdout.receive_some(256)):
         said += chunk
     return said
+
+
+async def connects(session: SandboxSession, address: str, port: int) -> bool:
+    """Whether a TCP connection from inside ``session`` to ``address:port`` is accepted."""
+    result = await session.exec(["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"], timeout=5)
+    assert not result.timed_out, "a refused connection must fail fast, not hang"
+    return result.exit_code == 0
+
+
+async def listening(session: SandboxSession, port: int) -> None:
+    """Wait (bounded) until a server started inside accepts on loopback."""
+    await poll_until(lambda: connects(session, "127.0.0.1", port), f"a listener on port {port} inside", 10, every=0.05)

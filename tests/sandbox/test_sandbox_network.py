@@ -9,9 +9,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from _common import poll_until
-from _sandbox_support import requires_sandbox, wait_for_file
-from agentcompass_sandbox import SandboxEnvironment, SandboxSession
+from _sandbox_support import connects, listening, requires_sandbox, wait_for_file
+from agentcompass_sandbox import SandboxEnvironment
 
 from agentcompass import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
 from agentcompass.testing import hang_guard
@@ -42,17 +41,6 @@ async def listener(address: str) -> AsyncIterator[int]:
         finally:
             nursery.cancel_scope.cancel()
             sock.close()
-
-
-async def connects(session: SandboxSession, address: str, port: int) -> bool:
-    result = await session.exec(["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"], timeout=5)
-    assert not result.timed_out, "a refused connection must fail fast, not hang"
-    return result.exit_code == 0
-
-
-async def listening(session: SandboxSession, port: int) -> None:
-    """Wait (bounded) until a server started inside accepts on loopback."""
-    await poll_until(lambda: connects(session, "127.0.0.1", port), f"a listener on port {port} inside", 10, every=0.05)
 
 
 async def test_none_reaches_neither_the_host_nor_another_namespace(provider: SandboxEnvironment, tag: str) -> None:

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 
 import trio
 from _common import poll_until
-from _sandbox_support import census, first_line, new_tag, requires_sandbox, veths, wait_for_file
+from _sandbox_support import census, connects, first_line, listening, new_tag, requires_sandbox, veths, wait_for_file
 from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host, _netlink, _pool, _spawner
 
 from agentcompass import NetworkPolicy
@@ -32,12 +32,6 @@ async def netns_of(session: SandboxSession) -> str:
     result = await session.exec("readlink /proc/self/ns/net")
     assert result.exit_code == 0, result.stderr
     return result.stdout.strip()
-
-
-async def connects(session: SandboxSession, address: str, port: int) -> bool:
-    result = await session.exec(["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"], timeout=5)
-    assert not result.timed_out
-    return result.exit_code == 0
 
 
 @asynccontextmanager
@@ -97,7 +91,7 @@ async def test_a_reused_namespace_has_no_process_socket_or_rule_of_the_previous_
             await a.exec(
                 "setsid sleep 600 > /dev/null 2>&1 & python3 -m http.server --bind 127.0.0.1 8000 > /dev/null 2>&1 &"
             )
-            await poll_until(lambda: connects(a, "127.0.0.1", 8000), "the server inside to listen", 10, every=0.05)
+            await listening(a, 8000)
             await a.set_network_policy(NONE)
             assert a._init_pid is not None
             assert "table inet" in await trio.to_thread.run_sync(_in_netns, a._init_pid, "nft", "list", "ruleset")
