@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -75,7 +76,7 @@ async def fake_launch(orchestration, *, config_dir=None, show_progress=False, st
     out.write_text(json.dumps({"orchestration": unstructure(orchestration), "config_dir": str(config_dir)}))
     mode = os.environ.get("FAKE_MODE", "ok")
     if mode != "ok":
-        Path(str(out) + ".started").touch()
+        print("started", flush=True)  # the test waits for this line
         try:
             await stop.wait()  # the CLI's first signal
         finally:
@@ -353,7 +354,9 @@ def _start_hanging(workdir: Path, mode: str) -> tuple[subprocess.Popen[str], Pat
         stdout=subprocess.PIPE,
         stderr=stderr.open("w"),
     )
-    wait_until(lambda: (workdir / "fake.json.started").exists() or proc.poll() is not None, "the fake launch to start")
+    assert proc.stdout is not None
+    readable, _, _ = select.select([proc.stdout], [], [], 60)  # hang guard
+    assert readable and proc.stdout.readline() == "started\n", stderr.read_text()
     return proc, stderr
 
 
