@@ -243,20 +243,9 @@ class LocalSession(EnvironmentSession):
 
     def _resolve(self, path: str | os.PathLike[str]) -> Path:
         """Map a sandbox path to a host path inside the sandbox (blocking: it reads symlinks)."""
-        raw = PurePosixPath(os.fspath(path))
-        if raw.is_absolute():
-            parts = raw.parts[1:]
-            if not parts or parts[0] not in SUBDIRS:
-                raise _fail(
-                    f"path {str(raw)!r} is outside the sandbox "
-                    "(absolute paths must start with /app, /tests, /logs or /solution)"
-                )
-            candidate = self._root.joinpath(*parts)
-        else:
-            candidate = self._root.joinpath(raw)
-        resolved = candidate.resolve()
+        resolved = (self._root / self._relative(path)).resolve()
         if not resolved.is_relative_to(self._root):
-            raise _fail(f"path {str(raw)!r} resolves outside the sandbox")
+            raise _fail(f"path {os.fspath(path)!r} resolves outside the sandbox")
         return resolved
 
     def _resolve_dir(self, path: str | None) -> str:
