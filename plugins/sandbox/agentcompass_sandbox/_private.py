@@ -88,6 +88,7 @@ from ._session import (
     INIT_GONE_EXIT_CODE,
     InitGone,
     _root_binds,
+    command_line,
     fail,
     supervise,
 )
@@ -187,17 +188,6 @@ async def exec_private(
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     top, sub = split_directory(directory)
     groups = split_inputs(inputs, top)
-    argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
-    workdir = posixpath.join("/app", cwd or ".")
-    variables = {
-        **BASE_ENV,
-        "APP_DIR": "/app",
-        "TESTS_DIR": "/tests",
-        "LOGS_DIR": "/logs",
-        "SOLUTION_DIR": "/solution",
-        "HOME": HOME,
-        **(env or {}),
-    }
     label = f"p{next(session._labels)}"
     try:
         fds, leaf, layout, program = await trio.to_thread.run_sync(_prepare, session, label)
@@ -234,7 +224,7 @@ async def exec_private(
                 "home": HOME.lstrip("/"),
                 "home_size": session._tmpfs_bytes,
                 "program": program,
-                "argv": ["env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv],
+                "argv": command_line(cmd, cwd, env, HOME),
                 "env": BASE_ENV,
             }
             full = [

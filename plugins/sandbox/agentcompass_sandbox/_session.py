@@ -268,18 +268,6 @@ class SandboxSession(EnvironmentSession):
         :meth:`close`; the call does not wait for them.
         """
         self._check_open()
-        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
-        workdir = str(PurePosixPath("/app") / (cwd or "."))
-        variables = {
-            "PATH": _PATH,
-            "HOME": "/tmp",
-            "LANG": "C.UTF-8",
-            "APP_DIR": "/app",
-            "TESTS_DIR": "/tests",
-            "LOGS_DIR": "/logs",
-            "SOLUTION_DIR": "/solution",
-            **(env or {}),
-        }
         label = f"x{next(self._labels)}"
         try:
             fds, leaf = await trio.to_thread.run_sync(self._exec_prepare, label)
@@ -291,8 +279,7 @@ class SandboxSession(EnvironmentSession):
         uid = str(_host.INSIDE_UID)
         full = [
             "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
-            *nsenter_args(fds), "-S", uid, "-G", uid,
-            "env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv,
+            *nsenter_args(fds), "-S", uid, "-G", uid, *command_line(cmd, cwd, env),
         ]  # fmt: skip
         try:
             self._check_open()
@@ -567,6 +554,23 @@ async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done:
     while chunk := await stream.receive_some(_CHUNK):
         buffer.append(chunk)
     done.set()
+
+
+def command_line(cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None, home: str = "/tmp") -> list[str]:
+    """``env -i -C WORKDIR VAR=... COMMAND``: ``cmd`` (``bash -c`` for a string)
+    in ``cwd`` under ``/app``, with the session's fresh environment, then ``env``."""
+    argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
+    variables = {
+        **BASE_ENV,
+        "HOME": home,
+        "APP_DIR": "/app",
+        "TESTS_DIR": "/tests",
+        "LOGS_DIR": "/logs",
+        "SOLUTION_DIR": "/solution",
+        **(env or {}),
+    }
+    workdir = str(PurePosixPath("/app") / (cwd or "."))
+    return ["env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv]
 
 
 class InitGone(Exception):
