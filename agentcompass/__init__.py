@@ -46,6 +46,7 @@ from .runtime import RunBudget as RunBudget
 from .runtime import RunFailedError as RunFailedError
 from .runtime import RunRequest as RunRequest
 from .runtime import RunResult as RunResult
+from .runtime import SandboxSpec as SandboxSpec
 from .runtime import Secret as Secret
 from .runtime import TaskRecord as TaskRecord
 from .runtime import TaskSpec as TaskSpec

@@ -2,8 +2,10 @@
 
 Precedence, lowest first: runtime defaults, the benchmark's ``plan``, each
 recipe in order, then explicit user values from the request's
-``ExecutionSpec`` (timeouts, ``evaluation_environment_mode`` and the
-per-phase ``network`` policies). Because user values are applied last, a recipe can fill
+``ExecutionSpec`` (timeouts, ``evaluation_environment_mode``, the
+per-phase ``network`` policies and the ``sandbox`` fields set). A
+benchmark gives its part of the :class:`SandboxSpec` as the plan's
+``sandbox`` key (a ``SandboxSpec`` or a mapping of its fields). Because user values are applied last, a recipe can fill
 any setting but never override one the user wrote down.
 """
 
@@ -15,8 +17,9 @@ from typing import Any
 import attrs
 
 from .runtime._components import BaseBenchmark, BaseRecipe
+from .runtime._convert import structure_config
 from .runtime._errors import ComponentError
-from .runtime._values import ExecutionPlan, NetworkPolicy, RunRequest, TaskSpec
+from .runtime._values import ExecutionPlan, NetworkPolicy, RunRequest, SandboxSpec, TaskSpec
 
 __all__ = ["Planner"]
 
@@ -53,6 +56,11 @@ class Planner:
         for key in ("run_timeout_seconds", "evaluation_timeout_seconds"):
             if benchmark_plan.get(key) is not None:
                 settings[key] = float(benchmark_plan[key])
+        sandbox = benchmark_plan.get("sandbox")
+        if sandbox is not None:
+            settings["sandbox"] = (
+                sandbox if isinstance(sandbox, SandboxSpec) else structure_config(sandbox, SandboxSpec, where=where)
+            )
         # Defaults, then the benchmark's part, in one construction.
         plan = ExecutionPlan(
             task_id=task.task_id,
@@ -85,6 +93,9 @@ class Planner:
             policy = getattr(execution.network, phase)
             if policy is not None and getattr(plan, f"{phase}_network_policy") != policy:
                 explicit[f"{phase}_network_policy"] = policy
+        sandbox = plan.sandbox.overridden_by(execution.sandbox)
+        if sandbox != plan.sandbox:
+            explicit["sandbox"] = sandbox
         for key, value in (
             ("task_id", task.task_id),
             ("attempt", attempt),

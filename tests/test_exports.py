@@ -37,6 +37,7 @@ SPEC_NAMES = {
     "RequestResult",
     "OrchestrationResult",
     "Secret",
+    "SandboxSpec",
     # SPEC 4: component contracts
     "BaseBenchmark",
     "HarnessFreeBenchmark",

@@ -28,13 +28,33 @@ import attrs
 import trio
 
 from .._logging import debug_enabled, get_logger
-from ..runtime._components import HarnessFreeBenchmark
+from ..runtime._components import BaseEnvironment, HarnessFreeBenchmark
 from ..runtime._errors import ComponentError, IssueError
 from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
 from ..runtime._values import ExecutionPlan, PreparedTask, TaskSpec
 from ._context import RequestContext
 from ._issues import classify, redact_issue
 from ._session import GuardedSession, TrackedSession, run_cleanup
+
+
+def build_config(environment: BaseEnvironment, plan: ExecutionPlan) -> Any:
+    """The provider's open config for ``plan``, refusing first what the plan
+    needs and the provider lacks (SPEC 4: never run it elsewhere silently)."""
+    missing = environment.missing_features(plan)
+    if "images" in missing:
+        raise IssueError(
+            "fatal",
+            "image_required",
+            f"task {plan.task_id!r} needs its image and provider {environment.id!r} cannot build or pull one "
+            "(use a provider with images, such as docker)",
+        )
+    if missing:
+        raise IssueError(
+            "fatal",
+            "environment_unsupported",
+            f"task {plan.task_id!r} needs {', '.join(sorted(missing))}, which provider {environment.id!r} lacks",
+        )
+    return environment.build_config(plan)
 
 __all__ = ["TryOutcome", "run_evaluation_try", "run_full_try", "retryable_issues"]
 
@@ -174,7 +194,7 @@ class _Try:
     async def full(self) -> TryOutcome:
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         try:
-            config = ctx.environment.build_config(plan)
+            config = build_config(ctx.environment, plan)
         except Exception as exc:
             issues.append(classify(exc, "environment", "setup", self.out.diagnostics))
             return self.out
@@ -459,6 +479,6 @@ async def run_evaluation_try(
     if plan.evaluation_environment_mode == "none":
         await attempt._evaluate_without_env()
     else:
-        config = ctx.environment.build_config(plan)
+        config = build_config(ctx.environment, plan)
         await attempt._evaluate_fresh(config)
     return attempt.out

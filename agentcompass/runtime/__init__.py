@@ -55,6 +55,7 @@ from ._values import Orchestration as Orchestration
 from ._values import PreparedTask as PreparedTask
 from ._values import ProviderLimits as ProviderLimits
 from ._values import RunRequest as RunRequest
+from ._values import SandboxSpec as SandboxSpec
 from ._values import Secret as Secret
 from ._values import TaskSpec as TaskSpec
 

@@ -440,6 +440,24 @@ class BaseEnvironment(Component):
 
     kind: ClassVar[str] = "environment"
 
+    #: What this provider can honour of a plan's :class:`SandboxSpec` (SPEC 4):
+    #: ``"images"`` (it builds ``build_context`` or pulls ``image`` and the
+    #: session runs in that image's filesystem, user and working directory),
+    #: ``"literal_paths"`` (``/app``, ``/tests``, ``/logs``, ``/solution``
+    #: exist as such), ``"root"`` (commands may run as root) and ``"limits"``
+    #: (``cpus``, ``memory_mb``, ``storage_mb`` enforced). A provider whose
+    #: features depend on its config (``remote``) makes this a property.
+    features: ClassVar[frozenset[str]] = frozenset()
+
+    def missing_features(self, plan: ExecutionPlan) -> frozenset[str]:
+        """What ``plan`` needs that this provider lacks: its ``sandbox``'s
+        needs plus the benchmark plan's ``required_features`` list. The
+        runtime checks it before :meth:`build_config` and records FATAL
+        ``image_required`` (an image is missing) or ``environment_unsupported``."""
+        needed = set(plan.sandbox.features())
+        needed.update(plan.benchmark_plan.get("required_features") or ())
+        return frozenset(needed) - frozenset(self.features)
+
     def preflight(self) -> None:
         """Check that this host can run this provider's sandboxes (sync, quick,
         opens nothing). Called before anything runs, by ``launch`` and

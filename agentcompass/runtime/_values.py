@@ -27,6 +27,7 @@ __all__ = [
     "PreparedTask",
     "ProviderLimits",
     "RunRequest",
+    "SandboxSpec",
     "Secret",
     "TaskSpec",
 ]
@@ -126,6 +127,62 @@ class NetworkOverrides:
 
 
 @attrs.frozen
+class SandboxSpec:
+    """What a task needs from its sandbox (SPEC section 3).
+
+    A benchmark fills it from the task (``terminal``: ``task.toml`` and
+    ``environment/``); the user's ``execution.sandbox`` overrides it field by
+    field (a field left ``None``, or an empty ``env``, keeps the task's). A
+    provider honours what its ``features`` cover and rejects a plan asking
+    for more (FATAL ``environment_unsupported``, or ``image_required`` for an
+    image), never running it somewhere else silently.
+
+    ``image`` is used as given (pulled); otherwise ``build_context`` (a
+    directory holding a ``Dockerfile``) is built. ``workdir`` is where
+    commands start, ``env`` is added to every command's environment,
+    ``user`` is who they run as (``root`` needs the ``root`` feature);
+    ``cpus``, ``memory_mb`` and ``storage_mb`` need ``limits``.
+    """
+
+    image: str | None = attrs.field(default=None, metadata={"doc": "an image to run the task in, pulled as given"})
+    build_context: Path | None = attrs.field(
+        default=None, metadata={"doc": "a directory with a Dockerfile, built when no image is named"}
+    )
+    build_timeout_seconds: float | None = attrs.field(
+        default=None, metadata={"doc": "bound on building or pulling the image (FATAL setup_timeout)"}
+    )
+    workdir: str | None = attrs.field(default=None, metadata={"doc": "where commands start (null: the image's)"})
+    env: dict[str, str] = attrs.field(factory=dict, metadata={"doc": "variables every command in the session gets"})
+    cpus: float | None = attrs.field(default=None, metadata={"doc": "CPU limit (needs the limits feature)"})
+    memory_mb: int | None = attrs.field(default=None, metadata={"doc": "memory limit in MiB (needs limits)"})
+    storage_mb: int | None = attrs.field(default=None, metadata={"doc": "disk limit in MiB (needs limits)"})
+    user: str | None = attrs.field(default=None, metadata={"doc": "who commands run as (null: the provider's)"})
+
+    def features(self) -> frozenset[str]:
+        """The provider features this spec needs (see ``BaseEnvironment.features``)."""
+        needed = set()
+        if self.image is not None or self.build_context is not None:
+            needed.add("images")
+        if self.cpus is not None or self.memory_mb is not None or self.storage_mb is not None:
+            needed.add("limits")
+        if self.user == "root":
+            needed.add("root")
+        return frozenset(needed)
+
+    def overridden_by(self, user: SandboxSpec) -> SandboxSpec:
+        """This spec with every field the user set (not ``None``, a non-empty
+        ``env`` merged over the task's) taking precedence."""
+        changes: dict[str, Any] = {
+            field.name: getattr(user, field.name)
+            for field in attrs.fields(SandboxSpec)
+            if field.name != "env" and getattr(user, field.name) is not None
+        }
+        if user.env:
+            changes["env"] = {**self.env, **user.env}
+        return attrs.evolve(self, **changes) if changes else self
+
+
+@attrs.frozen
 class ExecutionSpec:
     """How each task of a request is executed (attempts, retries, timeouts).
 
@@ -179,6 +236,10 @@ class ExecutionSpec:
     )
     network: NetworkOverrides = attrs.field(
         default=NetworkOverrides(), metadata={"doc": "network policy per phase, over the benchmark's and recipes'"}
+    )
+    sandbox: SandboxSpec = attrs.field(
+        default=SandboxSpec(),
+        metadata={"doc": "what each task's sandbox is (image, workdir, env, limits), over the benchmark's, field by field"},
     )
 
 
@@ -307,6 +368,7 @@ class ExecutionPlan:
     evaluation_network_policy: NetworkPolicy = FULL_NETWORK
     run_timeout_seconds: float | None = None
     evaluation_timeout_seconds: float | None = None
+    sandbox: SandboxSpec = SandboxSpec()
 
 
 @attrs.frozen
