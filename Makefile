@@ -3,11 +3,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-agent demo-sandbox system-deps test test-floors lint bench bench-inspect clean
+.PHONY: demo demo-agent demo-sandbox docker-base system-deps test test-floors lint bench bench-inspect clean
 
-# What the sandbox provider (bubblewrap, iproute2, nftables, util-linux) and the
-# viewer's browser tests (chromium, chromium-driver) need from the system.
-SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux chromium chromium-driver
+# What the sandbox provider (bubblewrap, iproute2, nftables, util-linux), the docker
+# provider's tests (docker.io, debootstrap) and the viewer's browser tests (chromium,
+# chromium-driver) need from the system.
+SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux docker.io debootstrap chromium chromium-driver
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,13 @@ demo-agent: $(STAMP)
 # The same tasks in sandboxes, offline while the agent runs (needs root).
 demo-sandbox: $(STAMP) system-deps
 	$(BIN)/compass launch examples/sandbox.yaml --output-root runs/demo
+
+# The docker provider's base image, made once per machine (debootstrap of Debian bookworm,
+# minbase, kept as a tarball under ~/.cache/agentcompass/docker-base) and reused: tests
+# and demos import it into their daemon as agentcompass/base:bookworm
+# (python -m agentcompass_docker.base --host unix:///path/to/docker.sock).
+docker-base: $(STAMP)
+	$(BIN)/python -m agentcompass_docker.base
 
 # Installs the missing ones with apt-get when run as root on Debian/Ubuntu;
 # otherwise says what is missing (the tests that need them skip).

@@ -1,0 +1,233 @@
+"""The ``docker`` provider: build_config, preflight, open, reap and sweep."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import httpx
+import trio
+
+from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
+from agentcompass.runtime import cleanup_deadline
+
+from . import _policy
+from ._api import Engine, EngineError, socket_path
+from ._images import ImageCache
+from ._session import SESSION_LABEL, ContainerSpec, DockerSession, fail, remove
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+_PULL = ("always", "missing", "never")
+
+
+def _default_host() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+@attrs.frozen
+class OpenConfig:
+    """What :meth:`DockerEnvironment.open` gets from :meth:`~DockerEnvironment.build_config`."""
+
+    task_id: str
+    image: str | None
+    build_context: str | None
+    build_timeout_seconds: float | None
+    container: ContainerSpec
+
+
+@register
+class DockerEnvironment(BaseEnvironment):
+    """Provider ``docker``: one container per session through the Docker Engine API.
+
+    Config: ``host`` (the daemon's unix socket; ``DOCKER_HOST``, else
+    ``unix:///var/run/docker.sock``), ``default_image`` (for a task that
+    names no image and ships no build context), ``pull`` (``always``,
+    ``missing`` or ``never``; ``missing``), ``cpus``, ``memory_mb`` and
+    ``pids_max`` (limits for tasks that set none), ``max_output_bytes`` (per
+    stream of one ``exec``; 1 MiB). The plan's ``SandboxSpec`` gives the
+    image or build context, ``workdir``, ``env``, ``user`` and limits. One
+    HTTP client per provider instance, closed by :meth:`aclose` (the runtime
+    drops the instance with the request; the client's connections go with
+    it). See ``docs/docker.md``.
+    """
+
+    id: ClassVar[str] = "docker"
+    features: ClassVar[frozenset[str]] = frozenset({"images", "literal_paths", "root", "limits"})
+
+    @attrs.frozen
+    class Config:
+        host: str = attrs.field(factory=_default_host, metadata={"doc": "the daemon's unix socket (unix:///...)"})
+        default_image: str | None = attrs.field(default=None, metadata={"doc": "image of tasks that name none"})
+        pull: str = attrs.field(
+            default="missing",
+            validator=attrs.validators.in_(_PULL),
+            metadata={"doc": "when to pull a named image: always, missing, never"},
+        )
+        cpus: float | None = attrs.field(default=None, validator=_positive, metadata={"doc": "default CPU limit"})
+        memory_mb: int | None = attrs.field(
+            default=None, validator=_positive, metadata={"doc": "default memory limit in MiB"}
+        )
+        pids_max: int | None = attrs.field(
+            default=None, validator=_positive, metadata={"doc": "process limit of each container"}
+        )
+        max_output_bytes: int = attrs.field(
+            default=1048576,
+            validator=attrs.validators.gt(0),
+            metadata={"doc": "exec output kept per stream (the tail, with a marker)"},
+        )
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        super().__init__(config)
+        self._engine: Engine | None = None
+        self._images: ImageCache | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The provider's one client (made on first use, in the Trio run that uses it)."""
+        if self._engine is None:
+            self._engine = Engine(self.options.host)
+            self._images = ImageCache(self._engine)
+        return self._engine
+
+    @property
+    def images(self) -> ImageCache:
+        """The images this provider made sure of (``builds`` and ``pulls`` count what it started)."""
+        self.engine  # noqa: B018 - makes both
+        assert self._images is not None
+        return self._images
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its pooled connections to the daemon)."""
+        if self._engine is not None:
+            engine, self._engine, self._images = self._engine, None, None
+            await engine.aclose()
+
+    def resolve_host(self, host: str) -> list[str]:
+        """The addresses an allowlisted ``host`` is allowed at (blocking; a seam)."""
+        return _policy.lookup(host)
+
+    def preflight(self) -> None:
+        """Raise :class:`ComponentError` when the daemon's socket is not there or not a unix socket path."""
+        try:
+            path = socket_path(self.options.host)
+        except ValueError as exc:
+            raise ComponentError(f"environment 'docker': {exc}") from None
+        if not os.path.exists(path):
+            raise ComponentError(f"environment 'docker': no docker daemon socket at {path} (set host or DOCKER_HOST)")
+
+    def build_config(self, plan: ExecutionPlan) -> OpenConfig:
+        """The image (or build context) and container settings of ``plan``;
+        reject policies other than ``none``, ``allowlist`` and ``full``."""
+        for phase, policy in (
+            ("baseline", plan.baseline_network_policy),
+            ("run", plan.run_network_policy),
+            ("evaluation", plan.evaluation_network_policy),
+        ):
+            check_policy(policy, f"{phase} network policy of task {plan.task_id!r}")
+        spec = plan.sandbox
+        options = self.options
+        image = spec.image
+        context = os.fspath(spec.build_context) if spec.build_context is not None and image is None else None
+        if image is None and context is None:
+            image = options.default_image
+            if image is None:
+                raise ComponentError(
+                    f"environment 'docker': task {plan.task_id!r} names no image and has no build context; "
+                    "set the provider's default_image"
+                )
+        container = ContainerSpec(
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            user=spec.user,
+            cpus=spec.cpus if spec.cpus is not None else options.cpus,
+            memory_mb=spec.memory_mb if spec.memory_mb is not None else options.memory_mb,
+            storage_mb=spec.storage_mb,
+            pids_max=options.pids_max,
+        )
+        return OpenConfig(plan.task_id, image, context, spec.build_timeout_seconds, container)
+
+    async def image_for(self, config: OpenConfig) -> str:
+        """The image a session of ``config`` runs: pulled or built (once) as needed.
+        A build or pull failure is FATAL ``image_build_failed``; one longer than
+        ``build_timeout_seconds`` is FATAL ``setup_timeout``."""
+        bound = config.build_timeout_seconds
+        with trio.move_on_after(bound if bound is not None else float("inf")) as scope:
+            if config.image is not None:
+                return await self.images.pulled(config.image, self.options.pull)
+            assert config.build_context is not None
+            return await self.images.built(config.task_id, Path(config.build_context))
+        assert scope.cancelled_caught
+        what = config.image or config.build_context
+        raise IssueError("fatal", "setup_timeout", f"preparing the image of {what} took over {bound}s", phase="setup")
+
+    async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> DockerSession:
+        """Make sure of the image, then create the session's network and
+        container under ``policy``. ``name`` labels both (a random
+        ``docker-...`` name when ``None``). A failure or cancellation removes
+        whatever was made before propagating."""
+        if config is None:
+            raise ComponentError("environment 'docker': open needs the config build_config returned")
+        if name is None:
+            name = "docker-" + secrets.token_hex(6)
+        if not NAME_RE.fullmatch(name):
+            raise fail(f"docker session name {name!r} must match [a-z0-9-]{{1,40}}")
+        try:
+            check_policy(policy, "network policy")
+        except ComponentError as exc:
+            raise fail(str(exc)) from None
+        try:
+            image = await self.image_for(config)
+        except (EngineError, httpx.HTTPError) as exc:
+            raise IssueError("fatal", "image_build_failed", f"docker daemon: {exc}", phase="setup") from None
+        session = DockerSession(self.engine, name, self.options.max_output_bytes, self.resolve_host)
+        try:
+            await session.start(image, config.container, policy)
+        except BaseException as exc:
+            with trio.move_on_at(cleanup_deadline(), shield=True):
+                await session.close()
+            if isinstance(exc, EngineError | httpx.HTTPError):
+                raise fail(f"docker session {name}: {exc}") from None
+            raise
+        return session
+
+    async def reap(self, handle: dict[str, Any]) -> None:
+        """Remove the container and network ``handle`` names (idempotent)."""
+        if not isinstance(handle, dict) or not isinstance(handle.get("name"), str):
+            raise IssueError("warning", "cleanup_failed", f"not a docker handle: {handle!r}")
+        container = handle.get("container") or handle["name"]
+        network = handle.get("network") or handle["name"]
+        await remove(self.engine, str(container), str(network))
+
+    async def sweep(self, tag: str) -> None:
+        """Remove every container and network labelled with a session name starting with ``tag``."""
+        if not tag or not NAME_RE.fullmatch(tag):
+            raise ValueError(f"sweep tag {tag!r} is not 1-40 characters of [a-z0-9-]")
+        filters = {"label": [SESSION_LABEL]}
+        containers = await self.engine.request("GET", "/containers/json", params={"all": True, "filters": filters})
+        networks = await self.engine.request("GET", "/networks", params={"filters": filters})
+        for item in containers or []:
+            if (item.get("Labels") or {}).get(SESSION_LABEL, "").startswith(tag):
+                await remove(self.engine, item["Id"], None)
+        for item in networks or []:
+            if (item.get("Labels") or {}).get(SESSION_LABEL, "").startswith(tag):
+                await remove(self.engine, None, item["Id"])
+
+
+def check_policy(policy: NetworkPolicy, where: str) -> None:
+    if policy.mode not in ("none", "allowlist", "full"):
+        raise ComponentError(f"environment 'docker' cannot enforce {where} {policy.mode!r}")
+    if policy.mode == "allowlist":
+        for entry in policy.allow:
+            try:
+                _policy.parse_allow(entry)
+            except ValueError as exc:
+                raise ComponentError(f"environment 'docker': {where}: {exc}") from None

@@ -1,0 +1,594 @@
+"""One open ``docker`` session: a container, its own network, and execs.
+
+The container runs ``sleep infinity`` under Docker's init (``--init``), not
+the image's command, so it lives until :meth:`DockerSession.close` and reaps
+the orphans commands leave. It is attached to a bridge network of its own
+(``full`` and ``allowlist``) or to none (``none``: loopback only); the
+policy's rules are nftables rules installed from the host in the container's
+network namespace, which its processes cannot change (``NET_ADMIN`` is not
+among their capabilities).
+
+Every ``exec`` is an Engine API exec whose output is the daemon's
+multiplexed stream (8-byte frame headers), read as a streamed response. The
+exec's process is the leader of a session of its own inside the container;
+at a timeout or a cancellation the runtime runs, as root inside the same
+container, a small ``sh`` that kills that process group and every process
+of that session: the command's whole tree, except what moved itself into a
+session of its own (a daemon that ``setsid`` itself is the agent's and lives
+until ``close``, as with ``sandbox``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import posixpath
+import tarfile
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from agentcompass import EnvironmentSession, ExecResult, FileRefusedError, IssueError, NetworkPolicy
+from agentcompass.runtime import (
+    DEFAULT_MAX_READ_BYTES,
+    OutputCallback,
+    cleanup_deadline,
+    exec_keeping_tails,
+)
+
+from . import _policy
+from ._api import Engine, EngineError
+
+#: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
+TIMEOUT_EXIT_CODE = 124
+#: ``exit_code`` of an exec whose container no longer runs (nothing ran).
+CONTAINER_GONE_EXIT_CODE = 255
+#: The labels on everything a session is made of.
+SESSION_LABEL = "agentcompass.session"
+RUN_LABEL = "agentcompass.run"
+# After the command's own process exits, how long output a background process holds is still read.
+_DRAIN_SECONDS = 0.5
+# How often a long exec asks whether its own process has exited (a background child may hold the stream).
+_POLL_SECONDS = 0.5
+# Kills the process group and the session led by pid $1 (stat fields after "comm)": state ppid pgrp session).
+_KILL_TREE = (
+    'kill -9 -- "-$1" 2>/dev/null; for d in /proc/[0-9]*; do s=$(cat "$d/stat" 2>/dev/null) || continue; '
+    's=${s##*) }; set -- "$1" $s; [ "$5" = "$1" ] || [ "$6" = "$1" ] && kill -9 "${d#/proc/}" 2>/dev/null; done; '
+    "exit 0"
+)
+_FRAME_HEADER = 8
+_STREAMS = {1: "stdout", 2: "stderr"}
+
+
+def fail(message: str) -> IssueError:
+    """FATAL ``environment_failed`` (phase setup) for an open that cannot proceed."""
+    return IssueError("fatal", "environment_failed", message, phase="setup")
+
+
+def run_tag(name: str) -> str:
+    """The run's tag in a session name (``ac3f9a1c2b7d-1f`` -> ``ac3f9a1c2b7d``)."""
+    head, _, tail = name.rpartition("-")
+    return head or name
+
+
+@attrs.define(eq=False)
+class DockerSession(EnvironmentSession):
+    """A container of the ``docker`` provider (see the module docstring)."""
+
+    engine: Engine
+    name: str
+    max_output: int
+    lookup: Any
+    container: str | None = None
+    network: str | None = None
+    workdir: str = "/"
+    #: The host's address on the session's network (where a process inside reaches the host).
+    gateway: str | None = None
+    _policy: NetworkPolicy | None = None
+    _attached: bool = False
+    _closed: bool = False
+    _close_lock: trio.Lock = attrs.Factory(trio.Lock)
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return {"name": self.name, "container": self.container, "network": self.network}
+
+    @property
+    def policy(self) -> NetworkPolicy | None:
+        return self._policy
+
+    def labels(self) -> dict[str, str]:
+        return {SESSION_LABEL: self.name, RUN_LABEL: run_tag(self.name)}
+
+    # -- opening -----------------------------------------------------------
+
+    async def start(self, image: str, spec: ContainerSpec, policy: NetworkPolicy) -> None:
+        """Create the network and the container, apply ``policy``, start it."""
+        self.network = self.name
+        created = await self.engine.request(
+            "POST",
+            "/networks/create",
+            body={"Name": self.network, "Driver": "bridge", "CheckDuplicate": True, "Labels": self.labels()},
+        )
+        self.network = created["Id"]
+        body = spec.create_body(image, self.labels(), self.name)
+        try:
+            made = await self.engine.request("POST", "/containers/create", params={"name": self.name}, body=body)
+        except EngineError as exc:
+            raise _create_failed(exc, self.name, spec) from None
+        self.container = made["Id"]
+        self._attached = True
+        if policy.mode == "none":
+            await self._disconnect()
+        await self.engine.request("POST", f"/containers/{self.container}/start")
+        info = await self.engine.request("GET", f"/containers/{self.container}/json")
+        self.workdir = info["Config"].get("WorkingDir") or "/"
+        await self._apply(policy)
+        if self._attached:
+            await self._find_gateway()
+
+    # -- exec --------------------------------------------------------------
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (``bash -c cmd``, or an argv list) in the container.
+
+        As the image's user (or the plan's ``user``), in its working
+        directory (or the plan's ``workdir``; a relative ``cwd`` is relative
+        to it), with the container's environment (the image's and the plan's)
+        plus ``env``. Each stream keeps its tail, at most ``max_output_bytes``,
+        with a ``[... N earlier bytes dropped ...]`` line when truncated. At
+        ``timeout`` the command's tree is killed (``timed_out=True``,
+        ``exit_code=124``); a cancellation kills it too and propagates.
+        Processes the command leaves in the background keep running until
+        :meth:`close`; the call does not wait for them.
+        """
+        return await exec_keeping_tails(self.exec_stream, self.max_output, cmd, timeout, cwd, env)
+
+    async def exec_stream(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        on_output: OutputCallback,
+    ) -> ExecResult:
+        """:meth:`exec`, handing the output to ``on_output`` as the daemon sends it."""
+        container = self._check_open()
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
+        body: dict[str, Any] = {
+            "AttachStdin": False,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": False,
+            "Cmd": argv,
+            "Env": [f"{k}={v}" for k, v in (env or {}).items()],
+            "WorkingDir": self._path(cwd or "."),
+        }
+        try:
+            made = await self.engine.request("POST", f"/containers/{container}/exec", body=body)
+        except EngineError as exc:
+            if exc.status in (404, 409):
+                # The container is gone or stopped: nothing runs any more.
+                return ExecResult(exit_code=CONTAINER_GONE_EXIT_CODE, stderr=f"docker session {self.name}: {exc}\n")
+            raise
+        exec_id = made["Id"]
+        timed_out = False
+        try:
+            with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
+                await self._run(exec_id, on_output)
+            if deadline.cancelled_caught:
+                timed_out = True
+                with trio.move_on_at(cleanup_deadline(), shield=True):
+                    await self._kill_tree(container, exec_id)
+        except BaseException:
+            with trio.move_on_at(cleanup_deadline(), shield=True):
+                await self._kill_tree(container, exec_id)
+            raise
+        if timed_out:
+            return ExecResult(exit_code=TIMEOUT_EXIT_CODE, timed_out=True)
+        info = await self.engine.request("GET", f"/exec/{exec_id}/json")
+        code = info.get("ExitCode")
+        return ExecResult(exit_code=code if isinstance(code, int) else CONTAINER_GONE_EXIT_CODE)
+
+    async def _run(self, exec_id: str, on_output: OutputCallback) -> None:
+        """Read the exec's frames until the stream ends, or until a little
+        after its own process exited (a background child may hold the stream)."""
+        body = {"Detach": False, "Tty": False}
+        async with self.engine.stream("POST", f"/exec/{exec_id}/start", body=body) as response:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_exit, exec_id, nursery.cancel_scope)
+                await _demultiplex(response, on_output)
+                nursery.cancel_scope.cancel()
+        # The stream can end before the process does (it closed its output).
+        pause = 0.005
+        while (await self.engine.request("GET", f"/exec/{exec_id}/json")).get("Running"):
+            await trio.sleep(pause)
+            pause = min(pause * 2, _POLL_SECONDS)
+
+    async def _watch_exit(self, exec_id: str, scope: trio.CancelScope) -> None:
+        while True:
+            await trio.sleep(_POLL_SECONDS)
+            info = await self.engine.request("GET", f"/exec/{exec_id}/json")
+            if not info.get("Running"):
+                await trio.sleep(_DRAIN_SECONDS)
+                scope.cancel()
+                return
+
+    async def _kill_tree(self, container: str, exec_id: str) -> None:
+        """Kill the exec's process group and session inside the container (see the module docstring)."""
+        try:
+            info = await self.engine.request("GET", f"/exec/{exec_id}/json")
+            host_pid = info.get("Pid") or 0
+            if not info.get("Running") or host_pid <= 0:
+                return
+            inside = await trio.to_thread.run_sync(_namespace_pid, host_pid)
+            if inside is None:
+                return
+            killer = await self.engine.request(
+                "POST",
+                f"/containers/{container}/exec",
+                body={"Cmd": ["/bin/sh", "-c", _KILL_TREE, "sh", str(inside)], "User": "0", "Tty": False},
+            )
+            await self.engine.request("POST", f"/exec/{killer['Id']}/start", body={"Detach": True, "Tty": False})
+            # Wait for the killer to finish, so the tree is gone when exec returns.
+            while (await self.engine.request("GET", f"/exec/{killer['Id']}/json")).get("Running"):
+                await trio.sleep(0.02)
+        except (EngineError, httpx.HTTPError):
+            pass  # the container is gone, and the tree with it
+
+    # -- files -------------------------------------------------------------
+
+    def _path(self, path: str) -> str:
+        """An absolute path in the container: relative ones are under the working directory."""
+        return posixpath.normpath(posixpath.join(self.workdir, os.fspath(path)))
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The bytes of the regular file at ``path`` (relative: under the
+        working directory), at most ``max_bytes``.
+
+        Read through the daemon's archive endpoint, which resolves the path
+        inside the container's root: a link as the last component comes back
+        as a link and is refused, as is anything but a regular file or a file
+        longer than ``max_bytes`` (:class:`FileRefusedError`); only the
+        header and the file's bytes are read, so a FIFO or a huge file never
+        blocks or fills memory."""
+        container = self._check_open()
+        limit = DEFAULT_MAX_READ_BYTES if max_bytes is None else max_bytes
+        target = self._path(path)
+        try:
+            async with self.engine.stream(
+                "GET", f"/containers/{container}/archive", params={"path": target}
+            ) as response:
+                return await _first_member(response, target, limit)
+        except EngineError as exc:
+            if exc.status == 404:
+                raise FileNotFoundError(f"{path}: no such file in docker session {self.name}") from None
+            raise
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` to ``path`` (relative: under the working directory),
+        creating parent directories, replacing whatever is there (a link is
+        replaced, never followed out: the daemon resolves paths in the
+        container's root). The file is root's, mode 0644."""
+        container = self._check_open()
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        target = self._path(path)
+        if target == "/":
+            raise IsADirectoryError(f"{path}: is the container's root")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            parts = target.strip("/").split("/")
+            for depth in range(1, len(parts)):
+                directory = tarfile.TarInfo("/".join(parts[:depth]))
+                directory.type, directory.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(directory)
+            info = tarfile.TarInfo("/".join(parts))
+            info.size, info.mode = len(raw), 0o644
+            tar.addfile(info, io.BytesIO(raw))
+        await self.engine.request(
+            "PUT",
+            f"/containers/{container}/archive",
+            params={"path": "/", "noOverwriteDirNonDir": True},
+            content=buffer.getvalue(),
+            headers={"Content-Type": "application/x-tar"},
+        )
+
+    # -- network -----------------------------------------------------------
+
+    async def set_network_policy(self, policy: NetworkPolicy) -> None:
+        """Switch the policy while processes keep running: ``none`` detaches
+        the container from its network (loopback stays), the others attach
+        it; the nftables rules of the mode replace the previous ones."""
+        self._check_open()
+        await self._apply(policy)
+
+    async def _apply(self, policy: NetworkPolicy) -> None:
+        resolved = None
+        if policy.mode == "allowlist":
+            try:
+                resolved = await trio.to_thread.run_sync(_policy.resolve, policy.allow, self.lookup)
+            except ValueError as exc:
+                raise IssueError("fatal", "environment_failed", f"docker session {self.name}: {exc}") from None
+        # Rules first when narrowing, so no moment has the new interface without them.
+        await self._install(_policy.ruleset(policy.mode if policy.mode != "none" else "none", resolved))
+        if policy.mode == "none":
+            await self._disconnect()
+        else:
+            await self._connect()
+        self._policy = policy
+
+    async def _connect(self) -> None:
+        if self._attached:
+            return
+        await self.engine.request("POST", f"/networks/{self.network}/connect", body={"Container": self.container})
+        self._attached = True
+
+    async def _disconnect(self) -> None:
+        if not self._attached:
+            return
+        await self.engine.request(
+            "POST", f"/networks/{self.network}/disconnect", body={"Container": self.container, "Force": True}
+        )
+        self._attached = False
+
+    async def _find_gateway(self) -> None:
+        if self.gateway is None:
+            info = await self.engine.request("GET", f"/networks/{self.network}")
+            configs = (info.get("IPAM") or {}).get("Config") or []
+            self.gateway = next((c["Gateway"] for c in configs if c.get("Gateway")), None)
+
+    async def _install(self, ruleset: str) -> None:
+        """Run ``nft -f -`` in the container's network namespace, entered by
+        a descriptor opened while the container was known to run with that pid."""
+        container = self._check_open()
+        info = await self.engine.request("GET", f"/containers/{container}/json")
+        pid = (info.get("State") or {}).get("Pid") or 0
+        if pid <= 0:
+            raise IssueError("fatal", "environment_failed", f"docker session {self.name}: the container is not running")
+        fd = await trio.to_thread.run_sync(os.open, f"/proc/{pid}/ns/net", os.O_RDONLY)
+        try:
+            again = await self.engine.request("GET", f"/containers/{container}/json")
+            if (again.get("State") or {}).get("Pid") != pid:
+                raise IssueError(
+                    "fatal", "environment_failed", f"docker session {self.name}: the container restarted"
+                )
+            result = await trio.run_process(
+                ["nsenter", f"--net=/proc/self/fd/{fd}", "nft", "-f", "-"],
+                stdin=ruleset.encode(),
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                pass_fds=(fd,),
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            )
+        finally:
+            os.close(fd)
+        if result.returncode != 0:
+            raise IssueError(
+                "fatal",
+                "environment_failed",
+                f"docker session {self.name}: nft failed: {result.stderr.decode(errors='replace').strip()[:300]}",
+            )
+
+    # -- closing -----------------------------------------------------------
+
+    def _check_open(self) -> str:
+        if self._closed or self.container is None:
+            raise IssueError("fatal", "environment_failed", f"docker session {self.name} is closed")
+        return self.container
+
+    async def close(self) -> None:
+        """Remove the container (killing everything in it) and its network. Idempotent."""
+        self._closed = True
+        async with self._close_lock:
+            await remove(self.engine, self.container, self.network)
+
+
+async def remove(engine: Engine, container: str | None, network: str | None) -> None:
+    """Remove a container (forced, with its anonymous volumes) and a network; absent ones are fine."""
+    if container:
+        try:
+            await engine.request("DELETE", f"/containers/{container}", params={"force": True, "v": True})
+        except EngineError as exc:
+            if exc.status == 409 and "in progress" in exc.message:
+                # An earlier close, cut short, is removing it: wait until it is gone.
+                await _until_gone(engine, f"/containers/{container}/json")
+            elif exc.status != 404:
+                raise
+    if network:
+        try:
+            await engine.request("DELETE", f"/networks/{network}")
+        except EngineError as exc:
+            if exc.status != 404:
+                raise
+
+
+async def _until_gone(engine: Engine, path: str) -> None:
+    pause = 0.01
+    while True:
+        try:
+            await engine.request("GET", path)
+        except EngineError as exc:
+            if exc.status == 404:
+                return
+            raise
+        await trio.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+def _namespace_pid(host_pid: int) -> int | None:
+    """The pid of ``host_pid`` in its innermost pid namespace (``NSpid``), or None if it is gone."""
+    try:
+        with open(f"/proc/{host_pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+async def _demultiplex(response: httpx.Response, on_output: OutputCallback) -> None:
+    """Hand each frame of the daemon's multiplexed stream to ``on_output``."""
+    buffer = bytearray()
+    async for chunk in response.aiter_raw():
+        buffer += chunk
+        while len(buffer) >= _FRAME_HEADER:
+            kind = buffer[0]
+            size = int.from_bytes(buffer[4:8], "big")
+            if len(buffer) < _FRAME_HEADER + size:
+                break
+            payload = bytes(buffer[_FRAME_HEADER : _FRAME_HEADER + size])
+            del buffer[: _FRAME_HEADER + size]
+            stream = _STREAMS.get(kind)
+            if stream is not None and payload:
+                await on_output(stream, payload)  # type: ignore[arg-type]
+
+
+async def _first_member(response: httpx.Response, path: str, limit: int) -> bytes:
+    """The content of the archive's first member if it is a regular file
+    within ``limit`` bytes; refuse anything else after reading only its header."""
+    reader = _Reader(response.aiter_raw())
+    pax: dict[str, str] = {}
+    while True:
+        block = await reader.read(tarfile.BLOCKSIZE)
+        if len(block) < tarfile.BLOCKSIZE or block == bytes(tarfile.BLOCKSIZE):
+            raise FileNotFoundError(f"{path}: the daemon sent no file")
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.TarError as exc:
+            raise OSError(f"{path}: unreadable archive from the daemon: {exc}") from None
+        if info.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+            if info.size > 1 << 20:
+                raise OSError(f"{path}: oversized archive header from the daemon")
+            extra = await reader.read(_padded(info.size))
+            if info.type == tarfile.XHDTYPE:
+                pax.update(_pax(extra[: info.size]))
+            continue
+        break
+    size = int(pax["size"]) if "size" in pax else info.size
+    if info.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+        raise FileRefusedError(f"{path}: a link, not followed")
+    if info.type == tarfile.DIRTYPE:
+        raise IsADirectoryError(f"{path}: is a directory")
+    if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        raise FileRefusedError(f"{path}: not a regular file")
+    if size > limit:
+        raise FileRefusedError(f"{path}: {size} bytes, more than the {limit} allowed")
+    data = await reader.read(size)
+    if len(data) != size:
+        raise OSError(f"{path}: the daemon's archive ended early")
+    return data
+
+
+def _padded(size: int) -> int:
+    return (size + tarfile.BLOCKSIZE - 1) // tarfile.BLOCKSIZE * tarfile.BLOCKSIZE
+
+
+def _pax(raw: bytes) -> dict[str, str]:
+    out = {}
+    for line in raw.split(b"\n"):
+        _, _, record = line.partition(b" ")
+        key, sep, value = record.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+class _Reader:
+    """Exact-size reads over an async byte iterator, buffering at most one chunk beyond."""
+
+    def __init__(self, chunks: Any):
+        self._chunks = chunks
+        self._buffer = bytearray()
+        self._done = False
+
+    async def read(self, size: int) -> bytes:
+        while len(self._buffer) < size and not self._done:
+            try:
+                self._buffer += await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+
+def _create_failed(exc: EngineError, name: str, spec: ContainerSpec) -> IssueError:
+    if spec.storage_mb is not None and "storage" in exc.message.lower():
+        return IssueError(
+            "fatal",
+            "environment_unsupported",
+            f"docker session {name}: the daemon cannot limit storage ({exc.message[:300]})",
+            phase="setup",
+        )
+    return fail(f"docker session {name}: creating the container failed: {exc}")
+
+
+#: Capabilities Docker grants by default that no task needs: raw sockets
+#: (spoofing on the session's network), device nodes, audit writes, file
+#: capabilities. ``NET_ADMIN`` is not granted by default and never added.
+DROPPED_CAPABILITIES = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "NET_ADMIN", "SYS_ADMIN")
+
+
+@attrs.frozen
+class ContainerSpec:
+    """What the container is created with: the plan's ``SandboxSpec`` over the provider's defaults."""
+
+    workdir: str | None = None
+    env: Mapping[str, str] = attrs.Factory(dict)
+    user: str | None = None
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    pids_max: int | None = None
+
+    def create_body(self, image: str, labels: dict[str, str], network: str) -> dict[str, Any]:
+        host: dict[str, Any] = {
+            "NetworkMode": network,
+            "Init": True,
+            "CapDrop": list(DROPPED_CAPABILITIES),
+            "SecurityOpt": ["no-new-privileges"],
+            "Privileged": False,
+            "ReadonlyRootfs": False,
+            "RestartPolicy": {"Name": "no"},
+            "LogConfig": {"Type": "none", "Config": {}},
+        }
+        if self.pids_max is not None:
+            host["PidsLimit"] = self.pids_max
+        if self.memory_mb is not None:
+            host["Memory"] = self.memory_mb << 20
+            host["MemorySwap"] = self.memory_mb << 20
+        if self.cpus is not None:
+            host["NanoCpus"] = int(self.cpus * 1e9)
+        if self.storage_mb is not None:
+            host["StorageOpt"] = {"size": f"{self.storage_mb}M"}
+        body: dict[str, Any] = {
+            "Image": image,
+            "Entrypoint": ["sleep", "infinity"],
+            "Cmd": [],
+            "Env": [f"{k}={v}" for k, v in self.env.items()],
+            "Labels": labels,
+            "HostConfig": host,
+            "AttachStdin": False,
+            "AttachStdout": False,
+            "AttachStderr": False,
+            "Tty": False,
+            "OpenStdin": False,
+        }
+        if self.workdir:
+            body["WorkingDir"] = self.workdir
+        if self.user:
+            body["User"] = self.user
+        return body
