@@ -128,8 +128,6 @@ class DockerSession(EnvironmentSession):
         info = await self.engine.request("GET", f"/containers/{self.container}/json")
         self.workdir = info["Config"].get("WorkingDir") or "/"
         await self._apply(policy)
-        if self._attached:
-            await self._find_gateway()
 
     # -- exec --------------------------------------------------------------
 
@@ -326,6 +324,7 @@ class DockerSession(EnvironmentSession):
             await self._disconnect()
         else:
             await self._connect()
+            await self._find_gateway()
         self._policy = policy
 
     async def _connect(self) -> None:
