@@ -108,6 +108,16 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ok = r["held_errors"] == 0 and r["held_alive"] == r["held"]
         rows.append(_row("sandbox held at once", "sessions each running a process, errors", r["held_errors"], f"0 of {r['held']}", ok, "{:.0f}"))
         rows.append(_row("sandbox", "resources left after the run", r["leftover"], "0", r["leftover"] == 0, "{:.0f}"))
+    r = results.get("docker")
+    if r and "error" not in r:
+        name = f"docker open + close, built image ({r['sessions']} at concurrency {r['concurrency']})"
+        rows.append(_row(name, "median ms, policy full", r["open_close_median_ms"], "<= 600", r["open_close_median_ms"] <= 600, "{:.0f}"))
+        rows.append(_row(name, "p95 ms, policy full", r["open_close_p95_ms"], "(context)", None, "{:.0f}"))
+        rows.append(_row("docker exec('true')", f"median ms of {r['execs']} round trips", r["exec_median_ms"], "<= 30", r["exec_median_ms"] <= 30, "{:.1f}"))
+        if r.get("cli_exec_median_ms") is not None:
+            rows.append(_row("docker exec CLI (same container)", "median ms of `docker exec C true`", r["cli_exec_median_ms"], "(context)", None, "{:.0f}"))
+        rows.append(_row("docker image", "builds: first run / second run", f"{r['first_run_builds']} / {r['second_run_builds']}", "1 / 0", (r["first_run_builds"], r["second_run_builds"]) == (1, 0), "{}"))
+        rows.append(_row("docker", "containers and networks left after the run", r["leftover"], "0", r["leftover"] == 0, "{:.0f}"))
     probes = results.get("host", {}).get("cpu_probe_ms")
     if probes:
         rows.append(_row("host", "ms of CPU for a fixed Python loop, before each run (median)", statistics.median(probes), "(context)", None, "{:.1f}"))

@@ -37,6 +37,7 @@ from agentcompass import (
 )
 
 from ._agent import agent_bound
+from ._docker import docker_open_close as docker_open_close
 from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
 from ._sandbox import sandbox_open_close as sandbox_open_close
 
@@ -48,6 +49,7 @@ __all__ = [
     "open_rate",
     "overhead_bound",
     "reuse",
+    "docker_open_close",
     "sandbox_open_close",
     "shutdown",
 ]
@@ -489,4 +491,5 @@ SCENARIOS = {
     "remote_sessions": remote_sessions,
     "remote_stream": remote_stream,
     "sandbox": sandbox_open_close,
+    "docker": docker_open_close,
 }

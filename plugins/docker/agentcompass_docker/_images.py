@@ -93,7 +93,9 @@ def context_tar(context: Path, out: IO[bytes], limit: int = MAX_CONTEXT_BYTES) -
                     info.type = tarfile.SYMTYPE
                     info.linkname = os.readlink(full)
                     tar.addfile(info)
-                    digest.update(b"l\0" + rel.encode(errors="surrogateescape") + b"\0" + info.linkname.encode() + b"\0")
+                    digest.update(
+                        b"l\0" + rel.encode(errors="surrogateescape") + b"\0" + info.linkname.encode() + b"\0"
+                    )
                 elif stat.S_ISREG(st.st_mode):
                     total += st.st_size
                     if total > limit:
@@ -212,7 +214,9 @@ class ImageCache:
             errors: list[str] = []
             params = {"t": tag, "rm": True, "forcerm": True, "labels": {CONTEXT_LABEL: digest}}
             headers = {"Content-Type": "application/x-tar"}
-            async with self.engine.stream("POST", "/build", params=params, content=_chunks(spool), headers=headers) as r:
+            async with self.engine.stream(
+                "POST", "/build", params=params, content=_chunks(spool), headers=headers
+            ) as r:
                 await read_json_lines(r, lambda item: _log_line(item, log, errors))
             if errors:
                 raise image_failed(f"building {tag} from {context} failed: {errors[-1][:500]}", log.text())

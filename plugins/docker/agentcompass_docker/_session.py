@@ -236,12 +236,19 @@ class DockerSession(EnvironmentSession):
             killer = await self.engine.request(
                 "POST",
                 f"/containers/{container}/exec",
-                body={"Cmd": ["/bin/sh", "-c", _KILL_TREE, "sh", str(inside)], "User": "0", "Tty": False},
+                body={
+                    "Cmd": ["/bin/sh", "-c", _KILL_TREE, "sh", str(inside)],
+                    "User": "0",
+                    "Tty": False,
+                    "AttachStdout": True,
+                    "AttachStderr": True,
+                },
             )
-            await self.engine.request("POST", f"/exec/{killer['Id']}/start", body={"Detach": True, "Tty": False})
-            # Wait for the killer to finish, so the tree is gone when exec returns.
-            while (await self.engine.request("GET", f"/exec/{killer['Id']}/json")).get("Running"):
-                await trio.sleep(0.02)
+            # Attached, so the tree is gone when its output ends (it prints nothing).
+            start = f"/exec/{killer['Id']}/start"
+            async with self.engine.stream("POST", start, body={"Detach": False, "Tty": False}) as response:
+                async for _ in response.aiter_raw():
+                    pass
         except (EngineError, httpx.HTTPError):
             pass  # the container is gone, and the tree with it
 
@@ -359,9 +366,7 @@ class DockerSession(EnvironmentSession):
         try:
             again = await self.engine.request("GET", f"/containers/{container}/json")
             if (again.get("State") or {}).get("Pid") != pid:
-                raise IssueError(
-                    "fatal", "environment_failed", f"docker session {self.name}: the container restarted"
-                )
+                raise IssueError("fatal", "environment_failed", f"docker session {self.name}: the container restarted")
             result = await trio.run_process(
                 ["nsenter", f"--net=/proc/self/fd/{fd}", "nft", "-f", "-"],
                 stdin=ruleset.encode(),

@@ -19,6 +19,7 @@ or network labelled by the provider is left.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -34,7 +35,7 @@ import httpx
 
 from ._api import API_VERSION
 from ._session import SESSION_LABEL
-from .base import BASE_IMAGE, cache_dir, import_base
+from .base import cache_dir, import_base
 
 __all__ = ["PrivateDaemon", "daemon_problem", "docker_daemon"]
 
@@ -128,7 +129,7 @@ class PrivateDaemon:
 
     def leftovers(self) -> list[str]:
         """Names of the containers and networks labelled by the provider."""
-        filters = '{"label": ["%s"]}' % SESSION_LABEL
+        filters = json.dumps({"label": [SESSION_LABEL]})
         with self._client() as client:
             containers = client.get("/containers/json", params={"all": "1", "filters": filters}).json()
             networks = client.get("/networks", params={"filters": filters}).json()

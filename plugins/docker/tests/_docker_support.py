@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-
 from agentcompass_docker import DockerEnvironment
 from agentcompass_docker.base import BASE_IMAGE
 from agentcompass_docker.testing import PrivateDaemon

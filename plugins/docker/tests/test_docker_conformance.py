@@ -4,6 +4,7 @@ daemon's labelled containers and networks."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from _docker_support import labelled, provider
 
@@ -16,9 +17,8 @@ async def test_docker_conforms(docker_daemon, check: str):
     env = provider(docker_daemon)
     kit = EnvironmentConformance(
         env,
-        failing_config=env.build_config(EnvironmentConformance(env).plan).__class__(
-            "missing", "agentcompass/no-such-image:1", None, None, env.build_config(EnvironmentConformance(env).plan).container
-        ),
+        # An image the daemon lacks, with pull "never": open fails before making anything.
+        failing_config=attrs.evolve(env.build_config(EnvironmentConformance(env).plan), image="agentcompass/absent:1"),
         count_sandboxes=lambda: len(labelled(docker_daemon)),
         host_address=lambda session: session.gateway,
         isolated=True,
