@@ -61,7 +61,7 @@ def split_reference(image: str) -> tuple[str, str]:
     return image, "latest"
 
 
-def context_tar(context: Path, out: IO[bytes], limit: int = MAX_CONTEXT_BYTES) -> str:
+def context_tar(context: Path, out: Any, limit: int = MAX_CONTEXT_BYTES) -> str:
     """Write ``context`` as an uncompressed tar to ``out`` (blocking) and
     return the hex SHA-256 of its paths, modes and contents.
 
@@ -197,7 +197,7 @@ class ImageCache:
             try:
                 if not await self.exists(tag):
                     await self._build(tag, digest, context)
-            except EngineError as exc:
+            except (EngineError, OSError) as exc:
                 raise image_failed(f"building {tag} from {context} failed: {exc}") from None
             self._ready.add(tag)
             return tag

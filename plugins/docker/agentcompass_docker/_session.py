@@ -25,6 +25,7 @@ import math
 import os
 import posixpath
 import tarfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,6 +91,7 @@ class DockerSession(EnvironmentSession):
     gateway: str | None = None
     _policy: NetworkPolicy | None = None
     _attached: bool = False
+    _creating: bool = False
     _closed: bool = False
     _close_lock: trio.Lock = attrs.Factory(trio.Lock)
 
@@ -116,18 +118,27 @@ class DockerSession(EnvironmentSession):
         )
         self.network = created["Id"]
         body = spec.create_body(image, self.labels(), self.name)
+        # Until the daemon's answer is heard, close() removes the container by its name.
+        self._creating = True
         try:
             made = await self.engine.request("POST", "/containers/create", params={"name": self.name}, body=body)
         except EngineError as exc:
             raise _create_failed(exc, self.name, spec) from None
         self.container = made["Id"]
+        self._creating = False
         self._attached = True
         if policy.mode == "none":
             await self._disconnect()
         await self.engine.request("POST", f"/containers/{self.container}/start")
         info = await self.engine.request("GET", f"/containers/{self.container}/json")
         self.workdir = info["Config"].get("WorkingDir") or "/"
-        await self._apply(policy)
+        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+        self.gateway = next((n.get("Gateway") for n in networks.values() if n.get("Gateway")), None)
+        if policy.mode == "full":
+            self._policy = policy  # a new network namespace has no rules to remove
+        else:
+            # Only the init (sleep) has run so far: nothing has used the network yet.
+            await self._apply(policy)
 
     # -- exec --------------------------------------------------------------
 
@@ -182,9 +193,10 @@ class DockerSession(EnvironmentSession):
             raise
         exec_id = made["Id"]
         timed_out = False
+        info: dict[str, Any] = {}
         try:
             with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
-                await self._run(exec_id, on_output)
+                info = await self._run(exec_id, on_output)
             if deadline.cancelled_caught:
                 timed_out = True
                 with trio.move_on_at(cleanup_deadline(), shield=True):
@@ -195,11 +207,10 @@ class DockerSession(EnvironmentSession):
             raise
         if timed_out:
             return ExecResult(exit_code=TIMEOUT_EXIT_CODE, timed_out=True)
-        info = await self.engine.request("GET", f"/exec/{exec_id}/json")
         code = info.get("ExitCode")
         return ExecResult(exit_code=code if isinstance(code, int) else CONTAINER_GONE_EXIT_CODE)
 
-    async def _run(self, exec_id: str, on_output: OutputCallback) -> None:
+    async def _run(self, exec_id: str, on_output: OutputCallback) -> dict[str, Any]:
         """Read the exec's frames until the stream ends, or until a little
         after its own process exited (a background child may hold the stream)."""
         body = {"Detach": False, "Tty": False}
@@ -210,9 +221,10 @@ class DockerSession(EnvironmentSession):
                 nursery.cancel_scope.cancel()
         # The stream can end before the process does (it closed its output).
         pause = 0.005
-        while (await self.engine.request("GET", f"/exec/{exec_id}/json")).get("Running"):
+        while (info := await self.engine.request("GET", f"/exec/{exec_id}/json")).get("Running"):
             await trio.sleep(pause)
             pause = min(pause * 2, _POLL_SECONDS)
+        return info
 
     async def _watch_exit(self, exec_id: str, scope: trio.CancelScope) -> None:
         while True:
@@ -293,13 +305,10 @@ class DockerSession(EnvironmentSession):
             raise IsADirectoryError(f"{path}: is the container's root")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            parts = target.strip("/").split("/")
-            for depth in range(1, len(parts)):
-                directory = tarfile.TarInfo("/".join(parts[:depth]))
-                directory.type, directory.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(directory)
-            info = tarfile.TarInfo("/".join(parts))
-            info.size, info.mode = len(raw), 0o644
+            # No entries for the parents: the daemon makes missing ones (0755,
+            # root's) and an entry would reset an existing one's mode (/tmp's).
+            info = tarfile.TarInfo(target.lstrip("/"))
+            info.size, info.mode, info.mtime = len(raw), 0o644, int(time.time())
             tar.addfile(info, io.BytesIO(raw))
         await self.engine.request(
             "PUT",
@@ -396,7 +405,8 @@ class DockerSession(EnvironmentSession):
         """Remove the container (killing everything in it) and its network. Idempotent."""
         self._closed = True
         async with self._close_lock:
-            await remove(self.engine, self.container, self.network)
+            container = self.container or (self.name if self._creating else None)
+            await remove(self.engine, container, self.network)
 
 
 async def remove(engine: Engine, container: str | None, network: str | None) -> None:
