@@ -100,6 +100,11 @@ def import_base(host: str, tarball: Path | None = None, image: str = BASE_IMAGE)
         response = client.post("/images/create", params=params, content=data, headers=headers)
         if response.status_code != 200 or b'"error"' in response.content:
             raise RuntimeError(f"importing {tarball} as {image} failed: {response.text[-2000:]}")
+        if client.get(f"/images/{image}/json").status_code != 200:
+            # Podman's compatible service names an import REPO:latest whatever the tag.
+            tagged = client.post(f"/images/{repo}:latest/tag", params={"repo": repo, "tag": tag})
+            if tagged.status_code not in (200, 201):
+                raise RuntimeError(f"tagging the imported {repo}:latest as {image} failed: {tagged.text[-500:]}")
     return True
 
 
