@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -111,6 +112,14 @@ class DockerEnvironment(BaseEnvironment):
             engine, self._engine, self._images = self._engine, None, None
             await engine.aclose()
 
+    def host_euid(self) -> int:
+        """The uid :meth:`build_config` checks for rule-based policies (a seam)."""
+        return os.geteuid()
+
+    def find_program(self, program: str) -> str | None:
+        """Where :meth:`build_config` finds ``nsenter`` and ``nft`` (a seam, as ``host_euid``)."""
+        return shutil.which(program)
+
     def resolve_host(self, host: str) -> list[str]:
         """The addresses an allowlisted ``host`` is allowed at (blocking; a seam)."""
         return _policy.lookup(host)
@@ -133,6 +142,17 @@ class DockerEnvironment(BaseEnvironment):
             ("evaluation", plan.evaluation_network_policy),
         ):
             check_policy(policy, f"{phase} network policy of task {plan.task_id!r}")
+        ruled = {
+            p.mode for p in (plan.baseline_network_policy, plan.run_network_policy, plan.evaluation_network_policy)
+        }
+        if ruled & {"none", "allowlist"}:
+            missing = [p for p in ("nsenter", "nft") if self.find_program(p) is None]
+            if self.host_euid() != 0 or missing:
+                need = "root" if self.host_euid() != 0 else ", ".join(missing)
+                raise ComponentError(
+                    f"environment 'docker' enforces policies none and allowlist with nftables from the host "
+                    f"and needs {need} for task {plan.task_id!r}"
+                )
         spec = plan.sandbox
         options = self.options
         image = spec.image
