@@ -172,3 +172,27 @@ def test_sandbox_open_close(tmp_path: Path) -> None:
     assert 0 < result["full_median_ms"] <= result["full_p95_ms"]
     rows = {(r["scenario"], r["metric"]) for r in targets({"sandbox": result})}
     assert ("sandbox", "resources left after the run") in rows
+
+
+def test_docker_report_rows() -> None:
+    result = {
+        "sessions": 100,
+        "concurrency": 8,
+        "execs": 200,
+        "open_close_median_ms": 480.0,
+        "open_close_p95_ms": 900.0,
+        "exec_median_ms": 45.0,
+        "cli_exec_median_ms": 160.0,
+        "first_run_builds": 1,
+        "second_run_builds": 0,
+        "leftover": 0,
+    }
+    rows = targets({"docker": result})
+    met = {(r["scenario"], r["metric"]): r["ok"] for r in rows}
+    assert met[("docker open + close, built image (100 at concurrency 8)", "median ms, policy full")] is True
+    assert met[("docker exec('true')", "median ms of 200 round trips")] is False
+    assert met[("docker image", "builds: first run / second run")] is True
+    rebuilt = targets({"docker": {**result, "second_run_builds": 1}})
+    assert {(r["scenario"], r["ok"]) for r in rebuilt} >= {("docker image", False)}
+    table = render_table(rows)
+    assert "| docker exec CLI (same container) | median ms of `docker exec C true` | 160 | (context) |  |" in table
