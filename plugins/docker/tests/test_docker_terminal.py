@@ -213,7 +213,12 @@ def test_sigkill_of_a_docker_launch_at_random_instants_then_reuse_leaves_nothing
             # Kill while images build, sandboxes open or agents run: after a random
             # number of this process's attempts started (0: before any did).
             target = started + rng.randint(0, 3)
-            wait_until(lambda: len(runs()) >= target or proc.poll() is not None, "attempts to start", 300, every=0.01)
+            wait_until(
+                lambda target=target, proc=proc: len(runs()) >= target or proc.poll() is not None,
+                "attempts to start",
+                300,
+                every=0.01,
+            )
             time.sleep(rng.uniform(0, 0.6))
         finally:
             proc.send_signal(signal.SIGKILL)
