@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from agentcompass.runtime import OutputCallback, OutputStream
+
 API_VERSION = "v1.41"
 #: Connect and pool-wait bound of a request; reads are bounded by the caller's scope.
 CONNECT_SECONDS = 10.0
@@ -169,3 +171,24 @@ def _emit(line: bytes, on_line: Any) -> None:
         item = {"stream": line.decode(errors="replace")}
     if isinstance(item, dict):
         on_line(item)
+
+
+_FRAME_HEADER = 8
+_STREAMS: dict[int, OutputStream] = {1: "stdout", 2: "stderr"}
+
+
+async def demultiplex(response: httpx.Response, on_output: OutputCallback) -> None:
+    """Hand each frame of the daemon's multiplexed stream to ``on_output``."""
+    buffer = bytearray()
+    async for chunk in response.aiter_raw():
+        buffer += chunk
+        while len(buffer) >= _FRAME_HEADER:
+            kind = buffer[0]
+            size = int.from_bytes(buffer[4:8], "big")
+            if len(buffer) < _FRAME_HEADER + size:
+                break
+            payload = bytes(buffer[_FRAME_HEADER : _FRAME_HEADER + size])
+            del buffer[: _FRAME_HEADER + size]
+            stream = _STREAMS.get(kind)
+            if stream is not None and payload:
+                await on_output(stream, payload)

@@ -18,8 +18,9 @@ from agentcompass.runtime import cleanup_deadline
 
 from . import _policy
 from ._api import Engine, EngineError, socket_path
+from ._container import ContainerSpec
 from ._images import ImageCache
-from ._session import SESSION_LABEL, ContainerSpec, DockerSession, fail, remove
+from ._session import SESSION_LABEL, DockerSession, fail, remove
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _PULL = ("always", "missing", "never")

@@ -26,14 +26,13 @@ import os
 import posixpath
 import tarfile
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import httpx
 import trio
 
-from agentcompass import EnvironmentSession, ExecResult, FileRefusedError, IssueError, NetworkPolicy
+from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
 from agentcompass.runtime import (
     DEFAULT_MAX_READ_BYTES,
     OutputCallback,
@@ -42,7 +41,9 @@ from agentcompass.runtime import (
 )
 
 from . import _policy
-from ._api import Engine, EngineError
+from ._api import Engine, EngineError, demultiplex
+from ._archive import first_member
+from ._container import ContainerSpec, create_failed
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
@@ -61,8 +62,6 @@ _KILL_TREE = (
     's=${s##*) }; set -- "$1" $s; [ "$5" = "$1" ] || [ "$6" = "$1" ] && kill -9 "${d#/proc/}" 2>/dev/null; done; '
     "exit 0"
 )
-_FRAME_HEADER = 8
-_STREAMS = {1: "stdout", 2: "stderr"}
 
 
 def fail(message: str) -> IssueError:
@@ -123,7 +122,7 @@ class DockerSession(EnvironmentSession):
         try:
             made = await self.engine.request("POST", "/containers/create", params={"name": self.name}, body=body)
         except EngineError as exc:
-            raise _create_failed(exc, self.name, spec) from None
+            raise create_failed(exc, self.name, spec) from None
         self.container = made["Id"]
         self._creating = False
         self._attached = True
@@ -217,7 +216,7 @@ class DockerSession(EnvironmentSession):
         async with self.engine.stream("POST", f"/exec/{exec_id}/start", body=body) as response:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_exit, exec_id, nursery.cancel_scope)
-                await _demultiplex(response, on_output)
+                await demultiplex(response, on_output)
                 nursery.cancel_scope.cancel()
         # The stream can end before the process does (it closed its output).
         pause = 0.005
@@ -287,7 +286,7 @@ class DockerSession(EnvironmentSession):
             async with self.engine.stream(
                 "GET", f"/containers/{container}/archive", params={"path": target}
             ) as response:
-                return await _first_member(response, target, limit)
+                return await first_member(response, target, limit)
         except EngineError as exc:
             if exc.status == 404:
                 raise FileNotFoundError(f"{path}: no such file in docker session {self.name}") from None
@@ -451,158 +450,3 @@ def _namespace_pid(host_pid: int) -> int | None:
     except (OSError, ValueError):
         return None
     return None
-
-
-async def _demultiplex(response: httpx.Response, on_output: OutputCallback) -> None:
-    """Hand each frame of the daemon's multiplexed stream to ``on_output``."""
-    buffer = bytearray()
-    async for chunk in response.aiter_raw():
-        buffer += chunk
-        while len(buffer) >= _FRAME_HEADER:
-            kind = buffer[0]
-            size = int.from_bytes(buffer[4:8], "big")
-            if len(buffer) < _FRAME_HEADER + size:
-                break
-            payload = bytes(buffer[_FRAME_HEADER : _FRAME_HEADER + size])
-            del buffer[: _FRAME_HEADER + size]
-            stream = _STREAMS.get(kind)
-            if stream is not None and payload:
-                await on_output(stream, payload)  # type: ignore[arg-type]
-
-
-async def _first_member(response: httpx.Response, path: str, limit: int) -> bytes:
-    """The content of the archive's first member if it is a regular file
-    within ``limit`` bytes; refuse anything else after reading only its header."""
-    reader = _Reader(response.aiter_raw())
-    pax: dict[str, str] = {}
-    while True:
-        block = await reader.read(tarfile.BLOCKSIZE)
-        if len(block) < tarfile.BLOCKSIZE or block == bytes(tarfile.BLOCKSIZE):
-            raise FileNotFoundError(f"{path}: the daemon sent no file")
-        try:
-            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-        except tarfile.TarError as exc:
-            raise OSError(f"{path}: unreadable archive from the daemon: {exc}") from None
-        if info.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
-            if info.size > 1 << 20:
-                raise OSError(f"{path}: oversized archive header from the daemon")
-            extra = await reader.read(_padded(info.size))
-            if info.type == tarfile.XHDTYPE:
-                pax.update(_pax(extra[: info.size]))
-            continue
-        break
-    size = int(pax["size"]) if "size" in pax else info.size
-    if info.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
-        raise FileRefusedError(f"{path}: a link, not followed")
-    if info.type == tarfile.DIRTYPE:
-        raise IsADirectoryError(f"{path}: is a directory")
-    if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
-        raise FileRefusedError(f"{path}: not a regular file")
-    if size > limit:
-        raise FileRefusedError(f"{path}: {size} bytes, more than the {limit} allowed")
-    data = await reader.read(size)
-    if len(data) != size:
-        raise OSError(f"{path}: the daemon's archive ended early")
-    return data
-
-
-def _padded(size: int) -> int:
-    return (size + tarfile.BLOCKSIZE - 1) // tarfile.BLOCKSIZE * tarfile.BLOCKSIZE
-
-
-def _pax(raw: bytes) -> dict[str, str]:
-    out = {}
-    for line in raw.split(b"\n"):
-        _, _, record = line.partition(b" ")
-        key, sep, value = record.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
-
-
-class _Reader:
-    """Exact-size reads over an async byte iterator, buffering at most one chunk beyond."""
-
-    def __init__(self, chunks: Any):
-        self._chunks = chunks
-        self._buffer = bytearray()
-        self._done = False
-
-    async def read(self, size: int) -> bytes:
-        while len(self._buffer) < size and not self._done:
-            try:
-                self._buffer += await self._chunks.__anext__()
-            except StopAsyncIteration:
-                self._done = True
-        data = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return data
-
-
-def _create_failed(exc: EngineError, name: str, spec: ContainerSpec) -> IssueError:
-    if spec.storage_mb is not None and "storage" in exc.message.lower():
-        return IssueError(
-            "fatal",
-            "environment_unsupported",
-            f"docker session {name}: the daemon cannot limit storage ({exc.message[:300]})",
-            phase="setup",
-        )
-    return fail(f"docker session {name}: creating the container failed: {exc}")
-
-
-#: Capabilities Docker grants by default that no task needs: raw sockets
-#: (spoofing on the session's network), device nodes, audit writes, file
-#: capabilities. ``NET_ADMIN`` is not granted by default and never added.
-DROPPED_CAPABILITIES = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "NET_ADMIN", "SYS_ADMIN")
-
-
-@attrs.frozen
-class ContainerSpec:
-    """What the container is created with: the plan's ``SandboxSpec`` over the provider's defaults."""
-
-    workdir: str | None = None
-    env: Mapping[str, str] = attrs.Factory(dict)
-    user: str | None = None
-    cpus: float | None = None
-    memory_mb: int | None = None
-    storage_mb: int | None = None
-    pids_max: int | None = None
-
-    def create_body(self, image: str, labels: dict[str, str], network: str) -> dict[str, Any]:
-        host: dict[str, Any] = {
-            "NetworkMode": network,
-            "Init": True,
-            "CapDrop": list(DROPPED_CAPABILITIES),
-            "SecurityOpt": ["no-new-privileges"],
-            "Privileged": False,
-            "ReadonlyRootfs": False,
-            "RestartPolicy": {"Name": "no"},
-            "LogConfig": {"Type": "none", "Config": {}},
-        }
-        if self.pids_max is not None:
-            host["PidsLimit"] = self.pids_max
-        if self.memory_mb is not None:
-            host["Memory"] = self.memory_mb << 20
-            host["MemorySwap"] = self.memory_mb << 20
-        if self.cpus is not None:
-            host["NanoCpus"] = int(self.cpus * 1e9)
-        if self.storage_mb is not None:
-            host["StorageOpt"] = {"size": f"{self.storage_mb}M"}
-        body: dict[str, Any] = {
-            "Image": image,
-            "Entrypoint": ["sleep", "infinity"],
-            "Cmd": [],
-            "Env": [f"{k}={v}" for k, v in self.env.items()],
-            "Labels": labels,
-            "HostConfig": host,
-            "AttachStdin": False,
-            "AttachStdout": False,
-            "AttachStderr": False,
-            "Tty": False,
-            "OpenStdin": False,
-        }
-        if self.workdir:
-            body["WorkingDir"] = self.workdir
-        if self.user:
-            body["User"] = self.user
-        return body

@@ -90,7 +90,9 @@ def test_the_image_tasks_pass_with_oracle_under_docker(docker_daemon: Any, tmp_p
     assert metrics["series"]["passed"]["value"] == 1.0
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None, reason="the sandbox provider needs root and bwrap")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None, reason="the sandbox provider needs root and bwrap"
+)
 def test_under_sandbox_they_need_their_image_unless_host_userland(tmp_path: Path) -> None:
     sandbox = {"id": "sandbox"}
     done, run = _launch(_config(tmp_path, "sandboxed", sandbox, {"path": str(IMAGES)}), tmp_path)
@@ -149,7 +151,7 @@ def test_an_agent_listing_the_filesystem_finds_neither_the_tests_nor_the_deleted
     assert (logs / "secret.txt").read_text() == ""
 
 
-_VERIFY = 'mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt\n'
+_VERIFY = "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt\n"
 TASKS, K, KILLS = 6, 2, 4
 
 

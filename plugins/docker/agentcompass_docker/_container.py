@@ -1,0 +1,83 @@
+"""What a session's container is created with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from agentcompass import IssueError
+
+from ._api import EngineError
+
+
+def create_failed(exc: EngineError, name: str, spec: ContainerSpec) -> IssueError:
+    if spec.storage_mb is not None and "storage" in exc.message.lower():
+        return IssueError(
+            "fatal",
+            "environment_unsupported",
+            f"docker session {name}: the daemon cannot limit storage ({exc.message[:300]})",
+            phase="setup",
+        )
+    return IssueError(
+        "fatal", "environment_failed", f"docker session {name}: creating the container failed: {exc}", phase="setup"
+    )
+
+
+#: Capabilities Docker grants by default that no task needs: raw sockets
+#: (spoofing on the session's network), device nodes, audit writes, file
+#: capabilities. ``NET_ADMIN`` is not granted by default and never added.
+DROPPED_CAPABILITIES = ("NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "NET_ADMIN", "SYS_ADMIN")
+
+
+@attrs.frozen
+class ContainerSpec:
+    """What the container is created with: the plan's ``SandboxSpec`` over the provider's defaults."""
+
+    workdir: str | None = None
+    env: Mapping[str, str] = attrs.Factory(dict)
+    user: str | None = None
+    cpus: float | None = None
+    memory_mb: int | None = None
+    storage_mb: int | None = None
+    pids_max: int | None = None
+
+    def create_body(self, image: str, labels: dict[str, str], network: str) -> dict[str, Any]:
+        host: dict[str, Any] = {
+            "NetworkMode": network,
+            "Init": True,
+            "CapDrop": list(DROPPED_CAPABILITIES),
+            "SecurityOpt": ["no-new-privileges"],
+            "Privileged": False,
+            "ReadonlyRootfs": False,
+            "RestartPolicy": {"Name": "no"},
+            "LogConfig": {"Type": "none", "Config": {}},
+        }
+        if self.pids_max is not None:
+            host["PidsLimit"] = self.pids_max
+        if self.memory_mb is not None:
+            host["Memory"] = self.memory_mb << 20
+            host["MemorySwap"] = self.memory_mb << 20
+        if self.cpus is not None:
+            host["NanoCpus"] = int(self.cpus * 1e9)
+        if self.storage_mb is not None:
+            host["StorageOpt"] = {"size": f"{self.storage_mb}M"}
+        body: dict[str, Any] = {
+            "Image": image,
+            "Entrypoint": ["sleep", "infinity"],
+            "Cmd": [],
+            "Env": [f"{k}={v}" for k, v in self.env.items()],
+            "Labels": labels,
+            "HostConfig": host,
+            "AttachStdin": False,
+            "AttachStdout": False,
+            "AttachStderr": False,
+            "Tty": False,
+            "OpenStdin": False,
+        }
+        if self.workdir:
+            body["WorkingDir"] = self.workdir
+        if self.user:
+            body["User"] = self.user
+        return body
