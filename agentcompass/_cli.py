@@ -197,7 +197,8 @@ def validate(config: Path, overrides: Sequence[str]) -> None:
     Loads it, checks every key and value, imports its plugins, builds every
     component and runs each benchmark's own check of its data.
     """
-    from ._config import load_config, preflight
+    from ._config import load_config
+    from ._preflight import preflight
 
     orchestration = load_config(config, overrides)
     preflight(orchestration, config.parent)
@@ -268,7 +269,8 @@ def _apply_cli(
 @click.pass_context
 def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: Any) -> None:
     """Run every request of CONFIG."""
-    from ._config import load_config, preflight
+    from ._config import load_config
+    from ._preflight import preflight
 
     orchestration = _apply_cli(load_config(config, overrides), **flags)
     preflight(orchestration, config.parent)
@@ -296,7 +298,8 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
 @click.pass_context
 def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     """Run one request described by flags."""
-    from ._config import build_orchestration, preflight
+    from ._config import build_orchestration
+    from ._preflight import preflight
 
     flags = {
         k: options.pop(k) for k in ("reuse", "reuse_anyway", "timeout_seconds", "task_concurrency", "output_root")

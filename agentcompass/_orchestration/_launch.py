@@ -19,11 +19,11 @@ from typing import Any
 
 import trio
 
-from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import get_logger, launch_logging
 from .._models import open_model_clients
+from .._preflight import check_data, has_data_checks, preflight
 from .._store import Disk, open_run_store
 from ..runtime._cleanup import using_cleanup_clock
 from ..runtime._errors import RunFailedError
