@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from _common import wait_dead
+from _common import processes_marked, wait_dead
 
 from agentcompass.environments._procs import Marked, Scanner, scan
 from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession
@@ -326,20 +326,6 @@ class _CancelAtStep(trio.abc.Instrument):
                 self.scope.cancel()
 
 
-def _alive_marked(root: Path) -> list[int]:
-    """Pids of live processes carrying this sandbox's marker (zombies have no environ)."""
-    needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 @needs_proc
 async def test_exec_cancelled_at_every_step_leaves_no_process(session: LocalSession):
     """Cancel an exec at its 1st, 2nd, ... scheduling step until one completes:
@@ -357,7 +343,7 @@ async def test_exec_cancelled_at_every_step_leaves_no_process(session: LocalSess
             if not scope.cancelled_caught:
                 assert result.stdout == "done\n"
                 break
-            assert _alive_marked(root) == [], f"cancelled at step {n}"
+            assert processes_marked(root) == [], f"cancelled at step {n}"
         else:
             pytest.fail("exec never completed")
     assert n >= 3  # cancelled before the spawn, and again once the command was running

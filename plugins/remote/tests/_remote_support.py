@@ -4,16 +4,15 @@ in this Trio run or as ``compass sandbox serve`` subprocesses."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
+from _common import poll_until
 from agentcompass_remote import PROTOCOL_VERSION, SandboxServer, serve_sandboxes
 
 try:
@@ -28,7 +27,8 @@ SANDBOX_PROBLEM = (
 #: Tests of ``remote`` backed by ``sandbox``, skipped with the sandbox's own
 #: preflight message where this host cannot run it.
 requires_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=SANDBOX_PROBLEM or "")
-#: How long a test waits for a real process or server to reach a state.
+#: How long a test waits for a real process or server to reach a state
+#: (``poll_until`` from the suite's ``_common``, as ``processes_marked``).
 WAIT_SECONDS = 20.0
 
 
@@ -44,17 +44,8 @@ class InProcess:
     async def settled_count(self) -> int:
         """The number of sandbox directories once the server has no session
         open or opening (a session whose client went away closes on its own)."""
-        await wait_for(lambda: self.server.load == 0, "the server to close its sessions")
+        await poll_until(lambda: self.server.load == 0, "the server to close its sessions", WAIT_SECONDS)
         return len(self.sandboxes())
-
-
-async def wait_for(condition: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:
-    """Poll a real condition (a server, a process) with a bounded loop."""
-    with trio.move_on_after(seconds):
-        while not condition():  # noqa: ASYNC110 - a process or server we do not own: nothing to wait on
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out after {seconds}s waiting for {what}")
 
 
 async def start_in_process(nursery: trio.Nursery, root: Path, **options: Any) -> InProcess:
@@ -97,23 +88,6 @@ def serve_command(token_file: Path, root: Path, port: int = 0, *extra: str) -> l
         f"{root}.state",
         *extra,  # a later --state-dir wins
     ]
-
-
-def processes_marked(root: Path) -> list[int]:
-    """Live processes started by a ``local`` sandbox under ``root`` (they carry
-    ``AGENTCOMPASS_SANDBOX=<their sandbox>`` in their environment)."""
-    needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if any(item.startswith(needle) for item in f.read().split(b"\0")):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 async def start_spawned(token_file: Path, root: Path, port: int = 0, *extra: str) -> Spawned:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, processes_marked, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN
 from agentcompass_remote import RemoteEnvironment
 
 import agentcompass
@@ -100,7 +101,7 @@ async def test_a_server_killed_during_a_run_is_retried_on_another_and_the_run_su
     with hang_guard(240):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run)
-            await wait_for(lambda: len(list(shared.glob("started-*"))) >= 6, "every task to start")
+            await poll_until(lambda: len(list(shared.glob("started-*"))) >= 6, "every task to start")
             on_victim = len(list(victim.root.iterdir()))
             assert on_victim >= 1  # the pool spread the six sessions over its servers
             victim.process.send_signal(signal.SIGKILL)
@@ -138,7 +139,7 @@ async def test_reap_destroys_what_a_killed_server_left_once_it_is_back(spawn):
     await env.reap(handle)
     await env.reap(handle)  # idempotent
     assert not sandbox.exists()
-    await wait_for(lambda: processes_marked(sandbox) == [], "the sandbox's processes to be gone", seconds=5)
+    await poll_until(lambda: processes_marked(sandbox) == [], "the sandbox's processes to be gone", seconds=5)
     with pytest.raises(IssueError) as unconfirmed:  # the killed server never confirmed it
         await session.close()
     assert unconfirmed.value.code == "cleanup_failed"

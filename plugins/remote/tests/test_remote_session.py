@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio_websocket
-from _remote_support import TOKEN, InProcess, hello, processes_marked, start_in_process, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, InProcess, hello, start_in_process
 from agentcompass_remote import RemoteEnvironment
 
 from agentcompass import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
@@ -40,7 +41,7 @@ async def test_a_timeout_kills_the_tree_and_the_session_goes_on(server: InProces
     try:
         result = await session.exec("echo before; sleep 1000 & wait", timeout=0.5)
         assert (result.exit_code, result.timed_out, result.stdout) == (124, True, "before\n")
-        await wait_for(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
+        await poll_until(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
         assert (await session.exec("echo again")).stdout == "again\n"
     finally:
         await session.close()
@@ -52,9 +53,9 @@ async def test_a_cancelled_exec_kills_the_tree_on_the_server_and_the_session_goe
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.exec, 'sleep 1000 & touch "$APP_DIR/started"; wait')
-            await wait_for(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
+            await poll_until(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
             nursery.cancel_scope.cancel()
-        await wait_for(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
+        await poll_until(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
         assert (await session.exec("echo again")).stdout == "again\n"
     finally:
         await session.close()

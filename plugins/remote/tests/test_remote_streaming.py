@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 
 import trio
 import trio.testing
-from _remote_support import TOKEN, InProcess, processes_marked, start_in_process, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, InProcess, start_in_process
 from agentcompass_remote import RemoteEnvironment, SandboxServer, serve_sandboxes
 
 from agentcompass import EnvironmentSession, ExecResult, NetworkPolicy, register
@@ -147,7 +148,7 @@ async def test_a_cancelled_exec_mid_stream_leaves_the_session_usable(server: InP
                 nursery.start_soon(run)
                 await flowing.wait()
                 nursery.cancel_scope.cancel()  # output is in flight on every hop
-            await wait_for(lambda: processes_marked(sandbox) == [], "cat to be killed", seconds=10)
+            await poll_until(lambda: processes_marked(sandbox) == [], "cat to be killed", seconds=10)
             assert (await session.exec("echo again")).stdout == "again\n"
     finally:
         await session.close()
