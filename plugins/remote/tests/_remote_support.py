@@ -13,7 +13,10 @@ import attrs
 import pytest
 import trio
 from _common import poll_until
-from agentcompass_remote import PROTOCOL_VERSION, SandboxServer, serve_sandboxes
+from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment, SandboxServer, serve_sandboxes
+
+from agentcompass import NetworkPolicy
+from agentcompass.environments.local import LocalEnvironment
 
 try:
     import agentcompass_sandbox
@@ -46,6 +49,27 @@ class InProcess:
         open or opening (a session whose client went away closes on its own)."""
         await poll_until(lambda: self.server.load == 0, "the server to close its sessions", WAIT_SECONDS)
         return len(self.sandboxes())
+
+
+def remote(url: str | list[str], **config: object) -> RemoteEnvironment:
+    """The ``remote`` provider on ``url`` (one server or a pool), with the tests' token."""
+    return RemoteEnvironment({"url": url, "token": TOKEN, **config})
+
+
+async def exec_locally_and_remotely(url: str, root: Path, command: str, max_output_bytes: int) -> tuple[Any, Any]:
+    """``command``'s result on ``local`` under ``root`` and through the server at
+    ``url``, both keeping ``max_output_bytes`` per stream: (local, remote)."""
+    results = []
+    for env in (
+        LocalEnvironment({"root": str(root), "max_output_bytes": max_output_bytes}),
+        remote(url, provider_config={"max_output_bytes": max_output_bytes}),
+    ):
+        session = await env.open(None, NetworkPolicy())
+        try:
+            results.append(await session.exec(command))
+        finally:
+            await session.close()
+    return results[0], results[1]
 
 
 async def start_in_process(nursery: trio.Nursery, root: Path, **options: Any) -> InProcess:

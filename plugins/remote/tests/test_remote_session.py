@@ -11,15 +11,10 @@ import pytest
 import trio
 import trio_websocket
 from _common import poll_until, processes_marked
-from _remote_support import TOKEN, InProcess, hello, start_in_process
+from _remote_support import TOKEN, InProcess, exec_locally_and_remotely, hello, remote, start_in_process
 from agentcompass_remote import RemoteEnvironment
 
 from agentcompass import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
-from agentcompass.environments.local import LocalEnvironment
-
-
-def remote(url: str | list[str], **config: object) -> RemoteEnvironment:
-    return RemoteEnvironment({"url": url, "token": TOKEN, **config})
 
 
 async def test_exec_runs_like_local(server: InProcess):
@@ -63,18 +58,7 @@ async def test_a_cancelled_exec_kills_the_tree_on_the_server_and_the_session_goe
 
 async def test_output_is_truncated_as_the_provider_truncates_it(nursery: trio.Nursery, tmp_path: Path):
     served = await start_in_process(nursery, tmp_path / "remote")
-    command = "seq 1 100000; seq 1 50000 >&2"
-    local = LocalEnvironment({"root": str(tmp_path), "max_output_bytes": 1000})
-    session = await local.open(None, NetworkPolicy())
-    try:
-        expected = await session.exec(command)
-    finally:
-        await session.close()
-    session = await remote(served.url, provider_config={"max_output_bytes": 1000}).open(None, NetworkPolicy())
-    try:
-        got = await session.exec(command)
-    finally:
-        await session.close()
+    expected, got = await exec_locally_and_remotely(served.url, tmp_path, "seq 1 100000; seq 1 50000 >&2", 1000)
     assert got == expected
     assert got.stdout.startswith("[... ") and got.stdout.endswith("\n100000\n") and len(got.stdout) == 1000
 
