@@ -15,13 +15,23 @@ import inspect
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 
-__all__ = ["only_run_dir", "poll_until", "processes_marked", "read_json", "read_jsonl", "wait_dead", "wait_until"]
+__all__ = [
+    "only_run_dir",
+    "poll_until",
+    "processes_marked",
+    "read_json",
+    "read_jsonl",
+    "serving",
+    "wait_dead",
+    "wait_until",
+]
 
 #: How often a bounded poll looks again.
 POLL_SECONDS = 0.02
@@ -99,3 +109,18 @@ def processes_marked(root: Path) -> list[int]:
         if any(item == needle or item.startswith(needle + b"/") for item in items):
             found.append(int(entry))
     return found
+
+
+@asynccontextmanager
+async def serving(script: Any) -> AsyncIterator[Any]:
+    """A running scripted :class:`~agentcompass.testing.model_server.ModelServer`
+    for ``script`` on 127.0.0.1 (stopped on the way out)."""
+    from agentcompass.testing.model_server import ModelServer
+
+    server = ModelServer(script)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()
