@@ -197,7 +197,8 @@ def validate(config: Path, overrides: Sequence[str]) -> None:
     Loads it, checks every key and value, imports its plugins, builds every
     component and runs each benchmark's own check of its data.
     """
-    from ._config import load_config, preflight
+    from ._config import load_config
+    from ._preflight import preflight
 
     orchestration = load_config(config, overrides)
     preflight(orchestration, config.parent)
@@ -268,7 +269,8 @@ def _apply_cli(
 @click.pass_context
 def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: Any) -> None:
     """Run every request of CONFIG."""
-    from ._config import load_config, preflight
+    from ._config import load_config
+    from ._preflight import preflight
 
     orchestration = _apply_cli(load_config(config, overrides), **flags)
     preflight(orchestration, config.parent)
@@ -296,7 +298,8 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
 @click.pass_context
 def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     """Run one request described by flags."""
-    from ._config import build_orchestration, preflight
+    from ._config import build_orchestration
+    from ._preflight import preflight
 
     flags = {
         k: options.pop(k) for k in ("reuse", "reuse_anyway", "timeout_seconds", "task_concurrency", "output_root")
@@ -604,8 +607,7 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
 
     import trio
 
-    from . import _registry
-    from ._orchestration._reuse import sweep_run
+    from ._orchestration._reuse import reap_sessions, sweep_run
     from ._redact import redact
     from ._store import load_run, open_run_store
     from .runtime._errors import ConfigError
@@ -619,19 +621,16 @@ async def _reap_run(run_dir: Path) -> tuple[int, int]:
     try:
         async with open_run_store(run_dir.parent.parent, run_dir.parent.name, run_dir.name) as store:
             entered = True
-            for session_id, provider, handle in loaded.open_sessions:
-                try:
-                    env = _registry.build("environment", provider, configs.get(provider, {}))
-                    await env.reap(handle)
-                except Exception as exc:  # noqa: BLE001 - one failed reap must not stop the others
-                    failed += 1
-                    message = redact(" ".join(str(exc).split()))
-                    click.echo(f"warning: could not reap {provider} session {session_id}: {message}", err=True)
-                    continue
+
+            async def journal_closed(session_id: str, provider: str, handle: dict[str, Any]) -> None:
+                nonlocal reaped
                 await store.journal_session("closed", session_id, provider, handle)
                 reaped += 1
+
+            notes = await reap_sessions(loaded.open_sessions, configs, reaped=journal_closed)
             # Sandboxes whose open the kill interrupted before their journal line.
-            for note in await sweep_run(loaded, configs):
+            notes += await sweep_run(loaded, configs)
+            for note in notes:
                 failed += 1
                 click.echo(f"warning: {redact(note)}", err=True)
     except RuntimeError as exc:

@@ -1,6 +1,7 @@
 """Helpers every part of the suite shares (``tests/`` is on ``sys.path``
-through ``tests/conftest.py``): reading what a run wrote, and the one bounded
-poll for what only another process shows.
+through ``pytest.ini``, for the plugins' tests too): reading what a run
+wrote, the processes a ``local`` sandbox left, and the one bounded poll for
+what only another process shows.
 
 Wait on the condition itself wherever the code gives a way (an event, a line
 read from a pipe, a pidfd: :func:`wait_dead`). :func:`wait_until` and
@@ -14,13 +15,23 @@ import inspect
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 
-__all__ = ["only_run_dir", "poll_until", "read_json", "read_jsonl", "wait_dead", "wait_until"]
+__all__ = [
+    "only_run_dir",
+    "poll_until",
+    "processes_marked",
+    "read_json",
+    "read_jsonl",
+    "serving",
+    "wait_dead",
+    "wait_until",
+]
 
 #: How often a bounded poll looks again.
 POLL_SECONDS = 0.02
@@ -79,3 +90,37 @@ async def wait_dead(pid: int, seconds: float = 20) -> None:
             await trio.lowlevel.wait_readable(fd)
     finally:
         os.close(fd)
+
+
+def processes_marked(root: Path) -> list[int]:
+    """Live processes a ``local`` sandbox at or under ``root`` started: they carry
+    ``AGENTCOMPASS_SANDBOX=<their sandbox>`` in their environment (a zombie has none).
+    Read here on its own, not through the provider's scan the tests check."""
+    needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                items = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(item == needle or item.startswith(needle + b"/") for item in items):
+            found.append(int(entry))
+    return found
+
+
+@asynccontextmanager
+async def serving(script: Any) -> AsyncIterator[Any]:
+    """A running scripted :class:`~agentcompass.testing.model_server.ModelServer`
+    for ``script`` on 127.0.0.1 (stopped on the way out)."""
+    from agentcompass.testing.model_server import ModelServer
+
+    server = ModelServer(script)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()

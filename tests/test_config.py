@@ -16,8 +16,8 @@ from agentcompass._config import (
     apply_override,
     build_orchestration,
     load_config,
-    preflight,
 )
+from agentcompass._preflight import preflight
 from agentcompass._redact import redact
 from agentcompass.runtime._components import (
     BaseAnalyzer,

@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
-from _common import wait_dead
+from _common import processes_marked, wait_dead
 
-from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession, _Scanner
+from agentcompass.environments._procs import Marked, Scanner, scan
+from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession
 from agentcompass.runtime import (
     ComponentError,
     ComponentRef,
@@ -325,20 +326,6 @@ class _CancelAtStep(trio.abc.Instrument):
                 self.scope.cancel()
 
 
-def _alive_marked(root: Path) -> list[int]:
-    """Pids of live processes carrying this sandbox's marker (zombies have no environ)."""
-    needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 @needs_proc
 async def test_exec_cancelled_at_every_step_leaves_no_process(session: LocalSession):
     """Cancel an exec at its 1st, 2nd, ... scheduling step until one completes:
@@ -356,7 +343,7 @@ async def test_exec_cancelled_at_every_step_leaves_no_process(session: LocalSess
             if not scope.cancelled_caught:
                 assert result.stdout == "done\n"
                 break
-            assert _alive_marked(root) == [], f"cancelled at step {n}"
+            assert processes_marked(root) == [], f"cancelled at step {n}"
         else:
             pytest.fail("exec never completed")
     assert n >= 3  # cancelled before the spawn, and again once the command was running
@@ -418,30 +405,29 @@ async def test_concurrent_closes_kill_every_sessions_escaped_daemon(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
-async def ask_a_then_b_and_c(
-    answer: Callable[[int, set[str]], dict[str, list[tuple[int, int]]]],
-) -> tuple[list[set[str]], dict[str, object]]:
+async def ask_a_then_b_and_c(answer: Callable[[int], list[Marked]]) -> tuple[int, dict[str, object]]:
     """Drive one shared scanner: ``a`` asks; while its scan runs (held until
-    then), ``b`` and ``c`` ask; then ``a``'s scan ends. ``answer(n, roots)``
-    is the result of the n-th scan (or raises). Returns the roots of every
-    scan, in order, and each root's result (or ``OSError``)."""
-    calls: list[set[str]] = []
+    then), ``b`` and ``c`` ask; then ``a``'s scan ends. ``answer(n)`` is the
+    result of the n-th scan (or raises). Returns how many scans ran and what
+    each caller got (or its ``OSError``)."""
+    calls = 0
     first_scan_may_end = threading.Event()
 
-    def scan(roots: Collection[str]) -> dict[str, list[tuple[int, int]]]:
-        calls.append(set(roots))
-        if len(calls) == 1:
+    def scan() -> list[Marked]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
             first_scan_may_end.wait(HANG_GUARD)
-        return answer(len(calls), set(roots))
+        return answer(calls)
 
-    scanner = _Scanner(scan)
+    scanner = Scanner(scan)
     outcome: dict[str, object] = {}
 
-    async def ask(root: str) -> None:
+    async def ask(caller: str) -> None:
         try:
-            outcome[root] = await scanner.marked(root)
+            outcome[caller] = await scanner.scan()
         except OSError as exc:
-            outcome[root] = exc
+            outcome[caller] = exc
 
     with trio.fail_after(HANG_GUARD):
         async with trio.open_nursery() as nursery:
@@ -454,25 +440,41 @@ async def ask_a_then_b_and_c(
     return calls, outcome
 
 
+def nth_scan(n: int) -> list[Marked]:
+    return [Marked(pid=100 + n, pgid=1, sandbox="/s", name="n")]
+
+
 async def test_closes_share_proc_scans_begun_after_they_asked():
-    calls, results = await ask_a_then_b_and_c(lambda n, roots: {root: [(100 + n, 1)] for root in roots if root != "c"})
-    # b and c asked while a's scan ran: they must not take its result.
-    assert calls == [{"a"}, {"b", "c"}]
-    assert results == {"a": [(101, 1)], "b": [(102, 1)], "c": []}
+    calls, results = await ask_a_then_b_and_c(nth_scan)
+    # b and c asked while a's scan ran: they must not take its result, and share the next.
+    assert calls == 2
+    assert results == {"a": nth_scan(1), "b": nth_scan(2), "c": nth_scan(2)}
 
 
 async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
-    def answer(n: int, roots: set[str]) -> dict[str, list[tuple[int, int]]]:
+    def answer(n: int) -> list[Marked]:
         if n == 2:
             raise OSError("proc unreadable")
-        return {}
+        return nth_scan(n)
 
     calls, outcome = await ask_a_then_b_and_c(answer)
     # Whichever of b and c ran the failing scan sees the error; the other asks for a new scan.
-    assert calls[:2] == [{"a"}, {"b", "c"}] and len(calls) == 3
-    (retried,) = calls[2]
-    (failed,) = {"b", "c"} - {retried}
-    assert outcome["a"] == [] and outcome[retried] == [] and isinstance(outcome[failed], OSError)
+    assert calls == 3
+    failed = [caller for caller in "bc" if isinstance(outcome[caller], OSError)]
+    assert len(failed) == 1
+    (retried,) = set("bc") - set(failed)
+    assert outcome["a"] == nth_scan(1) and outcome[retried] == nth_scan(3)
+
+
+@needs_proc
+async def test_one_proc_scan_reads_both_marks_of_a_sessions_processes(session: LocalSession):
+    pid = int((await session.exec("setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!")).stdout)
+    found = {p.pid: p for p in await trio.to_thread.run_sync(scan)}
+    # Its group is what it was at the scan (setsid may not have run yet): not compared.
+    assert (found[pid].sandbox, found[pid].name) == (session.handle["path"], session.name)
+    await session.close()
+    await wait_dead(pid)
+    assert pid not in {p.pid for p in await trio.to_thread.run_sync(scan)}
 
 
 async def test_exec_reports_a_removed_app_directory(session: LocalSession):

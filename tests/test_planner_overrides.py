@@ -18,7 +18,8 @@ from agentcompass import (
     RunRequest,
     TaskSpec,
 )
-from agentcompass._config import load_config, preflight
+from agentcompass._config import load_config
+from agentcompass._preflight import preflight
 from agentcompass.runtime import ConfigError
 from agentcompass.testing import FakeRecipe
 

@@ -46,11 +46,11 @@ async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
 async def test_live_table_on_a_tty(autojump_clock, tmp_path):
     from agentcompass._orchestration._context import GraceClock
     from agentcompass._orchestration._request import RequestRun
-    from agentcompass._orchestration._request_state import Phase, Prepared
+    from agentcompass._orchestration._request_state import Prepared, Stage
 
     request = RunRequest(name="live", benchmark=ComponentRef("fake-bench"), environment=ComponentRef("fake-env"), output_root=tmp_path)
     run = RequestRun(request, GraceClock(1))
-    run.life.phase, run.prepared = Phase.RUNNING, Prepared.of([_task(i) for i in range(10)], [])
+    run.life.stage, run.prepared = Stage.RUNNING, Prepared.of([_task(i) for i in range(10)], [])
     run.tasks.active, run.tally.retries = 3, 2
     stream = _Tty()
     display = ProgressDisplay([run], stream=stream)
@@ -87,7 +87,7 @@ async def test_live_table_and_report_fit_80_columns(tmp_path):
 
     from agentcompass._orchestration._context import GraceClock
     from agentcompass._orchestration._request import RequestRun
-    from agentcompass._orchestration._request_state import Phase, Prepared
+    from agentcompass._orchestration._request_state import Prepared, Stage
     from agentcompass._report import render_request_report
 
     request = RunRequest(
@@ -95,7 +95,7 @@ async def test_live_table_and_report_fit_80_columns(tmp_path):
         output_root=tmp_path,
     )
     run = RequestRun(request, GraceClock(1))
-    run.life.phase, run.prepared = Phase.FINALIZED, Prepared.of([_task(i) for i in range(12)], [])
+    run.life.stage, run.prepared = Stage.FINALIZED, Prepared.of([_task(i) for i in range(12)], [])
     run.tally.status = "succeeded"
     console = rich.console.Console(width=80, record=True, file=io.StringIO())
     console.print(ProgressDisplay([run])._table())

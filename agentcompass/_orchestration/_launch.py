@@ -19,11 +19,11 @@ from typing import Any
 
 import trio
 
-from .._config import check_data, has_data_checks, preflight
 from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import get_logger, launch_logging
 from .._models import open_model_clients
+from .._preflight import check_data, has_data_checks, preflight
 from .._store import Disk, open_run_store
 from ..runtime._cleanup import using_cleanup_clock
 from ..runtime._errors import RunFailedError
@@ -31,7 +31,7 @@ from ..runtime._results import OrchestrationResult, RequestResult
 from ..runtime._values import Orchestration, RunRequest
 from ._context import GraceClock
 from ._request import RequestRun
-from ._request_state import Phase
+from ._request_state import Stage
 from ._reuse import refuse_other_experiments
 from ._scheduler import Dispatcher
 from ._task import InProcessExecutor
@@ -195,7 +195,7 @@ async def _launch(
                 # started still gets its terminal state (SPEC 7).
                 with trio.move_on_at(grace.deadline(), shield=True):
                     for run in runs:
-                        if run.store is not None and run.life.phase is Phase.WAITING:
+                        if run.store is not None and run.life.stage is Stage.WAITING:
                             await _stop_unstarted(run, terminal_status())
         finished = True
         display_nursery.cancel_scope.cancel()

@@ -10,7 +10,7 @@ deadline or a cancellation it writes the terminal status at once, while its
 tasks unwind, and counts again the tasks that finished in their cleanup.
 
 A request's state (:class:`RequestRun`) is four pieces, each with one job:
-:class:`Life` is where it is (a :class:`Phase`, every step checked);
+:class:`Life` is where it is (a :class:`Stage`, every step checked);
 :class:`Prepared` is what preparation decided; :class:`Tasks` follows its
 tasks from queued to settled; :class:`Tally` holds its results so far.
 
@@ -45,7 +45,7 @@ from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 from ._context import GraceClock, Slots
-from ._request_state import Landing, Life, Phase, Prepared, Tally, Tasks
+from ._request_state import Landing, Life, Prepared, Stage, Tally, Tasks
 from ._reuse import PendingTask, plan_reuse
 
 __all__ = ["PendingTask", "Reporter", "RequestRun", "failure_line", "request_scope"]
@@ -86,7 +86,7 @@ class Reporter:
         # The next attempt does not wait for the disk; the task's record does.
         tasks = self.run.tasks
         landing = tasks.landing[task_id]
-        landing.count += 1
+        landing.send()
         assert tasks.nursery is not None
         record, logs = take_logs(record)
         tasks.nursery.start_soon(self.run.save_checkpoint, task_id, record, landing, logs)
@@ -147,7 +147,7 @@ class RequestRun:
         tasks to run. A benchmark's failure here fails the request (status
         ``failed``), not the run."""
         request, store = self.request, self.store
-        self.life.advance(Phase.PREPARING)
+        self.life.advance(Stage.PREPARING)
         self.begin()
         add_json_log(store.run_dir / "log.jsonl", request=request.name)
         await store.write_run_info(self.run_info("running"))
@@ -181,9 +181,9 @@ class RequestRun:
     def queue(self, pending: list[PendingTask]) -> None:
         """Hand ``pending`` to the dispatcher (in the request's nursery)."""
         self.tasks.pending.extend(pending)
-        self.life.advance(Phase.RUNNING)
+        self.life.advance(Stage.RUNNING)
         if not pending:
-            self.life.advance(Phase.DISPATCHED)
+            self.life.advance(Stage.DISPATCHED)
 
     def fail(self, exc: BaseException, where: str) -> None:
         """An error no row of SPEC section 6 classifies (a full disk, a
@@ -202,8 +202,8 @@ class RequestRun:
     def drop_pending(self) -> None:
         """No more tasks of this request start (it is finishing or stopped)."""
         self.tasks.pending.clear()
-        if self.life.phase < Phase.DISPATCHED:
-            self.life.advance(Phase.DISPATCHED)
+        if self.life.stage < Stage.DISPATCHED:
+            self.life.advance(Stage.DISPATCHED)
 
     # -- tasks -----------------------------------------------------------------
 
@@ -213,7 +213,7 @@ class RequestRun:
         tasks = self.tasks
         pending = tasks.pending.popleft()
         if not tasks.pending:
-            self.life.advance(Phase.DISPATCHED)
+            self.life.advance(Stage.DISPATCHED)
         k = self.request.execution.attempts.k
         attempts = list(range(k)) if pending.attempts is None else list(pending.attempts)
         self.store.event("task_started", task=pending.task.task_id, attempts=attempts)
@@ -272,21 +272,20 @@ class RequestRun:
         the task's record holds it."""
         if logs:
             await self.save_logs(task_id, record.attempt, logs)
+        durable = False
         try:
             await self.store.save_checkpoint(task_id, record)
+            durable = True
         except Exception as exc:  # noqa: BLE001 - the record holds the attempt
             line = f"could not write a checkpoint of task {task_id!r}: {failure_line(exc)}"
             log.info("checkpoint_not_written", request=self.request.name, task=task_id, error=line)
         else:
-            landing.durable.add(record.attempt)
             if not self.life.tallied:
                 self.store.event(
                     "attempt_finished", task=task_id, attempt=record.attempt, status=record.status, retries=record.retries
                 )
         finally:
-            landing.count -= 1
-            if not landing.count and landing.lot is not None:
-                landing.lot.unpark_all()
+            landing.landed(record.attempt, durable=durable)
 
     async def save_logs(self, task_id: str, attempt: int, files: dict[str, bytes]) -> None:
         """Write an attempt's kept logs; they are diagnostics, so a failure is a log line, not the request's."""
@@ -337,7 +336,7 @@ class RequestRun:
 
     async def until_done(self) -> None:
         """Until every task was handed out, has run and has its record saved."""
-        await self.life.reached(Phase.DISPATCHED)
+        await self.life.reached(Stage.DISPATCHED)
         await self.tasks.until_settled()
 
     # -- progress ----------------------------------------------------------------
@@ -402,7 +401,7 @@ class RequestRun:
         so a finalize that a deadline or cancellation cut short is done again
         by the caller's cleanup (with the terminal status): no run stays
         ``running``. The count is taken once (TALLIED)."""
-        if self.life.phase is Phase.FINALIZED or self.store is None:
+        if self.life.stage is Stage.FINALIZED or self.store is None:
             return
         tally = self.tally
         self.drop_pending()
@@ -415,7 +414,7 @@ class RequestRun:
                 now = trio.current_time()
                 with trio.move_on_at(now + (limit - now) / 2):
                     await self.tasks.until_saved()
-            self.life.advance(Phase.TALLIED)
+            self.life.advance(Stage.TALLIED)
             for record in self.tasks.saving.values():
                 tally.count(record)
         failure = self.store.failure
@@ -425,7 +424,7 @@ class RequestRun:
             status = tally.status or ("failed" if tally.counts["fatal"] else "succeeded")
         tally.finish(status, self.prepared.tasks if self.prepared is not None else ())
         await self._write_results()
-        self.life.advance(Phase.FINALIZED)
+        self.life.advance(Stage.FINALIZED)
         self.store.event("run_finished", status=status)
         log.info("request_finished", request=self.request.name, status=status, run_dir=str(self.store.run_dir))
         self.close_log()
@@ -441,10 +440,7 @@ class RequestRun:
         deadline passed during) and write metrics, summary and run info
         again. The caller bounds this by the grace; until then, the results
         written at the deadline stand."""
-        if self.life.phase is not Phase.FINALIZED:
-            self.tally.late = []
-            return
-        if self.tally.count_late():
+        if self.tally.recount_late(finalized=self.life.stage is Stage.FINALIZED):
             await self._write_results()
 
     async def _write_results(self) -> None:
@@ -547,7 +543,7 @@ async def request_scope(
                 await _stop(run, terminal_status())
                 raise
         for other in earlier:
-            await other.life.reached(Phase.DISPATCHED)
+            await other.life.reached(Stage.DISPATCHED)
         await run.finalize()
     except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
         run.fail(exc, "request")

@@ -1,6 +1,8 @@
-"""A request's state, in four pieces with one job each (see ``_request``).
+"""The request scope's state (SPEC 2, request row), in four pieces with one job each.
 
-:class:`Life` is where the request is: a :class:`Phase`, every step checked.
+The scope itself, which drives these, is ``_request``.
+
+:class:`Life` is where the request is: a :class:`Stage`, every step checked.
 :class:`Prepared` is what preparation decided, fixed once made.
 :class:`Tasks` follows its tasks from queued to settled.
 :class:`Tally` holds its results so far and how it went.
@@ -23,14 +25,14 @@ from ._reuse import PendingTask
 if TYPE_CHECKING:
     from ._request import Reporter
 
-__all__ = ["MAX_FAILURE_NOTES", "Landing", "Life", "Phase", "Prepared", "Tally", "Tasks"]
+__all__ = ["MAX_FAILURE_NOTES", "Landing", "Life", "Stage", "Prepared", "Tally", "Tasks"]
 
 #: Failures of one request noted in its ``run_info.json`` (the rest are counted).
 MAX_FAILURE_NOTES = 5
 
 
-class Phase(enum.IntEnum):
-    """Where a request is in its life. Phases only move forward, in this order::
+class Stage(enum.IntEnum):
+    """Where a request is in its life. Stages only move forward, in this order::
 
         WAITING -> PREPARING -> RUNNING -> DISPATCHED -> TALLIED -> FINALIZED
 
@@ -52,47 +54,47 @@ class Phase(enum.IntEnum):
     FINALIZED = 5
 
 
-_NEXT: dict[Phase, frozenset[Phase]] = {
-    Phase.WAITING: frozenset({Phase.PREPARING, Phase.DISPATCHED}),
-    Phase.PREPARING: frozenset({Phase.RUNNING, Phase.DISPATCHED}),
-    Phase.RUNNING: frozenset({Phase.DISPATCHED}),
-    Phase.DISPATCHED: frozenset({Phase.TALLIED}),
-    Phase.TALLIED: frozenset({Phase.FINALIZED}),
-    Phase.FINALIZED: frozenset(),
+_NEXT: dict[Stage, frozenset[Stage]] = {
+    Stage.WAITING: frozenset({Stage.PREPARING, Stage.DISPATCHED}),
+    Stage.PREPARING: frozenset({Stage.RUNNING, Stage.DISPATCHED}),
+    Stage.RUNNING: frozenset({Stage.DISPATCHED}),
+    Stage.DISPATCHED: frozenset({Stage.TALLIED}),
+    Stage.TALLIED: frozenset({Stage.FINALIZED}),
+    Stage.FINALIZED: frozenset(),
 }
 
 
 @attrs.define(eq=False)
 class Life:
-    """A request's :class:`Phase`, and the tasks waiting for it to reach one
+    """A request's :class:`Stage`, and the tasks waiting for it to reach one
     (the request's own scope, later requests' finalize)."""
 
-    phase: Phase = Phase.WAITING
+    stage: Stage = Stage.WAITING
     _moved: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
 
-    def advance(self, to: Phase) -> None:
-        """Move on to ``to``. A step :class:`Phase` does not allow is a bug: raised here, where it happens."""
-        if to not in _NEXT[self.phase]:
-            raise RuntimeError(f"a request cannot go from {self.phase.name} to {to.name}")
-        self.phase = to
+    def advance(self, to: Stage) -> None:
+        """Move on to ``to``. A step :class:`Stage` does not allow is a bug: raised here, where it happens."""
+        if to not in _NEXT[self.stage]:
+            raise RuntimeError(f"a request cannot go from {self.stage.name} to {to.name}")
+        self.stage = to
         self._moved.unpark_all()
 
-    async def reached(self, phase: Phase) -> None:
-        """Until the request is at ``phase`` or past it (a checkpoint either way, as ``Event.wait``)."""
-        if self.phase >= phase:
+    async def reached(self, stage: Stage) -> None:
+        """Until the request is at ``stage`` or past it (a checkpoint either way, as ``Event.wait``)."""
+        if self.stage >= stage:
             await trio.lowlevel.checkpoint()
-        while self.phase < phase:
+        while self.stage < stage:
             await self._moved.park()
 
     @property
     def ready(self) -> bool:
         """Preparation is over (its tasks were queued, or it has none): the dispatcher may look past it."""
-        return self.phase >= Phase.RUNNING
+        return self.stage >= Stage.RUNNING
 
     @property
     def tallied(self) -> bool:
         """Finalize took the count: a record landing now is late, a task error no longer fails the request."""
-        return self.phase >= Phase.TALLIED
+        return self.stage >= Stage.TALLIED
 
 
 @attrs.frozen
@@ -115,17 +117,31 @@ class Landing:
     """One task's checkpoints on their way to disk; its record waits for them
     (commit rounds may finish out of order, and the record's round removes them)."""
 
+    #: Checkpoints sent and not landed yet.
     count: int = 0
     #: Attempts whose checkpoint is durable (reported finished already).
     durable: set[int] = attrs.Factory(set)
     #: Where the record waits, made only when it has to (most tasks never do).
-    lot: trio.lowlevel.ParkingLot | None = None
+    _lot: trio.lowlevel.ParkingLot | None = None
+
+    def send(self) -> None:
+        """A checkpoint is on its way; :meth:`landed` once its write returned."""
+        self.count += 1
+
+    def landed(self, attempt: int, *, durable: bool) -> None:
+        """The checkpoint of ``attempt`` was written (``durable``) or given up."""
+        if durable:
+            self.durable.add(attempt)
+        self.count -= 1
+        if not self.count and self._lot is not None:
+            self._lot.unpark_all()
 
     async def wait(self) -> None:
+        """Until every checkpoint sent has landed."""
         while self.count:
-            if self.lot is None:
-                self.lot = trio.lowlevel.ParkingLot()
-            await self.lot.park()
+            if self._lot is None:
+                self._lot = trio.lowlevel.ParkingLot()
+            await self._lot.park()
 
 
 @attrs.define(eq=False)
@@ -241,13 +257,17 @@ class Tally:
         self.unfinished = {t.task_id: t for t in selected if t.task_id not in finished}
 
     def landed_late(self, record: TaskRecord) -> None:
-        """``record`` became durable after finalize took its count: :meth:`count_late` counts it."""
+        """``record`` became durable after finalize took its count: :meth:`recount_late` counts it."""
         if record.task_id in self.unfinished:
             self.late.append(record)
 
-    def count_late(self) -> bool:
-        """Count the late records as finished (True when there were some)."""
+    def recount_late(self, *, finalized: bool) -> bool:
+        """Count the late records as finished, once the terminal results are
+        written (``finalized``; otherwise they are dropped: the finalize still
+        to come counts what is durable). True when the results changed."""
         late, self.late = self.late, []
+        if not finalized:
+            return False
         for record in late:
             self.unfinished.pop(record.task_id, None)
             self.count(record)

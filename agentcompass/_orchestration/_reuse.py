@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from .._redact import redact_json_text
 from .._report import display_path
 from .._store import Disk, LoadedRun, latest_run, load_run
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
+from ..runtime._components import BaseEnvironment
 from ..runtime._convert import unstructure
 from ..runtime._errors import ConfigError
 from ..runtime._results import AttemptRecord, TaskRecord
@@ -175,20 +176,23 @@ def _retryable(record: AttemptRecord, patterns: list[re.Pattern[str]]) -> bool:
 
 
 async def reap_sessions(
-    open_sessions: list[tuple[str, str, dict[str, Any]]], configs: dict[str, dict[str, Any]] | None = None
+    open_sessions: list[tuple[str, str, dict[str, Any]]],
+    configs: dict[str, dict[str, Any]] | None = None,
+    *,
+    reaped: Callable[[str, str, dict[str, Any]], Awaitable[None]] | None = None,
 ) -> list[str]:
     """Reap sessions left open by a killed run; returns notes on failures.
 
     ``configs`` are Environment configs by provider id: a provider that needs
-    its settings (a server URL, a root directory) to find its sandboxes gets them."""
-    notes = []
-    configs = configs or {}
+    its settings (a server URL, a root directory) to find its sandboxes gets
+    them. ``reaped(session_id, provider, handle)`` is awaited after each
+    session reaped (``compass reap`` journals it closed)."""
+    notes: list[str] = []
     for session_id, provider, handle in open_sessions:
-        try:
-            env = _registry.build("environment", provider, configs.get(provider, {}))
-            await env.reap(handle)
-        except Exception as exc:  # noqa: BLE001 - one failed reap must not stop the others
-            notes.append(f"reap of session {session_id} ({provider}) failed: {type(exc).__name__}: {exc}")
+        failed = f"could not reap {provider} session {session_id}"
+        done = await _call_provider(provider, configs, partial(_reap, handle), failed, notes)
+        if done and reaped is not None:
+            await reaped(session_id, provider, handle)
     return notes
 
 
@@ -199,15 +203,37 @@ async def sweep_run(loaded: LoadedRun, configs: dict[str, dict[str, Any]] | None
     tag = loaded.tag
     if tag is None:
         return []
-    notes = []
-    configs = configs or {}
+    notes: list[str] = []
     for provider in loaded.used_providers():
-        try:
-            env = _registry.build("environment", provider, configs.get(provider, {}))
-            await env.sweep(tag)
-        except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the others
-            notes.append(f"sweep of {provider} sandboxes tagged {tag} failed: {type(exc).__name__}: {exc}")
+        failed = f"could not sweep {provider} sandboxes tagged {tag}"
+        await _call_provider(provider, configs, partial(_sweep, tag), failed, notes)
     return notes
+
+
+async def _reap(handle: dict[str, Any], env: BaseEnvironment) -> None:
+    await env.reap(handle)
+
+
+async def _sweep(tag: str, env: BaseEnvironment) -> None:
+    await env.sweep(tag)
+
+
+async def _call_provider(
+    provider: str,
+    configs: dict[str, dict[str, Any]] | None,
+    call: Callable[[BaseEnvironment], Awaitable[None]],
+    failed: str,
+    notes: list[str],
+) -> bool:
+    """Build ``provider`` with its config and ``call`` it; a failure is a note
+    (``failed: Error: message``) and never stops the caller's loop. True when it worked."""
+    try:
+        env = _registry.build("environment", provider, (configs or {}).get(provider, {}))
+        await call(env)
+    except Exception as exc:  # noqa: BLE001 - one failed provider must not stop the others
+        notes.append(f"{failed}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        return False
+    return True
 
 
 async def plan_reuse(

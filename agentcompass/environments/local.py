@@ -44,8 +44,8 @@ sandbox directory is ``agentcompass-local-<session name>-XXXXXXXX``, so that
 journalled. On Linux, ``close`` and ``reap`` use the first to find and kill
 what the sandbox left running, including daemons that left their process
 group, and to never signal a process-group id that an unrelated process
-reused after the sandbox's group died. Sessions closing at the same time
-share their passes over ``/proc``.
+reused after the sandbox's group died (``_procs.py``: one ``/proc`` scan,
+one kill loop). Sessions closing at the same time share their passes over ``/proc``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ import posixpath
 import re
 import secrets
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Collection
@@ -87,6 +86,7 @@ from agentcompass.runtime import (
 )
 
 from ._child import Child, spawn
+from ._procs import SANDBOX_ENV, SANDBOX_NAME_ENV, Marked, kill_marked
 
 __all__ = ["LocalEnvironment", "LocalSession"]
 
@@ -94,10 +94,6 @@ __all__ = ["LocalEnvironment", "LocalSession"]
 SUBDIRS = ("app", "tests", "logs", "solution")
 #: Created at open; ``reap`` removes only directories that carry it.
 MARKER_FILE = ".agentcompass-sandbox"
-#: Set in every process a session starts (value: the sandbox directory).
-SANDBOX_ENV = "AGENTCOMPASS_SANDBOX"
-#: Set in every process a session starts (value: the session name; ``sweep`` looks for it).
-SANDBOX_NAME_ENV = "AGENTCOMPASS_SANDBOX_NAME"
 #: Prefix of every sandbox directory, followed by the session name.
 DIR_PREFIX = "agentcompass-local-"
 _NAME = re.compile(r"[a-z0-9-]{1,40}")
@@ -116,9 +112,6 @@ _BUSY_PIPE_BYTES = 1 << 20
 # process holding the pipes might still write; exec never waits for its EOF.
 # Time spent handing output to a streaming consumer is not counted.
 _DRAIN_SECONDS = 0.5
-# close/reap sweeps for marked processes until none is left (a process may fork while we kill).
-_SWEEP_ROUNDS = 50
-_SWEEP_PAUSE_SECONDS = 0.01
 
 
 def _fail(message: str) -> IssueError:
@@ -199,7 +192,9 @@ class LocalEnvironment(BaseEnvironment):
         path = handle.get("path") if isinstance(handle, dict) else None
         if not isinstance(path, str) or not os.path.isabs(path):
             raise IssueError("warning", "cleanup_failed", f"not a local sandbox handle: {handle!r}")
-        await trio.to_thread.run_sync(_reap_sandbox, path)
+        if await trio.to_thread.run_sync(_is_leftover_sandbox, path):
+            await kill_marked(_in_sandboxes({path}))
+            await trio.to_thread.run_sync(_remove_sandbox, path)
 
     async def sweep(self, tag: str) -> None:
         """Kill every process and remove every sandbox directory under ``root``
@@ -209,7 +204,12 @@ class LocalEnvironment(BaseEnvironment):
         its empty subdirectories and marker is removed even without a marker."""
         if not tag or not _NAME.fullmatch(tag):
             raise ValueError(f"sweep tag {tag!r} is not 1-40 characters of [a-z0-9-]")
-        await trio.to_thread.run_sync(_sweep, self.options.root, tag)
+        paths = await trio.to_thread.run_sync(_tagged_sandboxes, self.options.root, tag)
+        # Also the processes of a sandbox whose directory is already gone.
+        in_paths = _in_sandboxes(paths)
+        await kill_marked(lambda p: in_paths(p) or (p.name is not None and p.name.startswith(tag)))
+        for path in paths:
+            await trio.to_thread.run_sync(_remove_sandbox, path)
 
 
 class LocalSession(EnvironmentSession):
@@ -368,7 +368,7 @@ class LocalSession(EnvironmentSession):
         else:
             # The leader is reaped, so its pgid may be free: only signal it while
             # a process of this sandbox is still in it.
-            await trio.to_thread.run_sync(_kill_sandbox_processes, str(self._root), {child.pid}, False)
+            await kill_marked(_in_sandboxes({str(self._root)}), {child.pid}, sweep=False)
 
     def _relative(self, path: str | os.PathLike[str]) -> str:
         """The sandbox-relative form of a file path, checked lexically only:
@@ -427,10 +427,7 @@ class LocalSession(EnvironmentSession):
         # Abandoned if the caller's grace runs out (a stalled disk, a process
         # that will not die): killing and removing are safe to leave running,
         # and an interrupted close is finished by another close or by reap.
-        if _HAVE_PROC:
-            await _sweep_marked(root, set(self._pgids))
-        else:
-            await trio.to_thread.run_sync(_kill_sandbox_processes, root, set(self._pgids), True, abandon_on_cancel=True)
+        await kill_marked(_in_sandboxes({root}), set(self._pgids))
         await trio.to_thread.run_sync(_remove_sandbox, root, abandon_on_cancel=True)
         self._removed = True
 
@@ -479,11 +476,6 @@ def _grow_pipe(stream: trio.abc.ReceiveStream) -> int:
         return max(_CHUNK, fcntl.fcntl(fileno(), fcntl.F_SETPIPE_SZ, _BUSY_PIPE_BYTES))
     except OSError:  # EPERM beyond the user's pipe quota: the pipe keeps its size
         return _CHUNK
-
-
-def _killpg(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _make_sandbox(root: str | Path | None, name: str) -> str:
@@ -556,208 +548,52 @@ def _unless_missing(function: Any, path: str, exc_info: Any) -> None:
         raise exc_info[1]
 
 
-def _reap_sandbox(root: str) -> None:
+def _in_sandboxes(roots: Collection[str]) -> Callable[[Marked], bool]:
+    """Picks the processes marked with one of ``roots``."""
+    return lambda process: process.sandbox in roots
+
+
+def _is_leftover_sandbox(root: str) -> bool:
+    """Blocking: whether ``root`` is a sandbox to reap (it carries the marker).
+    A missing directory is not; an empty one is what a close cut short left and
+    is removed here; anything else without the marker is refused."""
     if not os.path.isdir(root):
-        return
-    if not os.path.isfile(os.path.join(root, MARKER_FILE)):
-        # A close cut short by a kill removes the marker last but one: an
-        # empty directory is what is left of our sandbox, and safe to remove.
-        try:
-            os.rmdir(root)
-            return
-        except OSError:
-            pass
-        raise IssueError(
-            "warning", "cleanup_failed", f"refusing to remove {root}: it is not a local sandbox (no marker)"
-        )
-    _kill_sandbox_processes(root, set(), True)
-    _remove_sandbox(root)
+        return False
+    if os.path.isfile(os.path.join(root, MARKER_FILE)):
+        return True
+    # A close cut short by a kill removes the marker last but one: an
+    # empty directory is what is left of our sandbox, and safe to remove.
+    try:
+        os.rmdir(root)
+        return False
+    except OSError:
+        pass
+    raise IssueError("warning", "cleanup_failed", f"refusing to remove {root}: it is not a local sandbox (no marker)")
 
 
-def _sweep(root: str | Path | None, tag: str) -> None:
-    """Blocking: what :meth:`LocalEnvironment.sweep` does."""
+def _tagged_sandboxes(root: str | Path | None, tag: str) -> set[str]:
+    """Blocking: the sandbox directories under ``root`` whose session name
+    starts with ``tag`` and carry the marker; a skeleton without the marker
+    (made by a process killed between mkdtemp and the marker) is removed here."""
     base = root if root is not None else tempfile.gettempdir()
     prefix = f"{DIR_PREFIX}{tag}"
     try:
         names = [e for e in os.listdir(base) if e.startswith(prefix)]
     except FileNotFoundError:
         names = []
+    found = set()
     for entry in names:
         path = os.path.realpath(os.path.join(base, entry))
         if not os.path.isdir(path):
             continue
-        if not os.path.isfile(os.path.join(path, MARKER_FILE)):
-            # Killed between mkdtemp and the marker (or while close removed
-            # it): only our own empty skeleton is removed without a marker.
-            leftovers = set(os.listdir(path))
-            if leftovers <= set(SUBDIRS) and all(not os.listdir(os.path.join(path, d)) for d in leftovers):
-                for d in leftovers:
-                    os.rmdir(os.path.join(path, d))
-                os.rmdir(path)
+        if os.path.isfile(os.path.join(path, MARKER_FILE)):
+            found.add(path)
             continue
-        _reap_sandbox(path)
-    if _HAVE_PROC:
-        # Processes of a sandbox whose directory is already gone.
-        own = {os.getpid()}
-        for _ in range(_SWEEP_ROUNDS):
-            pids = [pid for pid in _processes_named(tag) if pid not in own]
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(_SWEEP_PAUSE_SECONDS)
-
-
-def _processes_named(tag: str) -> list[int]:
-    """Pids of live processes whose session name starts with ``tag``."""
-    needle = f"{SANDBOX_NAME_ENV}={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if any(item.startswith(needle) for item in environ.split(b"\0")):
-            found.append(int(entry))
+        # Killed between mkdtemp and the marker (or while close removed
+        # it): only our own empty skeleton is removed without a marker.
+        leftovers = set(os.listdir(path))
+        if leftovers <= set(SUBDIRS) and all(not os.listdir(os.path.join(path, d)) for d in leftovers):
+            for d in leftovers:
+                os.rmdir(os.path.join(path, d))
+            os.rmdir(path)
     return found
-
-
-_HAVE_PROC = os.path.isdir("/proc/self")
-
-
-def _kill_sandbox_processes(root: str, pgids: Collection[int], sweep: bool) -> None:
-    """Blocking: SIGKILL what sandbox ``root`` left running.
-
-    With ``/proc`` (Linux) a group in ``pgids`` is signalled only while a
-    process marked with this sandbox is in it (a pgid whose processes all died
-    may have been reused by an unrelated process), and with ``sweep`` every
-    marked process is killed too, until none is left. Without ``/proc`` the
-    groups in ``pgids`` are signalled as they are.
-    """
-    if not _HAVE_PROC:
-        for pgid in pgids:
-            _killpg(pgid)
-        return
-    own = {os.getpid(), os.getpgrp()}
-    for _ in range(_SWEEP_ROUNDS):
-        marked = [(pid, pgid) for pid, pgid in _marked_processes(root) if pid not in own]
-        if not marked:
-            return
-        for pid, pgid in marked:
-            if pgid in pgids and pgid not in own:
-                _killpg(pgid)
-            if sweep:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-        if not sweep:
-            return
-        # Give the kernel a moment to tear the killed processes down before re-scanning.
-        time.sleep(_SWEEP_PAUSE_SECONDS)
-
-
-def _marked_processes(root: str) -> list[tuple[int, int]]:
-    """(pid, pgid) of each live process whose environment has ``AGENTCOMPASS_SANDBOX=root``."""
-    return _scan_marked({root}).get(root, [])
-
-
-_TAG_PREFIX = f"{SANDBOX_ENV}=".encode()
-
-
-def _scan_marked(roots: Collection[str]) -> dict[str, list[tuple[int, int]]]:
-    """Blocking: one pass over ``/proc``; for each of ``roots``, the (pid, pgid)
-    of each live process marked with it (roots with none are absent)."""
-    wanted = {f"{SANDBOX_ENV}={root}".encode(): root for root in roots}
-    found: dict[str, list[tuple[int, int]]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-            # A zombie has an empty environ and is already dead: it never matches.
-            if _TAG_PREFIX not in environ:
-                continue
-            for item in environ.split(b"\0"):
-                root = wanted.get(item)
-                if root is not None:
-                    found.setdefault(root, []).append((pid, os.getpgid(pid)))
-        except (OSError, ValueError):
-            continue  # gone, or not ours to read
-    return found
-
-
-class _Scanner:
-    """Shares ``/proc`` scans between the sessions of one Trio run that close
-    at the same time: a scan serves every root registered before it started,
-    so N concurrent closes cost a few scans instead of N."""
-
-    def __init__(self, scan: Callable[[Collection[str]], dict[str, list[tuple[int, int]]]] = _scan_marked) -> None:
-        self._scan_fn = scan
-        self._pending: set[str] = set()
-        self._results: dict[str, list[tuple[int, int]]] = {}
-        self._started = 0  # scans begun
-        self._finished = 0  # scans ended (successfully or not)
-        self._scanning = False
-        self._changed = trio.Event()
-
-    async def marked(self, root: str) -> list[tuple[int, int]]:
-        """The processes marked with ``root`` per a scan begun after this call."""
-        self._pending.add(root)
-        self._results.pop(root, None)
-        needed = self._started + 1
-        try:
-            while self._finished < needed or root not in self._results:
-                if self._scanning:
-                    await self._changed.wait()
-                    continue
-                if self._finished >= needed:
-                    # A scan that included this root failed: run one more.
-                    needed = self._started + 1
-                await self._scan()
-            return self._results.pop(root)
-        finally:
-            self._pending.discard(root)
-            self._results.pop(root, None)
-
-    async def _scan(self) -> None:
-        self._scanning = True
-        self._started += 1
-        roots = set(self._pending)
-        try:
-            found = await trio.to_thread.run_sync(self._scan_fn, roots, abandon_on_cancel=True)
-            for root in roots:
-                self._results[root] = found.get(root, [])
-        finally:
-            self._finished = self._started
-            self._scanning = False
-            self._changed.set()
-            self._changed = trio.Event()
-
-
-_SCANNER: trio.lowlevel.RunVar[_Scanner] = trio.lowlevel.RunVar("agentcompass_local_scanner")
-
-
-async def _sweep_marked(root: str, pgids: Collection[int]) -> None:
-    """Like :func:`_kill_sandbox_processes` with ``sweep``, on shared scans."""
-    try:
-        scanner = _SCANNER.get()
-    except LookupError:
-        scanner = _Scanner()
-        _SCANNER.set(scanner)
-    own = {os.getpid(), os.getpgrp()}
-    for _ in range(_SWEEP_ROUNDS):
-        marked = [(pid, pgid) for pid, pgid in await scanner.marked(root) if pid not in own]
-        if not marked:
-            return
-        for pid, pgid in marked:
-            if pgid in pgids and pgid not in own:
-                _killpg(pgid)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        # Give the kernel a moment to tear the killed processes down before re-scanning.
-        await trio.sleep(_SWEEP_PAUSE_SECONDS)

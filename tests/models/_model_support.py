@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-
-import trio
 
 import agentcompass
 from agentcompass import ComponentRef, ExecutionSpec, ModelSpec, Orchestration, RunRequest, Secret
@@ -18,18 +15,6 @@ REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "benchmarks_data" / "terminal-smoke"
 QA = REPO / "benchmarks_data" / "qa" / "questions.jsonl"
 KEY = "sk-test-model-key-0123456789"
-
-
-@asynccontextmanager
-async def serving(script: Any):
-    """A running :class:`ModelServer` for ``script`` (stopped on the way out)."""
-    server = ModelServer(script)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
 
 
 def model(server: ModelServer, **kwargs: Any) -> ModelSpec:

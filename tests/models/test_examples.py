@@ -6,7 +6,7 @@ import pytest
 from _model_support import REPO
 
 import agentcompass
-from agentcompass._config import preflight
+from agentcompass._preflight import preflight
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 import yaml
-from _model_support import KEY, REPO, SMOKE, details, launch, react_request, retries, serving
+from _common import serving
+from _model_support import KEY, REPO, SMOKE, details, launch, react_request, retries
 
 from agentcompass import ExecutionSpec
 from agentcompass.testing.model_server import echo_headers, episode, text, tool_call

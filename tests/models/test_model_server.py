@@ -10,7 +10,8 @@ import sys
 import httpx
 import pytest
 import trio
-from _model_support import REPO, serving
+from _common import serving
+from _model_support import REPO
 
 from agentcompass.testing import hang_guard
 from agentcompass.testing.model_server import RecordedRequest, episode, load_script, text

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import attrs
 import pytest
-from _model_support import KEY, QA, details, launch, model, retries, serving
+from _common import serving
+from _model_support import KEY, QA, details, launch, model, retries
 
 from agentcompass import ComponentError, ComponentRef, ExecutionSpec, ModelSpec, RunRequest, Secret
 from agentcompass.benchmarks.qa import QABenchmark, normalize_answer

@@ -8,7 +8,8 @@ import sys
 
 import attrs
 import pytest
-from _model_support import details, launch, react_request, retries, serving
+from _common import serving
+from _model_support import details, launch, react_request, retries
 
 from agentcompass import ExecutionSpec
 from agentcompass.testing import hang_guard

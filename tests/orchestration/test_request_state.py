@@ -1,4 +1,4 @@
-"""A request's state pieces: the phase's allowed steps, waiting for a phase,
+"""A request's state pieces: the stage's allowed steps, waiting for a stage,
 tasks settling, late records counted."""
 
 from __future__ import annotations
@@ -8,53 +8,53 @@ import trio
 import trio.testing
 
 from agentcompass import TaskSpec
-from agentcompass._orchestration._request_state import Life, Phase, Tally, Tasks
+from agentcompass._orchestration._request_state import Landing, Life, Stage, Tally, Tasks
 from agentcompass.runtime._results import TaskRecord
 
-#: The step :class:`Life.advance` allows from each phase.
+#: The step :class:`Life.advance` allows from each stage.
 ALLOWED = {
-    (Phase.WAITING, Phase.PREPARING),
-    (Phase.WAITING, Phase.DISPATCHED),
-    (Phase.PREPARING, Phase.RUNNING),
-    (Phase.PREPARING, Phase.DISPATCHED),
-    (Phase.RUNNING, Phase.DISPATCHED),
-    (Phase.DISPATCHED, Phase.TALLIED),
-    (Phase.TALLIED, Phase.FINALIZED),
+    (Stage.WAITING, Stage.PREPARING),
+    (Stage.WAITING, Stage.DISPATCHED),
+    (Stage.PREPARING, Stage.RUNNING),
+    (Stage.PREPARING, Stage.DISPATCHED),
+    (Stage.RUNNING, Stage.DISPATCHED),
+    (Stage.DISPATCHED, Stage.TALLIED),
+    (Stage.TALLIED, Stage.FINALIZED),
 }
 
 
-@pytest.mark.parametrize("start", list(Phase))
-@pytest.mark.parametrize("to", list(Phase))
-def test_a_phase_moves_only_by_an_allowed_step(start: Phase, to: Phase) -> None:
+@pytest.mark.parametrize("start", list(Stage))
+@pytest.mark.parametrize("to", list(Stage))
+def test_a_stage_moves_only_by_an_allowed_step(start: Stage, to: Stage) -> None:
     life = Life(start)
     if (start, to) in ALLOWED:
         life.advance(to)
-        assert life.phase is to
+        assert life.stage is to
     else:
         with pytest.raises(RuntimeError, match=f"from {start.name} to {to.name}"):
             life.advance(to)
-        assert life.phase is start
+        assert life.stage is start
 
 
-async def test_reached_waits_for_the_phase_and_checkpoints_when_there() -> None:
+async def test_reached_waits_for_the_stage_and_checkpoints_when_there() -> None:
     life = Life()
-    seen: list[Phase] = []
+    seen: list[Stage] = []
 
     async def waiter() -> None:
-        await life.reached(Phase.DISPATCHED)
-        seen.append(life.phase)
+        await life.reached(Stage.DISPATCHED)
+        seen.append(life.stage)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
-        for phase in (Phase.PREPARING, Phase.RUNNING):
-            life.advance(phase)
+        for stage in (Stage.PREPARING, Stage.RUNNING):
+            life.advance(stage)
             await trio.testing.wait_all_tasks_blocked()
             assert seen == []
-        life.advance(Phase.DISPATCHED)
-    assert seen == [Phase.DISPATCHED]
-    life.advance(Phase.TALLIED)
+        life.advance(Stage.DISPATCHED)
+    assert seen == [Stage.DISPATCHED]
+    life.advance(Stage.TALLIED)
     with trio.testing.assert_checkpoints():
-        await life.reached(Phase.DISPATCHED)
+        await life.reached(Stage.DISPATCHED)
 
 
 async def test_until_settled_and_until_saved_wake_when_none_is_left() -> None:
@@ -85,11 +85,39 @@ async def test_until_settled_and_until_saved_wake_when_none_is_left() -> None:
 def test_late_records_are_counted_and_no_longer_unfinished() -> None:
     tally = Tally()
     tally.unfinished = {"a": TaskSpec("a"), "b": TaskSpec("b")}
-    assert not tally.count_late()
+    assert not tally.recount_late(finalized=True)
     tally.late.append(TaskRecord("a", None, [], "fatal"))
-    assert tally.count_late()
+    assert tally.recount_late(finalized=True)
     assert list(tally.unfinished) == ["b"] and [r.task_id for r in tally.records] == ["a"]
     assert tally.counts["fatal"] == 1 and tally.late == []
+
+
+def test_late_records_before_the_terminal_results_are_left_to_finalize() -> None:
+    tally = Tally()
+    tally.unfinished = {"a": TaskSpec("a")}
+    tally.late.append(TaskRecord("a", None, [], "normal"))
+    assert not tally.recount_late(finalized=False)
+    assert tally.late == [] and tally.records == [] and list(tally.unfinished) == ["a"]
+
+
+async def test_a_landing_wakes_its_record_once_every_checkpoint_sent_landed() -> None:
+    landing = Landing()
+    woke = trio.Event()
+
+    async def record() -> None:
+        await landing.wait()
+        woke.set()
+
+    landing.send()
+    landing.send()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(record)
+        await trio.testing.wait_all_tasks_blocked()
+        landing.landed(0, durable=True)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not woke.is_set()
+        landing.landed(1, durable=False)  # given up: the record holds the attempt
+    assert woke.is_set() and landing.durable == {0} and landing.count == 0
 
 
 def test_only_the_first_failures_are_noted() -> None:

@@ -60,13 +60,18 @@ async def census(prefix: str) -> list[str]:
 
 
 async def wait_for_file(session, path: str, seconds: float = 10) -> bytes:  # type: ignore[no-untyped-def]
-    """Poll a file a real process inside writes (bounded)."""
-    with trio.fail_after(seconds):
-        while True:
-            try:
-                return await session.read_file(path)
-            except FileNotFoundError:
-                await trio.sleep(0.02)
+    """What a real process inside writes to ``path``, once it is there (the shared bounded poll)."""
+    content: list[bytes] = []
+
+    async def written() -> bool:
+        try:
+            content.append(await session.read_file(path))
+        except FileNotFoundError:
+            return False
+        return True
+
+    await poll_until(written, f"{path} in session {session.name}", seconds)
+    return content[-1]
 
 
 async def first_line(process: trio.Process) -> bytes:

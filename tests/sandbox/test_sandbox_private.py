@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import trio
+from _common import poll_until
 from _sandbox_support import census, requires_sandbox, wait_for_file
-from agentcompass_sandbox import SandboxEnvironment, _host
+from agentcompass_sandbox import SandboxEnvironment, SandboxSession, _host
 from agentcompass_sandbox._private import SOURCE_PREFIX
 
 from agentcompass import IssueError, NetworkPolicy
@@ -111,8 +112,11 @@ async def test_a_daemon_left_running_cannot_touch_the_private_directory(provider
                 assert after > before, (before, after)
             shared = await session.exec("cat /logs/verifier*/reward.txt")
             assert "1" in shared.stdout.split(), shared
-            # No process of the verifier was ever visible to the daemon.
-            await trio.sleep(0.2)
+            # No process of the verifier was ever visible to the daemon: its
+            # list of what it saw, written after the last verifier ended (two
+            # count writes on: the count goes before the list in a round).
+            now = await daemon_count(session)
+            await poll_until(lambda: counted_past(session, now + 20), "the daemon's next list of processes")
             seen = await session.read_file("/app/seen")
             assert b"daemon.py" in seen
             assert MARKER.encode() not in seen
@@ -120,6 +124,15 @@ async def test_a_daemon_left_running_cannot_touch_the_private_directory(provider
             assert alive.exit_code == 0, alive
         finally:
             await session.close()
+
+
+async def daemon_count(session: SandboxSession) -> int:
+    """The rounds a test's daemon has counted in ``/app/count`` (written every 20)."""
+    return int(await session.read_file("/app/count"))
+
+
+async def counted_past(session: SandboxSession, count: int) -> bool:
+    return await daemon_count(session) > count
 
 
 async def test_returned_files_respect_max_bytes_and_skip_links_and_fifos(
@@ -206,8 +219,7 @@ async def test_a_daemon_rewriting_the_tests_cannot_change_the_reward(provider: S
                 )
                 assert result.exit_code == 0, result
                 rewards.append(files.get("reward.txt"))
-                await trio.sleep(0.05)
-                assert int(await session.read_file("/app/count")) > before  # the daemon was at work
+                await poll_until(lambda n=before: counted_past(session, n), "the daemon to go on working")
             assert rewards == [b"0\n"] * 5
             # What the daemon struck is the session's own copy, which the runs never used.
             assert await session.read_file("/tests/test.sh") == b"echo 1 > /logs/verifier/reward.txt\n"

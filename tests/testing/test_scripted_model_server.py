@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import httpx
 import pytest
 import trio
+from _common import serving
 
 from agentcompass.testing import hang_guard
 from agentcompass.testing.model_server import (
@@ -30,17 +30,6 @@ from agentcompass.testing.model_server import (
 )
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@asynccontextmanager
-async def serving(script: Any):
-    server = ModelServer(script)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve)
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
 
 
 def refused(base_url: str) -> bool:

@@ -4,17 +4,19 @@ in this Trio run or as ``compass sandbox serve`` subprocesses."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
-from agentcompass_remote import PROTOCOL_VERSION, SandboxServer, serve_sandboxes
+from _common import poll_until
+from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment, SandboxServer, serve_sandboxes
+
+from agentcompass import NetworkPolicy
+from agentcompass.environments.local import LocalEnvironment
 
 try:
     import agentcompass_sandbox
@@ -28,7 +30,8 @@ SANDBOX_PROBLEM = (
 #: Tests of ``remote`` backed by ``sandbox``, skipped with the sandbox's own
 #: preflight message where this host cannot run it.
 requires_sandbox = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=SANDBOX_PROBLEM or "")
-#: How long a test waits for a real process or server to reach a state.
+#: How long a test waits for a real process or server to reach a state
+#: (``poll_until`` from the suite's ``_common``, as ``processes_marked``).
 WAIT_SECONDS = 20.0
 
 
@@ -44,17 +47,29 @@ class InProcess:
     async def settled_count(self) -> int:
         """The number of sandbox directories once the server has no session
         open or opening (a session whose client went away closes on its own)."""
-        await wait_for(lambda: self.server.load == 0, "the server to close its sessions")
+        await poll_until(lambda: self.server.load == 0, "the server to close its sessions", WAIT_SECONDS)
         return len(self.sandboxes())
 
 
-async def wait_for(condition: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:
-    """Poll a real condition (a server, a process) with a bounded loop."""
-    with trio.move_on_after(seconds):
-        while not condition():  # noqa: ASYNC110 - a process or server we do not own: nothing to wait on
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+def remote(url: str | list[str], **config: object) -> RemoteEnvironment:
+    """The ``remote`` provider on ``url`` (one server or a pool), with the tests' token."""
+    return RemoteEnvironment({"url": url, "token": TOKEN, **config})
+
+
+async def exec_locally_and_remotely(url: str, root: Path, command: str, max_output_bytes: int) -> tuple[Any, Any]:
+    """``command``'s result on ``local`` under ``root`` and through the server at
+    ``url``, both keeping ``max_output_bytes`` per stream: (local, remote)."""
+    results = []
+    for env in (
+        LocalEnvironment({"root": str(root), "max_output_bytes": max_output_bytes}),
+        remote(url, provider_config={"max_output_bytes": max_output_bytes}),
+    ):
+        session = await env.open(None, NetworkPolicy())
+        try:
+            results.append(await session.exec(command))
+        finally:
+            await session.close()
+    return results[0], results[1]
 
 
 async def start_in_process(nursery: trio.Nursery, root: Path, **options: Any) -> InProcess:
@@ -97,23 +112,6 @@ def serve_command(token_file: Path, root: Path, port: int = 0, *extra: str) -> l
         f"{root}.state",
         *extra,  # a later --state-dir wins
     ]
-
-
-def processes_marked(root: Path) -> list[int]:
-    """Live processes started by a ``local`` sandbox under ``root`` (they carry
-    ``AGENTCOMPASS_SANDBOX=<their sandbox>`` in their environment)."""
-    needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if any(item.startswith(needle) for item in f.read().split(b"\0")):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 async def start_spawned(token_file: Path, root: Path, port: int = 0, *extra: str) -> Spawned:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from _remote_support import TOKEN, processes_marked, start_in_process, start_spawned
+from _common import processes_marked
+from _remote_support import TOKEN, start_in_process, start_spawned
 from agentcompass_remote import RemoteEnvironment
 
 from agentcompass import IssueError, NetworkPolicy

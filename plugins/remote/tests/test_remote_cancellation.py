@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from _remote_support import TOKEN, InProcess, processes_marked, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, InProcess
 from agentcompass_remote import RemoteEnvironment
 
 from agentcompass import NetworkPolicy
@@ -84,7 +85,7 @@ async def test_exec_cancelled_at_every_step_leaves_no_process_and_a_working_sess
         with hang_guard(240):
             for n in range(1, MAX_STEPS):
                 landed, _ = await _cancelled_at(n, lambda: session.exec("sleep 0.05; echo done"))
-                await wait_for(lambda: processes_marked(sandbox) == [], f"no process after a cancel at step {n}")
+                await poll_until(lambda: processes_marked(sandbox) == [], f"no process after a cancel at step {n}")
                 assert (await session.exec("echo alive")).stdout == "alive\n", n
                 if not landed:
                     break

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, InProcess, requires_sandbox, start_in_process, wait_for
+from _common import poll_until
+from _remote_support import TOKEN, InProcess, requires_sandbox, start_in_process
 from agentcompass_remote import RemoteEnvironment, SandboxServer, serve_sandboxes
 
 from agentcompass import NetworkPolicy
@@ -60,7 +61,7 @@ async def test_remote_backed_by_sandbox_conforms(nursery: trio.Nursery):
     tag = f"r{secrets.token_hex(4)}"
 
     async def count() -> int:
-        await wait_for(lambda: server.load == 0, "the server to close its sessions")
+        await poll_until(lambda: server.load == 0, "the server to close its sessions")
         root = sandbox_host.STATE_ROOT
         # Only this test's sessions (named by the remote provider or with the
         # kit's tag): other runs on this host share the state root.

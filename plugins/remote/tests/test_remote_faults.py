@@ -4,13 +4,16 @@ pool and the run succeeds; a restarted server is used again."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import signal
 from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, processes_marked, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN
 from agentcompass_remote import RemoteEnvironment
 
 import agentcompass
@@ -56,7 +59,7 @@ async def test_a_killed_server_fails_its_sessions_and_is_used_again_once_restart
 
 SOLVE = """#!/bin/bash
 touch "{shared}/started-$$-$RANDOM"
-for i in $(seq 1 3000); do [ -f "{shared}/go" ] && break; sleep 0.01; done
+flock -s -w 60 "{shared}/go" true  # the test holds it until it lets every task go on
 echo done > "${{APP_DIR:-/app}}/out.txt"
 """
 TEST = """#!/bin/bash
@@ -97,15 +100,20 @@ async def test_a_server_killed_during_a_run_is_retried_on_another_and_the_run_su
         result = await agentcompass.launch(Orchestration([request], task_concurrency=6))
 
     victim = servers[0]
-    with hang_guard(240):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run)
-            await wait_for(lambda: len(list(shared.glob("started-*"))) >= 6, "every task to start")
-            on_victim = len(list(victim.root.iterdir()))
-            assert on_victim >= 1  # the pool spread the six sessions over its servers
-            victim.process.send_signal(signal.SIGKILL)
-            await victim.process.wait()
-            (shared / "go").touch()
+    go = os.open(shared / "go", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC)
+    try:
+        fcntl.flock(go, fcntl.LOCK_EX)
+        with hang_guard(240):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await poll_until(lambda: len(list(shared.glob("started-*"))) >= 6, "every task to start")
+                on_victim = len(list(victim.root.iterdir()))
+                assert on_victim >= 1  # the pool spread the six sessions over its servers
+                victim.process.send_signal(signal.SIGKILL)
+                await victim.process.wait()
+                fcntl.flock(go, fcntl.LOCK_UN)  # every task goes on, and a retried one does not wait
+    finally:
+        os.close(go)
     assert result is not None and result.status == "succeeded", result
     run_dir = Path(result.requests[0].run_dir)
     records = [json.loads(p.read_text()) for p in (run_dir / "details" / "normal").glob("*.json")]
@@ -138,7 +146,7 @@ async def test_reap_destroys_what_a_killed_server_left_once_it_is_back(spawn):
     await env.reap(handle)
     await env.reap(handle)  # idempotent
     assert not sandbox.exists()
-    await wait_for(lambda: processes_marked(sandbox) == [], "the sandbox's processes to be gone", seconds=5)
+    await poll_until(lambda: processes_marked(sandbox) == [], "the sandbox's processes to be gone", seconds=5)
     with pytest.raises(IssueError) as unconfirmed:  # the killed server never confirmed it
         await session.close()
     assert unconfirmed.value.code == "cleanup_failed"

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import trio
-from _remote_support import TOKEN, processes_marked, start_in_process, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, start_in_process
 
 SOLVE = 'touch "{shared}/started"; sleep 1000\n'
 TEST = 'echo 0 > "${LOGS_DIR:-/logs}/verifier/reward.txt"\n'
@@ -46,11 +47,11 @@ async def test_a_killed_driver_leaves_nothing_and_compass_reap_reaches_the_serve
         stderr=subprocess.DEVNULL,
     )
     try:
-        await wait_for(lambda: (shared / "started").exists(), "the task to start")
+        await poll_until(lambda: (shared / "started").exists(), "the task to start")
         assert served.server.load == 1
         driver.send_signal(signal.SIGKILL)
         await driver.wait()
-        await wait_for(lambda: served.server.load == 0, "the server to close the orphaned session", seconds=3 + 1)
+        await poll_until(lambda: served.server.load == 0, "the server to close the orphaned session", seconds=3 + 1)
     finally:
         if driver.returncode is None:
             driver.kill()

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio_websocket
-from _remote_support import TOKEN, InProcess, ask, open_raw, processes_marked, start_in_process, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, InProcess, ask, open_raw, start_in_process
 from agentcompass_remote import PROTOCOL_VERSION, RemoteEnvironment
 
 from agentcompass import IssueError, NetworkPolicy
@@ -173,12 +174,12 @@ async def test_a_client_killed_mid_exec_leaves_no_session_and_no_process(nursery
             while not line.endswith(b"\n"):
                 line += await client.stdout.receive_some(4096)
         sandbox = Path(json.loads(line)["inner"]["path"])
-        await wait_for(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
+        await poll_until(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
         assert processes_marked(sandbox)  # bash and sleep are running
         client.send_signal(signal.SIGKILL)
         await client.wait()
         killed_at = trio.current_time()
-        await wait_for(lambda: served.server.load == 0, "the server to close the session", seconds=3.0 + 1)
+        await poll_until(lambda: served.server.load == 0, "the server to close the session", seconds=3.0 + 1)
         assert trio.current_time() - killed_at <= 3.0
         assert not sandbox.exists()
         assert processes_marked(sandbox) == []

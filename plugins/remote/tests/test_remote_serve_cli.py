@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, processes_marked, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN
 from agentcompass_remote import RemoteEnvironment
 
 from agentcompass import IssueError, NetworkPolicy
@@ -70,7 +71,7 @@ async def test_sigterm_closes_every_session_within_the_grace_and_exits(spawn, tm
     async with trio.open_nursery() as nursery:
         # One session is mid-exec when the signal comes.
         nursery.start_soon(exec_until_the_server_goes)
-        await wait_for(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
+        await poll_until(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
         served.process.send_signal(signal.SIGTERM)
         signalled = trio.current_time()
         with trio.fail_after(3 + 5):

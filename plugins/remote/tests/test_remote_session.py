@@ -10,15 +10,11 @@ from pathlib import Path
 import pytest
 import trio
 import trio_websocket
-from _remote_support import TOKEN, InProcess, hello, processes_marked, start_in_process, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, InProcess, exec_locally_and_remotely, hello, remote, start_in_process
 from agentcompass_remote import RemoteEnvironment
 
 from agentcompass import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
-from agentcompass.environments.local import LocalEnvironment
-
-
-def remote(url: str | list[str], **config: object) -> RemoteEnvironment:
-    return RemoteEnvironment({"url": url, "token": TOKEN, **config})
 
 
 async def test_exec_runs_like_local(server: InProcess):
@@ -40,7 +36,7 @@ async def test_a_timeout_kills_the_tree_and_the_session_goes_on(server: InProces
     try:
         result = await session.exec("echo before; sleep 1000 & wait", timeout=0.5)
         assert (result.exit_code, result.timed_out, result.stdout) == (124, True, "before\n")
-        await wait_for(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
+        await poll_until(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
         assert (await session.exec("echo again")).stdout == "again\n"
     finally:
         await session.close()
@@ -52,9 +48,9 @@ async def test_a_cancelled_exec_kills_the_tree_on_the_server_and_the_session_goe
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.exec, 'sleep 1000 & touch "$APP_DIR/started"; wait')
-            await wait_for(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
+            await poll_until(lambda: (sandbox / "app" / "started").exists(), "the exec to start")
             nursery.cancel_scope.cancel()
-        await wait_for(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
+        await poll_until(lambda: processes_marked(sandbox) == [], "the killed processes to be gone", seconds=5)
         assert (await session.exec("echo again")).stdout == "again\n"
     finally:
         await session.close()
@@ -62,18 +58,7 @@ async def test_a_cancelled_exec_kills_the_tree_on_the_server_and_the_session_goe
 
 async def test_output_is_truncated_as_the_provider_truncates_it(nursery: trio.Nursery, tmp_path: Path):
     served = await start_in_process(nursery, tmp_path / "remote")
-    command = "seq 1 100000; seq 1 50000 >&2"
-    local = LocalEnvironment({"root": str(tmp_path), "max_output_bytes": 1000})
-    session = await local.open(None, NetworkPolicy())
-    try:
-        expected = await session.exec(command)
-    finally:
-        await session.close()
-    session = await remote(served.url, provider_config={"max_output_bytes": 1000}).open(None, NetworkPolicy())
-    try:
-        got = await session.exec(command)
-    finally:
-        await session.close()
+    expected, got = await exec_locally_and_remotely(served.url, tmp_path, "seq 1 100000; seq 1 50000 >&2", 1000)
     assert got == expected
     assert got.stdout.startswith("[... ") and got.stdout.endswith("\n100000\n") and len(got.stdout) == 1000
 

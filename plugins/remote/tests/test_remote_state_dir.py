@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from _remote_support import TOKEN, processes_marked, start_in_process, wait_for
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, start_in_process
 from agentcompass_remote import RemoteEnvironment
 
 import agentcompass
@@ -109,7 +110,7 @@ async def test_a_run_on_a_server_killed_mid_run_journals_no_close_and_nothing_is
     with hang_guard(120):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(agentcompass.launch, Orchestration([request], task_concurrency=3))
-            await wait_for(lambda: len(list(shared.glob("started-*"))) == 3, "every task to start")
+            await poll_until(lambda: len(list(shared.glob("started-*"))) == 3, "every task to start")
             served.process.send_signal(signal.SIGKILL)
             await served.process.wait()
     [run_dir] = (tmp_path / "runs" / "killed-server").iterdir()

@@ -10,17 +10,14 @@ from typing import Any, ClassVar
 
 import trio
 import trio.testing
-from _remote_support import TOKEN, InProcess, processes_marked, start_in_process, wait_for
-from agentcompass_remote import RemoteEnvironment, SandboxServer, serve_sandboxes
+from _common import poll_until, processes_marked
+from _remote_support import TOKEN, InProcess, exec_locally_and_remotely, remote, start_in_process
+from agentcompass_remote import SandboxServer, serve_sandboxes
 
 from agentcompass import EnvironmentSession, ExecResult, NetworkPolicy, register
 from agentcompass.environments.local import LocalEnvironment
 
 HANG_GUARD = 30
-
-
-def remote(url: str, **config: object) -> RemoteEnvironment:
-    return RemoteEnvironment({"url": url, "token": TOKEN, **config})
 
 
 async def test_output_over_the_limit_reaches_the_driver_before_the_command_exits(server: InProcess):
@@ -109,17 +106,7 @@ async def test_exec_result_over_the_limit_is_the_providers_marker_and_tail(nurse
     served = await start_in_process(nursery, tmp_path / "remote")
     # Invalid UTF-8 on both streams, cut mid-character: decoding must match too.
     command = "for i in $(seq 1 3000); do printf 'line %d \\xe2\\x82\\xac \\xff\\n' $i; done; seq 1 20000 >&2"
-    local = LocalEnvironment({"root": str(tmp_path), "max_output_bytes": 5001})
-    session = await local.open(None, NetworkPolicy())
-    try:
-        expected = await session.exec(command)
-    finally:
-        await session.close()
-    session = await remote(served.url, provider_config={"max_output_bytes": 5001}).open(None, NetworkPolicy())
-    try:
-        got = await session.exec(command)
-    finally:
-        await session.close()
+    expected, got = await exec_locally_and_remotely(served.url, tmp_path, command, 5001)
     assert got == expected
     assert got.stdout.startswith("[... ") and "earlier bytes dropped ...]\n" in got.stdout
     assert got.stderr.endswith("\n20000\n")
@@ -147,7 +134,7 @@ async def test_a_cancelled_exec_mid_stream_leaves_the_session_usable(server: InP
                 nursery.start_soon(run)
                 await flowing.wait()
                 nursery.cancel_scope.cancel()  # output is in flight on every hop
-            await wait_for(lambda: processes_marked(sandbox) == [], "cat to be killed", seconds=10)
+            await poll_until(lambda: processes_marked(sandbox) == [], "cat to be killed", seconds=10)
             assert (await session.exec("echo again")).stdout == "again\n"
     finally:
         await session.close()
