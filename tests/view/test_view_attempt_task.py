@@ -101,9 +101,9 @@ async def test_terminal_attempt_shows_its_instruction_and_logs_from_static_files
     demo_run: Path, browser: Browser, tmp_path: Path
 ) -> None:
     instruction = (ROOT / "benchmarks_data" / "terminal-smoke" / "reverse-lines" / "instruction.md").read_text()
+    # The run kept what the verifier left in /logs/verifier.
     logs = demo_run / "tasks" / "reverse-lines" / "attempt-0" / "logs" / "verifier"
-    logs.mkdir(parents=True)
-    (logs / "reward.txt").write_text("0\n")
+    assert (logs / "reward.txt").read_text() == "0\n"
     out = tmp_path / "site"
     with trio.fail_after(60):
         await trio.run_process([COMPASS, "view", str(demo_run), "--out", str(out)], capture_stdout=True, capture_stderr=True)

@@ -103,7 +103,7 @@ def test_under_sandbox_they_need_their_image_unless_host_userland(tmp_path: Path
     assert set(map(tuple, codes.values())) == {(("fatal", "image_required"),)}, codes
     metrics = read_json(run / "metrics.json")
     assert metrics["evaluation_failed"] is True and metrics["series"]["reward"]["value"] is None
-    assert "no official score" in (run / "summary.md").read_text()
+    assert "no official score" in (run / "summary.md").read_text().lower()
 
     done, run = _launch(_config(tmp_path, "host", sandbox, {"path": str(IMAGES), "host_userland": True}), tmp_path)
     assert done.returncode in (0, 1), done.stderr[-3000:]
@@ -129,7 +129,8 @@ def test_under_local_the_literal_path_tasks_are_refused_and_the_hosts_root_untou
 _LIST_EVERYTHING = """#!/usr/bin/env bash
 mkdir -p /logs/agent
 find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /logs \\) -prune -o -print 2>/dev/null > /logs/agent/files.txt
-grep -rls --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev --exclude-dir=logs SECRET-ANSWER / > /logs/agent/secret.txt 2>/dev/null
+pattern=SECRET; pattern="$pattern-ANSWER"  # not written whole here: this script is on the disk too
+grep -rls --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev --exclude-dir=logs "$pattern" / > /logs/agent/secret.txt 2>/dev/null
 sed -n 's/^build=//p' /etc/build-info > /app/build.txt
 """
 
@@ -225,14 +226,14 @@ def test_sigkill_of_a_docker_launch_at_random_instants_then_reuse_leaves_nothing
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=60)
-        [run_dir] = run_dirs() - before
-        for path_ in run_dir.glob("details/*/*.json"):
-            record = read_json(path_)
-            for attempt in record["attempts"]:
-                finished_by.setdefault((record["task_id"], attempt["attempt"]), index)
-        for path_ in run_dir.glob("tasks/*/attempt-*/checkpoint.json"):
-            data = read_json(path_)
-            finished_by.setdefault((data["task_id"], data["record"]["attempt"]), index)
+        for run_dir in run_dirs() - before:  # none when the kill came before the run directory
+            for path_ in run_dir.glob("details/*/*.json"):
+                record = read_json(path_)
+                for attempt in record["attempts"]:
+                    finished_by.setdefault((record["task_id"], attempt["attempt"]), index)
+            for path_ in run_dir.glob("tasks/*/attempt-*/checkpoint.json"):
+                data = read_json(path_)
+                finished_by.setdefault((data["task_id"], data["record"]["attempt"]), index)
 
     before = run_dirs()
     final = subprocess.run(command + ["--reuse"], capture_output=True, text=True, timeout=600)
