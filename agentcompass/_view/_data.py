@@ -128,6 +128,15 @@ class RunData:
             "ended_at": info.get("ended_at"),
         }
 
+    def signature(self) -> tuple[tuple[int, int] | None, ...]:
+        """The state of the files a run page is read from (their mtimes and
+        sizes, and those of the ``details/`` directories, which every record
+        written renames into): equal signatures, equal pages, once no row is
+        a placeholder and the run is not live."""
+        names = ("run_info.json", "metrics.json", "progress.json", "progress.jsonl")
+        return (*(_stat_key(str(self.run_dir / n)) for n in names),
+                *(_stat_key(str(self.run_dir / "details" / s)) for s in _SEVERITIES))
+
     def run(self, budget: float | None = None) -> dict[str, Any]:
         """Everything the run page shows, with one compact row per task.
 
@@ -355,10 +364,12 @@ class RunData:
 
     # ------------------------------------------------------------ attempt page
 
-    def task(self, key: str) -> dict[str, Any] | None:
+    def task(self, key: str, group: int = 1) -> dict[str, Any] | None:
         """A task's record with each trajectory replaced by its length and
-        chunk count, plus its discarded tries. A task that has no record yet
-        shows the attempts it has checkpointed."""
+        chunk count (``group`` of :data:`CHUNK_STEPS`-message chunks to a
+        file), plus its discarded tries. A trajectory of one chunk comes
+        inline (``trajectory_inline``), so a short attempt is one file. A
+        task that has no record yet shows the attempts it has checkpointed."""
         record = self._record(key)
         if record is None:
             return None
@@ -370,9 +381,11 @@ class RunData:
             if not isinstance(trajectory, Trajectory):
                 trajectory = Trajectory.of(trajectory)
             run_result["trajectory_steps"] = trajectory.steps
-            run_result["trajectory_chunks"] = len(trajectory.chunks)
-            run_result["trajectory_chunk_steps"] = CHUNK_STEPS
+            run_result["trajectory_chunks"] = -(-len(trajectory.chunks) // group)
+            run_result["trajectory_chunk_steps"] = CHUNK_STEPS * group
             run_result["tool_calls"] = trajectory.tool_calls
+            if len(trajectory.chunks) == 1:
+                run_result["trajectory_inline"] = json.loads(trajectory.chunks[0])
             attempt["run_result"] = run_result
             attempt["logs"] = list_logs(self._logs_dir(key, attempt.get("attempt")))
             attempts.append(attempt)
@@ -386,21 +399,29 @@ class RunData:
             "discarded": self._discarded(key),
         }
 
-    def trajectory_chunk(self, key: str, attempt_index: int, chunk: int) -> RawJSON | None:
+    def trajectory(self, key: str, attempt_index: int) -> Trajectory | None:
+        """The trajectory of one attempt of a task (or of its checkpoint)."""
         record = self._record(key)
         if record is None:
             return None
         for attempt in record.get("attempts") or []:
             if attempt.get("attempt") == attempt_index:
                 trajectory = (attempt.get("run_result") or {}).get("trajectory")
-                if not isinstance(trajectory, Trajectory):
-                    trajectory = Trajectory.of(trajectory)
-                if chunk == 0 and not trajectory.chunks:
-                    return RawJSON("[]")
-                if not 0 <= chunk < len(trajectory.chunks):
-                    return None
-                return RawJSON(trajectory.chunks[chunk])
+                return trajectory if isinstance(trajectory, Trajectory) else Trajectory.of(trajectory)
         return None
+
+    def trajectory_chunk(self, key: str, attempt_index: int, chunk: int, group: int = 1) -> RawJSON | None:
+        """Chunk ``chunk`` (of ``group`` stored chunks) of a trajectory as JSON text."""
+        trajectory = self.trajectory(key, attempt_index)
+        text = trajectory.group(chunk, group) if trajectory is not None else None
+        return None if text is None else RawJSON(text)
+
+    def find(self, key: str, attempt_index: int, query: str, group: int = 1) -> dict[str, Any] | None:
+        """The chunks (of ``group``) of a trajectory that may hold ``query``."""
+        trajectory = self.trajectory(key, attempt_index)
+        if trajectory is None:
+            return None
+        return {"query": query, "chunks": sorted({n // group for n in trajectory.find(query)})}
 
     def log_file(self, key: str, attempt_index: int, index: int) -> dict[str, Any] | None:
         """The ``index``-th kept log file of an attempt (see :mod:`._logs`)."""

@@ -44,7 +44,7 @@ class Trajectory:
     @classmethod
     def of(cls, messages: Any) -> Trajectory:
         messages = messages if isinstance(messages, list) else []
-        chunks = [json.dumps(messages[i : i + CHUNK_STEPS], separators=(",", ":"), default=str)
+        chunks = [json.dumps(messages[i : i + CHUNK_STEPS], separators=(",", ":"), default=str, ensure_ascii=False)
                   for i in range(0, len(messages), CHUNK_STEPS)]
         return cls(chunks, len(messages), sum(_tool_calls(m) for m in messages))
 
@@ -52,7 +52,24 @@ class Trajectory:
     def chars(self) -> int:
         return sum(len(c) for c in self.chunks)
 
+    def group(self, index: int, size: int) -> str | None:
+        """Chunks ``index * size`` to ``index * size + size - 1`` as one JSON
+        array (the static site's fewer, larger files); None past the end."""
+        parts = self.chunks[index * size : index * size + size]
+        if not parts:
+            return "[]" if index == 0 and not self.chunks else None
+        return "[" + ",".join(p[1:-1] for p in parts if len(p) > 2) + "]"
 
+    def find(self, query: str) -> list[int]:
+        """The chunks whose text holds ``query`` (case-insensitively, as it
+        is written in JSON): every chunk with a matching message, and maybe
+        a few more (a match in a key or across fields) that the page, which
+        matches message by message, passes over."""
+        needles = {json.dumps(query, ensure_ascii=False)[1:-1].lower(), json.dumps(query)[1:-1].lower()}
+        needles.discard("")
+        if not needles:
+            return []
+        return [n for n, chunk in enumerate(self.chunks) if any(needle in chunk.lower() for needle in needles)]
 
 
 def read_record(path: str) -> tuple[Any, int]:

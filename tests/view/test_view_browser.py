@@ -24,7 +24,7 @@ from view_helpers import (
     writer_lock,
 )
 
-from agentcompass._view import CHUNK_STEPS, Site, find_runs, serve
+from agentcompass._view import Site, find_runs, serve
 from agentcompass._view._browser import Browser
 
 HANG_GUARD = 120
@@ -193,37 +193,79 @@ async def test_large_task_table_renders_only_visible_rows(viewer, browser: Brows
         assert await browser.text("#task-count") == f"10 of {n:,} tasks"
 
 
-async def test_long_trajectory_loads_and_renders_incrementally(viewer, browser: Browser, tmp_path: Path) -> None:
-    steps = 2 * CHUNK_STEPS  # messages: 2 + 2 * steps, over several chunks
+async def test_long_trajectory_is_virtual_searchable_and_jumpable(viewer, browser: Browser, tmp_path: Path) -> None:
+    steps = 3000  # 6,002 messages over 13 chunks: what a 100,000-step one shows, smaller
     tasks = [task("long", attempt(trajectory=agent_trajectory(steps)))]
     run_dir = write_run(tmp_path / "runs", "long", "20260101T000000.000Z-0001", tasks)
     total = 2 + 2 * steps
+    state = "document.querySelector('#trajectory').dataset"
     with trio.fail_after(HANG_GUARD):
         url = await viewer([run_dir])
         await browser.goto(url + "#/run/0/task/long/0")
         await wait_ready(browser, "attempt")
-        await browser.wait_for("+document.querySelector('#trajectory').dataset.shown > 0")
-        first = int(await browser.execute("return document.querySelector('#trajectory').dataset.shown"))
-        assert first < total  # not everything at once
-        shown = first
-        while shown < total:
-            await browser.execute("window.scrollTo(0, document.body.scrollHeight)")
-            await browser.wait_for(f"+document.querySelector('#trajectory').dataset.shown > {shown}")
-            shown = int(await browser.execute("return document.querySelector('#trajectory').dataset.shown"))
-        assert len(await browser.find_all(".msg")) == total
-        assert f"all {total:,} messages" == await browser.text("#trajectory-more")
+        await browser.wait_for(f"{state}.first === '0' && !document.querySelector('#trajectory .msg.loading')")
+        # The scrollbar spans every message; only those on screen are in the DOM.
+        box = await browser.execute("const b = document.querySelector('#trajectory-box');"
+                                    " return [b.scrollHeight, b.clientHeight]")
+        assert box[0] - box[1] >= (total - 1) * 90
+        positions = [k / 12 for k in range(13)]
+        for fraction in positions + positions[::-1]:  # first to last and back
+            await browser.execute("const b = document.querySelector('#trajectory-box');"
+                                  " b.scrollTop = arguments[0] * (b.scrollHeight - b.clientHeight)", fraction)
+            expected = min(total - 1, round(fraction * (total - 1)))
+            await browser.wait_for(f"Math.abs(+{state}.first - arguments[0]) <= 12 && !document.querySelector('#trajectory .msg.loading')",
+                                   expected)
+            shown = await browser.execute("return [...document.querySelectorAll('#trajectory .msg')].map(m => +m.dataset.index)")
+            assert len(shown) < 40 and shown == list(range(shown[0], shown[0] + len(shown))), shown
+            if fraction == 1:
+                assert shown[-1] == total - 1 and await browser.execute(f"return {state}.last") == str(total - 1)
+        assert await browser.execute(f"return {state}.first") == "0"
+        await browser.screenshot(tmp_path / "long-trajectory.png")
 
-        # Jumping renders from any message without the ones before it.
-        await browser.click("#jump-end")
-        await browser.wait_for(f"document.querySelector('#trajectory').dataset.shown === '{total}'"
-                               f" && document.querySelector('#trajectory').dataset.first === '{total - 100}'")
-        numbers = await browser.execute("return [...document.querySelectorAll('.msg .meta span:nth-child(2)')].map(s => s.textContent)")
-        assert numbers[0] == f"#{total - 100}" and numbers[-1] == f"#{total - 1}" and len(numbers) == 100
+        # Search by text: the right message, then the next and the previous match.
+        await browser.type("input[name=find]", "data-2990.txt\n")
+        assert_at = 2 + 2 * 2990  # the assistant's call; its result follows
+        await browser.wait_for(f"{state}.match === '{assert_at}' && {state}.first === '{assert_at}'")
+        assert await browser.execute(f"return document.querySelector('.msg[data-index=\"{assert_at}\"]').classList.contains('hit')")
+        await browser.click("#find-next")
+        await browser.wait_for(f"{state}.match === '{assert_at + 1}'")
+        answers = await browser.text(f".msg[data-index='{assert_at + 1}'] .answers")
+        assert answers == f"answers bash call_2990 (#{assert_at})"  # which call this result answers
+        await browser.click("#find-prev")
+        await browser.wait_for(f"{state}.match === '{assert_at}'")
+        await browser.screenshot(tmp_path / "long-trajectory-found.png")
+        # ... by tool name, backwards from the top: the last message named bash.
+        await browser.click("#jump-start")
+        await browser.execute("const q = document.querySelector('input[name=find]'); q.value = 'BASH';"
+                              " q.dispatchEvent(new Event('input'))")
+        await browser.click("#find-prev")
+        await browser.wait_for(f"{state}.match === '{total - 1}'")
+        assert await browser.execute(f"return {state}.last") == str(total - 1)
+
+        # Jump to a message, and back up from it: the ones before it are there.
         await browser.type("input[name=jump]", "777")
         await browser.click("#jump-go")
-        await browser.wait_for("document.querySelector('#trajectory').dataset.first === '777'")
-        assert (await browser.text(".msg .meta span:nth-child(2)")) == "#777"
-        await browser.screenshot(tmp_path / "long-trajectory.png")
+        await browser.wait_for(f"{state}.first === '777'")
+        assert (await browser.text(".msg .meta .index")) == "#777"
+        await browser.execute("document.querySelector('#trajectory-box').scrollTop -= 150")
+        await browser.wait_for(f"+{state}.first < 777 && !document.querySelector('#trajectory .msg.loading')")
+        assert await browser.execute("return document.querySelector('.msg[data-index=\"776\"]') !== null")
+
+
+async def test_a_short_trajectory_renders_whole_and_searches(viewer, browser: Browser, tmp_path: Path) -> None:
+    trajectory = agent_trajectory(3)
+    trajectory[5]["exit_code"] = 1
+    run_dir = write_run(tmp_path / "runs", "short", "20260101T000000.000Z-0001", [task("short", attempt(trajectory=trajectory))])
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0/task/short/0")
+        await wait_ready(browser, "attempt")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.shown === '8'")
+        exits = await browser.execute("return [...document.querySelectorAll('.msg.tool .exit')].map(e => [e.textContent, e.className])")
+        assert [e[0] for e in exits] == ["exit 0", "exit 1", "exit 0"]
+        assert "b-bad" in exits[1][1] and "b-ok" in exits[0][1]  # a failed command looks failed
+        await browser.type("input[name=find]", "data-2\n")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.match === '6'")
 
 
 async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, tmp_path: Path) -> None:

@@ -122,16 +122,20 @@ def test_out_removes_its_own_stale_files_and_nothing_else(tmp_path: Path) -> Non
     run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001",
                         [task("keep", attempt()), task("gone", attempt(trajectory=agent_trajectory(2)))])
     out = tmp_path / "site"
-    write_site(Site(find_runs([run_dir]), live=False), out)
-    assert (out / "data/0/task/gone.js").is_file() and (out / "data/0/traj/gone/0-0.js").is_file()
+    write_site(Site(find_runs([run_dir]), live=False, static=True), out)
+    (out / "data/0/traj/gone").mkdir(parents=True)
+    (out / "data/0/traj/gone/0-0.js").write_text("an older layout's file")
+    (out / "data/0/task").mkdir(parents=True)
+    (out / "data/0/task/gone.js").write_text("an older layout's file")
+    assert "gone" in (out / "data/0/tasks/0.js").read_text()
     (out / "data/notes.txt").write_text("mine")
     (out / "data/0/task/mine.json").write_text("{}")
     (out / "README").write_text("mine")
     (run_dir / "details" / "normal" / "gone.json").unlink()
 
-    write_site(Site(find_runs([run_dir]), live=False), out)
+    write_site(Site(find_runs([run_dir]), live=False, static=True), out)
     assert not (out / "data/0/task/gone.js").exists() and not (out / "data/0/traj/gone").exists()
-    assert (out / "data/0/task/keep.js").is_file() and (out / "data/0/run.js").is_file()
+    assert "gone" not in (out / "data/0/tasks/0.js").read_text() and (out / "data/0/run.js").is_file()
     assert [(out / p).read_text() for p in ("data/notes.txt", "data/0/task/mine.json", "README")] == ["mine", "{}", "mine"]
 
 

@@ -104,11 +104,16 @@ def test_no_secret_reaches_any_page(agent_run: Path) -> None:
     site = Site(find_runs([agent_run]), live=False)
     pages = {path: site.get(path) for path in site.paths()}
     assert "data/0/traj/count-lines/0-0.js" in pages
-    for path, found in pages.items():
+    static = Site(find_runs([agent_run]), live=False, static=True)
+    bundles = {path: static.get(path) for path in static.paths()}
+    assert "data/0/tasks/0.js" in bundles  # the trajectory inline, in the bundle
+    for path, found in [*pages.items(), *bundles.items()]:
         assert found is not None, path
         body = found[0].decode()
         assert LEAKY_KEY not in body and "plain-text-oops-1234" not in body, path
-    assert "**********" in pages["data/0/traj/count-lines/0-0.js"][0].decode()  # type: ignore[index]
+    for body in (pages["data/0/traj/count-lines/0-0.js"][0], pages["data/0/task/count-lines.js"][0],  # type: ignore[index]
+                 bundles["data/0/tasks/0.js"][0]):  # type: ignore[index]
+        assert "Bearer **********" in body.decode()
 
 
 async def test_viewer_never_writes_to_a_run_directory(agent_run: Path, viewer, tmp_path: Path) -> None:
