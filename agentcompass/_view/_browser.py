@@ -84,6 +84,12 @@ class Browser:
     async def type(self, css: str, text: str) -> None:
         await self._call("POST", f"/element/{await self.find(css)}/value", {"text": text})
 
+    async def keys(self, text: str) -> None:
+        """Press the keys of ``text`` in whatever has the focus (as a person
+        types: nothing is focused first)."""
+        actions = [a for ch in text for a in ({"type": "keyDown", "value": ch}, {"type": "keyUp", "value": ch})]
+        await self._call("POST", "/actions", {"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})
+
     async def text(self, css: str) -> str:
         return str(await self._call("GET", f"/element/{await self.find(css)}/text"))
 

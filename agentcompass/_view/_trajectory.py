@@ -65,7 +65,8 @@ class Trajectory:
         is written in JSON): every chunk with a matching message, and maybe
         a few more (a match in a key or across fields) that the page, which
         matches message by message, passes over."""
-        needles = {json.dumps(query, ensure_ascii=False)[1:-1].lower(), json.dumps(query)[1:-1].lower()}
+        query = query.lower()
+        needles = {json.dumps(query, ensure_ascii=False)[1:-1], json.dumps(query)[1:-1]}
         needles.discard("")
         if not needles:
             return []

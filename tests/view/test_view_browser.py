@@ -299,6 +299,76 @@ async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, t
         await browser.screenshot(tmp_path / "live-after.png")
 
 
+async def test_typing_in_the_filter_during_a_live_run_keeps_focus_and_every_character(
+    viewer, browser: Browser, tmp_path: Path
+) -> None:
+    run_dir = write_run(tmp_path / "runs", "live", "20260101T000000.000Z-0001", [task("task-000", attempt())], status="running",
+                        events=[{"event": "run_started", "t": 1.0}, {"event": "task_started", "t": 1.1, "task": "task-000"},
+                                {"event": "task_finished", "t": 1.2, "task": "task-000"}])
+    typed = "k-00"
+    with trio.fail_after(HANG_GUARD), writer_lock(run_dir):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.text("#live") == "live"
+        await browser.click("input[name=text]")
+        await browser.execute("window.filterInput = document.activeElement")
+        for n, key in enumerate(typed, 1):
+            # A task finishes, then a key is pressed: the refresh lands while the person types.
+            write_json(run_dir / "details" / "normal" / f"task-00{n}.json", task(f"task-00{n}", attempt(), category=f"c{n}"))
+            append_events(run_dir, [{"event": "task_finished", "t": 2.0 + n, "task": f"task-00{n}"}])
+            await browser.keys(key)
+            await browser.wait_for(f"document.querySelector('#task-count').textContent.endsWith(' of {n + 1} tasks')")
+            assert await browser.execute("return document.activeElement === window.filterInput && window.filterInput.isConnected")
+        assert await browser.execute("return window.filterInput.value") == typed
+        assert await browser.text("#task-count") == f"{len(typed) + 1} of {len(typed) + 1} tasks"
+
+        # A dropdown someone has open (focused) is left alone by the refresh; its new options come after.
+        await browser.click("select[name=category]")
+        await browser.execute("window.categorySelect = document.activeElement")
+        before = await browser.execute("return [...window.categorySelect.options].map(o => o.value)")
+        write_json(run_dir / "details" / "normal" / "task-009.json", task("task-009", attempt(), category="new-category"))
+        append_events(run_dir, [{"event": "task_finished", "t": 9.0, "task": "task-009"}])
+        await browser.wait_for(f"document.querySelector('#task-count').textContent.endsWith(' of {len(typed) + 2} tasks')")
+        assert await browser.execute("return document.activeElement === window.categorySelect && window.categorySelect.isConnected")
+        assert await browser.execute("return [...window.categorySelect.options].map(o => o.value)") == before
+        await browser.execute("window.categorySelect.blur()")
+        await browser.wait_for("[...window.categorySelect.options].some(o => o.value === 'new-category')")
+        await browser.screenshot(tmp_path / "live-typing.png")
+
+
+async def test_run_page_task_table_above_the_fold_with_every_attempt_and_sort_arrows(
+    viewer, browser: Browser, tmp_path: Path
+) -> None:
+    statuses = ["completed", "run_error", "completed", "timed_out", "eval_error"]
+    attempts = [attempt(n, status=s, values={"reward": float(s == "completed")}) for n, s in enumerate(statuses)]
+    for a in attempts:
+        a["timings"] = {"setup": 0.0001, "run": 0.0002, "collect": 0.0, "evaluate": 0.0001}  # 0.4 ms in all
+    tasks = [task(f"t{i}", *attempts, category="c") for i in range(3)]
+    run_dir = write_run(tmp_path / "runs", "k5", "20260101T000000.000Z-0001", tasks, metrics=metrics_for({f"t{i}": 0.4 for i in range(3)}))
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.execute("return document.querySelector('#task-table .vt-row').getBoundingClientRect().bottom <= innerHeight")
+        # k = 5: five badges, each inside its cell.
+        fits = await browser.execute("""
+            const cell = document.querySelector('#task-table .vt-row > div:nth-child(4)'); const box = cell.getBoundingClientRect();
+            return [...cell.querySelectorAll('.badge')].map(b => { const r = b.getBoundingClientRect();
+              return [b.title, r.left >= box.left && r.right <= box.right]; });""")
+        assert fits == [[f"attempt {n}: {s}", True] for n, s in enumerate(statuses)]
+        time_cell = await browser.text("#task-table .vt-row > div:nth-child(8)")
+        assert time_cell == "2.00 ms"  # five attempts of 0.4 ms, not "0 ms"
+        heads = "return [...document.querySelectorAll('#task-table .vt-head div')].map(d => d.textContent)"
+        assert not any(h.endswith(("▲", "▼")) for h in await browser.execute(heads))
+        await browser.click("#task-table .vt-head div:nth-child(1)")
+        assert (await browser.execute(heads))[0] == "task ▲"
+        await browser.click("#task-table .vt-head div:nth-child(1)")
+        assert (await browser.execute(heads))[0] == "task ▼"
+        assert await browser.text("#task-table .vt-row > div:first-child") == "t2"
+        await browser.screenshot(tmp_path / "k5-run.png")
+
+
 class _GatedSite(Site):
     """A site whose background pass waits for the test, so the first page
     surely gets placeholders."""

@@ -13,6 +13,7 @@ from view_helpers import COMPASS, agent_trajectory, attempt, run_dir_state, task
 from agentcompass._store._keys import task_key
 from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
 from agentcompass._view._data import LARGE_RECORD, RunData, read_record
+from agentcompass._view._site import STATIC_GROUP, TASKS_PER_BUNDLE
 
 
 def _large_task(task_id: str, steps: int) -> dict:
@@ -148,3 +149,21 @@ def test_out_refuses_a_run_directory_or_one_that_holds_runs(tmp_path: Path) -> N
                               check=False)
         assert done.returncode == 2 and message in done.stderr, done.stderr
     assert run_dir_state(tmp_path) == before
+
+
+def test_out_writes_a_few_files_per_thousand_tasks(tmp_path: Path) -> None:
+    n = 2000
+    tasks = [task(f"task-{i:05d}", attempt(trajectory=agent_trajectory(3))) for i in range(n)]
+    tasks.append(task("long", attempt(trajectory=agent_trajectory(4 * STATIC_GROUP * CHUNK_STEPS // 2))))
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", tasks)
+    out = tmp_path / "site"
+    written = write_site(Site(find_runs([run_dir]), live=False, static=True), out)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert written == len(files)
+    # 3 page files, config, runs, the run page, 11 task bundles and the long trajectory's 5 files.
+    assert len(files) == 6 + -(-(n + 1) // TASKS_PER_BUNDLE) + 5
+    bundle = json.loads((out / "data/0/tasks/0.js").read_text().split(",", 1)[1][:-3])
+    assert len(bundle) == TASKS_PER_BUNDLE and bundle["long"]["attempts"][0]["run_result"]["trajectory_chunks"] == 5
+    assert len(bundle["task-00000"]["attempts"][0]["run_result"]["trajectory_inline"]) == 8
+    last = json.loads((out / "data/0/traj/long/0-4.js").read_text().split(",", 1)[1][:-3])
+    assert last[-1]["content"] == f"{4 * STATIC_GROUP * CHUNK_STEPS // 2} /app/data-{4 * STATIC_GROUP * CHUNK_STEPS // 2 - 1}.txt"
