@@ -286,7 +286,7 @@ class RunData:
             return cached[1]
         try:
             if stat[1] >= LARGE_RECORD:
-                record = self._load(path, stat)
+                record = self._load(path, stat, key)
             else:
                 record = _read_json(path)
             row = _row(key, record)
@@ -355,9 +355,11 @@ class RunData:
             if not match or stat is None:
                 continue
             try:
-                attempt = self._load(str(path), stat)
+                attempt = self._load(str(path), stat, key)
             except (OSError, ValueError):
                 continue  # being replaced right now: the next refresh shows it
+            if isinstance(attempt, dict) and isinstance(attempt.get("record"), dict):
+                attempt = attempt["record"]  # the store's form: {"task_id", "record"}
             if isinstance(attempt, dict):
                 found.append((int(match.group(1)), attempt))
         return [a for _, a in sorted(found, key=lambda x: x[0])]
@@ -445,12 +447,12 @@ class RunData:
                     "severity": None, "checkpointed": True, "attempts": attempts}
         path, _, stat = found
         try:
-            record = self._load(path, stat)
+            record = self._load(path, stat, key)
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) else None
 
-    def _load(self, path: str, stat: tuple[int, int]) -> Any:
+    def _load(self, path: str, stat: tuple[int, int], key: str) -> Any:
         """The parsed file at ``path`` with its trajectories as
         :class:`Trajectory`, from the bounded cache or read once (two
         threads asking for the same file wait for one read)."""
@@ -467,7 +469,7 @@ class RunData:
                     self._records.move_to_end(path)
                     return cached[1]
             try:
-                value, chars = read_record(path)
+                value, chars = read_record(path, str(self.run_dir / "tasks" / key))
                 with self._lock:
                     self.records_read += 1
             finally:
