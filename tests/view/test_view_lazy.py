@@ -10,10 +10,12 @@ from pathlib import Path
 
 from view_helpers import COMPASS, agent_trajectory, attempt, run_dir_state, task, write_json, write_run, writer_lock
 
+from agentcompass._store import open_run_store
 from agentcompass._store._keys import task_key
 from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
 from agentcompass._view._data import LARGE_RECORD, RunData, read_record
 from agentcompass._view._site import STATIC_GROUP, TASKS_PER_BUNDLE
+from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 
 
 def _large_task(task_id: str, steps: int) -> dict:
@@ -167,3 +169,25 @@ def test_out_writes_a_few_files_per_thousand_tasks(tmp_path: Path) -> None:
     assert len(bundle["task-00000"]["attempts"][0]["run_result"]["trajectory_inline"]) == 8
     last = json.loads((out / "data/0/traj/long/0-4.js").read_text().split(",", 1)[1][:-3])
     assert last[-1]["content"] == f"{4 * STATIC_GROUP * CHUNK_STEPS // 2} /app/data-{4 * STATIC_GROUP * CHUNK_STEPS // 2 - 1}.txt"
+
+
+async def test_a_trajectory_the_store_wrote_beside_its_record_is_served_from_its_files(tmp_path: Path) -> None:
+    trajectory = agent_trajectory(CHUNK_STEPS + 10)  # 1,022 messages: three files
+    record = TaskRecord("split", None, [AttemptRecord(attempt=0, status="completed", values={"reward": 1.0},
+                                                      run_result=RunResult(output="x", trajectory=trajectory))], "normal")
+    async with open_run_store(tmp_path, "r") as store:
+        await store.save_task(record)
+    files = store.run_dir / "tasks" / "split" / "attempt-0" / "trajectory"
+    site = Site([store.run_dir], live=True)
+    detail = site.runs[0].task("split")
+    assert detail is not None
+    rr = detail["attempts"][0]["run_result"]
+    assert (rr["trajectory_steps"], rr["trajectory_chunks"], rr["tool_calls"]) == (len(trajectory), 3, CHUNK_STEPS + 10)
+    for n in range(3):
+        found = site.get(f"data/0/traj/split/0-{n}.js")
+        assert found is not None and found[0].decode().endswith(f",{(files / f'{n}.json').read_text()});\n")
+    found = site.get(f"data/0/find/split/0/{b'data-509.txt'.hex()}.js")
+    assert found is not None and b'"chunks":[2]' in found[0]
+    static = Site([store.run_dir], live=False, static=True)
+    (chunk,) = [p for p in static.paths() if "/traj/" in p]
+    assert json.loads(static.get(chunk)[0].decode().split(",", 1)[1][:-3]) == trajectory  # type: ignore[index]
