@@ -197,7 +197,10 @@ class Site:
         tasks = page.pop("tasks")
         rows = {}
         for row in tasks:
-            rows[str(row[0])] = orjson.dumps(row, default=str).decode()
+            # Redacted row by row: a row is a whole JSON value, so no secret or
+            # credential shape spans two, and most rows pass the redactor's
+            # cheap test, where the whole page would not.
+            rows[str(row[0])] = redact_json_text(orjson.dumps(row, default=str).decode())
         # Placeholders and live rows change without their files: never a cache hit.
         cacheable = signature is not None and not page["pending"] and not page["live"]["running"]
         with pages.lock:
@@ -264,10 +267,11 @@ def _script(ident: str, value: Any) -> bytes:
 
 
 def _page_script(ident: str, rest: dict[str, Any], rows: list[str]) -> bytes:
-    """A run page's script from its parts (the rows already JSON), redacted."""
-    head = orjson.dumps(rest, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    """A run page's script from its parts: the rest, redacted here, and the
+    rows, already JSON and redacted."""
+    head = redact_json_text(orjson.dumps(rest, default=str, option=orjson.OPT_NON_STR_KEYS).decode())
     text = f"{head[:-1]},\"tasks\":[{','.join(rows)}]}}" if head != "{}" else f"{{\"tasks\":[{','.join(rows)}]}}"
-    return f"COMPASS.put({json.dumps(ident)},{redact_json_text(text)});\n".encode("utf-8", "backslashreplace")
+    return f"COMPASS.put({json.dumps(ident)},{text});\n".encode("utf-8", "backslashreplace")
 
 
 def write_site(site: Site, out_dir: Path) -> int:

@@ -256,3 +256,17 @@ def test_search_names_the_chunks_that_hold_a_text(tmp_path: Path) -> None:
     assert find("data-0.txt") == {"query": "data-0.txt", "chunks": [0]}
     assert find("absent") == {"query": "absent", "chunks": []}
     assert site.get("data/0/find/long/0/zz.js") is None and site.get("data/0/find/long/9/61.js") is None
+
+
+async def test_a_large_run_page_is_sent_gzipped_to_a_client_that_takes_it(viewer, tmp_path: Path) -> None:
+    tasks = [task(f"task-{i:04d}", attempt(), category="c") for i in range(800)]
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", tasks)
+    with trio.fail_after(60):
+        url = await viewer([run_dir])
+        async with httpx.AsyncClient(base_url=url) as client:
+            zipped = await client.get("/data/0/run.js", headers={"accept-encoding": "gzip"})
+            plain = await client.get("/data/0/run.js", headers={"accept-encoding": "identity"})
+    assert zipped.headers["content-encoding"] == "gzip" and int(zipped.headers["content-length"]) < len(plain.content) / 4
+    assert "content-encoding" not in plain.headers and len(plain.content) >= 64 * 1024
+    assert zipped.content == plain.content  # httpx decodes it
+    assert len(_data(plain.content)["tasks"]) == 800  # type: ignore[index]

@@ -5,9 +5,11 @@
 const COMPASS = (() => {
   const waiting = new Map();
   const cache = new Map();
+  // Data that came before it was asked for: the files index.html loads with the page.
+  const early = new Map();
   function put(id, data) {
     const w = waiting.get(id);
-    if (w) { waiting.delete(id); w.resolve(data); }
+    if (w) { waiting.delete(id); w.resolve(data); } else early.set(id, data);
   }
   function fetchScript(id, fresh) {
     return new Promise((resolve, reject) => {
@@ -22,10 +24,14 @@ const COMPASS = (() => {
   // Loads of one id are serialized: put() resolves by id.
   const chains = new Map();
   function load(id, opts = {}) {
+    if (early.has(id)) { const data = early.get(id); early.delete(id); return Promise.resolve(data); }
     if (!opts.fresh && opts.cache !== false && cache.has(id)) return cache.get(id);
     const prev = chains.get(id) || Promise.resolve();
     const p = prev.catch(() => null).then(() => fetchScript(id, !!opts.fresh));
     chains.set(id, p);
+    // Forget a settled load (it would hold its data, a trajectory chunk say, for good).
+    const forget = () => { if (chains.get(id) === p) chains.delete(id); };
+    p.then(forget, forget);
     if (opts.cache !== false && !opts.fresh) {
       cache.set(id, p);
       p.catch(() => cache.delete(id));
