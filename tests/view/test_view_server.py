@@ -259,7 +259,7 @@ def test_search_names_the_chunks_that_hold_a_text(tmp_path: Path) -> None:
 
 
 async def test_a_large_run_page_is_sent_gzipped_to_a_client_that_takes_it(viewer, tmp_path: Path) -> None:
-    tasks = [task(f"task-{i:04d}", attempt(), category="c") for i in range(800)]
+    tasks = [task(f"task-{i:04d}", attempt(), category="c") for i in range(1500)]
     run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", tasks)
     with trio.fail_after(60):
         url = await viewer([run_dir])
@@ -269,4 +269,4 @@ async def test_a_large_run_page_is_sent_gzipped_to_a_client_that_takes_it(viewer
     assert zipped.headers["content-encoding"] == "gzip" and int(zipped.headers["content-length"]) < len(plain.content) / 4
     assert "content-encoding" not in plain.headers and len(plain.content) >= 64 * 1024
     assert zipped.content == plain.content  # httpx decodes it
-    assert len(_data(plain.content)["tasks"]) == 800  # type: ignore[index]
+    assert len(_data(plain.content)["tasks"]) == 1500  # type: ignore[index]
