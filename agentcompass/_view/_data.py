@@ -39,7 +39,7 @@ _ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 #: Characters of parsed records (trajectory chunks as JSON text) kept per run.
 RECORD_CACHE_CHARS = 256 * 1024 * 1024
 #: How long a run page request reads rows before answering with placeholders.
-ROW_BUDGET_SECONDS = 0.5
+ROW_BUDGET_SECONDS = 0.3
 _CHECKPOINT = "checkpoint.json"
 _PRIMARY_FALLBACK = ("reward", "passed", "correct", "score", "accuracy")
 

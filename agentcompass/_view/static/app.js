@@ -11,7 +11,20 @@ const COMPASS = (() => {
     const w = waiting.get(id);
     if (w) { waiting.delete(id); w.resolve(data); } else early.set(id, data);
   }
+  // Served pages read data with fetch() and JSON.parse (faster, and no script
+  // source for the engine to keep); pages opened from disk, where browsers
+  // forbid fetch(), run the data files as scripts.
+  const served = location.protocol === "http:" || location.protocol === "https:";
+  async function fetchData(id) {
+    const response = await fetch("data/" + id.split("/").map(encodeURIComponent).join("/") + ".js", { cache: "no-store" });
+    if (!response.ok) throw new Error("cannot load " + id);
+    const text = await response.text();
+    const head = "COMPASS.put(" + JSON.stringify(id) + ",";
+    if (!text.startsWith(head)) throw new Error("no data in " + id);
+    return JSON.parse(text.slice(head.length, text.lastIndexOf(");")));
+  }
   function fetchScript(id, fresh) {
+    if (served) return fetchData(id);
     return new Promise((resolve, reject) => {
       waiting.set(id, { resolve, reject });
       const s = document.createElement("script");
