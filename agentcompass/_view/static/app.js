@@ -821,6 +821,8 @@ function renderTrajectory(container, src) {
         box.scrollTop = Math.ceil(n * unit);
         for (const [k, el] of nodes) if (k === n || el.classList.contains("hit")) nodes.delete(k);  // re-drawn with or without the mark
         render();
+        const r = box.getBoundingClientRect();
+        if (r.top > innerHeight || r.bottom < 0) box.scrollIntoView({ block: "nearest" });  // the list itself in view
       },
       stop() { window.removeEventListener("resize", onResize); },
     };
