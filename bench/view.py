@@ -128,6 +128,20 @@ function step(t) {
 requestAnimationFrame(step);
 """
 
+# The same frames on the same page with nothing to do: the host's own floor.
+_IDLE = """
+const [frames] = arguments;
+window.__idle = null;
+const deltas = [];
+let last = performance.now(), k = 0;
+function step(t) {
+  deltas.push(t - last); last = t;
+  if (k++ > 2 * frames) { window.__idle = Math.max(...deltas.slice(1)); return; }
+  requestAnimationFrame(step);
+}
+requestAnimationFrame(step);
+"""
+
 _READY = "document.querySelector('#main[data-view=run][data-ready]') && window.compassReady"
 
 
@@ -221,6 +235,8 @@ async def measure(run_dir: Path, out_dir: Path, profile: Path, steps: int, frame
             await browser.goto(url + "#/run/0/task/huge/0")
             report["trajectory_first_messages_ms"] = round(await browser.wait_for("window.compassFirstMessages"), 1)
             await browser.wait_for("document.querySelector('#trajectory-box') && document.querySelector('#trajectory').dataset.first === '0'")
+            await browser.execute(_IDLE, frames)
+            report["idle_longest_frame_ms"] = round(await browser.wait_for("window.__idle"), 1)
             await browser.execute(_LONG_TASKS)
             await browser.execute(_SCROLL, frames)
             scroll = await browser.wait_for("window.__scroll")
