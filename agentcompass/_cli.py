@@ -679,7 +679,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
                 raise ConfigError(f"--out {out} holds the run directory {run}; write the pages elsewhere")
         if (target / "run_info.json").exists() or (target / "progress.jsonl").exists():
             raise ConfigError(f"--out {out} is a run directory; the viewer never writes there")
-        count = write_site(Site(runs, live=False), target)
+        count = write_site(Site(runs, live=False, static=True), target)
         click.echo(f"wrote {count} file(s) for {len(runs)} run(s); open {target / 'index.html'}")
         return
 

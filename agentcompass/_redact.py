@@ -122,16 +122,23 @@ def redact(text: str, secrets: Iterable[str | Secret] = ()) -> str:
     return _SHAPES.sub(_replace_shape, text)
 
 
-_TRIGGERS = ("sk-", "bearer", "authorization", "key", "passw", "secret", "://")
+_TRIGGERS = ("bearer", "authorization", "key", "passw", "secret", "://")
 
 
 def _may_hold_credentials(text: str) -> bool:
     """A cheap test that ``_SHAPES`` or ``_JSON_SHAPES`` can match at all (substring checks
     are far cheaper than the full pattern). ``token`` counts only as a whole word end
-    (not ``input_tokens``)."""
+    (not ``input_tokens``), ``sk-`` only at a word start (not ``task-1``), as the
+    patterns have them."""
     low = text.lower()
     if any(trigger in low for trigger in _TRIGGERS):
         return True
+    i = low.find("sk-")
+    while i != -1:
+        before = low[i - 1 : i]
+        if not (before.isalnum() or before == "_"):
+            return True
+        i = low.find("sk-", i + 3)
     i = low.find("token")
     while i != -1:
         following = low[i + 5 : i + 6]

@@ -199,7 +199,8 @@ def test_json_text_loses_every_credential_shape():
 
 _PIECES = _st.sampled_from(
     ["sk-abcdefgh12345678", "Bearer abc.def", "api_key=XYZ123456", "Authorization: x y", "token=t0k", "TOKEN: v",
-     "tokens", "token_", "password: pw12", "SECRET=s", "https://u:p@h", "key", "=", ":", " ", "\n", '"']
+     "tokens", "token_", "password: pw12", "SECRET=s", "https://u:p@h", "key", "=", ":", " ", "\n", '"',
+     "task-", "_", "x", "é", "-", "sk-"]
 )  # fmt: skip
 
 
@@ -212,6 +213,7 @@ def test_the_prefilter_never_changes_what_is_masked(parts):
     known = _redact._registered_pattern  # secrets other tests registered
     expected = known.sub(_redact.MASK, text) if known is not None else text
     assert redact(text) == _redact._SHAPES.sub(_redact._replace_shape, expected)
+    assert redact_json_text(text) == _redact._JSON_SHAPES.sub(_redact._replace_shape, expected)
 
 
 # -- who configures structlog ----------------------------------------------------

@@ -20,7 +20,9 @@ import orjson
 from ..runtime._convert import converter, error_line
 from ..runtime._results import AttemptRecord, TaskRecord
 from ._disk import is_temp_name
+from ._keys import task_key
 from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
+from ._trajectories import join_trajectories
 
 __all__ = ["LoadedRun", "latest_run", "load_run"]
 
@@ -40,7 +42,9 @@ class LoadedRun:
     opened and never as closed, in opening order. ``notes`` say what was
     skipped and why. ``files`` is filled only when asked for (see
     :func:`load_run`): the file each record in ``details`` was read from and
-    its content (task id -> (path, bytes)).
+    its content (task id -> (path, bytes)), for records whole in their file
+    (a record whose long trajectory is beside it, see ``._trajectories``, is
+    read whole into ``details`` but has no entry: it is written anew).
     """
 
     run_dir: Path
@@ -121,6 +125,10 @@ def _loads(data: bytes) -> Any:
         return json.loads(data)
 
 
+def _read_json(path: str) -> Any:
+    return _loads(_read_bytes(path))
+
+
 def _read_bytes(path: Path | str) -> bytes:
     with open(path, "rb") as file:
         return file.read()
@@ -155,14 +163,17 @@ def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, b
     ``files`` if it is given. A file's mtime is only read when its task id was seen
     before (a crash left the task under two severities): the newest wins."""
     details: dict[str, TaskRecord] = {}
-    kept: dict[str, tuple[str, bytes]] = {}  # task id -> (path, content)
+    kept: dict[str, tuple[str, bytes, bool]] = {}  # task id -> (path, content, trajectory beside it)
     structure = converter.get_structure_hook(TaskRecord)  # once, not a dispatch per record
     for severity in SEVERITIES:
         for entry in _json_files(run_dir / "details" / severity):
             where = f"details/{severity}/{entry.name}"
             try:
                 content = _read_bytes(entry.path)
-                record = structure(_loads(content), TaskRecord)
+                raw = _loads(content)
+                split = isinstance(raw, dict) and join_trajectories(
+                    raw.get("attempts"), str(run_dir / "tasks" / task_key(str(raw.get("task_id")))), _read_json)
+                record = structure(raw, TaskRecord)
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
                 notes.append(f"skipped unreadable record {where}: {_short(exc)}")
                 continue
@@ -174,9 +185,9 @@ def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, b
                 if _mtime_ns(previous[0]) > _mtime_ns(entry.path):
                     continue
             details[record.task_id] = record
-            kept[record.task_id] = (entry.path, content)
+            kept[record.task_id] = (entry.path, content, bool(split))
     if files is not None:
-        files.update(kept)
+        files.update((task_id, (path, content)) for task_id, (path, content, split) in kept.items() if not split)
     return details
 
 
@@ -207,6 +218,7 @@ def _load_checkpoints(
                 task_id = data["task_id"]
                 if not isinstance(task_id, str):
                     raise TypeError("task_id is not a string")
+                join_trajectories([data["record"]], task_dir, _read_json)
                 record = structure(data["record"], AttemptRecord)
             except FileNotFoundError:
                 continue  # an attempt with only discarded tries

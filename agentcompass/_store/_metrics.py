@@ -25,13 +25,13 @@ missing key counts as ``None``, not valid.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from .._observations import mean, reduce_values
 from ..runtime._results import TaskRecord
 
-__all__ = ["compute_metrics", "reduce_task", "standard_error"]
+__all__ = ["compute_metrics", "reduce_attempt_values", "reduce_task", "standard_error"]
 
 Strategy = Literal["avg", "pass"]
 _STRATEGIES = ("avg", "pass")
@@ -43,7 +43,13 @@ def reduce_task(record: TaskRecord, series: str, strategy: Strategy) -> float | 
     ``avg``: their mean. ``pass``: 1.0 if any is a success (``True`` or a
     number >= 1), else 0.0. ``None`` when no attempt has a valid value.
     """
-    return reduce_values((a.values.get(series) for a in record.attempts), strategy)
+    return reduce_attempt_values((a.values for a in record.attempts), series, strategy)
+
+
+def reduce_attempt_values(values: Iterable[Mapping[str, Any]], series: str, strategy: Strategy) -> float | None:
+    """:func:`reduce_task` over attempts' ``values`` mappings (one per
+    attempt, as written in a record), for readers of records as plain JSON."""
+    return reduce_values((v.get(series) if isinstance(v, Mapping) else None for v in values), strategy)
 
 
 def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord], strategy: str) -> dict[str, Any]:

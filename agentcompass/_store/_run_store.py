@@ -7,6 +7,7 @@
       details/{fatal,error,normal}/<task key>.json
       tasks/<task key>/attempt-<n>/checkpoint.json
       tasks/<task key>/attempt-<n>/retries/<try>.json
+      tasks/<task key>/attempt-<n>/trajectory/<i>.json   a long trajectory, see ._trajectories
       metrics.json  summary.md
 
 A :class:`RunStore` (made by :func:`open_run_store`) owns one *committer*
@@ -55,6 +56,7 @@ from . import _commit
 from ._commit import CHECKPOINT, Write
 from ._disk import Disk, RunLockedError, timed_out
 from ._keys import task_key
+from ._trajectories import split_trajectories
 
 __all__ = [
     "PROGRESS_BATCH_SECONDS",
@@ -284,10 +286,12 @@ class RunStore:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated
         attempt: ``{"task_id": ..., "record": <AttemptRecord>}``, ``n`` being
         ``record.attempt``."""
-        data = _mask(_compact({"task_id": task_id, "record": unstructure(record)}))
+        attempt = unstructure(record)
+        chunks = self._chunk_writes(task_id, [attempt])
+        data = _mask(_compact({"task_id": task_id, "record": attempt}))
         path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
         self._written.setdefault(task_id, set()).add(path)
-        await self._write([Write(path, data.encode())])
+        await self._write([*chunks, Write(path, data.encode())])
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
@@ -401,10 +405,13 @@ class RunStore:
             if record.severity not in SEVERITIES:
                 raise ValueError(f"unknown task severity {record.severity!r}")
         writes = []
+        chunks: list[Write] = []
         for record, data in records:
             task_id = record.task_id
             if data is None:
-                data = _mask(_compact(unstructure(record))).encode()
+                unstructured = unstructure(record)
+                chunks += self._chunk_writes(task_id, unstructured["attempts"])
+                data = _mask(_compact(unstructured)).encode()
             path = self._record_path(record.severity, task_id)
             # No sync for the removals: if a crash undoes one, readers still
             # prefer the record (and the newest of two, see _load).
@@ -417,11 +424,17 @@ class RunStore:
             self._written[task_id] = {path}
             writes.append(write)
         try:
-            await self._write(writes)
+            await self._write([*chunks, *writes])  # the chunks renamed before the records naming them
         finally:
             for write, (record, _) in zip(writes, records, strict=True):
                 if write.error is not None:  # maybe not written: a later save still cleans up all
                     self._written.setdefault(record.task_id, set()).update(write.remove)
+
+    def _chunk_writes(self, task_id: str, attempts: list[Any]) -> list[Write]:
+        """The files of the long trajectories of ``attempts`` (unstructured,
+        each replaced by its reference), each masked on its own."""
+        return [Write(path, _mask(_compact(messages)).encode())
+                for path, messages in split_trajectories(attempts, self._task_dir(task_id))]
 
     def _queue(self, write: Write) -> None:
         self._check_open()

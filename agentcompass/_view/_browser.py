@@ -84,6 +84,12 @@ class Browser:
     async def type(self, css: str, text: str) -> None:
         await self._call("POST", f"/element/{await self.find(css)}/value", {"text": text})
 
+    async def keys(self, text: str) -> None:
+        """Press the keys of ``text`` in whatever has the focus (as a person
+        types: nothing is focused first)."""
+        actions = [a for ch in text for a in ({"type": "keyDown", "value": ch}, {"type": "keyUp", "value": ch})]
+        await self._call("POST", "/actions", {"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})
+
     async def text(self, css: str) -> str:
         return str(await self._call("GET", f"/element/{await self.find(css)}/text"))
 
@@ -112,11 +118,13 @@ async def open_browser(
     profile_dir: Path,
     *,
     size: tuple[int, int] = (1400, 1000),
+    flags: tuple[str, ...] = (),
     chromium: str = CHROMIUM,
     chromedriver: str = CHROMEDRIVER,
 ) -> AsyncIterator[Browser]:
     """Start ``chromedriver`` and a headless Chromium with a fresh profile in
-    ``profile_dir``; stop both on exit. The caller bounds the start-up."""
+    ``profile_dir`` (and ``flags`` beside the usual ones); stop both on exit.
+    The caller bounds the start-up."""
     async with trio.open_nursery() as nursery:
         process = await trio.lowlevel.open_process(
             [chromedriver, "--port=0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -126,10 +134,10 @@ async def open_browser(
             port = await _driver_port(process.stdout)
             nursery.start_soon(_drain, process.stdout)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
-                flags = [*_FLAGS, f"--window-size={size[0]},{size[1]}", f"--user-data-dir={profile_dir}"]
+                args = [*_FLAGS, *flags, f"--window-size={size[0]},{size[1]}", f"--user-data-dir={profile_dir}"]
                 capabilities = {"capabilities": {"alwaysMatch": {
                     "browserName": "chrome",
-                    "goog:chromeOptions": {"binary": chromium, "args": flags},
+                    "goog:chromeOptions": {"binary": chromium, "args": args},
                     "goog:loggingPrefs": {"browser": "ALL"},
                 }}}
                 response = await client.post("/session", json=capabilities)

@@ -10,11 +10,9 @@ listing and a compact row per record, cached by (mtime, size) so a live page
 that polls re-reads only what changed; a request reads rows for a bounded time
 and answers the rest as placeholders (``pending``) that a background pass
 fills in, so the first page of a 10,000-task run does not wait for every
-record. A record is read in full only for its attempt page. Large records are
-split at read time: each trajectory is scanned one message at a time (other
-threads, and the server's event loop, run between messages) and kept as the
-JSON text of its chunks of :data:`CHUNK_STEPS` messages, in a cache bounded by
-characters, so a chunk request never re-parses the record.
+record. A record is read in full only for its attempt page, its trajectories
+split into chunks as :mod:`._trajectory` reads them, in a cache bounded by
+characters. A task's value reduces its attempts as the store's metrics do.
 """
 
 from __future__ import annotations
@@ -29,27 +27,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._observations import reduce_values
 from .._store._keys import task_key
+from .._store._metrics import reduce_attempt_values
 from ._logs import list_logs, read_log
+from ._trajectory import CHUNK_STEPS, LARGE_RECORD, RawJSON, Trajectory, read_record
 
 __all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
 
-#: Messages per trajectory chunk: small enough to parse and render in a frame.
-CHUNK_STEPS = 500
 _SEVERITIES = ("fatal", "error", "normal")
 _ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 #: Characters of parsed records (trajectory chunks as JSON text) kept per run.
 RECORD_CACHE_CHARS = 256 * 1024 * 1024
-#: Records at least this large are split at read time and summarized by the
-#: background pass rather than by a page request.
-LARGE_RECORD = 256 * 1024
 #: How long a run page request reads rows before answering with placeholders.
-ROW_BUDGET_SECONDS = 0.5
+ROW_BUDGET_SECONDS = 0.3
 _CHECKPOINT = "checkpoint.json"
-_TRAJECTORY_KEY = re.compile(r'"trajectory"[ \t\n\r]*:[ \t\n\r]*\[')
-_WS = re.compile(r"[ \t\n\r]*")
-_MARK = "\u0000compass-trajectory-"
 _PRIMARY_FALLBACK = ("reward", "passed", "correct", "score", "accuracy")
 
 
@@ -95,33 +86,6 @@ def _read_json(path: str | Path) -> Any:
         return json.loads(f.read())
 
 
-class Trajectory:
-    """A trajectory kept as the JSON text of its chunks (far smaller than the
-    parsed messages), with the counts the attempt page shows."""
-
-    __slots__ = ("chunks", "steps", "tool_calls")
-
-    def __init__(self, chunks: list[str], steps: int, tool_calls: int) -> None:
-        self.chunks = chunks
-        self.steps = steps
-        self.tool_calls = tool_calls
-
-    @classmethod
-    def of(cls, messages: Any) -> Trajectory:
-        messages = messages if isinstance(messages, list) else []
-        chunks = [json.dumps(messages[i : i + CHUNK_STEPS], separators=(",", ":"), default=str)
-                  for i in range(0, len(messages), CHUNK_STEPS)]
-        return cls(chunks, len(messages), sum(_tool_calls(m) for m in messages))
-
-    @property
-    def chars(self) -> int:
-        return sum(len(c) for c in self.chunks)
-
-
-class RawJSON(str):
-    """JSON text to send as it is (a trajectory chunk, already serialized)."""
-
-
 class RunData:
     """One run directory as the viewer sees it (blocking reads: call from
     worker threads; the caches are shared under a lock)."""
@@ -163,6 +127,15 @@ class RunData:
             "started_at": info.get("started_at"),
             "ended_at": info.get("ended_at"),
         }
+
+    def signature(self) -> tuple[tuple[int, int] | None, ...]:
+        """The state of the files a run page is read from (their mtimes and
+        sizes, and those of the ``details/`` directories, which every record
+        written renames into): equal signatures, equal pages, once no row is
+        a placeholder and the run is not live."""
+        names = ("run_info.json", "metrics.json", "progress.json", "progress.jsonl")
+        return (*(_stat_key(str(self.run_dir / n)) for n in names),
+                *(_stat_key(str(self.run_dir / "details" / s)) for s in _SEVERITIES))
 
     def run(self, budget: float | None = None) -> dict[str, Any]:
         """Everything the run page shows, with one compact row per task.
@@ -313,7 +286,7 @@ class RunData:
             return cached[1]
         try:
             if stat[1] >= LARGE_RECORD:
-                record = self._load(path, stat)
+                record = self._load(path, stat, key)
             else:
                 record = _read_json(path)
             row = _row(key, record)
@@ -382,19 +355,23 @@ class RunData:
             if not match or stat is None:
                 continue
             try:
-                attempt = self._load(str(path), stat)
+                attempt = self._load(str(path), stat, key)
             except (OSError, ValueError):
                 continue  # being replaced right now: the next refresh shows it
+            if isinstance(attempt, dict) and isinstance(attempt.get("record"), dict):
+                attempt = attempt["record"]  # the store's form: {"task_id", "record"}
             if isinstance(attempt, dict):
                 found.append((int(match.group(1)), attempt))
         return [a for _, a in sorted(found, key=lambda x: x[0])]
 
     # ------------------------------------------------------------ attempt page
 
-    def task(self, key: str) -> dict[str, Any] | None:
+    def task(self, key: str, group: int = 1) -> dict[str, Any] | None:
         """A task's record with each trajectory replaced by its length and
-        chunk count, plus its discarded tries. A task that has no record yet
-        shows the attempts it has checkpointed."""
+        chunk count (``group`` of :data:`CHUNK_STEPS`-message chunks to a
+        file), plus its discarded tries. A trajectory of one chunk comes
+        inline (``trajectory_inline``), so a short attempt is one file. A
+        task that has no record yet shows the attempts it has checkpointed."""
         record = self._record(key)
         if record is None:
             return None
@@ -406,9 +383,11 @@ class RunData:
             if not isinstance(trajectory, Trajectory):
                 trajectory = Trajectory.of(trajectory)
             run_result["trajectory_steps"] = trajectory.steps
-            run_result["trajectory_chunks"] = len(trajectory.chunks)
-            run_result["trajectory_chunk_steps"] = CHUNK_STEPS
+            run_result["trajectory_chunks"] = -(-len(trajectory.chunks) // group)
+            run_result["trajectory_chunk_steps"] = CHUNK_STEPS * group
             run_result["tool_calls"] = trajectory.tool_calls
+            if len(trajectory.chunks) == 1:
+                run_result["trajectory_inline"] = json.loads(trajectory.chunks[0])
             attempt["run_result"] = run_result
             attempt["logs"] = list_logs(self._logs_dir(key, attempt.get("attempt")))
             attempts.append(attempt)
@@ -422,21 +401,29 @@ class RunData:
             "discarded": self._discarded(key),
         }
 
-    def trajectory_chunk(self, key: str, attempt_index: int, chunk: int) -> RawJSON | None:
+    def trajectory(self, key: str, attempt_index: int) -> Trajectory | None:
+        """The trajectory of one attempt of a task (or of its checkpoint)."""
         record = self._record(key)
         if record is None:
             return None
         for attempt in record.get("attempts") or []:
             if attempt.get("attempt") == attempt_index:
                 trajectory = (attempt.get("run_result") or {}).get("trajectory")
-                if not isinstance(trajectory, Trajectory):
-                    trajectory = Trajectory.of(trajectory)
-                if chunk == 0 and not trajectory.chunks:
-                    return RawJSON("[]")
-                if not 0 <= chunk < len(trajectory.chunks):
-                    return None
-                return RawJSON(trajectory.chunks[chunk])
+                return trajectory if isinstance(trajectory, Trajectory) else Trajectory.of(trajectory)
         return None
+
+    def trajectory_chunk(self, key: str, attempt_index: int, chunk: int, group: int = 1) -> RawJSON | None:
+        """Chunk ``chunk`` (of ``group`` stored chunks) of a trajectory as JSON text."""
+        trajectory = self.trajectory(key, attempt_index)
+        text = trajectory.group(chunk, group) if trajectory is not None else None
+        return None if text is None else RawJSON(text)
+
+    def find(self, key: str, attempt_index: int, query: str, group: int = 1) -> dict[str, Any] | None:
+        """The chunks (of ``group``) of a trajectory that may hold ``query``."""
+        trajectory = self.trajectory(key, attempt_index)
+        if trajectory is None:
+            return None
+        return {"query": query, "chunks": sorted({n // group for n in trajectory.find(query)})}
 
     def log_file(self, key: str, attempt_index: int, index: int) -> dict[str, Any] | None:
         """The ``index``-th kept log file of an attempt (see :mod:`._logs`)."""
@@ -460,12 +447,12 @@ class RunData:
                     "severity": None, "checkpointed": True, "attempts": attempts}
         path, _, stat = found
         try:
-            record = self._load(path, stat)
+            record = self._load(path, stat, key)
         except (OSError, ValueError):
             return None
         return record if isinstance(record, dict) else None
 
-    def _load(self, path: str, stat: tuple[int, int]) -> Any:
+    def _load(self, path: str, stat: tuple[int, int], key: str) -> Any:
         """The parsed file at ``path`` with its trajectories as
         :class:`Trajectory`, from the bounded cache or read once (two
         threads asking for the same file wait for one read)."""
@@ -482,7 +469,7 @@ class RunData:
                     self._records.move_to_end(path)
                     return cached[1]
             try:
-                value, chars = read_record(path)
+                value, chars = read_record(path, str(self.run_dir / "tasks" / key))
                 with self._lock:
                     self.records_read += 1
             finally:
@@ -516,103 +503,6 @@ class RunData:
                     continue
                 tries.append({"attempt": int(match.group(1)), "try": name[: -len(".json")], "data": data})
         return tries
-
-
-def read_record(path: str) -> tuple[Any, int]:
-    """A record or checkpoint with every ``run_result.trajectory`` as a
-    :class:`Trajectory`, and the characters it holds (for the cache bound).
-
-    A large file's trajectories are located and scanned one message at a time
-    (the rest of the file is parsed with them cut out), so the interpreter
-    switches threads between messages instead of holding the lock for the
-    whole parse; anything unexpected falls back to one plain parse."""
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8")
-    if len(text) >= LARGE_RECORD:
-        try:
-            return _read_split(text), len(text)
-        except (ValueError, IndexError, StopIteration):
-            pass
-    value = json.loads(text)
-    for run_result in _run_results(value):
-        run_result["trajectory"] = Trajectory.of(run_result.get("trajectory"))
-    return value, len(text)
-
-
-def _read_split(text: str) -> Any:
-    pieces: list[str] = []
-    trajectories: list[Trajectory] = []
-    pos = 0
-    while match := _TRAJECTORY_KEY.search(text, pos):
-        start = match.end() - 1
-        trajectory, end = _scan_array(text, start)
-        pieces += [text[pos:start], json.dumps(f"{_MARK}{len(trajectories)}")]
-        trajectories.append(trajectory)
-        pos = end
-    pieces.append(text[pos:])
-    value = json.loads("".join(pieces))
-    placed = 0
-    for run_result in _run_results(value):
-        mark = run_result.get("trajectory")
-        if isinstance(mark, str) and mark.startswith(_MARK):
-            run_result["trajectory"] = trajectories[int(mark[len(_MARK):])]
-            placed += 1
-        elif "trajectory" in run_result:
-            run_result["trajectory"] = Trajectory.of(mark)
-    if placed != len(trajectories):
-        raise ValueError("a trajectory key outside a run result")
-    return value
-
-
-_DECODER = json.JSONDecoder()
-
-
-def _scan_array(text: str, start: int) -> tuple[Trajectory, int]:
-    """The array of messages opening at ``text[start]`` ('['), as chunk texts
-    sliced from ``text``, and the index after its ']'."""
-    scan = _DECODER.scan_once
-    ws = _WS.match
-    bounds: list[int] = []
-    tool_calls = 0
-    i = ws(text, start + 1).end()
-    if text[i] == "]":
-        return Trajectory([], 0, 0), i + 1
-    while True:
-        message, end = scan(text, i)
-        bounds.append(i)
-        tool_calls += _tool_calls(message)
-        i = ws(text, end).end()
-        if text[i] == ",":
-            i = ws(text, i + 1).end()
-            continue
-        if text[i] != "]":
-            raise ValueError(f"unexpected {text[i]!r} in a trajectory")
-        bounds.append(end)  # the end of the last message
-        break
-    steps = len(bounds) - 1
-    chunks = []
-    for first in range(0, steps, CHUNK_STEPS):
-        last = min(first + CHUNK_STEPS, steps)
-        stop = bounds[last] if last == steps else text.rindex(",", bounds[last - 1], bounds[last])
-        chunks.append("[" + text[bounds[first]:stop] + "]")
-    return Trajectory(chunks, steps, tool_calls), i + 1
-
-
-def _run_results(value: Any) -> list[dict[str, Any]]:
-    """The run results of a record (its attempts') or of one attempt."""
-    if not isinstance(value, dict):
-        return []
-    attempts = value.get("attempts") if "attempts" in value else [value]
-    found = []
-    for attempt in attempts if isinstance(attempts, list) else []:
-        run_result = attempt.get("run_result") if isinstance(attempt, dict) else None
-        if isinstance(run_result, dict):
-            found.append(run_result)
-    return found
-
-
-def _tool_calls(message: Any) -> int:
-    return len(message.get("tool_calls") or []) if isinstance(message, dict) else 0
 
 
 def _task_id_of(attempts: list[dict[str, Any]]) -> str | None:
@@ -704,4 +594,4 @@ def _guess_series(rows: list[dict[str, Any]]) -> list[str]:
 def _reduce(values: list[dict[str, Any]], series: str, strategy: str) -> float | None:
     """A task's value for ``series`` as SPEC 6 reduces attempts (avg or pass;
     another strategy is read as avg)."""
-    return reduce_values((v.get(series) for v in values), "pass" if strategy == "pass" else "avg")
+    return reduce_attempt_values(values, series, "pass" if strategy == "pass" else "avg")

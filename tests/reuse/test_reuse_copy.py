@@ -26,6 +26,7 @@ from agentcompass._orchestration._launch import orchestrate
 from agentcompass._orchestration._reuse import ReusePlan, _copy_into
 from agentcompass._redact import MASK, register_secret
 from agentcompass._store import Disk, load_run, open_run_store, task_key
+from agentcompass._store._trajectories import TRAJECTORY_CHUNK
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 from agentcompass.testing import fake_request
 from agentcompass.testing._fake_disk import FakeDisk
@@ -211,3 +212,17 @@ async def test_link_tasks_raises_when_a_record_it_writes_instead_fails(tmp_path:
         # The failure left the store usable and the task's clean-up known.
         await store.save_task(links[1][0])
         assert set(load_run(store.run_dir).details) == {"t1", "t2"}
+
+
+async def test_a_record_with_its_trajectory_beside_it_is_reused_whole(tmp_path: Path) -> None:
+    trajectory = [{"role": "assistant", "content": f"m{i}"} for i in range(TRAJECTORY_CHUNK + 3)]
+    long = AttemptRecord(attempt=0, status="completed", values={"score": 1.0}, run_result=RunResult(output="x", trajectory=trajectory))
+    source = await _source(tmp_path, TaskRecord("long", None, [long], "normal"), _record("t2"))
+    records, verbatim = _verbatim(source)
+    assert set(verbatim) == {"t2"}
+    async with open_run_store(tmp_path, "new") as store:
+        await _copy_into(store, ReusePlan([], reused=records), verbatim)
+    chunks = store.run_dir / "tasks" / task_key("long") / "attempt-0" / "trajectory"
+    assert sorted(p.name for p in chunks.iterdir()) == ["0.json", "1.json"]
+    assert load_run(store.run_dir).details == load_run(source).details
+    assert load_run(store.run_dir).details["long"].attempts[0].run_result.trajectory == trajectory  # type: ignore[union-attr]

@@ -25,6 +25,7 @@ from agentcompass._store import (
 )
 from agentcompass._store._disk import is_temp_name, temp_name
 from agentcompass._store._run_store import RUN_ID_PATTERN, RunStore
+from agentcompass._store._trajectories import TRAJECTORY_CHUNK
 from agentcompass.runtime import AttemptRecord, Issue, RunResult, TaskRecord
 from agentcompass.testing._fake_disk import FakeDisk
 
@@ -491,3 +492,44 @@ async def test_an_open_abandoned_in_its_thread_lets_go_of_the_lock(tmp_path: Pat
     assert await trio.to_thread.run_sync(disk.released.wait, 10)
     assert not opened
     assert not _run_store.run_is_live(tmp_path / "req" / "r1")
+
+
+def _long_attempt(n: int, messages: int) -> AttemptRecord:
+    trajectory = [{"role": "tool" if i % 2 else "assistant", "content": f"message {i}",
+                   "tool_calls": [] if i % 2 else [{"id": f"c{i}", "name": "bash", "arguments": "{}"}]} for i in range(messages)]
+    trajectory[-1]["content"] = "Authorization: Bearer sk-live0123456789abcdefSECRET"
+    return AttemptRecord(attempt=n, status="completed", values={"accuracy": 1.0},
+                         run_result=RunResult(output="done", trajectory=trajectory))
+
+
+async def test_a_long_trajectory_is_written_beside_its_record_in_chunks(tmp_path: Path) -> None:
+    chunk = TRAJECTORY_CHUNK
+    task_id = "Long/Task"
+    key = task_key(task_id)
+    short, long = attempt(0), _long_attempt(1, 2 * chunk + 7)
+    record = task(task_id, "normal", short, long)
+    async with open_run_store(tmp_path, "req") as store:
+        await store.save_checkpoint(task_id, long)
+        in_progress = load_run(store.run_dir)
+        assert in_progress.checkpoints[task_id][1].run_result.trajectory[:-1] == long.run_result.trajectory[:-1]  # type: ignore[union-attr]
+        await store.save_task(record)
+        run_dir = store.run_dir
+    written = json.loads((run_dir / "details" / "normal" / f"{key}.json").read_text())
+    runs = [a["run_result"] for a in written["attempts"]]
+    assert runs[0]["trajectory"] == []  # short ones stay in the record
+    assert runs[1]["trajectory"] == {"split": chunk, "messages": 2 * chunk + 7, "tool_calls": chunk + 4}
+    chunks = sorted((run_dir / "tasks" / key / "attempt-1" / "trajectory").iterdir(), key=lambda p: int(p.stem))
+    assert [p.name for p in chunks] == ["0.json", "1.json", "2.json"]
+    messages = [m for p in chunks for m in json.loads(p.read_text())]
+    assert [len(json.loads(p.read_text())) for p in chunks] == [chunk, chunk, 7]
+    assert messages[:-1] == long.run_result.trajectory[:-1]  # type: ignore[union-attr]
+    assert "SECRET" not in chunks[-1].read_text() and "Authorization: **********" in chunks[-1].read_text()  # each chunk masked
+    # Read back whole; not offered for verbatim reuse (its file is not all of it).
+    loaded = load_run(run_dir, keep_files=True)
+    back = loaded.details[task_id]
+    assert back.attempts[1].run_result.trajectory == messages  # type: ignore[union-attr]
+    assert back.attempts[0] == short and loaded.checkpoints == {} and task_id not in loaded.files
+    # A chunk gone: the record is unreadable, not silently short.
+    chunks[1].unlink()
+    broken = load_run(run_dir)
+    assert task_id not in broken.details and any("unreadable record" in n for n in broken.notes)

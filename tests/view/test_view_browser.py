@@ -24,7 +24,7 @@ from view_helpers import (
     writer_lock,
 )
 
-from agentcompass._view import CHUNK_STEPS, Site, find_runs, serve
+from agentcompass._view import Site, find_runs, serve
 from agentcompass._view._browser import Browser
 
 HANG_GUARD = 120
@@ -193,37 +193,79 @@ async def test_large_task_table_renders_only_visible_rows(viewer, browser: Brows
         assert await browser.text("#task-count") == f"10 of {n:,} tasks"
 
 
-async def test_long_trajectory_loads_and_renders_incrementally(viewer, browser: Browser, tmp_path: Path) -> None:
-    steps = 2 * CHUNK_STEPS  # messages: 2 + 2 * steps, over several chunks
+async def test_long_trajectory_is_virtual_searchable_and_jumpable(viewer, browser: Browser, tmp_path: Path) -> None:
+    steps = 3000  # 6,002 messages over 13 chunks: what a 100,000-step one shows, smaller
     tasks = [task("long", attempt(trajectory=agent_trajectory(steps)))]
     run_dir = write_run(tmp_path / "runs", "long", "20260101T000000.000Z-0001", tasks)
     total = 2 + 2 * steps
+    state = "document.querySelector('#trajectory').dataset"
     with trio.fail_after(HANG_GUARD):
         url = await viewer([run_dir])
         await browser.goto(url + "#/run/0/task/long/0")
         await wait_ready(browser, "attempt")
-        await browser.wait_for("+document.querySelector('#trajectory').dataset.shown > 0")
-        first = int(await browser.execute("return document.querySelector('#trajectory').dataset.shown"))
-        assert first < total  # not everything at once
-        shown = first
-        while shown < total:
-            await browser.execute("window.scrollTo(0, document.body.scrollHeight)")
-            await browser.wait_for(f"+document.querySelector('#trajectory').dataset.shown > {shown}")
-            shown = int(await browser.execute("return document.querySelector('#trajectory').dataset.shown"))
-        assert len(await browser.find_all(".msg")) == total
-        assert f"all {total:,} messages" == await browser.text("#trajectory-more")
+        await browser.wait_for(f"{state}.first === '0' && !document.querySelector('#trajectory .msg.loading')")
+        # The scrollbar spans every message; only those on screen are in the DOM.
+        box = await browser.execute("const b = document.querySelector('#trajectory-box');"
+                                    " return [b.scrollHeight, b.clientHeight]")
+        assert box[0] - box[1] >= (total - 1) * 90
+        positions = [k / 12 for k in range(13)]
+        for fraction in positions + positions[::-1]:  # first to last and back
+            await browser.execute("const b = document.querySelector('#trajectory-box');"
+                                  " b.scrollTop = arguments[0] * (b.scrollHeight - b.clientHeight)", fraction)
+            expected = min(total - 1, round(fraction * (total - 1)))
+            await browser.wait_for(f"Math.abs(+{state}.first - arguments[0]) <= 12 && !document.querySelector('#trajectory .msg.loading')",
+                                   expected)
+            shown = await browser.execute("return [...document.querySelectorAll('#trajectory .msg')].map(m => +m.dataset.index)")
+            assert len(shown) < 40 and shown == list(range(shown[0], shown[0] + len(shown))), shown
+            if fraction == 1:
+                assert shown[-1] == total - 1 and await browser.execute(f"return {state}.last") == str(total - 1)
+        assert await browser.execute(f"return {state}.first") == "0"
+        await browser.screenshot(tmp_path / "long-trajectory.png")
 
-        # Jumping renders from any message without the ones before it.
-        await browser.click("#jump-end")
-        await browser.wait_for(f"document.querySelector('#trajectory').dataset.shown === '{total}'"
-                               f" && document.querySelector('#trajectory').dataset.first === '{total - 100}'")
-        numbers = await browser.execute("return [...document.querySelectorAll('.msg .meta span:nth-child(2)')].map(s => s.textContent)")
-        assert numbers[0] == f"#{total - 100}" and numbers[-1] == f"#{total - 1}" and len(numbers) == 100
+        # Search by text: the right message, then the next and the previous match.
+        await browser.type("input[name=find]", "data-2990.txt\n")
+        assert_at = 2 + 2 * 2990  # the assistant's call; its result follows
+        await browser.wait_for(f"{state}.match === '{assert_at}' && {state}.first === '{assert_at}'")
+        assert await browser.execute(f"return document.querySelector('.msg[data-index=\"{assert_at}\"]').classList.contains('hit')")
+        await browser.click("#find-next")
+        await browser.wait_for(f"{state}.match === '{assert_at + 1}'")
+        answers = await browser.text(f".msg[data-index='{assert_at + 1}'] .answers")
+        assert answers == f"answers bash call_2990 (#{assert_at})"  # which call this result answers
+        await browser.click("#find-prev")
+        await browser.wait_for(f"{state}.match === '{assert_at}'")
+        await browser.screenshot(tmp_path / "long-trajectory-found.png")
+        # ... by tool name, backwards from the top: the last message named bash.
+        await browser.click("#jump-start")
+        await browser.execute("const q = document.querySelector('input[name=find]'); q.value = 'BASH';"
+                              " q.dispatchEvent(new Event('input'))")
+        await browser.click("#find-prev")
+        await browser.wait_for(f"{state}.match === '{total - 1}'")
+        assert await browser.execute(f"return {state}.last") == str(total - 1)
+
+        # Jump to a message, and back up from it: the ones before it are there.
         await browser.type("input[name=jump]", "777")
         await browser.click("#jump-go")
-        await browser.wait_for("document.querySelector('#trajectory').dataset.first === '777'")
-        assert (await browser.text(".msg .meta span:nth-child(2)")) == "#777"
-        await browser.screenshot(tmp_path / "long-trajectory.png")
+        await browser.wait_for(f"{state}.first === '777'")
+        assert (await browser.text(".msg .meta .index")) == "#777"
+        await browser.execute("document.querySelector('#trajectory-box').scrollTop -= 150")
+        await browser.wait_for(f"+{state}.first < 777 && !document.querySelector('#trajectory .msg.loading')")
+        assert await browser.execute("return document.querySelector('.msg[data-index=\"776\"]') !== null")
+
+
+async def test_a_short_trajectory_renders_whole_and_searches(viewer, browser: Browser, tmp_path: Path) -> None:
+    trajectory = agent_trajectory(3)
+    trajectory[5]["exit_code"] = 1
+    run_dir = write_run(tmp_path / "runs", "short", "20260101T000000.000Z-0001", [task("short", attempt(trajectory=trajectory))])
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0/task/short/0")
+        await wait_ready(browser, "attempt")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.shown === '8'")
+        exits = await browser.execute("return [...document.querySelectorAll('.msg.tool .exit')].map(e => [e.textContent, e.className])")
+        assert [e[0] for e in exits] == ["exit 0", "exit 1", "exit 0"]
+        assert "b-bad" in exits[1][1] and "b-ok" in exits[0][1]  # a failed command looks failed
+        await browser.type("input[name=find]", "data-2\n")
+        await browser.wait_for("document.querySelector('#trajectory').dataset.match === '6'")
 
 
 async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, tmp_path: Path) -> None:
@@ -255,6 +297,76 @@ async def test_live_run_page_refreshes_from_progress(viewer, browser: Browser, t
         assert rows == ["third"]
         assert "harness_timeout" in await browser.text("#issue-codes")
         await browser.screenshot(tmp_path / "live-after.png")
+
+
+async def test_typing_in_the_filter_during_a_live_run_keeps_focus_and_every_character(
+    viewer, browser: Browser, tmp_path: Path
+) -> None:
+    run_dir = write_run(tmp_path / "runs", "live", "20260101T000000.000Z-0001", [task("task-000", attempt())], status="running",
+                        events=[{"event": "run_started", "t": 1.0}, {"event": "task_started", "t": 1.1, "task": "task-000"},
+                                {"event": "task_finished", "t": 1.2, "task": "task-000"}])
+    typed = "k-00"
+    with trio.fail_after(HANG_GUARD), writer_lock(run_dir):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.text("#live") == "live"
+        await browser.click("input[name=text]")
+        await browser.execute("window.filterInput = document.activeElement")
+        for n, key in enumerate(typed, 1):
+            # A task finishes, then a key is pressed: the refresh lands while the person types.
+            write_json(run_dir / "details" / "normal" / f"task-00{n}.json", task(f"task-00{n}", attempt(), category=f"c{n}"))
+            append_events(run_dir, [{"event": "task_finished", "t": 2.0 + n, "task": f"task-00{n}"}])
+            await browser.keys(key)
+            await browser.wait_for(f"document.querySelector('#task-count').textContent.endsWith(' of {n + 1} tasks')")
+            assert await browser.execute("return document.activeElement === window.filterInput && window.filterInput.isConnected")
+        assert await browser.execute("return window.filterInput.value") == typed
+        assert await browser.text("#task-count") == f"{len(typed) + 1} of {len(typed) + 1} tasks"
+
+        # A dropdown someone has open (focused) is left alone by the refresh; its new options come after.
+        await browser.click("select[name=category]")
+        await browser.execute("window.categorySelect = document.activeElement")
+        before = await browser.execute("return [...window.categorySelect.options].map(o => o.value)")
+        write_json(run_dir / "details" / "normal" / "task-009.json", task("task-009", attempt(), category="new-category"))
+        append_events(run_dir, [{"event": "task_finished", "t": 9.0, "task": "task-009"}])
+        await browser.wait_for(f"document.querySelector('#task-count').textContent.endsWith(' of {len(typed) + 2} tasks')")
+        assert await browser.execute("return document.activeElement === window.categorySelect && window.categorySelect.isConnected")
+        assert await browser.execute("return [...window.categorySelect.options].map(o => o.value)") == before
+        await browser.execute("window.categorySelect.blur()")
+        await browser.wait_for("[...window.categorySelect.options].some(o => o.value === 'new-category')")
+        await browser.screenshot(tmp_path / "live-typing.png")
+
+
+async def test_run_page_task_table_above_the_fold_with_every_attempt_and_sort_arrows(
+    viewer, browser: Browser, tmp_path: Path
+) -> None:
+    statuses = ["completed", "run_error", "completed", "timed_out", "eval_error"]
+    attempts = [attempt(n, status=s, values={"reward": float(s == "completed")}) for n, s in enumerate(statuses)]
+    for a in attempts:
+        a["timings"] = {"setup": 0.0001, "run": 0.0002, "collect": 0.0, "evaluate": 0.0001}  # 0.4 ms in all
+    tasks = [task(f"t{i}", *attempts, category="c") for i in range(3)]
+    run_dir = write_run(tmp_path / "runs", "k5", "20260101T000000.000Z-0001", tasks, metrics=metrics_for({f"t{i}": 0.4 for i in range(3)}))
+    with trio.fail_after(HANG_GUARD):
+        url = await viewer([run_dir])
+        await browser.goto(url + "#/run/0")
+        await wait_ready(browser, "run")
+        assert await browser.execute("return document.querySelector('#task-table .vt-row').getBoundingClientRect().bottom <= innerHeight")
+        # k = 5: five badges, each inside its cell.
+        fits = await browser.execute("""
+            const cell = document.querySelector('#task-table .vt-row > div:nth-child(4)'); const box = cell.getBoundingClientRect();
+            return [...cell.querySelectorAll('.badge')].map(b => { const r = b.getBoundingClientRect();
+              return [b.title, r.left >= box.left && r.right <= box.right]; });""")
+        assert fits == [[f"attempt {n}: {s}", True] for n, s in enumerate(statuses)]
+        time_cell = await browser.text("#task-table .vt-row > div:nth-child(8)")
+        assert time_cell == "2.00 ms"  # five attempts of 0.4 ms, not "0 ms"
+        heads = "return [...document.querySelectorAll('#task-table .vt-head div')].map(d => d.textContent)"
+        assert not any(h.endswith(("▲", "▼")) for h in await browser.execute(heads))
+        await browser.click("#task-table .vt-head div:nth-child(1)")
+        assert (await browser.execute(heads))[0] == "task ▲"
+        await browser.click("#task-table .vt-head div:nth-child(1)")
+        assert (await browser.execute(heads))[0] == "task ▼"
+        assert await browser.text("#task-table .vt-row > div:first-child") == "t2"
+        await browser.screenshot(tmp_path / "k5-run.png")
 
 
 class _GatedSite(Site):

@@ -10,9 +10,12 @@ from pathlib import Path
 
 from view_helpers import COMPASS, agent_trajectory, attempt, run_dir_state, task, write_json, write_run, writer_lock
 
+from agentcompass._store import open_run_store
 from agentcompass._store._keys import task_key
 from agentcompass._view import CHUNK_STEPS, Site, find_runs, write_site
 from agentcompass._view._data import LARGE_RECORD, RunData, read_record
+from agentcompass._view._site import STATIC_GROUP, TASKS_PER_BUNDLE
+from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 
 
 def _large_task(task_id: str, steps: int) -> dict:
@@ -122,16 +125,20 @@ def test_out_removes_its_own_stale_files_and_nothing_else(tmp_path: Path) -> Non
     run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001",
                         [task("keep", attempt()), task("gone", attempt(trajectory=agent_trajectory(2)))])
     out = tmp_path / "site"
-    write_site(Site(find_runs([run_dir]), live=False), out)
-    assert (out / "data/0/task/gone.js").is_file() and (out / "data/0/traj/gone/0-0.js").is_file()
+    write_site(Site(find_runs([run_dir]), live=False, static=True), out)
+    (out / "data/0/traj/gone").mkdir(parents=True)
+    (out / "data/0/traj/gone/0-0.js").write_text("an older layout's file")
+    (out / "data/0/task").mkdir(parents=True)
+    (out / "data/0/task/gone.js").write_text("an older layout's file")
+    assert "gone" in (out / "data/0/tasks/0.js").read_text()
     (out / "data/notes.txt").write_text("mine")
     (out / "data/0/task/mine.json").write_text("{}")
     (out / "README").write_text("mine")
     (run_dir / "details" / "normal" / "gone.json").unlink()
 
-    write_site(Site(find_runs([run_dir]), live=False), out)
+    write_site(Site(find_runs([run_dir]), live=False, static=True), out)
     assert not (out / "data/0/task/gone.js").exists() and not (out / "data/0/traj/gone").exists()
-    assert (out / "data/0/task/keep.js").is_file() and (out / "data/0/run.js").is_file()
+    assert "gone" not in (out / "data/0/tasks/0.js").read_text() and (out / "data/0/run.js").is_file()
     assert [(out / p).read_text() for p in ("data/notes.txt", "data/0/task/mine.json", "README")] == ["mine", "{}", "mine"]
 
 
@@ -144,3 +151,43 @@ def test_out_refuses_a_run_directory_or_one_that_holds_runs(tmp_path: Path) -> N
                               check=False)
         assert done.returncode == 2 and message in done.stderr, done.stderr
     assert run_dir_state(tmp_path) == before
+
+
+def test_out_writes_a_few_files_per_thousand_tasks(tmp_path: Path) -> None:
+    n = 2000
+    tasks = [task(f"task-{i:05d}", attempt(trajectory=agent_trajectory(3))) for i in range(n)]
+    tasks.append(task("long", attempt(trajectory=agent_trajectory(4 * STATIC_GROUP * CHUNK_STEPS // 2))))
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", tasks)
+    out = tmp_path / "site"
+    written = write_site(Site(find_runs([run_dir]), live=False, static=True), out)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert written == len(files)
+    # 3 page files, config, runs, the run page, 11 task bundles and the long trajectory's 5 files.
+    assert len(files) == 6 + -(-(n + 1) // TASKS_PER_BUNDLE) + 5
+    bundle = json.loads((out / "data/0/tasks/0.js").read_text().split(",", 1)[1][:-3])
+    assert len(bundle) == TASKS_PER_BUNDLE and bundle["long"]["attempts"][0]["run_result"]["trajectory_chunks"] == 5
+    assert len(bundle["task-00000"]["attempts"][0]["run_result"]["trajectory_inline"]) == 8
+    last = json.loads((out / "data/0/traj/long/0-4.js").read_text().split(",", 1)[1][:-3])
+    assert last[-1]["content"] == f"{4 * STATIC_GROUP * CHUNK_STEPS // 2} /app/data-{4 * STATIC_GROUP * CHUNK_STEPS // 2 - 1}.txt"
+
+
+async def test_a_trajectory_the_store_wrote_beside_its_record_is_served_from_its_files(tmp_path: Path) -> None:
+    trajectory = agent_trajectory(CHUNK_STEPS + 10)  # 1,022 messages: three files
+    record = TaskRecord("split", None, [AttemptRecord(attempt=0, status="completed", values={"reward": 1.0},
+                                                      run_result=RunResult(output="x", trajectory=trajectory))], "normal")
+    async with open_run_store(tmp_path, "r") as store:
+        await store.save_task(record)
+    files = store.run_dir / "tasks" / "split" / "attempt-0" / "trajectory"
+    site = Site([store.run_dir], live=True)
+    detail = site.runs[0].task("split")
+    assert detail is not None
+    rr = detail["attempts"][0]["run_result"]
+    assert (rr["trajectory_steps"], rr["trajectory_chunks"], rr["tool_calls"]) == (len(trajectory), 3, CHUNK_STEPS + 10)
+    for n in range(3):
+        found = site.get(f"data/0/traj/split/0-{n}.js")
+        assert found is not None and found[0].decode().endswith(f",{(files / f'{n}.json').read_text()});\n")
+    found = site.get(f"data/0/find/split/0/{b'data-509.txt'.hex()}.js")
+    assert found is not None and b'"chunks":[2]' in found[0]
+    static = Site([store.run_dir], live=False, static=True)
+    (chunk,) = [p for p in static.paths() if "/traj/" in p]
+    assert json.loads(static.get(chunk)[0].decode().split(",", 1)[1][:-3]) == trajectory  # type: ignore[index]

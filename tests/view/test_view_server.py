@@ -104,11 +104,16 @@ def test_no_secret_reaches_any_page(agent_run: Path) -> None:
     site = Site(find_runs([agent_run]), live=False)
     pages = {path: site.get(path) for path in site.paths()}
     assert "data/0/traj/count-lines/0-0.js" in pages
-    for path, found in pages.items():
+    static = Site(find_runs([agent_run]), live=False, static=True)
+    bundles = {path: static.get(path) for path in static.paths()}
+    assert "data/0/tasks/0.js" in bundles  # the trajectory inline, in the bundle
+    for path, found in [*pages.items(), *bundles.items()]:
         assert found is not None, path
         body = found[0].decode()
         assert LEAKY_KEY not in body and "plain-text-oops-1234" not in body, path
-    assert "**********" in pages["data/0/traj/count-lines/0-0.js"][0].decode()  # type: ignore[index]
+    for body in (pages["data/0/traj/count-lines/0-0.js"][0], pages["data/0/task/count-lines.js"][0],  # type: ignore[index]
+                 bundles["data/0/tasks/0.js"][0]):  # type: ignore[index]
+        assert "Bearer **********" in body.decode()
 
 
 async def test_viewer_never_writes_to_a_run_directory(agent_run: Path, viewer, tmp_path: Path) -> None:
@@ -200,3 +205,68 @@ async def test_the_server_stops_within_the_callers_scope(agent_run: Path) -> Non
     port = int(url.split(":")[2].rstrip("/"))
     with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
         probe.connect(("127.0.0.1", port))
+
+
+def test_a_finished_run_page_is_built_once_until_its_files_change(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [task("a", attempt()), task("b", attempt())])
+    site = Site([run_dir], live=True)
+    first = site.get("data/0/run.js")
+    assert first is not None and site.get("data/0/run.js")[0] is first[0]  # type: ignore[index]  # the cached script
+    (run_dir / "details" / "normal" / "c.json").write_text(json.dumps(task("c", attempt(), category=f"leak {LEAKY_KEY}")))
+    changed = site.get("data/0/run.js")
+    assert changed is not None and changed[0] is not first[0]
+    page = _data(changed[0])
+    assert [t[0] for t in page["tasks"]] == ["a", "b", "c"]  # type: ignore[index]
+    assert LEAKY_KEY not in changed[0].decode() and "leak **********" in changed[0].decode()
+
+
+def test_a_live_page_gets_what_changed_since_its_version(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [task("a", attempt()), task("b", attempt())],
+                        status="running", events=[{"event": "run_started", "t": 1.0}])
+    site = Site([run_dir], live=True)
+    with writer_lock(run_dir):
+        page = _data(site.get("data/0/run.js")[0])  # type: ignore[index]
+        version = page["version"]  # type: ignore[index]
+        (run_dir / "details" / "normal" / "b.json").unlink()
+        (run_dir / "details" / "error" / "c.json").parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / "details" / "error" / "c.json").write_text(json.dumps(task("c", attempt(), category=LEAKY_KEY, severity="error")))
+        body = site.get(f"data/0/since/{version}.js")[0]  # type: ignore[index]
+        delta = _data(body)
+        assert LEAKY_KEY not in body.decode()
+        assert delta["delta"] == {"since": version, "removed": ["b"]}  # type: ignore[index]
+        assert [t[0] for t in delta["tasks"]] == ["c"] and delta["version"] > version  # type: ignore[index]
+        assert delta["issues_by_code"] == {} and delta["header"]["status"] == "running"  # type: ignore[index]
+        unchanged = _data(site.get(f"data/0/since/{delta['version']}.js")[0])  # type: ignore[index]
+        assert unchanged["tasks"] == [] and unchanged["delta"]["removed"] == []  # type: ignore[index]
+        whole = _data(site.get("data/0/since/999.js")[0])  # type: ignore[index]  # a version it never had: all of it
+        assert "delta" not in whole and [t[0] for t in whole["tasks"]] == ["a", "c"]  # type: ignore[index]
+
+
+def test_search_names_the_chunks_that_hold_a_text(tmp_path: Path) -> None:
+    trajectory = agent_trajectory(2 * CHUNK_STEPS)
+    trajectory[-1]["content"] = 'the "needle" here, ünïcode'
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [task("long", attempt(trajectory=trajectory))])
+    site = Site([run_dir], live=True)
+
+    def find(query: str) -> object:
+        return _data(site.get(f"data/0/find/long/0/{query.encode().hex()}.js")[0])  # type: ignore[index]
+
+    assert find('"NEEDLE" here') == {"query": '"NEEDLE" here', "chunks": [4]}
+    assert find("ÜNÏCODE") == {"query": "ÜNÏCODE", "chunks": [4]}
+    assert find("data-0.txt") == {"query": "data-0.txt", "chunks": [0]}
+    assert find("absent") == {"query": "absent", "chunks": []}
+    assert site.get("data/0/find/long/0/zz.js") is None and site.get("data/0/find/long/9/61.js") is None
+
+
+async def test_a_large_run_page_is_sent_gzipped_to_a_client_that_takes_it(viewer, tmp_path: Path) -> None:
+    tasks = [task(f"task-{i:04d}", attempt(), category="c") for i in range(1500)]
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", tasks)
+    with trio.fail_after(60):
+        url = await viewer([run_dir])
+        async with httpx.AsyncClient(base_url=url) as client:
+            zipped = await client.get("/data/0/run.js", headers={"accept-encoding": "gzip"})
+            plain = await client.get("/data/0/run.js", headers={"accept-encoding": "identity"})
+    assert zipped.headers["content-encoding"] == "gzip" and int(zipped.headers["content-length"]) < len(plain.content) / 4
+    assert "content-encoding" not in plain.headers and len(plain.content) >= 64 * 1024
+    assert zipped.content == plain.content  # httpx decodes it
+    assert len(_data(plain.content)["tasks"]) == 1500  # type: ignore[index]

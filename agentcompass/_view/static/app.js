@@ -5,11 +5,26 @@
 const COMPASS = (() => {
   const waiting = new Map();
   const cache = new Map();
+  // Data that came before it was asked for: the files index.html loads with the page.
+  const early = new Map();
   function put(id, data) {
     const w = waiting.get(id);
-    if (w) { waiting.delete(id); w.resolve(data); }
+    if (w) { waiting.delete(id); w.resolve(data); } else early.set(id, data);
+  }
+  // Served pages read data with fetch() and JSON.parse (faster, and no script
+  // source for the engine to keep); pages opened from disk, where browsers
+  // forbid fetch(), run the data files as scripts.
+  const served = location.protocol === "http:" || location.protocol === "https:";
+  async function fetchData(id) {
+    const response = await fetch("data/" + id.split("/").map(encodeURIComponent).join("/") + ".js", { cache: "no-store" });
+    if (!response.ok) throw new Error("cannot load " + id);
+    const text = await response.text();
+    const head = "COMPASS.put(" + JSON.stringify(id) + ",";
+    if (!text.startsWith(head)) throw new Error("no data in " + id);
+    return JSON.parse(text.slice(head.length, text.lastIndexOf(");")));
   }
   function fetchScript(id, fresh) {
+    if (served) return fetchData(id);
     return new Promise((resolve, reject) => {
       waiting.set(id, { resolve, reject });
       const s = document.createElement("script");
@@ -22,10 +37,14 @@ const COMPASS = (() => {
   // Loads of one id are serialized: put() resolves by id.
   const chains = new Map();
   function load(id, opts = {}) {
+    if (early.has(id)) { const data = early.get(id); early.delete(id); return Promise.resolve(data); }
     if (!opts.fresh && opts.cache !== false && cache.has(id)) return cache.get(id);
     const prev = chains.get(id) || Promise.resolve();
     const p = prev.catch(() => null).then(() => fetchScript(id, !!opts.fresh));
     chains.set(id, p);
+    // Forget a settled load (it would hold its data, a trajectory chunk say, for good).
+    const forget = () => { if (chains.get(id) === p) chains.delete(id); };
+    p.then(forget, forget);
     if (opts.cache !== false && !opts.fresh) {
       cache.set(id, p);
       p.catch(() => cache.delete(id));
@@ -71,6 +90,9 @@ function fmt(v, digits = 4) {
 function pm(v, stderr) { return v === null || v === undefined || stderr === null || stderr === undefined ? fmt(v) : `${fmt(v)} ± ${fmt(stderr)}`; }
 function secs(v) {
   if (v === null || v === undefined) return "—";
+  if (v === 0) return "0 s";
+  if (v < 1e-3) return (v * 1e6).toFixed(0) + " µs";
+  if (v < 0.01) return (v * 1000).toFixed(2) + " ms";
   if (v < 1) return (v * 1000).toFixed(0) + " ms";
   if (v < 120) return v.toFixed(2) + " s";
   if (v < 7200) return (v / 60).toFixed(1) + " min";
@@ -125,15 +147,25 @@ function virtualTable(columns, opts = {}) {
   const body = h("div", { class: "vt-body" }, spacer);
   const empty = h("div", { class: "vt-empty" }, opts.empty || "No rows match.");
   const root = h("div", { class: "vt", id: opts.id || null }, head, body);
-  let rows = [], sortCol = opts.sort || null, sortDir = opts.sortDir || 1, lastStart = -1, lastEnd = -1;
-  columns.forEach((c, i) => {
-    const cell = h("div", { class: c.num ? "num" : null, title: "sort by " + c.label }, c.label);
+  let rows = [], sortCol = opts.sort ?? null, sortDir = opts.sortDir || 1, lastStart = -1, lastEnd = -1;
+  const cells = columns.map((c, i) => {
+    const cell = h("div", { class: c.num ? "num" : null, title: "sort by " + c.label, role: "columnheader" }, c.label);
     cell.addEventListener("click", () => {
       if (sortCol === i) sortDir = -sortDir; else { sortCol = i; sortDir = 1; }
       api.setRows(rows);
     });
     head.appendChild(cell);
+    return cell;
   });
+  // The sorted column says so, with its direction.
+  function marks() {
+    cells.forEach((cell, i) => {
+      const on = sortCol === i;
+      cell.textContent = columns[i].label + (on ? (sortDir > 0 ? " ▲" : " ▼") : "");
+      cell.classList.toggle("sorted", on);
+      if (on) cell.setAttribute("aria-sort", sortDir > 0 ? "ascending" : "descending"); else cell.removeAttribute("aria-sort");
+    });
+  }
   function paint(force) {
     const top = body.scrollTop, height = body.clientHeight || 600;
     const start = Math.max(0, Math.floor(top / ROW_H) - 10);
@@ -171,6 +203,7 @@ function virtualTable(columns, opts = {}) {
         rows = rows.slice().sort((a, b) => sortDir * compare(key(a), key(b)));
       }
       spacer.style.height = Math.max(rows.length * ROW_H, 40) + "px";
+      marks();
       paint(true);
     },
     count: () => rows.length,
@@ -281,13 +314,12 @@ const runState = new Map(); // run index -> filter values, kept across navigatio
 async function showRun(i) {
   crumbs(runLabel(i));
   setMain(h("p", { class: "muted" }, "Loading run…"));
-  let data = await COMPASS.load(`${i}/run`, { cache: false });
+  let data = await COMPASS.load(`${i}/run`, { cache: !!config.static });
   const state = runState.get(i) || { status: "", severity: "", category: "", code: "", outcome: "", text: "" };
   runState.set(i, state);
-  const top = h("div");
+  const head = h("div"), below = h("div");
   const table = virtualTable(taskColumns(i, data), { id: "task-table", empty: "No task matches the filters." });
   const count = h("span", { class: "muted", id: "task-count" });
-  const filters = h("div", { class: "filters" });
   let rows = [];
   function buildRows() {
     const c = data.columns.reduce((acc, name, k) => ((acc[name] = k), acc), {});
@@ -309,37 +341,52 @@ async function showRun(i) {
     table.setRows(shown);
     count.textContent = `${shown.length.toLocaleString("en")} of ${rows.length.toLocaleString("en")} tasks`;
   }
-  function select(name, label, values) {
-    const el = h("select", { name, "aria-label": label }, h("option", { value: "" }, label + ": any"), values.map((v) => h("option", { value: v }, v)));
-    el.value = state[name];
+  // The filter controls are built once: a refresh patches the data and a
+  // select's options (only when they changed, and never while it has the
+  // focus, i.e. while it may be open), never the control a person is using.
+  const text = h("input", { type: "search", name: "text", placeholder: "filter tasks by text…", "aria-label": "text filter" });
+  text.value = state.text;
+  text.addEventListener("input", () => { state.text = text.value; applyFilters(); });
+  const outcomes = h("select", { name: "outcome", "aria-label": "outcome" },
+    [["", "outcome: any"], ["pass", "passed (≥ 1)"], ["fail", "failed (< 1)"], ["none", "no value"]].map(([v, l]) => h("option", { value: v }, l)));
+  outcomes.value = state.outcome;
+  outcomes.addEventListener("change", () => { state.outcome = outcomes.value; applyFilters(); });
+  const selects = {};
+  const uniq = (f) => [...new Set(rows.flatMap(f))].sort();
+  const choices = { status: () => uniq((r) => r.statuses), severity: () => uniq((r) => [r.severity]),
+    category: () => uniq((r) => [r.category || "(none)"]), code: () => uniq((r) => r.codes) };
+  for (const [name, label] of [["status", "status"], ["severity", "severity"], ["category", "category"], ["code", "issue"]]) {
+    const el = h("select", { name, "aria-label": label }, h("option", { value: "" }, label + ": any"));
     el.addEventListener("change", () => { state[name] = el.value; applyFilters(); });
-    return el;
+    selects[name] = el;
   }
-  function buildFilters() {
-    const uniq = (f) => [...new Set(rows.flatMap(f))].sort();
-    const text = h("input", { type: "search", name: "text", placeholder: "filter tasks by text…", "aria-label": "text filter" });
-    text.value = state.text;
-    text.addEventListener("input", () => { state.text = text.value; applyFilters(); });
-    const outcomes = h("select", { name: "outcome", "aria-label": "outcome" },
-      [["", "outcome: any"], ["pass", "passed (≥ 1)"], ["fail", "failed (< 1)"], ["none", "no value"]].map(([v, l]) => h("option", { value: v }, l)));
-    outcomes.value = state.outcome;
-    outcomes.addEventListener("change", () => { state.outcome = outcomes.value; applyFilters(); });
-    filters.replaceChildren(text, outcomes,
-      select("status", "status", uniq((r) => r.statuses)),
-      select("severity", "severity", uniq((r) => [r.severity])),
-      select("category", "category", uniq((r) => [r.category || "(none)"])),
-      select("code", "issue", uniq((r) => r.codes)), count);
+  function patchOptions(force) {
+    for (const [name, el] of Object.entries(selects)) {
+      if (!force && document.activeElement === el) continue;
+      const values = choices[name]();
+      if (state[name] && !values.includes(state[name])) values.push(state[name]);
+      const have = [...el.options].slice(1).map((o) => o.value);
+      if (have.length !== values.length || have.some((v, k) => v !== values[k])) {
+        el.replaceChildren(el.options[0], ...values.map((v) => h("option", { value: v }, v)));
+      }
+      if (el.value !== state[name]) el.value = state[name];
+    }
   }
+  const filters = h("div", { class: "filters" }, text, outcomes, Object.values(selects), count);
+  const pickCode = (code) => { state.code = code; patchOptions(true); applyFilters(); };
   function render() {
-    top.replaceChildren(...runSummary(i, data, (code) => { state.code = code; buildFilters(); applyFilters(); }));
+    const parts = runSummary(i, data, pickCode);
+    head.replaceChildren(...parts.slice(0, -1));
+    below.replaceChildren(parts[parts.length - 1]);
     buildRows();
-    buildFilters();
+    patchOptions(false);
     applyFilters();
   }
-  setMain(top, panel("Tasks", filters, table.root));
+  setMain(head, panel("Tasks", filters, table.root), below);
   render();
   ready("run");
-  // Refresh while the run is live, or while the server is still reading rows (pending).
+  // Refresh while the run is live, or while the server is still reading rows
+  // (pending): a live page asks only for what changed since its version.
   const again = () => (config.live && isLive(data)) || data.pending > 0;
   const wasLive = config.live && isLive(data);
   const status = () => data.pending > 0 ? `reading ${data.pending.toLocaleString("en")} more task(s)…`
@@ -349,8 +396,9 @@ async function showRun(i) {
     const liveEl = document.getElementById("live");
     const tick = async () => {
       try {
-        data = await COMPASS.load(`${i}/run`, { fresh: true });
+        const update = await COMPASS.load(data.version && !config.static ? `${i}/since/${data.version}` : `${i}/run`, { fresh: true });
         if (stopped) return;
+        data = mergeRun(data, update);
         render();
         liveEl.textContent = status();
       } catch (e) { liveEl.textContent = "live · " + e.message; }
@@ -361,6 +409,27 @@ async function showRun(i) {
     stopCurrent = () => { stopped = true; clearTimeout(timer); };
   }
 }
+// A run page updated by what changed since the version it holds (rows by task id).
+function mergeRun(old, update) {
+  if (!update.delta) return update;
+  const tasks = old.tasks.slice(), at = new Map(tasks.map((t, k) => [t[0], k]));
+  for (const t of update.tasks) { const k = at.get(t[0]); if (k === undefined) tasks.push(t); else tasks[k] = t; }
+  const removed = new Set(update.delta.removed);
+  const merged = { ...update, tasks: removed.size ? tasks.filter((t) => !removed.has(t[0])) : tasks };
+  delete merged.delta;
+  return merged;
+}
+// A task's record: its own file when served, its bundle's in the static site.
+async function loadTask(i, key) {
+  if (!config.static) return COMPASS.load(`${i}/task/${key}`, { cache: false });
+  const run = await COMPASS.load(`${i}/run`);
+  const firsts = run.task_bundles || [];
+  let lo = 0, hi = firsts.length - 1, b = 0;
+  while (lo <= hi) { const mid = (lo + hi) >> 1; if (firsts[mid] <= key) { b = mid; lo = mid + 1; } else hi = mid - 1; }
+  const task = (await COMPASS.load(`${i}/tasks/${b}`))[key];
+  if (!task) throw new Error("no task " + key);
+  return task;
+}
 function isLive(data) { return data.header.status === "running" || data.live.running; }
 
 function taskColumns(i, data) {
@@ -369,12 +438,22 @@ function taskColumns(i, data) {
       render: (r) => (r.key ? h("a", { href: attemptHref(i, r.key), class: "task-link" }, r.task_id) : h("span", null, r.task_id)) },
     { label: "category", width: "1fr", key: "category", sortKey: (r) => r.category, render: (r) => r.category || "" },
     { label: "severity", width: "90px", sortKey: (r) => r.severity, render: (r) => badge(r.severity) },
-    { label: "attempts", width: "minmax(120px, 1.4fr)", sortKey: (r) => r.statuses.join(","), render: (r) => h("span", null, r.statuses.map((s) => badge(s))) },
+    { label: "attempts", width: "minmax(130px, 1.4fr)", sortKey: (r) => r.statuses.join(","), render: attemptBadges },
     { label: data.primary || "value", width: "80px", num: true, sortKey: (r) => r.value, render: (r) => fmt(r.value, 3) },
     { label: "issues", width: "minmax(140px, 2fr)", sortKey: (r) => r.codes.join(","), render: (r) => r.codes.join(", ") },
     { label: "retries", width: "60px", num: true, sortKey: (r) => r.retries, render: (r) => fmt(r.retries) },
     { label: "time", width: "80px", num: true, sortKey: (r) => r.seconds, render: (r) => secs(r.seconds) },
   ];
+}
+
+// One badge per attempt: its status in words for one or two, a numbered chip
+// coloured by status (the status in its title) for more, so k = 5 or 10 fit.
+function attemptBadges(r) {
+  if (r.statuses.length <= 2) return h("span", { class: "attempts" }, r.statuses.map((s) => badge(s)));
+  return h("span", { class: "attempts" }, r.statuses.map((s, n) => {
+    const b = h("span", { class: "badge mini " + statusClass(s), title: `attempt ${n}: ${s}` }, String(n));
+    return b;
+  }));
 }
 
 function runSummary(i, data, pickCode) {
@@ -434,7 +513,7 @@ function runSummary(i, data, pickCode) {
 
 async function showAttempt(i, key, attemptIndex) {
   setMain(h("p", { class: "muted" }, "Loading task…"));
-  const task = await COMPASS.load(`${i}/task/${key}`, { cache: false });
+  const task = await loadTask(i, key);
   crumbs(h("a", { href: runHref(i) }, runLabel(i)), task.task_id);
   const attempts = task.attempts || [];
   const attempt = attempts.find((a) => a.attempt === attemptIndex) || attempts[0];
@@ -472,7 +551,8 @@ async function showAttempt(i, key, attemptIndex) {
   sections.push(panel(`Trajectory (${fmt(rr.trajectory_steps || 0)} messages)`, traj));
   setMain(...sections);
   ready("attempt");
-  stopCurrent = renderTrajectory(traj, i, key, attempt.attempt, rr.trajectory_steps || 0, rr.trajectory_chunks || 0, rr.trajectory_chunk_steps || 500);
+  stopCurrent = renderTrajectory(traj, { i, key, attempt: attempt.attempt, steps: rr.trajectory_steps || 0,
+    chunks: rr.trajectory_chunks || 0, chunkSteps: rr.trajectory_chunk_steps || 500, inline: rr.trajectory_inline || null });
 }
 
 // What the task asked: the prepared task's input (what the agent got) and the
@@ -554,99 +634,289 @@ function discardedPanel(tries) {
   })));
 }
 
-// The trajectory renders in batches as the reader scrolls: chunks of the
-// file load on demand and a sentinel below the last message asks for more,
-// so a 100,000-message attempt opens as fast as a ten-message one. "Jump"
-// starts the list at any message (the end, say) without loading the rest.
-const BATCH = 100;
-function renderTrajectory(container, i, key, attempt, steps, chunks, chunkSteps) {
-  if (!steps) { container.replaceChildren(h("p", { class: "muted" }, "No trajectory recorded (a harness without a model, or none kept).")); return () => {}; }
-  const list = h("div", { class: "messages" });
-  const status = h("div", { class: "sentinel", id: "trajectory-more" });
-  const target = h("input", { type: "number", name: "jump", min: 0, max: steps - 1, placeholder: "message #", "aria-label": "jump to message" });
-  const go = h("button", { class: "fold", type: "button", id: "jump-go" }, "jump");
-  const end = h("button", { class: "fold", type: "button", id: "jump-end" }, "last messages");
-  const start = h("button", { class: "fold", type: "button", id: "jump-start" }, "first messages");
-  container.replaceChildren(...(steps > BATCH ? [h("div", { class: "filters" }, start, end, target, go)] : []), list, status);
-  let chunk = 0, skip = 0, buffer = [], first = 0, shown = 0, busy = false, again = false, stopped = false, generation = 0;
-  const toolNames = new Map();
-  async function more() {
-    if (stopped) return;
-    if (busy) { again = true; return; }
-    busy = true;
-    again = false;
-    const mine = generation;
-    try {
-      if (!buffer.length && chunk < chunks) {
-        status.textContent = "loading…";
-        const loaded = await COMPASS.load(`${i}/traj/${key}/${attempt}-${chunk}`, { cache: false });
-        if (mine !== generation) return;
-        buffer = skip ? loaded.slice(skip) : loaded;
-        skip = 0;
-        chunk += 1;
-      }
-      const batch = buffer.splice(0, BATCH);
-      if (!window.compassFirstMessages) window.compassFirstMessages = performance.now();
-      const frag = document.createDocumentFragment();
-      for (const m of batch) frag.appendChild(message(m, shown++, toolNames));
-      list.appendChild(frag);
-      container.dataset.first = first;
-      container.dataset.shown = shown;
-      const range = first ? `messages ${first.toLocaleString("en")}–${(shown - 1).toLocaleString("en")}` : `${shown.toLocaleString("en")}`;
-      status.textContent = shown < steps ? `${range} of ${steps.toLocaleString("en")} messages · scroll for more`
-        : first ? `${range} of ${steps.toLocaleString("en")} messages` : `all ${steps.toLocaleString("en")} messages`;
-    } catch (e) {
-      status.textContent = "could not load more: " + e.message;
-    } finally {
-      if (mine === generation) busy = false;
-    }
-    if (!stopped && shown < steps && (again || nearBottom())) requestAnimationFrame(more);
+// ------------------------------------------------------------------ trajectory
+// A short trajectory renders whole. A long one renders virtually: a scroll
+// box whose scrollbar spans every message (UNIT px of scroll per message,
+// whatever its height), a sticky window holding only the messages on screen
+// (the one at the scroll position, offset by the fraction scrolled past it,
+// and those below it until the box is full; at the end, the last ones
+// bottom-aligned), and chunks of the file loaded as the window needs them,
+// a few kept. Search asks the server which chunks may hold the text (the
+// static site scans the chunks) and matches message by message.
+const WHOLE_MAX = 300, MAX_SCROLL_PX = 15e6, KEEP_CHUNKS = 8;
+
+function chunkStore(src) {
+  const kept = new Map(), loading = new Map();
+  if (src.inline) kept.set(0, src.inline);
+  function get(c) { const m = kept.get(c); if (m && c !== 0) { kept.delete(c); kept.set(c, m); } return m; }
+  function load(c) {
+    if (kept.has(c)) return Promise.resolve(get(c));
+    if (loading.has(c)) return loading.get(c);
+    const p = COMPASS.load(`${src.i}/traj/${src.key}/${src.attempt}-${c}`, { cache: false }).then((msgs) => {
+      loading.delete(c);
+      kept.set(c, msgs);
+      for (const k of kept.keys()) { if (kept.size <= KEEP_CHUNKS) break; if (!(src.inline && k === 0)) kept.delete(k); }
+      return msgs;
+    }, (e) => { loading.delete(c); throw e; });
+    loading.set(c, p);
+    return p;
   }
-  function jump(n) {
-    n = Math.max(0, Math.min(steps - 1, Math.floor(n)));
-    generation += 1;
-    busy = false;
-    first = shown = n;
-    chunk = Math.floor(n / chunkSteps);
-    skip = n % chunkSteps;
-    buffer = [];
-    list.replaceChildren();
-    more();
-  }
-  go.addEventListener("click", () => { if (target.value !== "") jump(+target.value); });
-  target.addEventListener("keydown", (e) => { if (e.key === "Enter" && target.value !== "") jump(+target.value); });
-  end.addEventListener("click", () => jump(steps - BATCH));
-  start.addEventListener("click", () => jump(0));
-  function nearBottom() { return status.getBoundingClientRect().top < window.innerHeight + 800; }
-  const observer = new IntersectionObserver((entries) => { if (entries.some((e) => e.isIntersecting)) more(); }, { rootMargin: "800px" });
-  observer.observe(status);
-  // Scrolling also asks: the observer reports only changes of visibility.
-  let queued = false;
-  const onScroll = () => {
-    if (queued) return;
-    queued = true;
-    requestAnimationFrame(() => { queued = false; if (nearBottom()) more(); });
-  };
-  window.addEventListener("scroll", onScroll, { passive: true });
-  more();
-  return () => { stopped = true; observer.disconnect(); window.removeEventListener("scroll", onScroll); };
+  const message = (n) => { const m = get(Math.floor(n / src.chunkSteps)); return m ? m[n % src.chunkSteps] : undefined; };
+  return { load, message, chunkOf: (n) => Math.floor(n / src.chunkSteps) };
 }
 
-function message(m, index, toolNames) {
+// Does message m hold q (lower case) in its text, its tool calls' names or
+// arguments, or its tool name?
+function matches(m, q) {
+  if (!m || typeof m !== "object") return JSON.stringify(m ?? "").toLowerCase().includes(q);
+  const text = typeof m.content === "string" ? m.content : m.content === null || m.content === undefined ? "" : JSON.stringify(m.content);
+  if (text.toLowerCase().includes(q)) return true;
+  if (typeof m.name === "string" && m.name.toLowerCase().includes(q)) return true;
+  return (m.tool_calls || []).some((c) => String(c.name ?? "").toLowerCase().includes(q) || String(c.arguments ?? "").toLowerCase().includes(q));
+}
+function hex(text) { return [...new TextEncoder().encode(text)].map((b) => b.toString(16).padStart(2, "0")).join(""); }
+
+function renderTrajectory(container, src) {
+  const steps = src.steps;
+  if (!steps) { container.replaceChildren(h("p", { class: "muted" }, "No trajectory recorded (a harness without a model, or none kept).")); return () => {}; }
+  const store = chunkStore(src);
+  const status = h("div", { class: "sentinel", id: "trajectory-more" });
+  const query = h("input", { type: "search", name: "find", placeholder: "search text or tool…", "aria-label": "search the trajectory" });
+  const prev = h("button", { class: "fold", type: "button", id: "find-prev", title: "previous match (Shift+Enter)" }, "↑ previous");
+  const next = h("button", { class: "fold", type: "button", id: "find-next", title: "next match (Enter)" }, "↓ next");
+  const found = h("span", { class: "muted", id: "find-status" });
+  const target = h("input", { type: "number", name: "jump", min: 0, max: steps - 1, placeholder: "message #", "aria-label": "jump to message" });
+  const go = h("button", { class: "fold", type: "button", id: "jump-go" }, "jump");
+  const start = h("button", { class: "fold", type: "button", id: "jump-start" }, "first");
+  const end = h("button", { class: "fold", type: "button", id: "jump-end" }, "last");
+  const tools = h("div", { class: "filters" }, query, prev, next, found, h("span", { class: "gap" }), target, go, start, end);
+  let stopped = false, current = -1, hitQuery = null, hitChunks = null, searching = 0;
+  const view = steps <= WHOLE_MAX ? wholeView() : virtualView();
+  container.replaceChildren(tools, view.root, status);
+
+  function callOf(n, id) {
+    // The assistant message whose tool call a result answers: just before it, as a rule.
+    for (let k = n - 1; k >= Math.max(0, n - 200); k--) {
+      const m = store.message(k);
+      if (m === undefined) return null;
+      for (const c of (m && m.tool_calls) || []) if (c.id === id) return { index: k, name: c.name };
+    }
+    return null;
+  }
+  function node(n) {
+    const m = store.message(n);
+    if (m === undefined) { const el = h("div", { class: "msg loading", "data-index": n }, h("div", { class: "meta" }, `#${n} · loading…`)); el.dataset.placeholder = "1"; return el; }
+    if (!window.compassFirstMessages) window.compassFirstMessages = performance.now();
+    const el = message(m, n, (id) => callOf(n, id), jump);
+    el.dataset.index = n;
+    if (n === current) el.classList.add("hit");
+    return el;
+  }
+
+  function wholeView() {
+    const list = h("div", { class: "messages" });
+    store.load(0).then(() => {
+      if (stopped) return;
+      const frag = document.createDocumentFragment();
+      for (let n = 0; n < steps; n++) frag.appendChild(node(n));
+      list.replaceChildren(frag);
+      container.dataset.first = 0; container.dataset.last = steps - 1; container.dataset.shown = steps;
+      status.textContent = `all ${steps.toLocaleString("en")} messages`;
+    }, (e) => { status.textContent = "could not load the trajectory: " + e.message; });
+    return {
+      root: list,
+      top: () => Math.max(0, current),
+      show(n) {
+        const el = list.querySelector(`[data-index="${n}"]`);
+        list.querySelectorAll(".hit").forEach((x) => x.classList.remove("hit"));
+        if (el) { el.classList.add("hit"); el.scrollIntoView({ block: "center" }); }
+        container.dataset.first = n;
+      },
+      stop() {},
+    };
+  }
+
+  function virtualView() {
+    const unit = Math.min(100, MAX_SCROLL_PX / steps);
+    const list = h("div", { class: "messages" });
+    const win = h("div", { class: "traj-window" }, list);
+    const spacer = h("div", { class: "traj-spacer" }, win);
+    const box = h("div", { class: "traj-box", id: "trajectory-box", tabindex: "0" }, spacer);
+    let nodes = new Map(), queued = false;
+    function size() {
+      const vh = box.clientHeight || 600;
+      win.style.height = vh + "px";
+      spacer.style.height = ((steps - 1) * unit + vh) + "px";
+    }
+    function want(n) {
+      const c = store.chunkOf(n);
+      store.load(c).then(() => { if (!stopped) schedule(); }, (e) => { status.textContent = "could not load messages: " + e.message; });
+    }
+    function place(order) {
+      const fresh = new Map();
+      for (const n of order) {
+        let el = nodes.get(n);
+        if (!el || (el.dataset.placeholder && store.message(n) !== undefined)) el = node(n);
+        if (el.dataset.placeholder) want(n);
+        fresh.set(n, el);
+      }
+      nodes = fresh;
+      list.replaceChildren(...order.map((n) => fresh.get(n)));
+      return order.map((n) => fresh.get(n).offsetHeight + 8);  // 8: the margin between messages
+    }
+    function render() {
+      const vh = box.clientHeight || 600;
+      const pos = Math.min(steps - 1, box.scrollTop / unit);
+      const first = Math.floor(pos), frac = pos - first;
+      let order = [], heights = [], filled = 0, next = first;
+      // Down from the message at the scroll position until the box is full.
+      while (next < steps) {
+        const batch = [];
+        for (let k = 0; k < 8 && next < steps; k++) batch.push(next++);
+        order = order.concat(batch);
+        heights = place(order);
+        filled = heights.reduce((a, b) => a + b, 0) - frac * heights[0];
+        if (filled >= vh) break;
+      }
+      let offset = -frac * heights[0];
+      if (filled < vh) {
+        // The end: the last messages bottom-aligned, with earlier ones above them.
+        let before = order[0];
+        let total = heights.reduce((a, b) => a + b, 0);
+        while (before > 0 && total < vh) {
+          const batch = [];
+          for (let k = 0; k < 8 && before > 0; k++) batch.unshift(--before);
+          order = batch.concat(order);
+          heights = place(order);
+          total = heights.reduce((a, b) => a + b, 0);
+        }
+        offset = Math.min(0, vh - total);
+      }
+      list.style.transform = `translateY(${offset}px)`;
+      // The first message on screen, and the last.
+      let y = offset, top = order[0], last = order[0];
+      for (let k = 0; k < order.length; k++) {
+        if (y + heights[k] <= 0) top = order[k + 1] ?? order[k];
+        if (y < vh) last = order[k];
+        y += heights[k];
+      }
+      container.dataset.first = top;
+      container.dataset.last = last;
+      container.dataset.rendered = order.length;
+      status.textContent = `messages ${top.toLocaleString("en")}–${last.toLocaleString("en")} of ${steps.toLocaleString("en")}`;
+    }
+    function schedule() {
+      if (queued) return;
+      queued = true;
+      requestAnimationFrame(() => { queued = false; if (!stopped) render(); });
+    }
+    box.addEventListener("scroll", schedule, { passive: true });
+    const onResize = () => { size(); schedule(); };
+    window.addEventListener("resize", onResize);
+    requestAnimationFrame(() => { size(); render(); });
+    return {
+      root: box,
+      top: () => +container.dataset.first || 0,
+      show(n) {
+        box.scrollTop = Math.ceil(n * unit);
+        for (const [k, el] of nodes) if (k === n || el.classList.contains("hit")) nodes.delete(k);  // re-drawn with or without the mark
+        render();
+        const r = box.getBoundingClientRect();
+        if (r.top > innerHeight || r.bottom < 0) box.scrollIntoView({ block: "nearest" });  // the list itself in view
+      },
+      stop() { window.removeEventListener("resize", onResize); },
+    };
+  }
+
+  function jump(n) {
+    n = Math.max(0, Math.min(steps - 1, Math.floor(n)));
+    current = n;
+    container.dataset.match = n;
+    view.show(n);
+  }
+  async function find(dir) {
+    const q = query.value.trim().toLowerCase();
+    if (!q) return;
+    const mine = ++searching;
+    const t0 = performance.now();
+    const from = current >= 0 ? current : dir > 0 ? view.top() - 1 : view.top();
+    const chunks = Math.ceil(steps / src.chunkSteps);
+    let candidates;
+    if (config.static) candidates = [...Array(chunks).keys()];
+    else {
+      if (hitQuery !== q) {
+        found.textContent = "searching…";
+        const r = await COMPASS.load(`${src.i}/find/${src.key}/${src.attempt}/${hex(q)}`, { cache: false });
+        if (mine !== searching) return;
+        hitQuery = q;
+        hitChunks = r.chunks;
+      }
+      candidates = hitChunks;
+    }
+    // Ranges of messages to scan, in order: the rest of the current chunk, the
+    // candidate chunks after it, wrapping round, then the current chunk's start.
+    const sc = Math.floor(Math.max(0, Math.min(steps - 1, from + dir)) / src.chunkSteps);
+    const ordered = dir > 0 ? [...candidates.filter((c) => c > sc), ...candidates.filter((c) => c < sc)]
+      : [...candidates.filter((c) => c < sc).reverse(), ...candidates.filter((c) => c > sc).reverse()];
+    const here = candidates.includes(sc) || config.static;
+    const ranges = [];
+    if (here) ranges.push(dir > 0 ? [from + 1, (sc + 1) * src.chunkSteps - 1] : [from - 1, sc * src.chunkSteps]);
+    for (const c of ordered) ranges.push(dir > 0 ? [c * src.chunkSteps, (c + 1) * src.chunkSteps - 1] : [(c + 1) * src.chunkSteps - 1, c * src.chunkSteps]);
+    if (here) ranges.push(dir > 0 ? [sc * src.chunkSteps, from] : [(sc + 1) * src.chunkSteps - 1, from]);
+    let scanned = 0;
+    for (const [a, b] of ranges) {
+      const lo = Math.max(0, Math.min(a, b)), hi = Math.min(steps - 1, Math.max(a, b));
+      if (lo > hi) continue;
+      const msgs = await store.load(store.chunkOf(lo));
+      if (mine !== searching || stopped) return;
+      const base = store.chunkOf(lo) * src.chunkSteps;
+      for (let n = dir > 0 ? lo : hi; dir > 0 ? n <= hi : n >= lo; n += dir) {
+        if (matches(msgs[n - base], q)) {
+          jump(n);
+          window.compassFound = performance.now() - t0;
+          found.textContent = `message #${n.toLocaleString("en")}`;
+          return;
+        }
+      }
+      if (++scanned % 4 === 0) found.textContent = `searching… ${Math.round(scanned / ranges.length * 100)}%`;
+    }
+    found.textContent = "no match";
+    container.dataset.match = -1;
+  }
+  query.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); find(e.shiftKey ? -1 : 1).catch((err) => { found.textContent = err.message; }); } });
+  query.addEventListener("input", () => { current = -1; found.textContent = ""; });
+  next.addEventListener("click", () => find(1).catch((err) => { found.textContent = err.message; }));
+  prev.addEventListener("click", () => find(-1).catch((err) => { found.textContent = err.message; }));
+  go.addEventListener("click", () => { if (target.value !== "") jump(+target.value); });
+  target.addEventListener("keydown", (e) => { if (e.key === "Enter" && target.value !== "") jump(+target.value); });
+  end.addEventListener("click", () => jump(steps - 1));
+  start.addEventListener("click", () => jump(0));
+  return () => { stopped = true; view.stop(); };
+}
+
+function message(m, index, callOf, jump) {
   if (!m || typeof m !== "object") return h("div", { class: "msg" }, folded(JSON.stringify(m)));
   const role = m.role || "?";
-  const meta = h("div", { class: "meta" }, h("span", { class: "role" }, role), h("span", null, `#${index}`),
+  let answers = null;
+  if (role === "tool" && (m.tool_call_id || m.name)) {
+    const call = m.tool_call_id ? callOf(m.tool_call_id) : null;
+    const label = `answers ${call ? call.name : m.name || "call"}${m.tool_call_id ? " " + m.tool_call_id : ""}`;
+    answers = call ? h("a", { href: "#", class: "answers", onclick: (e) => { e.preventDefault(); jump(call.index); } }, `${label} (#${call.index})`)
+      : h("span", { class: "answers" }, label);
+  }
+  const exit = m.exit_code === null || m.exit_code === undefined ? null : m.exit_code;
+  const meta = h("div", { class: "meta" }, h("span", { class: "role" }, role), h("span", { class: "index" }, `#${index}`),
     m.step !== undefined ? h("span", null, `step ${m.step}`) : null,
-    m.name ? h("span", { class: "mono" }, m.name) : null,
+    m.name && role !== "tool" ? h("span", { class: "mono" }, m.name) : null,
+    answers,
     m.usage ? h("span", { class: "usage" }, `${fmt(m.usage.prompt_tokens)} prompt · ${fmt(m.usage.completion_tokens)} completion tokens`) : null,
     m.duration_seconds !== undefined ? h("span", null, secs(m.duration_seconds)) : null,
-    role === "tool" ? h("span", { class: "exit" }, "exit " + (m.exit_code === null || m.exit_code === undefined ? "none" : m.exit_code)) : null,
+    role === "tool" ? h("span", { class: "exit badge " + (exit === 0 ? "b-ok" : exit === null ? "" : "b-bad") }, "exit " + (exit === null ? "none" : exit)) : null,
     m.timed_out ? h("span", { class: "badge b-warn" }, "timed out") : null,
     m.truncated ? h("span", { class: "badge b-warn" }, "truncated") : null);
   const el = h("div", { class: "msg " + role, "data-role": role }, meta);
   if (m.content !== null && m.content !== undefined && m.content !== "") el.appendChild(folded(typeof m.content === "string" ? m.content : JSON.stringify(m.content, null, 2)));
   for (const call of m.tool_calls || []) {
-    toolNames.set(call.id, call.name);
     let args = call.arguments;
     try { args = JSON.stringify(JSON.parse(call.arguments), null, 2); } catch (e) { /* shown as given */ }
     el.appendChild(h("div", { class: "call tool-call" }, h("div", null, "→ ", h("span", { class: "name" }, call.name), " ", h("span", { class: "muted mono" }, call.id || "")), folded(args)));
