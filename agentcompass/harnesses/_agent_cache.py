@@ -1,0 +1,155 @@
+"""The host-side cache of installed agents: one build per host, agent and version.
+
+An entry is ``<root>/<agent>-<version>/``: for a Python agent a virtual
+environment (``venv/``) made with the host's Python and the agent's pinned
+distribution installed into it from the package index pip is configured
+for, and ``installed.json`` written last (what was installed, how long it
+took). An entry without ``installed.json`` is an interrupted build and is
+built again. ``<root>`` is ``$AGENTCOMPASS_AGENT_CACHE``, else
+``${XDG_CACHE_HOME:-~/.cache}/agentcompass/agents``.
+
+Builds are serialized per entry by an exclusive ``flock`` on
+``<root>/<agent>-<version>.lock``, so concurrent attempts, requests and
+processes wait for one build and then share it; within a process a Trio
+lock keeps them from polling the file lock side by side. The entry is
+world-readable and never written after it is complete: sessions see it
+read-only (``EnvironmentSession.expose_directory``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ..runtime._errors import IssueError
+
+__all__ = ["CacheEntry", "cache_root", "ensure_installed"]
+
+#: How often a waiter looks at another process's build lock.
+_LOCK_POLL_SECONDS = 0.2
+_locks: dict[str, trio.Lock] = {}
+
+
+@attrs.frozen
+class CacheEntry:
+    """A complete entry: its directory, and whether this call built it (and how long that took)."""
+
+    path: Path
+    built: bool
+    install_seconds: float
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("AGENTCOMPASS_AGENT_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "agentcompass" / "agents"
+
+
+async def ensure_installed(key: str, requirements: list[str], *, root: Path | None = None) -> CacheEntry:
+    """The complete cache entry ``key`` (``<agent>-<version>``), building it
+    with pip from ``requirements`` first if no complete one exists.
+
+    A failed build raises FATAL ``agent_install_failed`` with pip's last
+    lines (the partial entry is removed; the next attempt builds again).
+    Cancellation stops pip and leaves an incomplete entry that the next
+    build replaces."""
+    root = cache_root() if root is None else root
+    entry = root / key
+    if await trio.Path(entry / "installed.json").is_file():
+        return CacheEntry(entry, False, 0.0)
+    lock = _locks.setdefault(str(entry), trio.Lock())
+    async with lock:
+        await trio.to_thread.run_sync(_make_root, root)
+        fd = await trio.to_thread.run_sync(os.open, str(root / f"{key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            while not _try_lock(fd):
+                await trio.sleep(_LOCK_POLL_SECONDS)
+            if await trio.Path(entry / "installed.json").is_file():
+                return CacheEntry(entry, False, 0.0)
+            start = time.monotonic()
+            await _build(entry, requirements)
+            return CacheEntry(entry, True, time.monotonic() - start)
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _make_root(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.chmod(root, 0o755)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def host_python() -> str:
+    """The host's interpreter itself (not the runtime's virtual environment), for new venvs."""
+    return getattr(sys, "_base_executable", None) or os.path.realpath(sys.executable)
+
+
+async def _build(entry: Path, requirements: list[str]) -> None:
+    await trio.to_thread.run_sync(_clear, entry)
+    venv = entry / "venv"
+    steps = [
+        [host_python(), "-m", "venv", str(venv)],
+        [
+            str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+            "--no-warn-script-location", "-q", *requirements,
+        ],
+    ]  # fmt: skip
+    start = time.monotonic()
+    for argv in steps:
+        result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, stdin=b"")
+        if result.returncode != 0:
+            tail = " ".join((result.stderr or result.stdout).decode(errors="replace").split())[-400:]
+            await trio.to_thread.run_sync(_clear, entry)
+            raise IssueError(
+                "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({argv[2]}): {tail}"
+            )
+    info: dict[str, Any] = {
+        "requirements": requirements,
+        "python": host_python(),
+        "install_seconds": round(time.monotonic() - start, 3),
+        "created": time.time(),
+    }
+    await trio.to_thread.run_sync(_finish, entry, info)
+
+
+def _clear(entry: Path) -> None:
+    if entry.exists():
+        shutil.rmtree(entry)
+    entry.mkdir(parents=True)
+
+
+def _finish(entry: Path, info: dict[str, Any]) -> None:
+    """Make the entry readable by the sessions' users, then mark it complete."""
+    for parent, dirs, files in os.walk(entry):
+        for name in dirs:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o555)
+        for name in files:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o444)
+    os.chmod(entry, 0o755)
+    tmp = entry / "installed.json.tmp"
+    tmp.write_text(json.dumps(info))
+    os.rename(tmp, entry / "installed.json")
