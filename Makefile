@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 # What the sandbox provider (bubblewrap, iproute2, nftables, util-linux) and the
 # viewer's browser tests (chromium, chromium-driver) need from the system.
-SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux chromium chromium-driver
+SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux chromium chromium-driver python3 python3-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -142,21 +142,25 @@ class GatewayApp:
             await send({"type": "http.response.body", "body": data})
             return
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        # Each reply is recorded before its last byte goes out: once the agent
+        # has it, the attempt may end (and this task be cancelled) at any time.
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             kept = bytearray()
             async for chunk in response.aiter_raw():
                 if len(kept) < _RECORD_BYTES:
                     kept += chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._recorded(parse_stream(bytes(kept)), response.status_code, start)
             await send({"type": "http.response.body", "body": b""})
-            reply = parse_stream(bytes(kept))
         else:
             data = await response.aread()
+            self._recorded(parse_reply(data), response.status_code, start)
             await send({"type": "http.response.body", "body": data})
-            reply = parse_reply(data)
-        record.add_reply(reply, response.status_code, trio.current_time() - start)
+
+    def _recorded(self, reply: dict[str, Any] | None, status: int, start: float) -> None:
+        self.record.add_reply(reply, status, trio.current_time() - start)
         if reply is None:
-            record.add_issue(
+            self.record.add_issue(
                 self.client._error("error", "no_valid_output", "a reply through the gateway had no usable message")
                 .to_issue("run")
             )

@@ -6,12 +6,13 @@ distribution installed into it from the package index pip is configured
 for, and ``installed.json`` written last (what was installed, how long it
 took). An entry without ``installed.json`` is an interrupted build and is
 built again. ``<root>`` is ``$AGENTCOMPASS_AGENT_CACHE``, else
-``${XDG_CACHE_HOME:-~/.cache}/agentcompass/agents``.
+``${XDG_CACHE_HOME:-~/.cache}/agentcompass/agents``. The interpreter is the
+system's ``python3`` (:func:`host_python`).
 
 Builds are serialized per entry by an exclusive ``flock`` on
 ``<root>/<agent>-<version>.lock``, so concurrent attempts, requests and
 processes wait for one build and then share it; within a process a Trio
-lock keeps them from polling the file lock side by side. The entry is
+lock keeps them from holding a worker thread each for the file lock. The entry is
 world-readable and never written after it is complete: sessions see it
 read-only (``EnvironmentSession.expose_directory``).
 """
@@ -24,6 +25,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +37,6 @@ from ..runtime._errors import IssueError
 
 __all__ = ["CacheEntry", "cache_root", "ensure_installed"]
 
-#: How often a waiter looks at another process's build lock.
-_LOCK_POLL_SECONDS = 0.2
 _locks: dict[str, trio.Lock] = {}
 
 
@@ -72,10 +72,15 @@ async def ensure_installed(key: str, requirements: list[str], *, root: Path | No
     lock = _locks.setdefault(str(entry), trio.Lock())
     async with lock:
         await trio.to_thread.run_sync(_make_root, root)
-        fd = await trio.to_thread.run_sync(os.open, str(root / f"{key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        fd = await trio.to_thread.run_sync(os.open, str(root / f"{key}.lock"), flags, 0o644)
+        waiter = _Waiter(fd)
         try:
-            while not _try_lock(fd):
-                await trio.sleep(_LOCK_POLL_SECONDS)
+            await trio.to_thread.run_sync(waiter.wait, abandon_on_cancel=True)
+        except BaseException:
+            waiter.abandon()
+            raise
+        try:
             if await trio.Path(entry / "installed.json").is_file():
                 return CacheEntry(entry, False, 0.0)
             start = time.monotonic()
@@ -91,16 +96,47 @@ def _make_root(root: Path) -> None:
         os.chmod(root, 0o755)
 
 
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+class _Waiter:
+    """A blocking ``flock`` in a worker thread that its caller may abandon
+    (cancellation): whichever side finishes second closes the descriptor,
+    so an abandoned wait never keeps the lock once it gets it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._mutex = threading.Lock()
+        self._abandoned = self._locked = False
+
+    def wait(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        finally:
+            with self._mutex:
+                self._locked = True
+                if self._abandoned:
+                    os.close(self.fd)
+
+    def abandon(self) -> None:
+        with self._mutex:
+            self._abandoned = True
+            if self._locked:
+                os.close(self.fd)
+
+
+#: Where a session that runs on the host's userland (``sandbox``) finds a Python.
+_SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 
 
 def host_python() -> str:
-    """The host's interpreter itself (not the runtime's virtual environment), for new venvs."""
+    """The interpreter new agent environments are made with: ``$AGENTCOMPASS_AGENT_PYTHON``,
+    else the system's ``python3`` (under ``/usr``, which sessions on the host's
+    userland see too; a venv links to its interpreter, so one under a home
+    directory would not run there), else the runtime's own base interpreter."""
+    explicit = os.environ.get("AGENTCOMPASS_AGENT_PYTHON")
+    if explicit:
+        return explicit
+    for candidate in _SYSTEM_PYTHONS:
+        if os.access(candidate, os.X_OK):
+            return candidate
     return getattr(sys, "_base_executable", None) or os.path.realpath(sys.executable)
 
 
