@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -143,13 +144,17 @@ def host_python() -> str:
 async def _build(entry: Path, requirements: list[str]) -> None:
     await trio.to_thread.run_sync(_clear, entry)
     venv = entry / "venv"
-    steps = [
-        [host_python(), "-m", "venv", str(venv)],
-        [
-            str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-            "--no-warn-script-location", "-q", *requirements,
-        ],
-    ]  # fmt: skip
+    python = str(venv / "bin" / "python")
+    pip_options = ["install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location", "-q"]
+    if importlib.util.find_spec("pip") is not None:
+        # The runtime's own pip installs into the new environment: no pip
+        # bootstrapped into each entry (ensurepip is most of a small build).
+        steps = [
+            [host_python(), "-m", "venv", "--without-pip", str(venv)],
+            [sys.executable, "-m", "pip", "--python", python, *pip_options, *requirements],
+        ]
+    else:
+        steps = [[host_python(), "-m", "venv", str(venv)], [python, "-m", "pip", *pip_options, *requirements]]
     start = time.monotonic()
     for argv in steps:
         result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, stdin=b"")
@@ -157,7 +162,7 @@ async def _build(entry: Path, requirements: list[str]) -> None:
             tail = " ".join((result.stderr or result.stdout).decode(errors="replace").split())[-400:]
             await trio.to_thread.run_sync(_clear, entry)
             raise IssueError(
-                "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({argv[2]}): {tail}"
+                "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({' '.join(argv[1:4])}): {tail}"
             )
     info: dict[str, Any] = {
         "requirements": requirements,

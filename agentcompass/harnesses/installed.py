@@ -48,7 +48,6 @@ from agentcompass import (
     ConfigError,
     EnvironmentSession,
     ExecutionPlan,
-    FileRefusedError,
     Issue,
     IssueError,
     ModelSpec,
@@ -223,9 +222,18 @@ async def _read_logs(env: EnvironmentSession, names: tuple[str, ...]) -> dict[st
     for name in names:
         try:
             logs[name] = await env.read_file(f"/logs/agent/{name}", max_bytes=_LOG_BYTES)
-        except (OSError, FileRefusedError):
-            continue  # missing, too long, a link: the agent's doing, read as absent
+        except Exception as exc:
+            if not _made_by_session(exc):
+                raise
+            # Missing, too long, a link: the agent's doing, read as absent.
     return logs
+
+
+def _made_by_session(exc: BaseException) -> bool:
+    """Whether ``exc`` is a file error of what the session holds. The runtime
+    passes :class:`FileRefusedError` through and tags a provider's other
+    errors as Environment failures with the provider's error as the cause."""
+    return any(isinstance(c, OSError) for c in (exc, exc.__cause__))
 
 
 async def _save_output(env: EnvironmentSession, stdout: str, stderr: str) -> None:
@@ -233,8 +241,10 @@ async def _save_output(env: EnvironmentSession, stdout: str, stderr: str) -> Non
     if text:
         try:
             await env.write_file("/logs/agent/agent.log", text)
-        except (OSError, FileRefusedError):
-            pass  # the log directory is the agent's; a planted link is refused, the log lost
+        except Exception as exc:
+            if not _made_by_session(exc):
+                raise
+            # The log directory is the agent's: a planted link is refused, the log lost.
 
 
 def _tail(text: str) -> str:
