@@ -17,7 +17,8 @@ class MiniSweAgent(InstalledAgent):
     """mini-swe-agent (``mini``): chat completions with one ``bash`` tool,
     run with ``-y --exit-immediately``; its ``-o`` trajectory
     (``trajectory_format: mini-swe-agent-1.1``) is ``trajectory.json``.
-    Model retries: ``MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT=1``; no cost limit
+    Model retries: ``MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT=1`` and the OpenAI
+    client's ``max_retries=0``; no cost limit
     (the gateway's ``max_model_calls`` and the run budget bound it); the
     cost map is read locally (``LITELLM_LOCAL_MODEL_COST_MAP``), so it
     never reaches for the internet."""
@@ -35,7 +36,8 @@ class MiniSweAgent(InstalledAgent):
             "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }
-        settings = ["agent.cost_limit=0", "agent.mode=yolo"]
+        # max_retries: the OpenAI client's own retries under litellm (2 by default).
+        settings = ["agent.cost_limit=0", "agent.mode=yolo", "model.model_kwargs.max_retries=0"]
         return " ".join(
             [
                 *(f"{k}={shlex.quote(v)}" for k, v in env.items()),
@@ -99,7 +101,10 @@ class Aider(InstalledAgent):
                 "mode": "chat",
             }
         }
-        return {"model-metadata.json": json.dumps(metadata)}
+        # The OpenAI client's own retries under litellm (2 by default) off:
+        # aider's single retry (see _AIDER_MAIN) is the only one.
+        settings = [{"name": f"openai/{run.model}", "extra_params": {"max_retries": 0}}]
+        return {"model-metadata.json": json.dumps(metadata), "model-settings.json": json.dumps(settings)}
 
     def command(self, run: AgentRun) -> str:
         return " ".join(
@@ -111,6 +116,7 @@ class Aider(InstalledAgent):
                 "--no-stream", "--no-git", "--yes-always", "--edit-format", "whole", "--no-pretty",
                 "--no-fancy-input", "--no-show-model-warnings", "--no-show-release-notes", "--no-check-update",
                 "--no-analytics", "--analytics-disable", "--model-metadata-file", f"{run.home}/model-metadata.json",
+                "--model-settings-file", f"{run.home}/model-settings.json",
                 "--input-history-file", f"{run.home}/input.history",
                 "--chat-history-file", f"{run.logs}/chat.history.md",
                 "--llm-history-file", f"{run.logs}/llm.history.txt",

@@ -167,6 +167,8 @@ class InstalledHarness(BaseHarness):
                 issues.append(
                     Issue("fatal", "run", "environment_unsupported", "the gateway's forwarder needs python3 in the session")
                 )
+            elif record.issues:
+                pass  # the agent stopped over a model failure: the gateway's record says which
             elif result.exit_code != 0 and record.calls == 0:
                 issues.append(
                     Issue(
@@ -177,9 +179,8 @@ class InstalledHarness(BaseHarness):
                     )
                 )
             elif outcome.failure is not None:
-                if all(i.code != outcome.failure.code for i in issues):
-                    issues.append(outcome.failure)
-            elif result.exit_code != 0 and not record.issues:
+                issues.append(outcome.failure)
+            elif result.exit_code != 0:
                 issues.append(
                     Issue("error", "run", "agent_failed", f"agent {agent.id!r} exited {result.exit_code}: {_tail(result.stderr)}")
                 )
