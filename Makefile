@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-agent demo-sandbox system-deps test test-floors lint bench bench-inspect clean
+.PHONY: agents demo demo-agent demo-installed demo-sandbox system-deps test test-floors lint bench bench-inspect clean
 
 # What the sandbox provider (bubblewrap, iproute2, nftables, util-linux) and the
 # viewer's browser tests (chromium, chromium-driver) need from the system.
@@ -25,6 +25,17 @@ demo-agent: $(STAMP)
 	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-agent.json -- \
 		$(BIN)/compass launch examples/demo-agent.yaml --output-root runs/demo-agent
 
+# The installed agents' host-side cache (built once per host and version, then reused):
+# mini-swe-agent and aider from PyPI, about a minute and 700 MB each.
+agents: $(STAMP)
+	$(BIN)/python -m agentcompass.agents install mini-swe-agent aider
+
+# mini-swe-agent on two terminal smoke tasks in sandboxes with no network, reaching the
+# scripted model server only through the attempt's model gateway (needs root).
+demo-installed: $(STAMP) agents
+	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-installed.json -- \
+		$(BIN)/compass launch examples/demo-installed.yaml --output-root runs/demo-installed
+
 # The same tasks in sandboxes, offline while the agent runs (needs root).
 demo-sandbox: $(STAMP) system-deps
 	$(BIN)/compass launch examples/sandbox.yaml --output-root runs/demo
@@ -41,7 +52,8 @@ system-deps:
 	  fi; \
 	fi
 
-test: $(STAMP)
+# The real-agent tests use the agent cache: built here, once, not inside the suite's budget.
+test: $(STAMP) agents
 	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)
 
 # The declared dependency floors, installed exactly (tests/floors.py pins them) into a
