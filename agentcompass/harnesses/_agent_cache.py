@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..runtime._errors import IssueError
+from agentcompass import IssueError
 
 __all__ = ["CacheEntry", "cache_root", "ensure_installed"]
 

@@ -17,8 +17,7 @@ from typing import Any, ClassVar, TypeVar
 
 import attrs
 
-from ..runtime._errors import ComponentError
-from ..runtime._results import Issue
+from agentcompass import ComponentError, Issue
 
 __all__ = ["AgentOutcome", "AgentRun", "InstalledAgent", "agent_table", "register_agent"]
 

@@ -6,7 +6,8 @@ import json
 import shlex
 from typing import Any, ClassVar
 
-from ..runtime._results import Issue
+from agentcompass import Issue
+
 from ._agent_table import AgentOutcome, AgentRun, InstalledAgent, load_json, register_agent
 
 __all__ = ["Aider", "MiniSweAgent"]
