@@ -152,3 +152,13 @@ async def test_the_forwarder_serves_the_gateway_on_the_sessions_loopback(setup):
     assert json.loads(reply)["choices"][0]["message"]["content"] == "through the forwarder"
     assert url.startswith("http://127.0.0.1:") and url.strip().endswith("/v1")
     assert gateway.record.calls == 1 and KEY not in result.stdout
+
+
+async def test_an_oversized_body_is_refused_before_anything_is_forwarded(setup):
+    server, model, env = await setup([text("never")])
+    from agentcompass._gateway._app import MAX_BODY_BYTES
+
+    async with open_gateway(env, model) as gateway, _client(gateway) as client:
+        reply = await client.post("/chat/completions", content=b"x" * (MAX_BODY_BYTES + 1), headers=_auth(gateway))
+    assert reply.status_code == 413
+    assert server.requests == [] and gateway.record.calls == 0
