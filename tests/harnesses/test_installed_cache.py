@@ -6,7 +6,9 @@ not need a real agent (a crash before any model call, a failed call)."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import sys
 
 import pytest
 from _installed_support import KEY, details, launch
@@ -15,11 +17,20 @@ from agentcompass.testing import noop_agent  # noqa: F401  (registers noop-agent
 from agentcompass.testing.model_server import ModelServer, episode, text
 
 
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("agent-cache")
+
+
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "agent-cache"
-    monkeypatch.setenv("AGENTCOMPASS_AGENT_CACHE", str(root))
-    return root
+def cache(cache_root, monkeypatch):
+    """One cache for the module: tests that need a fresh build name a fresh version."""
+    monkeypatch.setenv("AGENTCOMPASS_AGENT_CACHE", str(cache_root))
+    return cache_root
+
+
+#: The version the tests that do not care about building share (built once).
+SHARED = f"1.0.{secrets.randbelow(10**9)}"
 
 
 def _version() -> str:
@@ -64,7 +75,7 @@ async def test_concurrent_attempts_share_one_build_and_a_second_run_installs_not
 
 async def test_an_agent_that_fails_before_any_model_call_is_fatal_harness_crashed(tmp_path, cache):
     server = ModelServer(episode([text("never")]))
-    harness = {"agent": "noop-agent", "version": _version(), "args": ["not-a-number"]}
+    harness = {"agent": "noop-agent", "version": SHARED, "args": ["not-a-number"]}
     result, run_dir = await launch(tmp_path, server, harness, tasks=["hello-file"], environment="local", run_network=None)
     (record,) = details(run_dir).values()
     issues = _attempt(record)["issues"]
@@ -75,10 +86,34 @@ async def test_an_agent_that_fails_before_any_model_call_is_fatal_harness_crashe
 
 async def test_a_model_failure_is_classified_from_the_gateways_record(tmp_path, cache):
     server = ModelServer(episode([text("fine")]), fail_after=1, fail_status=503)
-    harness = {"agent": "noop-agent", "version": _version(), "args": ["3"]}
+    harness = {"agent": "noop-agent", "version": SHARED, "args": ["3"]}
     result, run_dir = await launch(tmp_path, server, harness, tasks=["hello-file"], environment="local", run_network=None)
     (record,) = details(run_dir).values()
     attempt = _attempt(record)
     assert [(i["severity"], i["code"]) for i in attempt["issues"]] == [("fatal", "model_server_error")]
     assert attempt["run_result"]["usage"]["calls"] == 1
     assert len(server.requests) == 2
+
+
+async def test_a_session_without_the_agents_python_is_fatal_environment_unsupported(tmp_path, cache, monkeypatch):
+    try:
+        from agentcompass_sandbox import host_problem
+    except ImportError:
+        pytest.skip("the sandbox plugin is not installed")
+    if host_problem() is not None:
+        pytest.skip(host_problem())
+    # An interpreter only the host sees (the sandbox has a /tmp of its own): the
+    # entry builds, and its venv's python is missing inside the session.
+    private = tmp_path / "host-only"
+    private.mkdir()
+    os.symlink(os.path.realpath("/usr/bin/python3") if os.path.exists("/usr/bin/python3") else sys.executable,
+               private / "python3")  # fmt: skip
+    monkeypatch.setenv("AGENTCOMPASS_AGENT_PYTHON", str(private / "python3"))
+    server = ModelServer(episode([text("never")]))
+    harness = {"agent": "noop-agent", "version": _version()}
+    result, run_dir = await launch(tmp_path, server, harness, tasks=["hello-file"])
+    (record,) = details(run_dir).values()
+    issues = _attempt(record)["issues"]
+    assert [(i["severity"], i["code"], i["phase"]) for i in issues] == [("fatal", "environment_unsupported", "setup")]
+    assert "needs Python >= 3.10" in issues[0]["message"]
+    assert server.requests == []
