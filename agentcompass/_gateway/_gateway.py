@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import shutil
 import socket
 import tempfile
 from collections.abc import AsyncIterator
@@ -152,9 +153,6 @@ def _copy_forwarder(directory: str) -> None:
 
 
 def _remove(directory: str) -> None:
-    for name in ("gateway.sock", "forward.py"):
-        try:
-            os.unlink(os.path.join(directory, name))
-        except FileNotFoundError:
-            pass
-    os.rmdir(directory)
+    # Only the runtime writes there (the session sees it read-only, or is
+    # `local`); rmtree never follows a link out of it.
+    shutil.rmtree(directory, ignore_errors=True)

@@ -98,6 +98,10 @@ async def test_mini_swe_agent_solves_a_task_offline_through_the_gateway_only(tmp
     assert run_result["timings"]["agent_prepare"] >= run_result["timings"]["agent_install"] >= 0
     # The upstream got the real key; the agent only ever had its attempt's token.
     assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in server.requests)
+    # The agent's own logs are kept in the run directory, and hold no key either.
+    (kept,) = run_dir.glob("tasks/*/attempt-0/logs/agent/trajectory.json")
+    assert json.loads(kept.read_text())["info"]["exit_status"] == "Submitted"
+    assert list(kept.parent.glob("agent.log"))
     assert _files_holding(run_dir, KEY.encode()) == []
 
 
