@@ -81,3 +81,23 @@ async def test_an_exposed_socket_is_connectable_under_policy_none(provider, tag,
         listener.close()
         with trio.move_on_after(30, shield=True):
             await session.close()
+
+
+async def test_sweep_after_a_killed_runtime_detaches_the_binds_and_keeps_the_host_directory(provider, tag, tmp_path):
+    shared = tmp_path / "cache"
+    shared.mkdir()
+    (shared / "keep.txt").write_text("precious\n")
+    os.chmod(tmp_path, 0o755)
+    session = await provider.open(None, NONE, f"{tag}-c")
+    try:
+        await session.expose_directory(str(shared))
+        await session.expose_directory(str(shared))
+        # What a runtime killed now leaves: the sweep of its tag must clean up
+        # through the state directory, never by deleting what is bound there.
+        await provider.sweep(tag)
+    finally:
+        with trio.move_on_after(30, shield=True):
+            await session.close()
+    assert (shared / "keep.txt").read_text() == "precious\n"
+    mounts = await trio.Path("/proc/self/mounts").read_text()
+    assert not [line for line in mounts.splitlines() if tag in line]
