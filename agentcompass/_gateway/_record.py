@@ -156,7 +156,8 @@ def parse_stream(data: bytes) -> dict[str, Any] | None:
                 call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
                 function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
                 call["id"] = str(raw.get("id") or call["id"])
-                call["name"] += function.get("name") or "" if isinstance(function.get("name"), str) else ""
+                if isinstance(function.get("name"), str):
+                    call["name"] += function["name"]
                 if isinstance(function.get("arguments"), str):
                     call["arguments"] += function["arguments"]
     content = _text("".join(text)) if text else None

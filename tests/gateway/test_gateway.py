@@ -162,3 +162,22 @@ async def test_an_oversized_body_is_refused_before_anything_is_forwarded(setup):
         reply = await client.post("/chat/completions", content=b"x" * (MAX_BODY_BYTES + 1), headers=_auth(gateway))
     assert reply.status_code == 413
     assert server.requests == [] and gateway.record.calls == 0
+
+
+def test_a_streamed_reply_with_tool_calls_is_assembled_for_the_record():
+    from agentcompass._gateway._record import parse_stream
+
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "ba"}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "sh", "arguments": '{"co'}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": 7, "arguments": 'mmand": "ls"}'}}]}}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    ]
+    data = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    reply = parse_stream(data.encode())
+    assert reply == {
+        "content": None,
+        "tool_calls": [{"id": "c1", "name": "bash", "arguments": '{"command": "ls"}'}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
