@@ -3,12 +3,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-agent demo-sandbox docker-base system-deps test test-floors lint bench bench-inspect clean
+.PHONY: agents demo demo-agent demo-docker demo-installed demo-sandbox docker-base system-deps test test-floors lint bench bench-inspect clean
 
 # What the sandbox provider (bubblewrap, iproute2, nftables, util-linux), the docker
-# provider's tests (docker.io, debootstrap) and the viewer's browser tests (chromium,
-# chromium-driver) need from the system.
-SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux docker.io debootstrap chromium chromium-driver
+# provider's tests (docker.io, debootstrap), the installed agents' cache (python3,
+# python3-venv) and the viewer's browser tests (chromium, chromium-driver) need from the system.
+SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux docker.io debootstrap python3 python3-venv chromium chromium-driver
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ demo: $(STAMP)
 demo-agent: $(STAMP)
 	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-agent.json -- \
 		$(BIN)/compass launch examples/demo-agent.yaml --output-root runs/demo-agent
+
+# The installed agents' host-side cache (built once per host and version, then reused):
+# mini-swe-agent and aider from PyPI, about a minute and 700 MB each.
+agents: $(STAMP)
+	$(BIN)/python -m agentcompass.agents install mini-swe-agent aider
+
+# mini-swe-agent on two terminal smoke tasks in sandboxes with no network, reaching the
+# scripted model server only through the attempt's model gateway (needs root).
+demo-installed: $(STAMP) agents
+	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-installed.json -- \
+		$(BIN)/compass launch examples/demo-installed.yaml --output-root runs/demo-installed
 
 # The same tasks in sandboxes, offline while the agent runs (needs root).
 demo-sandbox: $(STAMP) system-deps
@@ -49,7 +60,8 @@ system-deps:
 	  fi; \
 	fi
 
-test: $(STAMP)
+# The real-agent tests use the agent cache: built here, once, not inside the suite's budget.
+test: $(STAMP) agents
 	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)
 
 # The declared dependency floors, installed exactly (tests/floors.py pins them) into a

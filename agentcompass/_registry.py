@@ -115,6 +115,7 @@ def load_builtins() -> None:
         "agentcompass.benchmarks.terminal",
         "agentcompass.harnesses.oracle",
         "agentcompass.harnesses.react",
+        "agentcompass.harnesses.installed",
         "agentcompass.benchmarks.qa",
     ):
         importlib.import_module(module)

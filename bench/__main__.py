@@ -38,6 +38,7 @@ FULL: dict[str, dict[str, Any]] = {
     "remote_sessions": {"fn": "remote_sessions", "sessions": 1000, "servers": 3},
     "remote_stream": {"fn": "remote_stream", "mib": 64},
     "agent": {"fn": "agent_bound", "tasks": 500, "concurrency": 100, "latency": 0.1, "steps": 4},
+    "gateway": {"fn": "gateway_overhead", "tasks": 100, "concurrency": 10, "latency": 0.05},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 200, "concurrency": 8, "held": 100},
     "docker": {"fn": "docker_open_close", "sessions": 100, "concurrency": 8, "execs": 200, "cli_execs": 30},
 }
@@ -55,6 +56,7 @@ SMOKE: dict[str, dict[str, Any]] = {
     "remote_sessions": {"fn": "remote_sessions", "sessions": 6, "servers": 3},
     "remote_stream": {"fn": "remote_stream", "mib": 1},
     "agent": {"fn": "agent_bound", "tasks": 6, "concurrency": 3, "latency": 0.01, "steps": 2},
+    "gateway": {"fn": "gateway_overhead", "tasks": 4, "concurrency": 2, "latency": 0.01},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 4, "concurrency": 2, "held": 3},
     "docker": {"fn": "docker_open_close", "sessions": 4, "concurrency": 2, "execs": 5, "cli_execs": 2},
 }

@@ -93,6 +93,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         if r.get("server_cpu_s") is not None:
             rows.append(_row("remote", "CPU s for that stream: driver + server process (its start and the command included)", r["driver_cpu_s"] + r["server_cpu_s"], "(context)", None, "{:.2f}"))
     rows.extend(agent_rows(results, _row))
+    r = results.get("gateway")
+    if r and "error" not in r:
+        name = f"gateway: installed noop-agent vs react, {r['calls_per_attempt']} model calls per attempt"
+        rows.append(_row(name, "runtime CPU ms per attempt, installed (gateway)", r["installed_cpu_ms_per_attempt"], "(context)", None, "{:.1f}"))
+        rows.append(_row(name, "runtime CPU ms per attempt, react", r["react_cpu_ms_per_attempt"], "(context)", None, "{:.1f}"))
+        rows.append(_row(name, "children CPU ms per attempt, installed / react", r["installed_children_cpu_ms_per_attempt"], "(context)", None, "{:.1f}"))
+        rows.append(_row(name, "wall ms per attempt, installed / react", r["installed_wall_ms_per_attempt"] / r["react_wall_ms_per_attempt"], "(context)", None, "{:.2f}"))
     r = results.get("sandbox")
     if r and "error" not in r:
         name = f"sandbox open + close ({r['sessions']} at concurrency {r['concurrency']})"

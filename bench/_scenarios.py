@@ -477,10 +477,12 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
     }
 
 # The remote provider's scenarios run real servers; they live in a module of their own.
+from ._gateway import gateway_overhead  # noqa: E402
 from ._remote import remote_exec, remote_sessions, remote_stream  # noqa: E402
 
 SCENARIOS = {
     "agent": agent_bound,
+    "gateway": gateway_overhead,
     "overhead": overhead_bound,
     "latency": latency_bound,
     "memory": memory,

@@ -12,6 +12,8 @@ from pathlib import Path
 import attrs
 
 import agentcompass
+import agentcompass.agents
+import agentcompass.gateway
 import agentcompass.models
 import agentcompass.runtime
 import agentcompass.testing
@@ -106,6 +108,18 @@ def test_models_exports_the_model_client_api():
     assert issubclass(agentcompass.models.ModelError, agentcompass.IssueError)
 
 
+def test_gateway_and_agents_export_their_apis():
+    # A plugin harness opens a gateway; a plugin adds an agent to the table.
+    assert _public(agentcompass.gateway) == {
+        "Gateway", "GatewayRecord", "open_gateway", "TOKEN_VARIABLE", "URL_VARIABLE",
+    }  # fmt: skip
+    assert _public(agentcompass.agents) == {
+        "AgentOutcome", "AgentRun", "InstalledAgent", "agent_table", "cache_root", "register_agent",
+    }  # fmt: skip
+    session = agentcompass.EnvironmentSession
+    assert {"expose_directory", "expose_socket"} <= set(vars(session))
+
+
 def test_runtime_exports_the_cleanup_deadline():
     # Providers (plugins included) bound their own shielded cleanup by it.
     assert {"cleanup_deadline", "DEFAULT_CLEANUP_GRACE_SECONDS"} <= _public(agentcompass.runtime)
@@ -181,7 +195,14 @@ def test_built_ins_import_only_public_modules_and_not_each_other():
     assert reaches == set()
 
 
-PUBLIC_MODULES = (agentcompass, agentcompass.runtime, agentcompass.models, agentcompass.testing)
+PUBLIC_MODULES = (
+    agentcompass,
+    agentcompass.runtime,
+    agentcompass.models,
+    agentcompass.gateway,
+    agentcompass.agents,
+    agentcompass.testing,
+)
 
 
 def _named(module: types.ModuleType) -> dict[str, object]:

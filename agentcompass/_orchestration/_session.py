@@ -94,6 +94,23 @@ class GuardedSession(EnvironmentSession):
     async def write_file(self, path: str, data: bytes | str) -> None:
         await self._call("write_file", self._inner.write_file, path, data)
 
+    async def expose_directory(self, host_path: str) -> str:
+        return await self._optional("expose_directory", self._inner.expose_directory, host_path)
+
+    async def expose_socket(self, host_path: str) -> str:
+        return await self._optional("expose_socket", self._inner.expose_socket, host_path)
+
+    async def _optional(self, operation: str, fn: Any, *args: Any) -> Any:
+        """An optional operation: NotImplementedError reaches the caller, which reports it."""
+        try:
+            return await fn(*args)
+        except NotImplementedError:
+            raise
+        except (IssueError, EnvironmentFailure):
+            raise
+        except Exception as exc:
+            raise EnvironmentFailure(operation, exc) from exc
+
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
         await self._call("set_network_policy", self._inner.set_network_policy, policy)
         self.policy = policy

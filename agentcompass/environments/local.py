@@ -408,6 +408,16 @@ class LocalSession(EnvironmentSession):
         payload = data.encode() if isinstance(data, str) else bytes(data)
         await trio.to_thread.run_sync(write_beneath, self._root, relative, payload)
 
+    async def expose_directory(self, host_path: str) -> str:
+        """``host_path`` itself: a ``local`` session runs on the host's
+        filesystem and isolates nothing, so nothing is mounted (and nothing
+        makes the directory read-only for it)."""
+        self._check_open()
+        path = trio.Path(host_path)
+        if not path.is_absolute() or not await path.is_dir():
+            raise _fail(f"cannot expose {host_path!r}: not an absolute path of a directory")
+        return host_path
+
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
         """Accept ``full`` (the only policy ``local`` has); anything else is FATAL."""
         self._check_open()

@@ -16,6 +16,7 @@ raise :class:`IssueError` or return issues in the result. Never swallow
 
 from __future__ import annotations
 
+import posixpath
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -410,6 +411,47 @@ class EnvironmentSession:
         session can race.
         """
         raise NotImplementedError
+
+    async def expose_directory(self, host_path: str) -> str:
+        """Make the host directory ``host_path`` visible read-only inside the
+        open session, and return the absolute path where the session sees it.
+
+        The provider chooses that path (a running sandbox's root may be
+        read-only or an image's, so "mount at P" cannot be promised
+        everywhere); callers pass it on to what they run (an agent's
+        installation from the host-side cache, say). Nothing in the session
+        may write through it, change it, or reach anything of the host
+        outside ``host_path`` through it; it disappears with the session.
+        Calling it twice for one directory may give two paths. A provider
+        whose sessions run on the host's filesystem (``local``) may return
+        ``host_path`` itself.
+
+        Optional: the default raises :exc:`NotImplementedError`, and a
+        harness that needs it reports FATAL ``environment_unsupported``.
+        ``sandbox`` binds the directory into the session's mount namespace
+        while it runs; a container provider does the same through a
+        per-session directory mounted with slave propagation at creation.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot expose a host directory")
+
+    async def expose_socket(self, host_path: str) -> str:
+        """Make the host unix socket ``host_path`` connectable from inside the
+        session, and return its path there.
+
+        This is how a session under network policy ``none`` reaches one
+        service of the runtime's (the model gateway) and nothing else: a unix
+        socket needs no network interface. The socket should sit alone in a
+        directory of its own: the default exposes that directory with
+        :meth:`expose_directory` (read-only; connecting to a socket needs no
+        write access to its directory) and returns the socket's path in it.
+        A provider that cannot share a filesystem with the host (a remote
+        one) overrides it to relay connections instead.
+        """
+        if not posixpath.isabs(host_path):
+            raise ValueError(f"expose_socket needs an absolute path, got {host_path!r}")
+        directory, name = posixpath.split(posixpath.normpath(host_path))
+        inside = await self.expose_directory(directory)
+        return posixpath.join(inside, name)
 
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
         """Switch the live policy; raise if it cannot be enforced."""

@@ -11,7 +11,12 @@ in :attr:`ModelServer.requests`. What it answers is a *script*:
 - a callable ``(RecordedRequest) -> Reply``, such as :func:`episode` (the
   n-th assistant turn of the conversation gets ``steps[n]``, so concurrent
   conversations each follow the script) or :func:`by_instruction` (an episode
-  chosen by a substring of the first user message).
+  chosen by a substring of a user or tool message, the last one first; a
+  message's content may be a string or a list of parts).
+
+``ModelServer(script, fail_after=N)`` answers HTTP 500 (``fail_status``) to
+every request after N successful replies: an upstream that breaks mid-episode.
+:meth:`ModelServer.save` writes what it recorded as JSON lines.
 
 Replies: :func:`text`, :func:`tool_call`, :func:`tool_calls` (several calls in
 one message), :func:`error` (any status, any headers such as ``Retry-After``
@@ -32,13 +37,14 @@ The server stops when its scope is cancelled, or gracefully after
 
 As a command::
 
-    python -m agentcompass.testing.model_server [--script FILE] [--port N] [-- COMMAND ...]
+    python -m agentcompass.testing.model_server [--script FILE] [--port N] [--record FILE] [-- COMMAND ...]
 
 prints the base URL (``http://127.0.0.1:PORT/v1``) and serves until
 interrupted; with ``-- COMMAND ...`` it runs the command with
 ``MODEL_BASE_URL`` set to that URL, then stops and exits with the command's
 status (``make demo-agent`` runs ``compass launch`` so). Without
-``--script`` every request gets a short text reply.
+``--script`` every request gets a short text reply. ``--record FILE`` saves
+the recorded requests there when it exits.
 
 The script file is JSON::
 
@@ -46,10 +52,12 @@ The script file is JSON::
      "episodes": [{"match": "hello.txt", "steps": [STEP, ...]}, ...],
      "default": [STEP, ...]}
 
-A conversation whose first user message contains an episode's ``match``
-follows that episode's steps, else ``default`` (with neither: HTTP 400). Its
-n-th request (n assistant messages so far) gets ``steps[n]``; the last step
-repeats. A STEP is one of
+A conversation with a user or tool message containing an episode's
+``match`` follows that episode's steps, else ``default`` (with neither: HTTP
+400). Its n-th request (n assistant messages since the first message holding
+``match``) gets ``steps[n]``; the last step repeats. ``"fail_after": N``
+(with ``"fail_status"``, 500) makes every request after N successful replies
+fail. A STEP is one of
 
 - ``{"text": "..."}``: an assistant message;
 - ``{"tool_call": {"name": "bash", "arguments": {...}}}``: one tool call;
@@ -105,6 +113,7 @@ __all__ = [
     "error",
     "load_script",
     "malformed",
+    "message_text",
     "text",
     "tool_call",
     "tool_calls",
@@ -229,31 +238,65 @@ def echo_headers(status: int = 500) -> Reply:
 Script = Callable[[RecordedRequest], Reply]
 
 
-def episode(steps: Sequence[Reply], *, delay: float = 0.0) -> Script:
+def message_text(message: Any) -> str:
+    """A message's content as text: a string, or the ``text`` of a list of parts."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
+def _messages(request: RecordedRequest) -> list[Any]:
+    body = request.json
+    messages = body.get("messages", []) if isinstance(body, dict) else []
+    return messages if isinstance(messages, list) else []
+
+
+def _turn(messages: list[Any], start: int) -> int:
+    return sum(1 for m in messages[start:] if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def episode(steps: Sequence[Reply], *, delay: float = 0.0, start: Callable[[list[Any]], int] | None = None) -> Script:
     """Reply ``steps[n]`` to a request whose conversation has ``n`` assistant
-    messages (the last step repeats), each after ``delay`` unless it has its own."""
+    messages (the last step repeats), each after ``delay`` unless it has its own.
+    ``start(messages)``, when given, is the index of the message the episode
+    counts from (assistant messages before it, such as an agent's example
+    exchanges, are not turns)."""
     replies = [s if s.delay or not delay else s.after(delay) for s in steps]
 
     def reply(request: RecordedRequest) -> Reply:
-        body = request.json
-        messages = body.get("messages", []) if isinstance(body, dict) else []
-        turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        messages = _messages(request)
+        turn = _turn(messages, start(messages) if start is not None else 0)
         return replies[min(turn, len(replies) - 1)]
 
     return reply
 
 
+def _anchor(messages: list[Any], needle: str) -> int | None:
+    """The index of the first user or tool message containing ``needle``."""
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") in ("user", "tool") and needle in message_text(message):
+            return index
+    return None
+
+
 def by_instruction(episodes: Sequence[tuple[str, Script]], default: Script | None = None) -> Script:
-    """The script of the first ``(substring, script)`` whose substring is in the
-    conversation's first user message; else ``default`` (else HTTP 400)."""
+    """The script of the first ``(substring, script)`` whose substring is in a
+    user or tool message of the conversation (text or a list of text parts),
+    searched from its last such message back; else ``default`` (else HTTP
+    400). An :func:`episode` built by :func:`load_script` counts its turns
+    from the first message that holds the substring, so example exchanges an
+    agent sends before the task do not shift the script."""
 
     def reply(request: RecordedRequest) -> Reply:
-        body = request.json
-        messages = body.get("messages", []) if isinstance(body, dict) else []
-        first = next((m.get("content") or "" for m in messages if isinstance(m, dict) and m.get("role") == "user"), "")
-        for needle, script in episodes:
-            if needle in first:
-                return script(request)
+        messages = _messages(request)
+        for message in reversed(messages):
+            if not (isinstance(message, dict) and message.get("role") in ("user", "tool")):
+                continue
+            text = message_text(message)
+            for needle, script in episodes:
+                if needle in text:
+                    return script(request)
         if default is not None:
             return default(request)
         return error(400, body={"error": {"message": "no scripted episode matches this conversation"}})
@@ -264,9 +307,13 @@ def by_instruction(episodes: Sequence[tuple[str, Script]], default: Script | Non
 class ModelServer:
     """The server (see the module docstring). Start it with ``await nursery.start(server.serve)``."""
 
-    def __init__(self, script: Sequence[Reply] | Script):
+    def __init__(self, script: Sequence[Reply] | Script, *, fail_after: int | None = None, fail_status: int = 500):
         self._script = script
         self._next = 0
+        #: After this many successful (2xx) replies, every request gets ``fail_status``.
+        self.fail_after = fail_after
+        self.fail_status = fail_status
+        self.good = 0
         self.requests: list[RecordedRequest] = []
         #: Requests whose client closed the connection before the reply was sent.
         self.aborted = 0
@@ -295,6 +342,25 @@ class ModelServer:
     def _reply_for(self, request: RecordedRequest) -> Reply:
         if request.method != "POST" or not request.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
             return error(404, body={"error": {"message": f"no route {request.method} {request.path}"}})
+        if self.fail_after is not None and self.good >= self.fail_after:
+            return error(self.fail_status)
+        reply = self._scripted(request)
+        if 200 <= reply.status < 300:
+            self.good += 1
+        return reply
+
+    def save(self, path: str) -> None:
+        """Write the recorded requests to ``path``, one JSON object a line
+        (``method``, ``path``, ``headers``, ``body``: the parsed JSON body, or its text)."""
+        with open(path, "w", encoding="utf-8") as f:
+            for request in self.requests:
+                body = request.json
+                if body is None:
+                    body = request.body.decode("utf-8", errors="replace")
+                record = {"method": request.method, "path": request.path, "headers": request.headers, "body": body}
+                f.write(json.dumps(record) + "\n")
+
+    def _scripted(self, request: RecordedRequest) -> Reply:
         if callable(self._script):
             return self._script(request)
         if self._next >= len(self._script):
@@ -430,22 +496,33 @@ def _step(raw: dict[str, Any], delay: float) -> Reply:
 def load_script(data: dict[str, Any]) -> Script:
     """The script a JSON script file describes (see the module docstring)."""
     delay = float(data.get("delay", 0))
-    episodes = [(e["match"], episode([_step(s, delay) for s in e["steps"]])) for e in data.get("episodes", [])]
+    episodes = [
+        (e["match"], episode([_step(s, delay) for s in e["steps"]], start=partial(_start, e["match"])))
+        for e in data.get("episodes", [])
+    ]
     default = episode([_step(s, delay) for s in data["default"]]) if data.get("default") else None
     return by_instruction(episodes, default)
 
 
-async def _main(script: Script, port: int, command: list[str]) -> int:
-    server = ModelServer(script)
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(server.serve, port=port))
-        print(url, flush=True)
-        if not command:
-            await trio.sleep_forever()
-        env = {**os.environ, "MODEL_BASE_URL": url}
-        result = await trio.run_process(command, env=env, check=False)
-        server.stop()
-    return result.returncode
+def _start(needle: str, messages: list[Any]) -> int:
+    anchor = _anchor(messages, needle)
+    return 0 if anchor is None else anchor
+
+
+async def _main(server: ModelServer, port: int, command: list[str], record: str | None) -> int:
+    try:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(partial(server.serve, port=port))
+            print(url, flush=True)
+            if not command:
+                await trio.sleep_forever()
+            env = {**os.environ, "MODEL_BASE_URL": url}
+            result = await trio.run_process(command, env=env, check=False)
+            server.stop()
+        return result.returncode
+    finally:
+        if record:
+            server.save(record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(
         prog="python -m agentcompass.testing.model_server",
-        usage="%(prog)s [--script FILE] [--port N] [-- COMMAND ...]",
+        usage="%(prog)s [--script FILE] [--port N] [--record FILE] [-- COMMAND ...]",
         description=doc.splitlines()[0],
         epilog=doc[doc.index("As a command::") :],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -466,18 +543,25 @@ def main(argv: list[str] | None = None) -> int:
         "--script", metavar="FILE", help="JSON script file (default: every request gets a short text reply)"
     )
     parser.add_argument("--port", metavar="N", type=int, default=0, help="TCP port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--record", metavar="FILE", help="write the recorded requests there (JSON lines) on exit")
     args = parser.parse_args(argv)
+    fail_after: int | None = None
+    fail_status = 500
     if args.script:
         try:
             with open(args.script, encoding="utf-8") as f:
-                script = load_script(json.load(f))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+                data = json.load(f)
+            script = load_script(data)
+            fail_after = None if data.get("fail_after") is None else int(data["fail_after"])
+            fail_status = int(data.get("fail_status", 500))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             print(f"model_server: bad script {args.script}: {exc}", file=sys.stderr)
             return 2
     else:
         script = episode([text("Hello from the scripted model server.")])
+    server = ModelServer(script, fail_after=fail_after, fail_status=fail_status)
     try:
-        return trio.run(_main, script, args.port, command)
+        return trio.run(_main, server, args.port, command, args.record)
     except KeyboardInterrupt:
         return 130
 

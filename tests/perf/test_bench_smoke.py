@@ -47,6 +47,19 @@ def test_agent_bound_with_its_bare_loop(tmp_path: Path) -> None:
     assert rows["x Inspect AI wall"]["target"].startswith(">= 4")
 
 
+def test_gateway_overhead_beside_react(tmp_path: Path) -> None:
+    from bench._gateway import gateway_overhead
+
+    result = gateway_overhead(tmp_path, **_kwargs("gateway"))
+    calls = result["tasks"] * result["calls_per_attempt"]
+    # Both harnesses made every call: the installed agent's through its gateway.
+    assert result["installed_status"] == result["react_status"] == "succeeded"
+    assert result["installed_model_calls"] == result["react_model_calls"] == calls
+    assert result["installed_cpu_ms_per_attempt"] > 0 and result["cpu_over_react"] > 0
+    rows = [r for r in targets({"gateway": result}) if r["scenario"].startswith("gateway")]
+    assert len(rows) == 4 and all(r["target"] == "(context)" for r in rows)
+
+
 def test_overhead_bound_with_checkpoints(tmp_path: Path) -> None:
     result = scenarios.overhead_bound(tmp_path, **_kwargs("overhead_k3"))
     assert result["status"] == "succeeded" and result["k"] == 3

@@ -52,6 +52,12 @@ USERLAND = ("usr", "etc", "opt", "var", "bin", "sbin", "lib", "lib32", "lib64", 
 SUBDIRS = ("app", "tests", "logs", "solution")
 #: The session's own tmpfs (of a fixed size) holding ``SUBDIRS``, in its state dir.
 FILES = "files"
+#: In ``FILES``: where exposed host directories are mounted (see :func:`expose`),
+#: bound read-only at :data:`EXPOSED_INSIDE` in the sandbox.
+EXPOSED = ".exposed"
+EXPOSED_INSIDE = "/run/agentcompass"
+#: In the state dir: the read-only binds :func:`expose` propagates from.
+STAGE = "stage"
 MARKER = "session.json"
 CGROUP_GROUP = "agentcompass-sandbox"
 #: The host table that NATs and forwards every sandbox's egress.
@@ -64,6 +70,7 @@ NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _MS_BIND, _MS_REC, _MS_SHARED, _MNT_DETACH = 0x1000, 0x4000, 1 << 20, 2
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
 
 _KILL_ROUNDS = 2000
 _KILL_PAUSE = 0.001
@@ -194,11 +201,52 @@ def make_session_dir(name: str, files_bytes: int) -> Path:
         sub_path = f"{files}/{sub}"
         os.mkdir(sub_path, 0o755)
         os.chown(sub_path, HOST_UID, HOST_UID)
+    os.mkdir(f"{files}/{EXPOSED}", 0o755)
+    os.mkdir(f"{path}/{STAGE}", 0o700)
     if os.path.isfile("/etc/hosts") and not os.path.islink("/etc/hosts"):
         # The sandbox's own /etc/hosts, where allowlisted names are added.
         with open(f"{path}/hosts", "w") as f:
             f.write(host_hosts())
     return path
+
+
+def expose(name: str, host_path: str, label: str) -> str:
+    """Bind ``host_path`` read-only into the running session ``name``; return
+    its path inside.
+
+    The session's ``FILES`` tmpfs is a shared mount and the sandbox's bind of
+    its ``EXPOSED`` directory a slave of it, so a mount made there on the
+    host appears in the sandbox. A bind copies its source's flags, so the
+    directory is first bound at a stage of the session's (not visible in the
+    sandbox) and made read-only there; the bind of that stage into
+    ``EXPOSED`` then arrives read-only, and inside the sandbox's user
+    namespace the flag is locked: nothing there can remount it writable."""
+    if not os.path.isdir(host_path):
+        raise HostError(f"cannot expose {host_path!r}: not a directory")
+    path = session_dir(name)
+    stage = f"{path}/{STAGE}/{label}"
+    target = f"{path}/{FILES}/{EXPOSED}/{label}"
+    os.mkdir(stage, 0o700)
+    _mount(host_path, stage, None, _MS_BIND, None)
+    _mount(None, stage, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
+    os.mkdir(target, 0o755)
+    _mount(stage, target, None, _MS_BIND, None)
+    return f"{EXPOSED_INSIDE}/{label}"
+
+
+def _remove_stages(path: str) -> None:
+    """Detach every stage of :func:`expose` and remove its (then empty) mount
+    point. Never a recursive delete: a stage still mounted is the host's
+    directory, so what cannot be detached stays and raises."""
+    try:
+        labels = os.listdir(f"{path}/{STAGE}")
+    except FileNotFoundError:
+        return
+    for label in labels:
+        stage = f"{path}/{STAGE}/{label}"
+        _unmount(stage)
+        os.rmdir(stage)
+    os.rmdir(f"{path}/{STAGE}")
 
 
 def host_hosts() -> str:
@@ -609,6 +657,7 @@ def destroy(name: str) -> None:
 def remove_session_dir(name: str) -> None:
     path = f"{STATE_ROOT}/{name}"
     _unmount(f"{path}/{FILES}")
+    _remove_stages(path)
     try:
         entries = list(os.scandir(path))
     except FileNotFoundError:

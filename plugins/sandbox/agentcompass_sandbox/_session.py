@@ -190,6 +190,8 @@ class SandboxSession(EnvironmentSession):
             mounts += ["--bind", str(self._files / sub), "/" + sub]
         if own_hosts:
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
+        # Where expose_directory's binds arrive while the sandbox runs.
+        mounts += ["--ro-bind", str(self._files / _host.EXPOSED), _host.EXPOSED_INSIDE]
         # A pooled namespace is entered by the spawner; otherwise bwrap makes one (loopback only).
         share = [] if self._netns is None else ["--share-net"]
         argv = [
@@ -395,6 +397,19 @@ class SandboxSession(EnvironmentSession):
         root, relpath = self._locate(path)
         owner = (_host.HOST_UID, _host.HOST_UID)
         await trio.to_thread.run_sync(write_beneath, root, relpath, payload, owner)
+
+    async def expose_directory(self, host_path: str) -> str:
+        """Bind ``host_path`` read-only (and ``nosuid``, ``nodev``) into the
+        running sandbox at ``/run/agentcompass/<n>`` and return that path;
+        how the bind reaches a running sandbox is :func:`._host.expose`.
+        The bind goes with the session (``close``, ``reap`` and ``sweep``
+        detach it; the host directory is never deleted)."""
+        self._check_open()
+        label = f"d{next(self._labels)}"
+        try:
+            return await trio.to_thread.run_sync(_host.expose, self.name, os.fspath(host_path), label)
+        except (OSError, _host.HostError) as exc:
+            raise fail(f"sandbox {self.name}: could not expose {host_path}: {exc}") from None
 
     # ------------------------------------------------------------ network
 

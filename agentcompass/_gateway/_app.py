@@ -1,0 +1,192 @@
+"""The gateway's ASGI app: check the token, forward the call unchanged, record it.
+
+Routes (any prefix, so ``base_url`` may or may not end in ``/v1``):
+``POST .../chat/completions`` is forwarded to the model's endpoint with the
+body exactly as the agent sent it (unknown fields kept; a streamed request
+is relayed event by event as the upstream sends them) and the upstream's
+status, body, ``Content-Type`` and ``Retry-After`` come back unchanged;
+``GET .../models`` lists the one model. A request without the attempt's
+token gets 401 and is not recorded; a body over :data:`MAX_BODY_BYTES` gets
+413. Upstream failures are classified as the model client classifies them
+(``agentcompass._models._client``) and recorded on the attempt; the agent
+sees 502 for a connection failure and 504 for a timeout.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+import trio
+
+from .._asgi import lifespan
+from .._models import ChatClient, ModelError
+from ..runtime._results import Issue
+from ._record import GatewayRecord, parse_reply, parse_stream
+
+__all__ = ["MAX_BODY_BYTES", "GatewayApp"]
+
+#: The largest request body accepted from an agent.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+#: How much of a streamed reply is kept to record it (the relay is not limited).
+_RECORD_BYTES = 16 * 1024 * 1024
+
+
+class GatewayApp:
+    """One attempt's app (see the module docstring)."""
+
+    def __init__(self, client: ChatClient, token: str, record: GatewayRecord, max_calls: int | None):
+        self.client = client
+        self.token = token.encode()
+        self.record = record
+        self.max_calls = max_calls
+        self.closed = False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        if self.closed or not self._authorized(scope):
+            await _json(send, 401, {"error": {"message": "invalid gateway token", "type": "invalid_request_error"}})
+            return
+        path = scope["path"].rstrip("/")
+        if scope["method"] == "GET" and path.endswith("/models"):
+            model = {"id": self.client.model.name, "object": "model", "created": 0, "owned_by": "agentcompass"}
+            await _json(send, 200, {"object": "list", "data": [model]})
+            return
+        if scope["method"] != "POST" or not path.endswith("/chat/completions"):
+            await _json(send, 404, {"error": {"message": f"no route {scope['method']} {scope['path']}"}})
+            return
+        body = await _read_body(receive)
+        if body is None:
+            await _json(send, 413, {"error": {"message": f"request body over {MAX_BODY_BYTES} bytes"}})
+            return
+        await self._forward(body, send)
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                return hmac.compare_digest(value[7:].strip(), self.token)
+            if name == b"x-api-key":
+                return hmac.compare_digest(value.strip(), self.token)
+        return False
+
+    async def _forward(self, body: bytes, send: Any) -> None:
+        record = self.record
+        if self.max_calls is not None and record.calls >= self.max_calls:
+            record.refused += 1
+            record.add_issue(
+                Issue("error", "run", "harness_limit_reached", f"the agent reached max_model_calls={self.max_calls}")
+            )
+            await _json(
+                send,
+                429,
+                {"error": {"message": "max_model_calls reached for this attempt", "type": "harness_limit_reached"}},
+            )
+            return
+        record.calls += 1
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        record.add_request(parsed)
+        streamed = isinstance(parsed, dict) and parsed.get("stream") is True
+        import httpx  # the shared client's: loaded already
+
+        client = self.client
+        assert client.url is not None
+        request = client.http.build_request(
+            "POST",
+            client.url,
+            content=body,
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream" if streamed else "application/json"},
+        )
+        start = trio.current_time()
+        try:
+            response = await client.http.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ConnectTimeout):
+                await self._failed(send, 502, client._error("fatal", "model_unreachable", "could not connect"), start)
+            else:
+                await self._failed(send, 504, client._error("error", "model_timeout", "no reply in time"), start)
+            return
+        except httpx.TransportError as exc:
+            error = client._error("fatal", "model_unreachable", f"connection failed ({type(exc).__name__})")
+            await self._failed(send, 502, error, start)
+            return
+        try:
+            await self._relay(response, send, start)
+        except httpx.TransportError as exc:
+            # The head went out already: the agent sees a cut-off reply.
+            error = client._error("fatal", "model_unreachable", f"the reply broke off ({type(exc).__name__})")
+            record.add_issue(error.to_issue("run"))
+        finally:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def _relay(self, response: Any, send: Any, start: float) -> None:
+        record = self.record
+        headers = [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in response.headers.items()
+            if name.lower() in ("content-type", "retry-after")
+        ]
+        if response.status_code >= 400:
+            data = await response.aread()
+            record.add_issue(self.client._status_error(response).to_issue("run"))
+            record.add_reply(None, response.status_code, trio.current_time() - start)
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": data})
+            return
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        # Each reply is recorded before its last byte goes out: once the agent
+        # has it, the attempt may end (and this task be cancelled) at any time.
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            kept = bytearray()
+            async for chunk in response.aiter_raw():
+                if len(kept) < _RECORD_BYTES:
+                    kept += chunk
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._recorded(parse_stream(bytes(kept)), response.status_code, start)
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            data = await response.aread()
+            self._recorded(parse_reply(data), response.status_code, start)
+            await send({"type": "http.response.body", "body": data})
+
+    def _recorded(self, reply: dict[str, Any] | None, status: int, start: float) -> None:
+        self.record.add_reply(reply, status, trio.current_time() - start)
+        if reply is None:
+            self.record.add_issue(
+                self.client._error("error", "no_valid_output", "a reply through the gateway had no usable message")
+                .to_issue("run")
+            )
+
+    async def _failed(self, send: Any, status: int, error: ModelError, start: float) -> None:
+        self.record.add_issue(error.to_issue("run"))
+        self.record.add_reply(None, status, trio.current_time() - start)
+        await _json(send, status, {"error": {"message": error.message, "type": error.code}})
+
+
+async def _json(send: Any, status: int, body: Any) -> None:
+    payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    """The request's body; None when it is over the limit (or the client left)."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if len(body) > MAX_BODY_BYTES:
+            return None
+        if not message.get("more_body"):
+            return bytes(body)

@@ -1,0 +1,196 @@
+"""The host-side cache of installed agents: one build per host, agent and version.
+
+An entry is ``<root>/<agent>-<version>/``: for a Python agent a virtual
+environment (``venv/``) made with the host's Python and the agent's pinned
+distribution installed into it from the package index pip is configured
+for, and ``installed.json`` written last (what was installed, how long it
+took). An entry without ``installed.json`` is an interrupted build and is
+built again. ``<root>`` is ``$AGENTCOMPASS_AGENT_CACHE``, else
+``${XDG_CACHE_HOME:-~/.cache}/agentcompass/agents``. The interpreter is the
+system's ``python3`` (:func:`host_python`).
+
+Builds are serialized per entry by an exclusive ``flock`` on
+``<root>/<agent>-<version>.lock``, so concurrent attempts, requests and
+processes wait for one build and then share it; within a process a Trio
+lock keeps them from holding a worker thread each for the file lock. The entry is
+world-readable and never written after it is complete: sessions see it
+read-only (``EnvironmentSession.expose_directory``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agentcompass import IssueError
+
+__all__ = ["CacheEntry", "cache_root", "ensure_installed"]
+
+_locks: dict[str, trio.Lock] = {}
+
+
+@attrs.frozen
+class CacheEntry:
+    """A complete entry: its directory, and whether this call built it (and how long that took)."""
+
+    path: Path
+    built: bool
+    install_seconds: float
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("AGENTCOMPASS_AGENT_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "agentcompass" / "agents"
+
+
+async def ensure_installed(key: str, requirements: list[str], *, root: Path | None = None) -> CacheEntry:
+    """The complete cache entry ``key`` (``<agent>-<version>``), building it
+    with pip from ``requirements`` first if no complete one exists.
+
+    A failed build raises FATAL ``agent_install_failed`` with pip's last
+    lines (the partial entry is removed; the next attempt builds again).
+    Cancellation stops pip and leaves an incomplete entry that the next
+    build replaces."""
+    root = cache_root() if root is None else root
+    entry = root / key
+    if await trio.Path(entry / "installed.json").is_file():
+        return CacheEntry(entry, False, 0.0)
+    lock = _locks.setdefault(str(entry), trio.Lock())
+    async with lock:
+        await trio.to_thread.run_sync(_make_root, root)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        fd = await trio.to_thread.run_sync(os.open, str(root / f"{key}.lock"), flags, 0o644)
+        waiter = _Waiter(fd)
+        try:
+            await trio.to_thread.run_sync(waiter.wait, abandon_on_cancel=True)
+        except BaseException:
+            waiter.abandon()
+            raise
+        try:
+            if await trio.Path(entry / "installed.json").is_file():
+                return CacheEntry(entry, False, 0.0)
+            start = time.monotonic()
+            await _build(entry, requirements)
+            return CacheEntry(entry, True, time.monotonic() - start)
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _make_root(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.chmod(root, 0o755)
+
+
+class _Waiter:
+    """A blocking ``flock`` in a worker thread that its caller may abandon
+    (cancellation): whichever side finishes second closes the descriptor,
+    so an abandoned wait never keeps the lock once it gets it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._mutex = threading.Lock()
+        self._abandoned = self._locked = False
+
+    def wait(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        finally:
+            with self._mutex:
+                self._locked = True
+                if self._abandoned:
+                    os.close(self.fd)
+
+    def abandon(self) -> None:
+        with self._mutex:
+            self._abandoned = True
+            if self._locked:
+                os.close(self.fd)
+
+
+#: Where a session that runs on the host's userland (``sandbox``) finds a Python.
+_SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+def host_python() -> str:
+    """The interpreter new agent environments are made with: ``$AGENTCOMPASS_AGENT_PYTHON``,
+    else the system's ``python3`` (under ``/usr``, which sessions on the host's
+    userland see too; a venv links to its interpreter, so one under a home
+    directory would not run there), else the runtime's own base interpreter."""
+    explicit = os.environ.get("AGENTCOMPASS_AGENT_PYTHON")
+    if explicit:
+        return explicit
+    for candidate in _SYSTEM_PYTHONS:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return getattr(sys, "_base_executable", None) or os.path.realpath(sys.executable)
+
+
+async def _build(entry: Path, requirements: list[str]) -> None:
+    await trio.to_thread.run_sync(_clear, entry)
+    venv = entry / "venv"
+    python = str(venv / "bin" / "python")
+    pip_options = ["install", "--no-input", "--disable-pip-version-check", "--no-warn-script-location", "-q"]
+    if importlib.util.find_spec("pip") is not None:
+        # The runtime's own pip installs into the new environment: no pip
+        # bootstrapped into each entry (ensurepip is most of a small build).
+        steps = [
+            [host_python(), "-m", "venv", "--without-pip", str(venv)],
+            [sys.executable, "-m", "pip", "--python", python, *pip_options, *requirements],
+        ]
+    else:
+        steps = [[host_python(), "-m", "venv", str(venv)], [python, "-m", "pip", *pip_options, *requirements]]
+    start = time.monotonic()
+    for argv in steps:
+        result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, stdin=b"")
+        if result.returncode != 0:
+            tail = " ".join((result.stderr or result.stdout).decode(errors="replace").split())[-400:]
+            await trio.to_thread.run_sync(_clear, entry)
+            raise IssueError(
+                "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({' '.join(argv[1:4])}): {tail}"
+            )
+    info: dict[str, Any] = {
+        "requirements": requirements,
+        "python": host_python(),
+        "install_seconds": round(time.monotonic() - start, 3),
+        "created": time.time(),
+    }
+    await trio.to_thread.run_sync(_finish, entry, info)
+
+
+def _clear(entry: Path) -> None:
+    if entry.exists():
+        shutil.rmtree(entry)
+    entry.mkdir(parents=True)
+
+
+def _finish(entry: Path, info: dict[str, Any]) -> None:
+    """Make the entry readable by the sessions' users, then mark it complete."""
+    for parent, dirs, files in os.walk(entry):
+        for name in dirs:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o555)
+        for name in files:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o444)
+    os.chmod(entry, 0o755)
+    tmp = entry / "installed.json.tmp"
+    tmp.write_text(json.dumps(info))
+    os.rename(tmp, entry / "installed.json")

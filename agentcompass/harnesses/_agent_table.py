@@ -1,0 +1,135 @@
+"""The agent table of the ``installed`` harness: what each third-party agent is
+and how it runs headless.
+
+An entry is a subclass of :class:`InstalledAgent` registered with
+:func:`register_agent`: the distribution to install (and its pinned
+version), the model API it speaks, the files it needs written before it
+starts, its command line, and how to read what it left in its log
+directory. The harness does the rest (the cache, the gateway, the budget,
+the outcome); ``docs/agents.md`` walks through adding one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any, ClassVar, TypeVar
+
+import attrs
+
+from agentcompass import ComponentError, Issue
+
+__all__ = ["AgentOutcome", "AgentRun", "InstalledAgent", "agent_table", "register_agent"]
+
+
+@attrs.frozen
+class AgentRun:
+    """What an entry builds its command line from. Paths are the session's;
+    ``home``, ``logs``, ``url`` and ``token`` are shell expressions
+    (``"$AGENT_HOME"`` ...) to use unquoted-safe inside double quotes.
+
+    - ``venv``: the agent's installation (read-only), ``python`` its interpreter;
+    - ``home``: a fresh writable directory for the agent's own config and state;
+    - ``logs``: the attempt's agent log directory (``/logs/agent``), kept in the run directory;
+    - ``url`` / ``token``: the gateway's base URL (ending in ``/v1``) and the attempt's token;
+    - ``model``: the model name to ask the gateway for;
+    - ``instruction``: the task; ``args``: the user's extra CLI arguments.
+    """
+
+    venv: str
+    python: str
+    instruction: str
+    model: str
+    args: tuple[str, ...] = ()
+    home: str = '"$AGENT_HOME"'
+    logs: str = '"$AGENT_LOGS"'
+    url: str = '"$AGENTCOMPASS_GATEWAY_URL"'
+    token: str = '"$AGENTCOMPASS_GATEWAY_TOKEN"'
+
+    def script(self, name: str) -> str:
+        """The shell text that runs the console script ``name`` of the installation
+        (through its interpreter: the installation's shebangs name the host's path)."""
+        return f"{shlex.quote(self.python)} {shlex.quote(self.venv + '/bin/' + name)}"
+
+
+@attrs.frozen
+class AgentOutcome:
+    """What an entry read from the agent's logs: the final ``output``, its own
+    ``trajectory`` steps where its format has them (empty: the harness uses
+    the gateway's record of the calls), and ``failure``, an ERROR issue when
+    the agent says it stopped short (a step limit, a format failure)."""
+
+    output: Any = None
+    trajectory: list[dict[str, Any]] = attrs.Factory(list)
+    failure: Issue | None = None
+
+
+class InstalledAgent:
+    """One agent of the table. Subclass it, set the class variables, implement
+    :meth:`command` (and :meth:`files`, :meth:`outcome` where needed), and
+    decorate it with :func:`register_agent`.
+
+    ClassVars: ``id`` (the ``installed`` harness's ``agent`` key),
+    ``distribution`` (its PyPI name), ``version`` (the pinned default),
+    ``api`` (the model API it speaks; the request model's must match),
+    ``log_files`` (names under the log directory :meth:`outcome` reads).
+    """
+
+    id: ClassVar[str]
+    distribution: ClassVar[str]
+    version: ClassVar[str]
+    api: ClassVar[str] = "openai-chat"
+    log_files: ClassVar[tuple[str, ...]] = ()
+    #: The oldest Python the agent runs on (checked inside the session).
+    python: ClassVar[tuple[int, int]] = (3, 10)
+
+    def requirements(self, version: str) -> list[str]:
+        """What pip installs into the agent's cache entry for ``version``."""
+        return [f"{self.distribution}=={version}"]
+
+    def files(self, run: AgentRun) -> dict[str, str]:
+        """Files to write under ``home`` before the agent starts (name -> text)."""
+        return {}
+
+    def command(self, run: AgentRun) -> str:
+        """The shell text that runs the agent headless on ``run.instruction``
+        in the task's working directory, its model at the gateway with its
+        own retries turned down to at most one, writing its trajectory into
+        ``run.logs``. Its exit status is the harness's to interpret."""
+        raise NotImplementedError
+
+    def outcome(self, logs: dict[str, bytes], exit_code: int) -> AgentOutcome:
+        """Read ``logs`` (the ``log_files`` that exist, each at most 16 MiB;
+        what an agent wrote is hostile input: never trust its shape)."""
+        return AgentOutcome()
+
+
+_A = TypeVar("_A", bound=type[InstalledAgent])
+_table: dict[str, type[InstalledAgent]] = {}
+
+
+def register_agent(cls: _A) -> _A:
+    """Add ``cls`` to the agent table under ``cls.id`` (a class decorator)."""
+    for name in ("id", "distribution", "version"):
+        if not isinstance(getattr(cls, name, None), str):
+            raise ComponentError(f"agent {cls.__name__}: class variable {name!r} must be a string")
+    existing = _table.get(cls.id)
+    if existing is not None and existing is not cls and existing.__qualname__ != cls.__qualname__:
+        raise ComponentError(f"agent id {cls.id!r} is taken by {existing.__module__}.{existing.__qualname__}")
+    _table[cls.id] = cls
+    return cls
+
+
+def agent_table() -> dict[str, type[InstalledAgent]]:
+    """The registered agents by id."""
+    return dict(_table)
+
+
+def load_json(data: bytes | None) -> Any:
+    """``data`` parsed as JSON, or None."""
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None

@@ -1,0 +1,119 @@
+"""The ``installed`` harness with ``noop-agent`` (a wheel made on the spot) under
+``local``: the agent cache is built once, shared by concurrent attempts and
+reused by a later run, with the timings to show it; and the outcomes that do
+not need a real agent (a crash before any model call, a failed call)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+
+import pytest
+from _installed_support import KEY, details, launch
+
+from agentcompass.testing import noop_agent  # noqa: F401  (registers noop-agent)
+from agentcompass.testing.model_server import ModelServer, episode, text
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("agent-cache")
+
+
+@pytest.fixture
+def cache(cache_root, monkeypatch):
+    """One cache for the module: tests that need a fresh build name a fresh version."""
+    monkeypatch.setenv("AGENTCOMPASS_AGENT_CACHE", str(cache_root))
+    return cache_root
+
+
+#: The version the tests that do not care about building share (built once).
+SHARED = f"1.0.{secrets.randbelow(10**9)}"
+
+
+def _version() -> str:
+    return f"1.0.{secrets.randbelow(10**9)}"
+
+
+def _attempt(record):
+    return record["attempts"][0]
+
+
+async def test_concurrent_attempts_share_one_build_and_a_second_run_installs_nothing(tmp_path, cache):
+    version = _version()
+    harness = {"agent": "noop-agent", "version": version, "args": ["2"]}
+    server = ModelServer(episode([text("ok")]))
+    result, run_dir = await launch(
+        tmp_path, server, harness, tasks=["hello-file", "word-count"], environment="local", run_network=None
+    )
+    first = [_attempt(r) for r in details(run_dir).values()]
+    assert len(first) == 2
+    caches = sorted(a["run_result"]["artifacts"]["agent"]["cache"] for a in first)
+    assert caches == ["built", "hit"]  # one built it, the other waited for that build
+    built = next(a for a in first if a["run_result"]["artifacts"]["agent"]["cache"] == "built")
+    hit = next(a for a in first if a["run_result"]["artifacts"]["agent"]["cache"] == "hit")
+    assert built["run_result"]["timings"]["agent_install"] > 0
+    assert hit["run_result"]["timings"]["agent_install"] == 0
+    entry = cache / f"noop-agent-{version}"
+    marker = (entry / "installed.json").stat()
+
+    result, run_dir = await launch(
+        tmp_path, server, harness, tasks=["hello-file", "word-count"], environment="local", run_network=None
+    )
+    second = [_attempt(r) for r in details(run_dir).values()]
+    assert [a["run_result"]["artifacts"]["agent"]["cache"] for a in second] == ["hit", "hit"]
+    assert all(a["run_result"]["timings"]["agent_install"] == 0 for a in second)
+    assert (entry / "installed.json").stat().st_mtime_ns == marker.st_mtime_ns
+    # Each attempt's calls went through its gateway: usage counted, key never sent to the agent.
+    for attempt in first + second:
+        assert attempt["run_result"]["usage"]["calls"] == 2
+    assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in server.requests)
+    assert KEY not in json.dumps([_attempt(r) for r in details(run_dir).values()])
+
+
+async def test_an_agent_that_fails_before_any_model_call_is_fatal_harness_crashed(tmp_path, cache):
+    server = ModelServer(episode([text("never")]))
+    harness = {"agent": "noop-agent", "version": SHARED, "args": ["not-a-number"]}
+    result, run_dir = await launch(tmp_path, server, harness, tasks=["hello-file"], environment="local", run_network=None)
+    (record,) = details(run_dir).values()
+    issues = _attempt(record)["issues"]
+    assert [(i["severity"], i["code"]) for i in issues] == [("fatal", "harness_crashed")]
+    assert "before any model call" in issues[0]["message"] and "ValueError" in issues[0]["message"]
+    assert server.requests == []
+
+
+async def test_a_model_failure_is_classified_from_the_gateways_record(tmp_path, cache):
+    server = ModelServer(episode([text("fine")]), fail_after=1, fail_status=503)
+    harness = {"agent": "noop-agent", "version": SHARED, "args": ["3"]}
+    result, run_dir = await launch(tmp_path, server, harness, tasks=["hello-file"], environment="local", run_network=None)
+    (record,) = details(run_dir).values()
+    attempt = _attempt(record)
+    assert [(i["severity"], i["code"]) for i in attempt["issues"]] == [("fatal", "model_server_error")]
+    assert attempt["run_result"]["usage"]["calls"] == 1
+    assert len(server.requests) == 2
+
+
+async def test_a_session_without_the_agents_python_is_fatal_environment_unsupported(tmp_path, cache, monkeypatch):
+    try:
+        from agentcompass_sandbox import host_problem
+    except ImportError:
+        pytest.skip("the sandbox plugin is not installed")
+    if host_problem() is not None:
+        pytest.skip(host_problem())
+    # An interpreter only the host sees (the sandbox has a /tmp of its own): the
+    # entry builds, and its venv's python is missing inside the session.
+    private = tmp_path / "host-only"
+    private.mkdir()
+    os.symlink(os.path.realpath("/usr/bin/python3") if os.path.exists("/usr/bin/python3") else sys.executable,
+               private / "python3")  # fmt: skip
+    monkeypatch.setenv("AGENTCOMPASS_AGENT_PYTHON", str(private / "python3"))
+    server = ModelServer(episode([text("never")]))
+    harness = {"agent": "noop-agent", "version": _version()}
+    result, run_dir = await launch(tmp_path, server, harness, tasks=["hello-file"])
+    (record,) = details(run_dir).values()
+    issues = _attempt(record)["issues"]
+    assert [(i["severity"], i["code"], i["phase"]) for i in issues] == [("fatal", "environment_unsupported", "setup")]
+    assert "needs Python >= 3.10" in issues[0]["message"]
+    assert server.requests == []
