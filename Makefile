@@ -48,6 +48,12 @@ demo-sandbox: $(STAMP) system-deps
 docker-base: $(STAMP)
 	$(BIN)/python -m agentcompass_docker.base
 
+# The oracle on the tasks that need their image, in containers built from their
+# Dockerfiles (the daemon at DOCKER_HOST, else one of its own for the demo; needs root then).
+demo-docker: $(STAMP) docker-base
+	$(BIN)/python -m agentcompass_docker.daemon -- \
+		$(BIN)/compass launch examples/docker.yaml --output-root runs/demo-docker
+
 # Installs the missing ones with apt-get when run as root on Debian/Ubuntu;
 # otherwise says what is missing (the tests that need them skip).
 system-deps:
