@@ -57,6 +57,7 @@ import attrs
 import yaml
 
 from . import _registry
+from ._executors import check_executor
 from ._redact import register_secret
 from .runtime._components import BaseBenchmark, HarnessFreeBenchmark
 from .runtime._convert import _ENV_REF, SECRET_CONFIG_KEYS, resolve_paths, structure
@@ -611,6 +612,7 @@ def preflight(orchestration: Orchestration, config_dir: Path | None = None, *, d
     """
     _registry.load_plugins(list(orchestration.plugins), config_dir)
     check_orchestration(orchestration)
+    check_executor(orchestration)
     seen: set[str] = set()
     for i, request in enumerate(orchestration.requests):
         where = f"requests[{i}] {request.name!r}"
