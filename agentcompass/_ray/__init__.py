@@ -36,6 +36,9 @@ async def open_ray_executor(orchestration: Orchestration, config_dir: Path | Non
     stop a ``local`` cluster, within ``cleanup_grace_seconds``."""
     settings = RaySettings.parse(orchestration.executor.config)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray's C++ failure-signal handler would take SIGTERM from the CLI's own
+    # handling (first signal: clean up; second: exit) and abort the driver.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     ray = await trio.to_thread.run_sync(_import_ray)
     grace = orchestration.cleanup_grace_seconds
     async with contextlib.AsyncExitStack() as stack:

@@ -362,10 +362,13 @@ class RayExecutor(Executor):
                     remote.tries[fields["attempt"]] = fields.get("attempt_try", 1)
             request.reporter.event(event, **fields)
         elif kind == "opened":
-            _, request_id, session_id, provider, handle, name = message
+            _, request_id, session_id, provider, handle, name, ack = message
             session_id = f"w{link.index}.{session_id}"
             link.sessions[session_id] = (request_id, provider, handle)
-            await self._requests[request_id].reporter.session_opened(session_id, provider, handle, name)
+            try:
+                await self._requests[request_id].reporter.session_opened(session_id, provider, handle, name)
+            finally:
+                self._send(link, ("ack", ack))
         elif kind == "closed":
             _, request_id, session_id, provider, handle = message
             session_id = f"w{link.index}.{session_id}"

@@ -112,8 +112,9 @@ class WorkerReporter:
         self._worker.post(("event", self._request_id, kind, fields))
 
     async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None:
-        self._worker.post(("opened", self._request_id, session_id, provider, handle, name))
-        await trio.lowlevel.checkpoint()
+        # Returns once the driver queued the line, as in process: a driver
+        # that exits at once (a second signal) still writes it.
+        await self._worker.ask(("opened", self._request_id, session_id, provider, handle, name))
 
     async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
         self._worker.post(("closed", self._request_id, session_id, provider, handle))
