@@ -39,6 +39,7 @@ FULL: dict[str, dict[str, Any]] = {
     "remote_stream": {"fn": "remote_stream", "mib": 64},
     "agent": {"fn": "agent_bound", "tasks": 500, "concurrency": 100, "latency": 0.1, "steps": 4},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 200, "concurrency": 8, "held": 100},
+    "ray": {"fn": "ray_scale", "tasks": 600, "concurrency": 200, "latency": 0.1, "steps": 4, "overhead_tasks": 3_000},
 }
 
 #: Smoke sizes: every code path, a few seconds in all.
@@ -55,6 +56,7 @@ SMOKE: dict[str, dict[str, Any]] = {
     "remote_stream": {"fn": "remote_stream", "mib": 1},
     "agent": {"fn": "agent_bound", "tasks": 6, "concurrency": 3, "latency": 0.01, "steps": 2},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 4, "concurrency": 2, "held": 3},
+    "ray": {"fn": "ray_scale", "tasks": 6, "concurrency": 3, "latency": 0.01, "steps": 2, "overhead_tasks": 20},
 }
 
 

@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from ._agent import agent_rows
+from ._ray import ray_rows
 
 __all__ = ["render_table", "targets"]
 
@@ -93,6 +94,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         if r.get("server_cpu_s") is not None:
             rows.append(_row("remote", "CPU s for that stream: driver + server process (its start and the command included)", r["driver_cpu_s"] + r["server_cpu_s"], "(context)", None, "{:.2f}"))
     rows.extend(agent_rows(results, _row))
+    rows.extend(ray_rows(results, _row))
     r = results.get("sandbox")
     if r and "error" not in r:
         name = f"sandbox open + close ({r['sessions']} at concurrency {r['concurrency']})"

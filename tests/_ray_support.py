@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import attrs

@@ -60,7 +60,12 @@ def _import_ray() -> Any:
 
 
 def _connect(ray: Any, address: str) -> None:
-    ray.init(address=address, logging_level="WARNING", log_to_driver=False, configure_logging=False)
+    options: dict[str, Any] = {}
+    if address.startswith("127.0.0.1:"):
+        # A loopback cluster: this node is 127.0.0.1 too (Ray would otherwise
+        # look for its address by connecting out).
+        options["_node_ip_address"] = "127.0.0.1"
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False, configure_logging=False, **options)
 
 
 def _start_workers(

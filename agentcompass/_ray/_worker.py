@@ -29,6 +29,7 @@ Worker to driver: ``event``, ``opened``, ``closed``, ``checkpoint``,
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import pickle
 import signal
@@ -169,7 +170,7 @@ class Worker:
 
     def deliver(self, number: int, messages: list[tuple[Any, ...]]) -> None:
         """Apply the driver's batch ``number`` (and any later one waiting for it)."""
-        trio.from_thread.run_sync(self._deliver, number, messages, trio_token=self._token)
+        trio.from_thread.run_sync(self._inbox.send_nowait, (number, messages), trio_token=self._token)
 
     def poll(self, wait: float) -> list[tuple[Any, ...]]:
         """Every message queued since the last poll (waits up to ``wait`` seconds for one)."""
@@ -212,12 +213,16 @@ class Worker:
         self._contexts: dict[int, RequestContext] = {}
         self._requests: dict[int, RunRequest] = {}
         self._scopes: dict[int, trio.CancelScope] = {}
+        self._inbox, inbox = trio.open_memory_channel[tuple[int, list[tuple[Any, ...]]]](math.inf)
         with using_cleanup_clock(self.grace):
             async with open_model_clients(self._connections, close_deadline=self.grace.deadline):
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     self._ready.set()
-                    await trio.sleep_forever()
+                    # Tasks start from this task, not from the Ray thread's
+                    # call: they inherit the cleanup clock and model clients.
+                    async for number, messages in inbox:
+                        self._deliver(number, messages)
 
     def _deliver(self, number: int, messages: list[tuple[Any, ...]]) -> None:
         self._early[number] = messages
