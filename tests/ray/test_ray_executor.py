@@ -129,11 +129,13 @@ def test_a_killed_worker_fails_its_attempts_worker_lost_and_they_finish_on_the_o
     tmp_path: Path,
     ray_cluster: RayCluster,  # noqa: F811
 ) -> None:
+    seconds = 4
     config = _config(
         tmp_path,
         [("w", 4)],
+        task_concurrency=3,
         executor=ray_cluster.executor(),
-        harness={"seconds": 4},
+        harness={"seconds": seconds},
         execution={"max_retries": 2, "retry_min_delay_seconds": 0.1, "retry_max_delay_seconds": 0.2},
     )
     proc = _start(tmp_path, config, ray_cluster.prefix)
@@ -148,6 +150,11 @@ def test_a_killed_worker_fails_its_attempts_worker_lost_and_they_finish_on_the_o
             proc.wait()
 
     runs = _runs(tmp_path)
+    # task_concurrency across both workers: the fourth task started only once
+    # one of the first three was done (a lost one keeps its slot while retried).
+    starts = {f[1]: float(f[4]) for f in reversed(_log(tmp_path)) if f[0] == "run"}
+    first = sorted(starts.values())
+    assert first[3] - first[0] >= seconds * 0.9, starts
     lost = {task for task, _, pid in runs if pid == victim}
     assert lost, "the killed worker was running tasks"
     run_dir = only_run_dir(tmp_path / "out", "w")
