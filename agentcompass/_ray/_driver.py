@@ -68,6 +68,8 @@ WORKER_LOST = "worker_lost"
 
 #: How long one poll of a worker's outbox waits for a message.
 POLL_WAIT = 0.5
+#: How long the sender lets messages gather before a batch goes.
+SEND_COALESCE = 0.002
 
 
 @attrs.define(eq=False)
@@ -326,6 +328,8 @@ class RayExecutor(Executor):
     async def _sender(self, link: _Link) -> None:
         while link.alive:
             await link.wake.wait()
+            # Let this scheduling batch add its messages (grants, acks) too.
+            await trio.sleep(SEND_COALESCE)
             link.wake = trio.Event()
             batch, link.outgoing = link.outgoing, []
             if batch and link.alive:

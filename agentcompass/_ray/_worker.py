@@ -49,6 +49,10 @@ from ..runtime._values import RunRequest, TaskSpec
 
 __all__ = ["Worker", "WorkerGrants", "WorkerReporter"]
 
+#: A poll that found fewer messages waits this long once more for others.
+COALESCE_SECONDS = 0.003
+COALESCE_MESSAGES = 64
+
 
 def portable_error(exc: BaseException) -> bytes:
     """``exc`` pickled, or a ``RuntimeError`` with its line if it does not pickle."""
@@ -177,6 +181,10 @@ class Worker:
         with self._changed:
             if not self._outbox:
                 self._changed.wait(wait)
+            if 0 < len(self._outbox) < COALESCE_MESSAGES:
+                # A moment more gathers what the same wake-up of the tasks
+                # is about to post: one round trip for many messages.
+                self._changed.wait(COALESCE_SECONDS)
             out, self._outbox = self._outbox, []
         return out
 

@@ -106,7 +106,7 @@ def test_described_keys_are_the_ones_a_config_takes(tmp_path: Path) -> None:
     )
     values = {"attempts.strategy": "pass", "retry_pattern_list": "[x]", "evaluation_environment_mode": "reuse",
               "network.baseline": "full", "network.run": "full", "network.evaluation": "full",
-              "keep_environment": "false", "providers": "{}"}
+              "keep_environment": "false", "providers": "{}", "executor": "{id: inprocess}"}
     sets = []
     for block, prefix in (("execution", "requests[0].execution."), ("orchestration", "orchestration.")):
         for key in _keys(compass(tmp_path, "describe", block).stdout.splitlines()):
