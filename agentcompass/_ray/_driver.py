@@ -179,6 +179,8 @@ class RayExecutor(Executor):
             self._requests[request_id] = _Request(request, reporter)
         done, resume, todo = dict(done), dict(resume), sorted(attempts)
         while True:
+            # No attempt starts again once the run is stopping.
+            await trio.lowlevel.checkpoint_if_cancelled()
             link = await self._pick()
             if link is None:
                 raise RuntimeError("every Ray worker of the run was lost")
