@@ -34,6 +34,7 @@ import os
 import pickle
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ from ..runtime._values import RunRequest, TaskSpec
 
 __all__ = ["Worker", "WorkerGrants", "WorkerReporter"]
 
+#: Seconds without a poll after which the driver counts as gone.
+DRIVER_SILENCE = 15.0
 #: A poll that found fewer messages waits this long once more for others.
 COALESCE_SECONDS = 0.003
 COALESCE_MESSAGES = 64
@@ -160,6 +163,7 @@ class Worker:
         self._next_batch = 0
         self._early: dict[int, list[tuple[Any, ...]]] = {}
         self._ready = threading.Event()
+        self._polled = time.monotonic()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="agentcompass-worker", daemon=True)
         self._thread.start()
@@ -178,6 +182,7 @@ class Worker:
 
     def poll(self, wait: float) -> list[tuple[Any, ...]]:
         """Every message queued since the last poll (waits up to ``wait`` seconds for one)."""
+        self._polled = time.monotonic()
         with self._changed:
             if not self._outbox:
                 self._changed.wait(wait)
@@ -226,11 +231,24 @@ class Worker:
             async with open_model_clients(self._connections, close_deadline=self.grace.deadline):
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    nursery.start_soon(self._watch_driver)
                     self._ready.set()
                     # Tasks start from this task, not from the Ray thread's
                     # call: they inherit the cleanup clock and model clients.
                     async for number, messages in inbox:
                         self._deliver(number, messages)
+
+    async def _watch_driver(self) -> None:
+        """A driver that stopped polling is gone (killed, its host lost): stop
+        every task within the grace, so that no sandbox is opened behind the
+        back of the run's next ``--reuse``, which reaps and sweeps by tag.
+        Ray kills an actor whose owner died too; this bounds the wait."""
+        while True:
+            await trio.sleep(1)
+            if time.monotonic() - self._polled > DRIVER_SILENCE:
+                self._shut_down(self._grace_seconds)
+                for scope in self._scopes.values():
+                    scope.cancel()
 
     def _deliver(self, number: int, messages: list[tuple[Any, ...]]) -> None:
         self._early[number] = messages
