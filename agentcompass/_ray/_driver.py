@@ -52,6 +52,7 @@ import attrs
 import trio
 
 from .. import _registry
+from .._limits import provider_limits
 from .._logging import get_logger
 from .._orchestration._attempt import backoff_delay
 from .._orchestration._context import GraceClock
@@ -390,7 +391,8 @@ class RayExecutor(Executor):
         elif kind == "discarded":
             self._nursery.start_soon(self._discarded, link, message)
         elif kind in ("acquire", "token"):
-            self._nursery.start_soon(self._grant, link, kind, message[1], message[2])
+            if not self._grant_now(link, kind, message[1], message[2]):
+                self._nursery.start_soon(self._grant, link, kind, message[1], message[2])
         elif kind == "abandon":
             grant = message[1]
             if grant in link.granting:
@@ -435,6 +437,22 @@ class RayExecutor(Executor):
                 self._send(link, ("grant", grant))
             else:
                 self._give_back(link, grant)
+
+    def _grant_now(self, link: _Link, kind: str, grant: int, provider: str) -> bool:
+        """Grant at once what is free (a permit nobody queues for, a token of
+        an unlimited open rate), without a task per grant; False: wait for it."""
+        registry = provider_limits()
+        if kind == "acquire":
+            holder = (link.index, grant)
+            try:
+                registry.capacity(provider).acquire_on_behalf_of_nowait(holder)
+            except trio.WouldBlock:
+                return False
+            link.held[grant] = (provider, holder)
+        elif registry.open_rate_bucket(provider) is not None:
+            return False
+        self._send(link, ("grant", grant))
+        return True
 
     def _give_back(self, link: _Link, grant: int) -> None:
         held = link.held.pop(grant, None)
