@@ -787,8 +787,15 @@ def _benchmark_preflight(benchmark: Any, request: RunRequest) -> None:
 
 
 def _check_network_overrides(request: RunRequest, environment: Any) -> None:
-    """A provider that cannot enforce the user's per-phase policies says so
-    before anything runs (a benchmark's own policies are checked per task)."""
+    """A provider that cannot enforce the user's per-phase policies, or lacks
+    a feature the user's ``execution.sandbox`` needs, says so before anything
+    runs (a benchmark's own plan is checked per task)."""
+    missing = request.execution.sandbox.features() - frozenset(environment.features)
+    if missing:
+        raise ComponentError(
+            f"execution.sandbox: environment {request.environment.id!r} lacks {', '.join(sorted(missing))} "
+            "(see compass list --verbose)"
+        )
     network = request.execution.network
     if network == NetworkOverrides():
         return

@@ -217,8 +217,16 @@ async def test_a_planted_reward_and_tampered_tests_are_discarded(tmp_path: Path)
             {"reward": 0.25, "passed": False},
             None,
         ),
-        ("echo '{\"reward\": 1, \"style\": 0}' > \"$v/reward.json\"", {"reward": 1.0, "passed": True}, None),
-        ("echo '{\"a\": 1, \"b\": 0}' > \"$v/reward.json\"", {"reward": 0.5, "passed": False}, None),
+        (  # every numeric key is a value of its own; reward is its "reward" key
+            "echo '{\"reward\": 1, \"style\": 0}' > \"$v/reward.json\"",
+            {"reward": 1.0, "style": 0.0, "passed": True},
+            None,
+        ),
+        (  # else the mean of the keys
+            "echo '{\"a\": 1, \"b\": 0}' > \"$v/reward.json\"",
+            {"a": 1.0, "b": 0.0, "reward": 0.5, "passed": False},
+            None,
+        ),
         ('echo 2 > "$v/reward.txt"', {"reward": 2.0, "passed": True}, None),
         ('echo pass > "$v/reward.txt"', {"reward": 0.0, "passed": False}, "reward_unparseable"),
         ('echo nan > "$v/reward.txt"', {"reward": 0.0, "passed": False}, "reward_unparseable"),

@@ -36,6 +36,7 @@ from .._logging import add_json_log, get_logger, remove_json_log
 from .._redact import redact
 from .._report import render_summary
 from .._store import Disk, compute_metrics
+from .._store._logs import take_logs, take_task_logs
 from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._convert import unstructure
@@ -87,7 +88,8 @@ class Reporter:
         landing = tasks.landing[task_id]
         landing.count += 1
         assert tasks.nursery is not None
-        tasks.nursery.start_soon(self.run.save_checkpoint, task_id, record, landing)
+        record, logs = take_logs(record)
+        tasks.nursery.start_soon(self.run.save_checkpoint, task_id, record, landing, logs)
         await trio.lowlevel.checkpoint()
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
@@ -244,6 +246,10 @@ class RequestRun:
             # even when the deadline passed during its last cleanup.
             with self.grace.bounded_shield():
                 await landing.wait()
+                record, logs = take_task_logs(record)
+                for attempt, files in logs.items():
+                    if attempt not in landing.durable:
+                        await self.save_logs(task_id, attempt, files)
                 await self._save(record, pending.done or {}, landing.durable)
         except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
             if self.life.tallied:
@@ -258,9 +264,14 @@ class RequestRun:
             if not self.life.tallied:
                 self.publish_progress()
 
-    async def save_checkpoint(self, task_id: str, record: AttemptRecord, landing: Landing) -> None:
-        """Make one evaluated attempt of a running task durable; report it
-        finished once it is. A failure only means the task's record holds it."""
+    async def save_checkpoint(
+        self, task_id: str, record: AttemptRecord, landing: Landing, logs: dict[str, bytes] | None = None
+    ) -> None:
+        """Make one evaluated attempt of a running task durable (its kept
+        ``logs`` first); report it finished once it is. A failure only means
+        the task's record holds it."""
+        if logs:
+            await self.save_logs(task_id, record.attempt, logs)
         try:
             await self.store.save_checkpoint(task_id, record)
         except Exception as exc:  # noqa: BLE001 - the record holds the attempt
@@ -276,6 +287,14 @@ class RequestRun:
             landing.count -= 1
             if not landing.count and landing.lot is not None:
                 landing.lot.unpark_all()
+
+    async def save_logs(self, task_id: str, attempt: int, files: dict[str, bytes]) -> None:
+        """Write an attempt's kept logs; they are diagnostics, so a failure is a log line, not the request's."""
+        try:
+            await self.store.save_logs(task_id, attempt, files)
+        except Exception as exc:  # noqa: BLE001 - diagnostics only
+            line = f"could not keep the logs of task {task_id!r} attempt {attempt}: {failure_line(exc)}"
+            log.info("logs_not_written", request=self.request.name, task=task_id, error=line)
 
     async def _save(self, record: TaskRecord, earlier: dict[int, Any], checkpointed: set[int]) -> None:
         """Make ``record`` durable, then count it and report its attempts

@@ -55,15 +55,17 @@ def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord]
          "categories": {category: {"series": {name: {...}}}},
          "usage": {key: sum over all attempts' run_result.usage}}
 
-    ``metric_names`` orders the series (the first is the primary one); when
-    empty, every series seen in any attempt is reported, sorted. Tasks
+    ``metric_names`` orders the series (the first is the primary one); a
+    series seen in an attempt beyond them follows, sorted (``terminal``: each
+    numeric key of a ``reward.json``). Tasks
     without a category count only in the overall series; categories are sorted.
     ``usage`` sums numeric entries (nested dicts recursively) of every
     attempt, fatal ones included: they cost tokens too.
     """
     if strategy not in _STRATEGIES:
         raise ValueError(f"unknown attempt strategy {strategy!r}")
-    names = tuple(metric_names) or tuple(sorted({name for r in records for a in r.attempts for name in a.values}))
+    seen = {name for r in records for a in r.attempts for name in a.values}
+    names = tuple(metric_names) + tuple(sorted(seen - set(metric_names)))
     failed = any(r.severity == "fatal" for r in records)
     # Each task reduced once: (severity, series -> value), for the overall and its category's block.
     rows = [(r.severity, {n: reduce_task(r, n, strategy) for n in names}) for r in records]  # type: ignore[arg-type]

@@ -1,28 +1,52 @@
 """The ``terminal`` benchmark: Harbor / Terminal-Bench task directories.
 
 Config: ``path`` (a directory of task directories; written in a config
-file, a relative path resolves against the file's directory) and ``eval_mode`` (``reuse``,
-``none`` or ``fresh``; default ``reuse``). Each task is one directory, whose
-name is the task id::
+file, a relative path resolves against the file's directory), ``eval_mode``
+(``reuse``, ``none`` or ``fresh``; default ``reuse``) and ``host_userland``
+(false). Each task is one directory, whose name is the task id::
 
     instruction.md        what the agent is asked to do
-    task.toml             optional: [agent] timeout_sec, [verifier] timeout_sec,
-                          [metadata] category (and any other metadata)
+    task.toml             optional (below)
     tests/test.sh         the verifier, plus anything else it needs under tests/
     solution/solve.sh     optional reference solution (what ``oracle`` runs)
-    environment/          optional files copied into the sandbox's app directory
-                          (except ``Dockerfile`` / ``docker-compose.yaml``: no
-                          image is built, so tasks needing extra packages must
-                          run on a host that has them; such a task's attempts
-                          carry a WARNING ``image_not_built``)
+    environment/          the image's build context when it holds a Dockerfile
+                          (or a compose file); else files copied into /app
 
-Sandbox paths. Under the ``sandbox`` provider (and ``remote`` serving it)
-``/app`` (the working directory), ``/tests``, ``/logs`` and ``/solution``
-exist as such. Under ``local`` they are directories of the sandbox named by
-the environment variables ``APP_DIR``, ``TESTS_DIR``, ``LOGS_DIR`` and
-``SOLUTION_DIR``, and commands start in ``APP_DIR``. Task scripts should
-therefore refer to them as ``${APP_DIR:-/app}``, ``${TESTS_DIR:-/tests}``
-and so on, which works under both. File operations of the Environment API
+The older Terminal-Bench layout loads too: ``task.yaml`` (``instruction``,
+``max_agent_timeout_sec``, ``max_test_timeout_sec``, ``category``),
+``Dockerfile`` at the top (the build context is the task directory),
+``run-tests.sh`` with ``tests/`` (the verifier: it passes, reward 1, when it
+exits 0; it runs with ``TEST_DIR=/tests``) and ``solution.sh``.
+
+``task.toml`` (SPEC 10 "Terminal tasks"): ``[agent] timeout_sec`` and
+``[verifier] timeout_sec`` are the run and evaluation timeouts;
+``[environment]`` ``docker_image``, ``build_timeout_sec``, ``cpus``,
+``memory`` / ``memory_mb``, ``storage`` / ``storage_mb`` (``"2G"`` or MiB) and
+``workdir`` go into the plan's ``SandboxSpec``, ``allow_internet = false``
+makes the run policy ``none``; ``[environment.env]``, ``[solution.env]`` and
+``[verifier.env]`` are the environment of the session, of ``solve.sh`` and of
+``test.sh``; ``[metadata]`` gives the category and metadata. Other keys are
+kept in the task's metadata (``unknown_keys``) and listed once per request
+in a WARNING log line.
+
+Images. A task with ``docker_image`` or a ``Dockerfile`` needs its image:
+the plan asks for it (``SandboxSpec.image`` or ``build_context``), and under
+a provider without the ``images`` feature (``local``, ``sandbox``) its
+attempts are FATAL ``image_required``, so a run that cannot measure the agent
+has no official score. ``host_userland: true`` runs such tasks on the
+provider's userland instead, with ``environment/``'s other files copied into
+``/app`` and a WARNING ``image_not_built``. A session built from the image
+never gets a raw copy of ``environment/``: what the Dockerfile deletes stays
+deleted.
+
+Sandbox paths. Under ``docker`` and ``sandbox`` (and ``remote`` serving
+them) ``/app``, ``/tests``, ``/logs`` and ``/solution`` exist as such. Under
+``local`` they are directories of the sandbox named by ``APP_DIR``,
+``TESTS_DIR``, ``LOGS_DIR`` and ``SOLUTION_DIR``, and commands start in
+``APP_DIR``; a task whose scripts name them literally (not as
+``${APP_DIR:-/app}``) needs the ``literal_paths`` feature and is FATAL
+``environment_unsupported`` under ``local`` before anything runs, so nothing
+is written into the host's root. File operations of the Environment API
 accept ``/app/...`` style paths under every provider.
 
 Task directories are untrusted input, read by the runtime's user. A task
@@ -36,30 +60,34 @@ loaded cannot make the runtime read a host file (FATAL ``setup_failed``).
 
 What each phase does:
 
-- ``prepare_task`` copies ``environment/`` into ``/app``. ``solution/`` is
-  copied into ``/solution`` only when the request's harness is ``oracle``,
-  and ``tests/`` is copied only at evaluation: an agent never sees the
-  reference solution or the verifier, as under Harbor.
-- ``evaluate`` empties ``/tests`` and ``/logs/verifier``, copies ``tests/``
-  in (so an agent cannot have planted a reward or changed the verifier), runs
-  ``bash "${TESTS_DIR:-/tests}/test.sh"`` from ``/app`` and reads the reward:
-  ``/logs/verifier/reward.txt`` (one number) if present, else
-  ``/logs/verifier/reward.json`` (an object of numbers: its ``"reward"`` entry,
-  or the mean of all entries when there is no ``"reward"``). Where the
-  session offers ``exec_private``, test.sh runs with its own private
-  ``/logs/verifier`` and the reward comes from the files it returns, so a
-  process the agent left running cannot rewrite it; elsewhere the shared
-  directory is read. Either way the reward is read as a regular file of at
-  most 1 MiB: a FIFO, a device, a link, a larger file or one that vanished
-  is a WARNING ``reward_unparseable`` scored 0, never a FATAL. The exit status of
+- ``prepare_task`` copies ``environment/`` into ``/app`` (not when the
+  session runs the task's image). ``solution/`` is copied into
+  ``/solution`` only when the request's harness is ``oracle`` (which runs
+  ``solve.sh`` with ``[solution.env]``), and ``tests/`` only at evaluation:
+  an agent never sees the reference solution or the verifier, as under Harbor.
+- ``collect_artifacts`` keeps what the agent left in ``/logs/agent``.
+- ``evaluate`` runs ``test.sh`` with ``[verifier.env]`` in the session's
+  working directory and reads the reward: ``/logs/verifier/reward.txt`` (one
+  number) if present, else ``/logs/verifier/reward.json`` (an object of
+  numbers: each becomes a value of its own, and ``reward`` is its
+  ``"reward"`` entry or else the mean of all entries). Where the session
+  offers ``exec_private``, test.sh reads its tests from and writes its reward
+  to private directories, so a process the agent left running can neither
+  change the verifier nor rewrite the reward; elsewhere ``/tests`` and
+  ``/logs/verifier`` are emptied, the tests copied in, and the shared
+  directory read. Either way the reward is read as a regular file of at most
+  1 MiB: a FIFO, a device, a link, a larger file or one that vanished is a
+  WARNING ``reward_unparseable`` scored 0, never a FATAL. The exit status of
   ``test.sh`` does not matter; only the reward does. Its exit code and the
   last 16 KiB of its stdout and stderr are kept in the attempt's run result,
   ``artifacts["verifier"] = {"exit_code", "stdout", "stderr"}``, so a zero
-  can be explained from the run directory. ``passed`` is
-  ``reward >= 1``. A missing or unparseable reward scores 0 with a WARNING
-  (``reward_missing`` / ``reward_unparseable``).
+  can be explained from the run directory. ``passed`` is ``reward >= 1``. A
+  missing or unparseable reward scores 0 with a WARNING (``reward_missing`` /
+  ``reward_unparseable``). What the verifier and the agent left in
+  ``/logs/verifier`` and ``/logs/agent`` (16 MiB per attempt in all) is kept
+  in the run directory, ``tasks/<task key>/attempt-<n>/logs/``.
 - ``eval_mode: fresh`` evaluates in a new sandbox that holds only the
-  ``environment/`` files and the tests, none of the agent's work: use it only
+  task's starting files and the tests, none of the agent's work: use it only
   for tasks whose verifier checks something outside the sandbox.
   ``eval_mode: none`` cannot score this benchmark (there is nowhere to run
   ``test.sh``) and every evaluation is an ERROR ``scoring_failed``.
@@ -73,11 +101,11 @@ import os
 import posixpath
 import shlex
 import stat
-import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import attrs
+import structlog
 import trio
 
 from agentcompass import (
@@ -94,12 +122,11 @@ from agentcompass import (
     TaskSpec,
     register,
 )
-from agentcompass.runtime import command_output, read_beneath
+from agentcompass.runtime import command_output
+
+from ._terminal_tasks import IMAGE_FILES, link_inside, load_tasks
 
 __all__ = ["TerminalBenchmark"]
-
-# Files of environment/ that describe a container image rather than its contents.
-_IMAGE_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml"})
 
 # (sandbox virtual root, environment variable naming it under ``local``)
 _APP = ("/app", "APP_DIR")
@@ -107,12 +134,12 @@ _TESTS = ("/tests", "TESTS_DIR")
 _SOLUTION = ("/solution", "SOLUTION_DIR")
 
 _RUN_TESTS = 'bash "${TESTS_DIR:-/tests}/test.sh"'
+_RUN_TB_TESTS = 'bash "${TESTS_DIR:-/tests}/run-tests.sh"'
 # Tried in this order (as Harbor does); read as regular files of at most 1 MiB.
 _REWARD_FILES = ("reward.txt", "reward.json")
 _MAX_REWARD_BYTES = 1024 * 1024
-# What ``exec_private`` brings back of the verifier's directory, at most.
-_MAX_VERIFIER_BYTES = 16 * 1024 * 1024
-_MAX_TASK_TEXT_BYTES = 16 * 1024 * 1024
+# What is kept of /logs/verifier and /logs/agent per attempt, at most (SPEC 10).
+_MAX_LOG_BYTES = 16 * 1024 * 1024
 # What a session made that makes a reward file unreadable: scored, not FATAL.
 _SESSION_MADE = (FileRefusedError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 _RESET_VERIFIER = """set -e
@@ -126,6 +153,14 @@ _FIND_REWARD = """v="${LOGS_DIR:-/logs}/verifier"
 for f in reward.txt reward.json; do { [ -e "$v/$f" ] || [ -L "$v/$f" ]; } && { echo "$f"; exit 0; }; done
 exit 0
 """
+# Lists the regular files under a /logs directory, "SIZE PATH" NUL-separated,
+# bounded (what a session made there is hostile: read_file checks each again).
+_LIST_LOGS = """d="${LOGS_DIR:-/logs}/%s"
+[ -d "$d" ] && cd "$d" && find . -type f -printf '%%s %%P\\0' 2>/dev/null | head -c 262144
+exit 0
+"""
+
+log = structlog.get_logger("agentcompass.benchmarks.terminal")
 
 
 @register
@@ -145,10 +180,17 @@ class TerminalBenchmark(BaseBenchmark):
         eval_mode: Literal["reuse", "none", "fresh"] = attrs.field(
             default="reuse", metadata={"doc": "where test.sh runs: the task sandbox, a new one, or nowhere"}
         )
+        host_userland: bool = attrs.field(
+            default=False,
+            metadata={
+                "doc": "run tasks that need an image on the provider's userland instead "
+                "(WARNING image_not_built) rather than FATAL image_required"
+            },
+        )
 
     def preflight(self, request: RunRequest) -> None:
         """Load every task directory (layout, ``task.toml``, links) and check ``task_ids``."""
-        tasks = _load_tasks(self.options.path)
+        tasks = load_tasks(self.options.path)
         known = {task.task_id for task in tasks}
         for task_id in request.task_ids or ():
             if task_id not in known:
@@ -156,17 +198,34 @@ class TerminalBenchmark(BaseBenchmark):
 
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         """Every task directory under ``path``, sorted by id. A directory
-        without ``instruction.md`` or ``tests/test.sh``, with an invalid
-        ``task.toml`` or with a symbolic link pointing out of it, is a
-        :class:`ComponentError` naming it (and the link)."""
+        without ``instruction.md`` or ``tests/test.sh`` (nor the older
+        layout), with an invalid ``task.toml`` or with a symbolic link
+        pointing out of it, is a :class:`ComponentError` naming it (and the
+        link). ``task.toml`` keys the benchmark does not use are listed once,
+        in one WARNING log line."""
         try:
-            return await trio.to_thread.run_sync(_load_tasks, self.options.path)
+            tasks = await trio.to_thread.run_sync(load_tasks, self.options.path)
         except ComponentError as exc:
             raise ComponentError(f"benchmark 'terminal': {exc}") from None
+        unknown: dict[str, list[str]] = {}
+        for task in tasks:
+            for key in task.metadata.get("unknown_keys", ()):
+                unknown.setdefault(key, []).append(task.task_id)
+        if unknown:
+            listed = "; ".join(f"{key} ({_some(ids)})" for key, ids in sorted(unknown.items()))
+            log.warning(
+                "task_keys_unused",
+                request=request.name,
+                message=f"task keys the terminal benchmark does not use, kept in the tasks' metadata: {listed}",
+            )
+        return tasks
 
     def plan(self, task: TaskSpec, request: RunRequest) -> dict[str, Any]:
         """Evaluation mode from the config; run and evaluation timeouts from
-        ``task.toml`` (``[agent]`` / ``[verifier]`` ``timeout_sec``) when set."""
+        ``task.toml``; the task's ``SandboxSpec`` (its image unless
+        ``host_userland``); run policy ``none`` for ``allow_internet =
+        false``; the ``literal_paths`` feature where its scripts need it."""
+        data = task.data
         plan: dict[str, Any] = {"evaluation_environment_mode": self.options.eval_mode}
         run_timeout = task.metadata.get("agent_timeout_sec")
         eval_timeout = task.metadata.get("verifier_timeout_sec")
@@ -174,42 +233,67 @@ class TerminalBenchmark(BaseBenchmark):
             plan["run_timeout_seconds"] = run_timeout
         if eval_timeout is not None:
             plan["evaluation_timeout_seconds"] = eval_timeout
+        sandbox = dict(data.get("sandbox") or {})
+        if not self.options.host_userland:
+            if data.get("image"):
+                sandbox["image"] = data["image"]
+            elif data.get("build_context"):
+                sandbox["build_context"] = data["build_context"]
+        if sandbox:
+            plan["sandbox"] = sandbox
+        if data.get("allow_internet") is False:
+            plan["run_network_policy"] = "none"
+        if data.get("literal_paths"):
+            plan["required_features"] = ["literal_paths"]
         return plan
 
     async def prepare_task(
         self, task: TaskSpec, env: EnvironmentSession, request: RunRequest, benchmark_plan: dict[str, Any]
     ) -> PreparedTask:
-        """Copy ``environment/`` into ``/app`` (and ``solution/`` into ``/solution``
-        for the ``oracle`` harness); the agent's input is the instruction."""
+        """Copy ``environment/`` into ``/app`` unless the session runs the
+        task's image (and ``solution/`` into ``/solution`` for the ``oracle``
+        harness); the agent's input is the instruction."""
         task_dir = Path(task.data["dir"])
-        await _upload(env, await _read_tree(task_dir, "environment", _IMAGE_FILES), _APP)
+        in_image = _in_image(benchmark_plan)
+        if not in_image:
+            await _upload(env, await _starting_files(task), _APP)
         if request.harness.id == "oracle":
-            await _upload(env, await _read_tree(task_dir, "solution"), _SOLUTION)
+            await _upload(env, await _solution(task), _SOLUTION)
         return PreparedTask(
             task=task,
             input={"instruction": task.data["instruction"]},
-            metadata={"prepared_in": env.handle},
+            metadata={
+                "prepared_in": env.handle,
+                "in_image": in_image,
+                "solution_env": dict(task.data.get("solution_env") or {}),
+                "task_dir": str(task_dir),
+            },
         )
 
     async def collect_artifacts(
         self, prepared: PreparedTask, run_result: RunResult, env: EnvironmentSession
     ) -> RunResult:
-        """Add a WARNING ``image_not_built`` when the task's ``environment/``
-        describes an image (``Dockerfile``, compose file): its other files were
-        copied into ``/app``, but no image was built, so the agent ran on the
-        provider's userland instead."""
-        environment = trio.Path(prepared.task.data["dir"]) / "environment"
-        images = [name for name in sorted(_IMAGE_FILES) if await (environment / name).is_file()]
-        if not images:
-            return run_result
-        issue = Issue(
-            "warning",
-            "setup",
-            "image_not_built",
-            f"environment/{images[0]} was not built: the task ran on the provider's userland "
-            "with only the other environment/ files in /app",
-        )
-        return attrs.evolve(run_result, issues=[*run_result.issues, issue])
+        """Keep what the agent left in ``/logs/agent``; add a WARNING
+        ``image_not_built`` when the task needs an image and ran on the
+        provider's userland (``host_userland``)."""
+        artifacts = dict(run_result.artifacts)
+        agent_logs = await _read_logs(env, "agent", _MAX_LOG_BYTES)
+        if agent_logs:
+            artifacts["logs"] = {**artifacts.get("logs", {}), **agent_logs}
+        issues = list(run_result.issues)
+        data = prepared.task.data
+        if not prepared.metadata.get("in_image") and (data.get("image") or data.get("build_context")):
+            what = f"image {data['image']!r}" if data.get("image") else "its Dockerfile"
+            issues.append(
+                Issue(
+                    "warning",
+                    "setup",
+                    "image_not_built",
+                    f"the task needs {what}, which was not built (host_userland): it ran on the "
+                    "provider's userland with the other environment/ files in /app",
+                )
+            )
+        return attrs.evolve(run_result, artifacts=artifacts, issues=issues)
 
     async def evaluate(
         self,
@@ -226,17 +310,27 @@ class TerminalBenchmark(BaseBenchmark):
                 "benchmark 'terminal' runs tests/test.sh in an Environment; "
                 "eval_mode 'none' cannot score it (use 'reuse')",
             )
-        task_dir = Path(prepared.task.data["dir"])
+        task = prepared.task
         own = env.handle == prepared.metadata.get("prepared_in")
-        if not own:
-            # A fresh evaluation sandbox: give it the task's starting files.
-            await _upload(env, await _read_tree(task_dir, "environment", _IMAGE_FILES), _APP)
-        tests = await _read_tree(task_dir, "tests")
+        if not own and not prepared.metadata.get("in_image"):
+            # A fresh evaluation sandbox on the host's userland: give it the task's starting files.
+            await _upload(env, await _starting_files(task), _APP)
+        tests = await _tests(task)
+        older = task.data.get("layout") == "terminal-bench"
+        command = _RUN_TB_TESTS if older else _RUN_TESTS
+        verifier_env = dict(task.data.get("verifier_env") or {})
+        if older:
+            verifier_env.setdefault("TEST_DIR", "/tests")
+        used = sum(len(content) for content in _log_bytes(run_result).values())
         try:
             # Where the provider can, test.sh is read and its reward written where
             # nothing the agent left running can reach; else in the shared directories.
             result, private = await env.exec_private(
-                _RUN_TESTS, directory="/logs/verifier", max_bytes=_MAX_VERIFIER_BYTES, inputs=_inputs(tests)
+                command,
+                env=verifier_env or None,
+                directory="/logs/verifier",
+                max_bytes=_MAX_LOG_BYTES,
+                inputs=_inputs(tests),
             )
         except NotImplementedError:
             try:
@@ -247,9 +341,14 @@ class TerminalBenchmark(BaseBenchmark):
                     raise
                 # In the session the agent ran in, a setup command that fails is its doing.
                 return _zero("verifier_setup_failed", exc.message, "error")
-            result, private = await env.exec(_RUN_TESTS), None
+            result, private = await env.exec(command, env=verifier_env or None), None
         # Kept with the attempt (the run result's artifacts are the attempt's), so a zero can be explained.
         run_result.artifacts["verifier"] = command_output(result)
+        kept = private if private is not None else await _read_logs(env, "verifier", _MAX_LOG_BYTES - used, prefix="")
+        _keep_logs(run_result, {f"verifier/{rel}": content for rel, content in kept.items()}, _MAX_LOG_BYTES - used)
+        if older:
+            reward = 1.0 if result.exit_code == 0 and not result.timed_out else 0.0
+            return Evaluation(values={"reward": reward, "passed": reward >= 1})
         if private is not None:
             found = next((name for name in _REWARD_FILES if name in private), None)
             if found is None:
@@ -271,10 +370,86 @@ class TerminalBenchmark(BaseBenchmark):
                     return _zero("reward_unparseable", f"{found} vanished before it was read")
                 return _zero("reward_unparseable", f"{found}: {made}")
         try:
-            reward = _parse_reward(found, raw)
+            values = _parse_reward(found, raw)
         except ValueError as exc:
             return _zero("reward_unparseable", f"{found}: {exc}")
-        return Evaluation(values={"reward": reward, "passed": reward >= 1})
+        return Evaluation(values={**values, "passed": values["reward"] >= 1})
+
+
+def _some(ids: list[str]) -> str:
+    return ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+
+
+def _in_image(benchmark_plan: dict[str, Any]) -> bool:
+    sandbox = benchmark_plan.get("sandbox") or {}
+    return bool(sandbox.get("image") or sandbox.get("build_context"))
+
+
+async def _starting_files(task: TaskSpec) -> _Tree:
+    """What a session on the host's userland starts with: ``environment/``
+    without the image's own files (none in the older layout)."""
+    if task.data.get("layout") == "terminal-bench":
+        return _Tree([], [])
+    return await _read_tree(Path(task.data["dir"]), "environment", IMAGE_FILES)
+
+
+async def _solution(task: TaskSpec) -> _Tree:
+    task_dir = Path(task.data["dir"])
+    if task.data.get("layout") == "terminal-bench":
+        return await _read_top_files(task_dir, {"solution.sh": "solve.sh"})
+    return await _read_tree(task_dir, "solution")
+
+
+async def _tests(task: TaskSpec) -> _Tree:
+    task_dir = Path(task.data["dir"])
+    tree = await _read_tree(task_dir, "tests")
+    if task.data.get("layout") == "terminal-bench":
+        top = await _read_top_files(task_dir, {"run-tests.sh": "run-tests.sh"})
+        tree = _Tree(sorted([*tree.files, *top.files]), tree.links)
+    return tree
+
+
+def _log_bytes(run_result: RunResult) -> dict[str, bytes]:
+    logs = run_result.artifacts.get("logs")
+    return logs if isinstance(logs, dict) else {}
+
+
+def _keep_logs(run_result: RunResult, files: dict[str, bytes], budget: int) -> None:
+    """Add ``files`` to the run result's kept logs, within ``budget`` bytes
+    (the runtime writes them to the attempt's ``logs/`` directory)."""
+    logs = dict(_log_bytes(run_result))
+    for rel, content in sorted(files.items()):
+        if len(content) > budget:
+            continue
+        logs[rel] = content
+        budget -= len(content)
+    if logs:
+        run_result.artifacts["logs"] = logs
+
+
+async def _read_logs(env: EnvironmentSession, sub: str, budget: int, prefix: str | None = None) -> dict[str, bytes]:
+    """The regular files under ``/logs/<sub>``, at most ``budget`` bytes in
+    all (``<sub>/path`` -> bytes, or ``path`` with ``prefix=""``). A file
+    the session swapped for a link or a FIFO is left out, never followed."""
+    prefix = f"{sub}/" if prefix is None else prefix
+    listing = (await env.exec(_LIST_LOGS % sub)).stdout
+    files: dict[str, bytes] = {}
+    for entry in listing.split("\0"):
+        size_text, _, rel = entry.partition(" ")
+        if not rel or not size_text.isdigit() or ".." in rel.split("/"):
+            continue
+        size = int(size_text)
+        if size > budget:
+            continue
+        try:
+            content = await env.read_file(f"/logs/{sub}/{rel}", max_bytes=budget)
+        except Exception as exc:
+            if _made_by_session(exc) is None:
+                raise
+            continue
+        files[prefix + rel] = content
+        budget -= len(content)
+    return files
 
 
 def _made_by_session(exc: BaseException) -> OSError | None:
@@ -306,15 +481,17 @@ def _inputs(tree: _Tree) -> dict[str, bytes]:
     return {f"{_TESTS[0]}/{rel}": content for rel, content in files.items()}
 
 
-def _parse_reward(name: str, raw: bytes) -> float:
-    """The reward in ``reward.txt`` (one number) or ``reward.json`` (its
-    ``"reward"`` entry, else the mean of its entries); ValueError if malformed."""
+def _parse_reward(name: str, raw: bytes) -> dict[str, float]:
+    """The values in ``reward.txt`` (one number: ``reward``) or
+    ``reward.json`` (each numeric entry a value of its own; ``reward`` its
+    ``"reward"`` entry, else the mean of the entries); ValueError if malformed."""
     text = raw.decode("utf-8", errors="replace").strip()
     if name == "reward.txt":
         try:
             value = float(text)
         except ValueError:
             raise ValueError(f"not a number: {text[:60]!r}") from None
+        values = {"reward": value}
     else:
         try:
             data = json.loads(text)
@@ -322,13 +499,16 @@ def _parse_reward(name: str, raw: bytes) -> float:
             raise ValueError("not valid JSON") from None
         if not isinstance(data, dict) or not data:
             raise ValueError("expected a non-empty JSON object of numbers")
-        values = [data["reward"]] if "reward" in data else list(data.values())
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        values = {str(k): v for k, v in data.items() if k != "passed"}
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
             raise ValueError("expected numbers as values")
-        value = sum(values) / len(values)
-    if not math.isfinite(value):
-        raise ValueError(f"not a finite number: {value}")
-    return float(value)
+        values = {k: float(v) for k, v in values.items()}
+        if "reward" not in values:
+            values["reward"] = sum(values.values()) / len(values)
+    for key, value in values.items():
+        if not math.isfinite(value):
+            raise ValueError(f"{key} is not a finite number: {value}")
+    return values
 
 
 async def _check(env: EnvironmentSession, cmd: str, what: str) -> None:
@@ -376,7 +556,7 @@ def _read_tree_sync(task_dir: Path, sub: str, exclude: frozenset[str]) -> _Tree:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if stat.S_ISLNK(info.st_mode):
                 target = os.readlink(name, dir_fd=dir_fd)
-                inside = _link_inside(task_real, os.path.join(dirpath, name), target)
+                inside = link_inside(task_real, os.path.join(dirpath, name), target)
                 if inside is None:
                     raise IssueError(
                         "fatal",
@@ -394,6 +574,28 @@ def _read_tree_sync(task_dir: Path, sub: str, exclude: frozenset[str]) -> _Tree:
     return _Tree(files, links)
 
 
+async def _read_top_files(task_dir: Path, names: dict[str, str]) -> _Tree:
+    """Top-level files of a task directory (name -> name in the session),
+    read as :func:`_read_tree` reads, without following a link."""
+    return await trio.to_thread.run_sync(_read_top_files_sync, task_dir, names)
+
+
+def _read_top_files_sync(task_dir: Path, names: dict[str, str]) -> _Tree:
+    files = []
+    fd = os.open(task_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for name, rel in sorted(names.items()):
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                files.append((rel, _read_regular(name, fd, f"task {task_dir.name!r}: {name}"), True))
+    finally:
+        os.close(fd)
+    return _Tree(files, [])
+
+
 def _read_regular(name: str, dir_fd: int, where: str) -> bytes:
     """The bytes of the regular file ``name`` in ``dir_fd``, opened without
     following a link or blocking on a FIFO put there since it was listed."""
@@ -408,20 +610,6 @@ def _read_regular(name: str, dir_fd: int, where: str) -> bytes:
             return f.read()
     finally:
         os.close(fd)
-
-
-def _link_inside(task_real: str, link: str, target: str) -> str | None:
-    """The target to give the link ``link`` (whose text is ``target``) in a
-    session, or None when it resolves (as the kernel would, through links
-    before it) outside the task directory ``task_real``. An absolute target
-    inside is made relative, since the task directory's host path means
-    nothing in a session."""
-    resolved = os.path.realpath(link)
-    if os.path.commonpath([task_real, resolved]) != task_real:
-        return None
-    if os.path.isabs(target):
-        return os.path.relpath(resolved, os.path.realpath(os.path.dirname(link)))
-    return target
 
 
 async def _upload(env: EnvironmentSession, tree: _Tree, root: tuple[str, str]) -> None:
@@ -444,102 +632,3 @@ async def _upload(env: EnvironmentSession, tree: _Tree, root: tuple[str, str]) -
         script.append(f"chmod +x -- {' '.join(place(rel) for rel in executables)}")
     if script:
         await _check(env, "set -e\n" + "\n".join(script), f"copy files under {virtual}")
-
-
-def _load_tasks(path: str | Path) -> list[TaskSpec]:
-    root = Path(path).absolute()
-    if not root.is_dir():
-        raise ComponentError(f"path: task directory {str(root)!r} does not exist")
-    dirs = sorted((d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")), key=lambda d: d.name)
-    tasks = [_load_task(d) for d in dirs]
-    if not tasks:
-        raise ComponentError(f"path: no task directories in {str(root)!r}")
-    return tasks
-
-
-def _load_task(directory: Path) -> TaskSpec:
-    where = f"path: task {directory.name!r}"
-    _check_links(directory, where)
-    instruction = directory / "instruction.md"
-    if not instruction.is_file():
-        raise ComponentError(f"{where} has no instruction.md ({directory})")
-    if not (directory / "tests" / "test.sh").is_file():
-        raise ComponentError(f"{where} has no tests/test.sh ({directory})")
-    config: dict[str, Any] = {}
-    toml_path = directory / "task.toml"
-    if toml_path.is_file():
-        try:
-            config = tomllib.loads(_read_task_text(directory, "task.toml", where))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ComponentError(f"{where}: invalid task.toml: {exc}") from None
-    metadata_table = config.get("metadata", {})
-    if not isinstance(metadata_table, dict):
-        raise ComponentError(f"{where}: [metadata] in task.toml must be a table")
-    category = metadata_table.get("category")
-    if category is not None and not isinstance(category, str):
-        raise ComponentError(f"{where}: [metadata] category must be a string")
-    metadata: dict[str, Any] = {}
-    for section in ("agent", "verifier"):
-        timeout = _timeout(config.get(section, {}), f"{where}: [{section}] timeout_sec")
-        if timeout is not None:
-            metadata[f"{section}_timeout_sec"] = timeout
-    if metadata_table:
-        metadata["metadata"] = _jsonable(metadata_table)
-    return TaskSpec(
-        task_id=directory.name,
-        data={"instruction": _read_task_text(directory, "instruction.md", where), "dir": str(directory.resolve())},
-        category=category,
-        metadata=metadata,
-    )
-
-
-def _check_links(directory: Path, where: str) -> None:
-    """Refuse a task directory holding a symbolic link that resolves outside it
-    (absolute or relative, dangling or not), or whose ``environment``,
-    ``tests`` or ``solution`` is a link: a task directory is untrusted input,
-    and its files are read by the runtime's user."""
-    task_real = os.path.realpath(directory)
-    for sub in ("environment", "tests", "solution"):
-        if (directory / sub).is_symlink():
-            raise ComponentError(f"{where}: {sub} is a symbolic link, not a directory")
-    for dirpath, dirnames, filenames, dir_fd in os.fwalk(task_real, follow_symlinks=False):
-        for name in sorted([*dirnames, *filenames]):
-            if not stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                continue
-            target = os.readlink(name, dir_fd=dir_fd)
-            if _link_inside(task_real, os.path.join(dirpath, name), target) is None:
-                rel = Path(dirpath, name).relative_to(task_real).as_posix()
-                raise ComponentError(f"{where}: symbolic link {rel!r} points outside the task directory ({target!r})")
-
-
-def _read_task_text(directory: Path, name: str, where: str) -> str:
-    """A top-level file of a task directory as text, read as a regular file of
-    at most 16 MiB, without blocking on a FIFO or leaving the task directory."""
-    # A link inside the task directory is followed by hand: the path it
-    # resolves to is read by a walk that refuses any link still on the way.
-    task_real = os.path.realpath(directory)
-    resolved = os.path.realpath(directory / name)
-    try:
-        return read_beneath(task_real, os.path.relpath(resolved, task_real), _MAX_TASK_TEXT_BYTES).decode()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ComponentError(f"{where}: cannot read {name}: {exc}") from None
-
-
-def _timeout(section: Any, where: str) -> float | None:
-    value = section.get("timeout_sec") if isinstance(section, dict) else None
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ComponentError(f"{where} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _jsonable(value: Any) -> Any:
-    """TOML values as JSON-ready data (dates and times become ISO strings)."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)

@@ -145,6 +145,7 @@ class LocalEnvironment(BaseEnvironment):
         max_output_bytes: int = attrs.field(
             default=1048576, validator=attrs.validators.gt(0), metadata={"doc": "exec output kept per stream"}
         )
+        env: dict[str, str] = attrs.field(factory=dict, metadata={"doc": "variables every command of a session gets"})
 
     def build_config(self, plan: ExecutionPlan) -> Any:
         """Return the ``open`` config; reject a plan with any non-``full`` phase
@@ -160,6 +161,14 @@ class LocalEnvironment(BaseEnvironment):
                     f"for the {phase} phase (task {plan.task_id!r}); it only runs 'full' "
                     "- use an isolating provider such as 'sandbox'"
                 )
+        if plan.sandbox.workdir is not None:
+            raise ComponentError(
+                f"environment 'local' starts commands in APP_DIR, not {plan.sandbox.workdir!r} (task {plan.task_id!r})"
+            )
+        if plan.sandbox.user is not None:
+            raise ComponentError(f"environment 'local' runs commands as the runtime's user (task {plan.task_id!r})")
+        if plan.sandbox.env:
+            return attrs.evolve(self.options, env={**self.options.env, **plan.sandbox.env})
         return self.options
 
     async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> LocalSession:
@@ -181,7 +190,7 @@ class LocalEnvironment(BaseEnvironment):
         root = await trio.to_thread.run_sync(_make_sandbox, options.root, name)
         # No checkpoint between making the directory and handing over the session
         # that owns it, so a cancellation cannot leak it.
-        return LocalSession(root, options.max_output_bytes, name)
+        return LocalSession(root, options.max_output_bytes, name, options.env)
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Kill what the sandbox named by ``handle`` left running and remove its
@@ -215,14 +224,14 @@ class LocalSession(EnvironmentSession):
     ``OSError`` subclasses (``FileNotFoundError`` ...).
     """
 
-    def __init__(self, root: str, max_output_bytes: int, name: str = ""):
+    def __init__(self, root: str, max_output_bytes: int, name: str = "", env: dict[str, str] | None = None):
         self._root = Path(root)
         self.name = name
         self._max_output = max_output_bytes
         self._dirs = {sub: str(self._root / sub) for sub in SUBDIRS}
-        # Nothing of the runtime's own environment: the fixed base, the sandbox's
-        # variables and (per exec) the caller's.
-        self._env = {**BASE_ENV, "HOME": str(self._root)}
+        # Nothing of the runtime's own environment: the fixed base, the plan's,
+        # the sandbox's variables and (per exec) the caller's.
+        self._env = {**BASE_ENV, "HOME": str(self._root), **(env or {})}
         self._env.update({f"{sub.upper()}_DIR": path for sub, path in self._dirs.items()})
         self._env[SANDBOX_ENV] = str(self._root)
         self._env[SANDBOX_NAME_ENV] = name

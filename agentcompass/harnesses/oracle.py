@@ -1,7 +1,9 @@
 """The ``oracle`` harness: runs the task's reference solution instead of an agent.
 
 It runs ``bash "${SOLUTION_DIR:-/solution}/solve.sh"`` in the task
-Environment (from the app directory), bounded by the run budget. It checks a
+Environment (from the session's working directory), bounded by the run
+budget, with the variables the prepared task's ``metadata["solution_env"]``
+names (``terminal``: ``task.toml``'s ``[solution.env]``). It checks a
 benchmark's verifier and data: under ``oracle`` every correct task should
 score full marks. A benchmark puts the solution there (``terminal`` does so
 only for this harness). No config keys.
@@ -73,7 +75,8 @@ class OracleHarness(BaseHarness):
         if (await env.exec(_HAS_SOLVE)).exit_code != 0:
             message = f"task {prepared.task.task_id!r} has no solution/solve.sh"
             return RunResult(issues=[Issue("error", "run", "harness_no_solution", message)])
-        result = await env.exec(_SOLVE, timeout=budget.timeout_seconds)
+        solution_env = prepared.metadata.get("solution_env") or None
+        result = await env.exec(_SOLVE, timeout=budget.timeout_seconds, env=solution_env)
         issues = []
         if result.timed_out:
             issues.append(

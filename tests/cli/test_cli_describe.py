@@ -106,7 +106,11 @@ def test_described_keys_are_the_ones_a_config_takes(tmp_path: Path) -> None:
     )
     values = {"attempts.strategy": "pass", "retry_pattern_list": "[x]", "evaluation_environment_mode": "reuse",
               "network.baseline": "full", "network.run": "full", "network.evaluation": "full",
-              "keep_environment": "false", "providers": "{}", "executor": "{id: inprocess}"}
+              "keep_environment": "false", "providers": "{}", "sandbox.env": "{}",
+              "executor": "{id: inprocess}"}
+    # The sandbox keys take null here: local has none of the features an image or a limit needs.
+    values.update({f"sandbox.{key}": "null" for key in
+                   ("image", "build_context", "build_timeout_seconds", "workdir", "cpus", "memory_mb", "storage_mb", "user")})
     sets = []
     for block, prefix in (("execution", "requests[0].execution."), ("orchestration", "orchestration.")):
         for key in _keys(compass(tmp_path, "describe", block).stdout.splitlines()):
@@ -116,6 +120,10 @@ def test_described_keys_are_the_ones_a_config_takes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     proc = compass(tmp_path, "validate", str(config), "--set", "requests[0].execution.max_retriez=1")
     assert proc.returncode == 2
+    # A sandbox value the provider cannot honour is refused before anything runs.
+    proc = compass(tmp_path, "validate", str(config), "--set", "requests[0].execution.sandbox.memory_mb=512")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("execution.sandbox: environment 'local' lacks limits (see compass list --verbose)")
 
 
 def test_describe_orchestration(tmp_path: Path) -> None:

@@ -17,13 +17,15 @@ REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "benchmarks_data" / "terminal-smoke"
 
 
-def _launch(tmp_path: Path, name: str, environment: str, tasks: Path, execution: str = "{}") -> dict[str, dict]:  # type: ignore[type-arg]
+def _launch(
+    tmp_path: Path, name: str, environment: str, tasks: Path, execution: str = "{}", benchmark: str = ""
+) -> dict[str, dict]:  # type: ignore[type-arg]
     config = tmp_path / f"{name}.yaml"
     config.write_text(
         "orchestration: {task_concurrency: 4}\n"
         "requests:\n"
         f"  - name: {name}\n"
-        f"    benchmark: {{id: terminal, config: {{path: {tasks}}}}}\n"
+        f"    benchmark: {{id: terminal, config: {{path: {tasks}{benchmark}}}}}\n"
         "    harness: {id: oracle}\n"
         f"    environment: {{id: {environment}}}\n"
         f"    execution: {execution}\n"
@@ -72,16 +74,22 @@ async def test_terminal_smoke_scores_the_same_as_local_with_run_none(tmp_path: P
 
 
 @pytest.mark.parametrize("environment", ["local", pytest.param("sandbox", marks=requires_sandbox)])
-def test_a_dockerfile_is_not_built_and_says_so(tmp_path: Path, environment: str) -> None:
+def test_a_task_needing_its_image_is_fatal_without_images_unless_host_userland(tmp_path: Path, environment: str) -> None:
     tasks = tmp_path / "tasks"
     shutil.copytree(SMOKE / "checksum", tasks / "checksum")
     (tasks / "checksum" / "environment" / "Dockerfile").write_text("FROM debian:12\n")
     (record,) = _launch(tmp_path, f"docker-{environment}", environment, tasks).values()
+    assert record["severity"] == "fatal"
+    issue = record["attempts"][0]["issues"][0]
+    assert (issue["severity"], issue["code"]) == ("fatal", "image_required")
+    assert f"provider '{environment}' cannot build or pull" in issue["message"]
+    # Opted out: it runs on the provider's userland, and says so.
+    (record,) = _launch(tmp_path, f"host-{environment}", environment, tasks, benchmark=", host_userland: true").values()
     values, codes = _outcome(record)
     assert values["passed"] is True
     assert codes == ["image_not_built"]
     issue = record["attempts"][0]["issues"][0]
-    assert issue["severity"] == "warning" and "environment/Dockerfile was not built" in issue["message"]
+    assert issue["severity"] == "warning" and "its Dockerfile, which was not built" in issue["message"]
 
 
 def _hostile_task(root: Path, name: str, solve: str, test: str) -> None:

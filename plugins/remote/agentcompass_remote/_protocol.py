@@ -12,7 +12,10 @@ import posixpath
 import re
 import socket
 import struct
+from pathlib import Path
 from typing import Any
+
+from agentcompass import SandboxSpec
 
 __all__ = [
     "CHUNK",
@@ -28,6 +31,8 @@ __all__ = [
     "VERSION",
     "ProtocolError",
     "check_path",
+    "sandbox_from_message",
+    "sandbox_message",
     "decode",
     "encode",
     "pack_chunk",
@@ -38,7 +43,7 @@ __all__ = [
 #: Bumped on any incompatible change; both sides refuse another version.
 #: 3: ``read_file`` carries ``max_bytes``, refusals come back as ``file_refused``,
 #: and ``exec_private`` is forwarded, its ``inputs`` as file data after it.
-VERSION = 3
+VERSION = 4
 #: The ``code`` of an error that is a :class:`~agentcompass.FileRefusedError`.
 FILE_REFUSED = "file_refused"
 #: The ``code`` of an error that is a :class:`NotImplementedError` (an optional operation).
@@ -124,3 +129,46 @@ def check_path(path: Any, what: str = "path") -> str:
     elif normal == ".." or normal.startswith("../"):
         raise ProtocolError(f"{what} {path!r} is outside the session")
     return path
+
+
+_SANDBOX_TEXT = ("image", "workdir", "user", "build_context")
+_SANDBOX_NUMBERS = ("build_timeout_seconds", "cpus", "memory_mb", "storage_mb")
+
+
+def sandbox_message(spec: SandboxSpec) -> dict[str, Any]:
+    """A plan's :class:`SandboxSpec` as an ``open`` message field (fields left unset are left out)."""
+    message: dict[str, Any] = {name: getattr(spec, name) for name in (*_SANDBOX_TEXT, *_SANDBOX_NUMBERS)}
+    if message["build_context"] is not None:
+        message["build_context"] = str(message["build_context"])
+    message["env"] = dict(spec.env)
+    return {key: value for key, value in message.items() if value not in (None, {})}
+
+
+def sandbox_from_message(raw: Any) -> SandboxSpec:
+    """The :class:`SandboxSpec` of an ``open`` message; :class:`ProtocolError` if malformed."""
+    if raw is None:
+        return SandboxSpec()
+    if not isinstance(raw, dict) or set(raw) - {*_SANDBOX_TEXT, *_SANDBOX_NUMBERS, "env"}:
+        raise ProtocolError(f"not a sandbox spec: {str(raw)[:200]}")
+    for name in _SANDBOX_TEXT:
+        if not isinstance(raw.get(name, ""), str):
+            raise ProtocolError(f"sandbox {name} must be a string")
+    for name in _SANDBOX_NUMBERS:
+        value = raw.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError(f"sandbox {name} must be a number")
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ProtocolError("sandbox env must map names to strings")
+    build_context = raw.get("build_context")
+    return SandboxSpec(
+        image=raw.get("image"),
+        build_context=Path(build_context) if build_context is not None else None,
+        build_timeout_seconds=raw.get("build_timeout_seconds"),
+        workdir=raw.get("workdir"),
+        env=env,
+        cpus=raw.get("cpus"),
+        memory_mb=raw.get("memory_mb"),
+        storage_mb=raw.get("storage_mb"),
+        user=raw.get("user"),
+    )

@@ -122,20 +122,32 @@ class RemoteEnvironment(BaseEnvironment):
         max_output = self.options.provider_config.get("max_output_bytes", _DEFAULT_MAX_OUTPUT)
         self._max_output = max_output if isinstance(max_output, int) and max_output > 0 else _DEFAULT_MAX_OUTPUT
 
-    def build_config(self, plan: ExecutionPlan) -> dict[str, Any]:
-        """The open config: the plan's phase policies, which the server's
-        provider checks before it opens. When that provider is installed here
-        too, its ``build_config`` rejects an unenforceable plan now (preflight)."""
+    @property
+    def features(self) -> frozenset[str]:  # type: ignore[override]
+        """The served provider's, when it is installed here too (else none:
+        a plan needing more is refused rather than sent where it may not run)."""
+        inner = self._served()
+        return frozenset(inner.features) if inner is not None else frozenset()
+
+    def _served(self) -> BaseEnvironment | None:
         if self._inner is None:
             try:
                 self._inner = build_component("environment", self.options.provider, dict(self.options.provider_config))
             except ComponentError as exc:
                 if "unknown environment id" not in str(exc):
                     raise
-        if self._inner is not None:
-            self._inner.build_config(plan)
+        return self._inner
+
+    def build_config(self, plan: ExecutionPlan) -> dict[str, Any]:
+        """The open config: the plan's phase policies, which the server's
+        provider checks before it opens. When that provider is installed here
+        too, its ``build_config`` rejects an unenforceable plan now (preflight)."""
+        inner = self._served()
+        if inner is not None:
+            inner.build_config(plan)
         return {
             "task_id": plan.task_id,
+            "sandbox": p.sandbox_message(plan.sandbox),
             "policies": {
                 "baseline": policy_message(plan.baseline_network_policy),
                 "run": policy_message(plan.run_network_policy),

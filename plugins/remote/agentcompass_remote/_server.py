@@ -272,6 +272,7 @@ class SandboxServer:
             baseline_network_policy=_policy(policies.get("baseline", message.get("policy"))),
             run_network_policy=_policy(policies.get("run", message.get("policy"))),
             evaluation_network_policy=_policy(policies.get("evaluation", message.get("policy"))),
+            sandbox=p.sandbox_from_message(message.get("sandbox")),
         )
         self._opening += 1
         self.peak_load = max(self.peak_load, self.load)

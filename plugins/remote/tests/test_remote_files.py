@@ -79,9 +79,9 @@ async def test_the_wire_carries_max_bytes_and_the_file_refused_code(server):
 
 
 async def test_a_client_of_the_previous_protocol_version_is_refused(server):
-    assert PROTOCOL_VERSION == 3
+    assert PROTOCOL_VERSION == 4
     async with trio_websocket.open_websocket_url(server.url) as ws:
-        await ws.send_message(json.dumps({"type": "hello", "version": 2, "token": TOKEN}))
+        await ws.send_message(json.dumps({"type": "hello", "version": 3, "token": TOKEN}))
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:
             await ws.get_message()
         assert closed.value.reason.code == 4001

@@ -264,8 +264,8 @@ def cgroup_bases() -> dict[str, Path]:
 
 def find_cgroup_bases() -> dict[str, Path]:
     """The parent directories of session cgroups: ``track`` (cgroup v2, where
-    ``cgroup.kill`` ends a process tree), and ``memory`` / ``pids`` where a
-    controller for that limit exists. Nested under this process's own cgroup,
+    ``cgroup.kill`` ends a process tree), and ``memory`` / ``pids`` / ``cpu``
+    where a controller for that limit exists. Nested under this process's own cgroup,
     so a sandbox never escapes the limits of whoever runs the runtime."""
     bases: dict[str, Path] = {}
     for mount, fstype, options in _mounts():
@@ -277,18 +277,18 @@ def find_cgroup_bases() -> dict[str, Path]:
                 delegated = (own / "cgroup.subtree_control").read_text().split()
             except OSError:
                 delegated = []
-            for ctl in ("memory", "pids"):
+            for ctl in ("memory", "pids", "cpu"):
                 if ctl in delegated and ctl not in bases:
                     bases[ctl] = bases["track"]
         else:
             opts = options.split(",")
-            for ctl in ("memory", "pids"):
+            for ctl in ("memory", "pids", "cpu"):
                 if ctl in opts:
                     bases[ctl] = Path(mount) / _self_cgroup(ctl) / CGROUP_GROUP
     return bases
 
 
-def make_cgroups(name: str, memory_mb: int | None, pids_max: int | None) -> dict[str, str]:
+def make_cgroups(name: str, memory_mb: int | None, pids_max: int | None, cpus: float | None = None) -> dict[str, str]:
     """Create the session's cgroups and set its limits; return ``procs``
     files an exec writes its pid into, keyed by role."""
     bases = cgroup_bases()
@@ -304,6 +304,10 @@ def make_cgroups(name: str, memory_mb: int | None, pids_max: int | None) -> dict
         if "pids" not in bases:
             raise HostError("pids_max is set but this host has no pids cgroup controller")
         wanted["pids"] = bases["pids"]
+    if cpus is not None:
+        if "cpu" not in bases:
+            raise HostError("cpus is set but this host has no cpu cgroup controller")
+        wanted["cpu"] = bases["cpu"]
     for role, base in wanted.items():
         path = base / name
         path.mkdir(parents=True, exist_ok=True)
@@ -322,6 +326,14 @@ def make_cgroups(name: str, memory_mb: int | None, pids_max: int | None) -> dict
                 swap.write_text(limit)
     if pids_max is not None:
         (Path(made["pids"]) / "pids.max").write_text(str(pids_max))
+    if cpus is not None:
+        cpu, period = Path(made["cpu"]), 100_000
+        quota = max(1000, round(cpus * period))
+        if (cpu / "cpu.max").exists():
+            (cpu / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            (cpu / "cpu.cfs_period_us").write_text(str(period))
+            (cpu / "cpu.cfs_quota_us").write_text(str(quota))
     return made
 
 

@@ -224,7 +224,7 @@ async def exec_private(
                 "home": HOME.lstrip("/"),
                 "home_size": session._tmpfs_bytes,
                 "program": program,
-                "argv": command_line(cmd, cwd, env, HOME),
+                "argv": command_line(cmd, cwd, {**session._env, **(env or {})}, HOME),
                 "env": BASE_ENV,
             }
             full = [

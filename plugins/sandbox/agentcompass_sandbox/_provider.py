@@ -24,6 +24,7 @@ REQUIRED_PROGRAMS = ("bwrap", "nsenter", "nft")
 def host_problem(
     memory_mb: int | None = None,
     pids_max: int | None = None,
+    cpus: float | None = None,
     *,
     euid: Callable[[], int] = os.geteuid,
     which: Callable[[str], str | None] = shutil.which,
@@ -45,6 +46,8 @@ def host_problem(
         return "sandbox memory_mb is set but this host has no memory cgroup controller"
     if pids_max is not None and "pids" not in bases:
         return "sandbox pids_max is set but this host has no pids cgroup controller"
+    if cpus is not None and "cpu" not in bases:
+        return "sandbox cpus is set but this host has no cpu cgroup controller"
     return None
 
 
@@ -67,6 +70,11 @@ class SandboxEnvironment(BaseEnvironment):
     """
 
     id: ClassVar[str] = "sandbox"
+    #: The plan's ``SandboxSpec``: ``memory_mb`` and ``cpus`` are cgroup limits
+    #: of the session, ``storage_mb`` the size of each tmpfs, ``env`` goes to
+    #: every command; the host's userland serves every task (no ``images``),
+    #: and commands run as the sandbox user (no ``root``).
+    features: ClassVar[frozenset[str]] = frozenset({"literal_paths", "limits"})
 
     @attrs.frozen
     class Config:
@@ -84,6 +92,12 @@ class SandboxEnvironment(BaseEnvironment):
         reuse_network_namespaces: bool = attrs.field(
             default=True, metadata={"doc": "give a session's network namespace back to the pool at close"}
         )
+        cpus: float | None = attrs.field(
+            default=None,
+            validator=attrs.validators.optional(attrs.validators.gt(0)),
+            metadata={"doc": "CPU limit of the whole session (cgroup), in CPUs"},
+        )
+        env: dict[str, str] = attrs.field(factory=dict, metadata={"doc": "variables every command of a session gets"})
         tmpfs_mb: int = attrs.field(
             default=1024,
             validator=_positive,
@@ -106,7 +120,11 @@ class SandboxEnvironment(BaseEnvironment):
     def preflight(self) -> None:
         """Raise :class:`ComponentError` (one line) when this host cannot run sandboxes."""
         problem = host_problem(
-            self.options.memory_mb, self.options.pids_max, euid=self.host_euid, which=self.find_program
+            self.options.memory_mb,
+            self.options.pids_max,
+            self.options.cpus,
+            euid=self.host_euid,
+            which=self.find_program,
         )
         if problem is not None:
             raise ComponentError(problem)
@@ -120,7 +138,19 @@ class SandboxEnvironment(BaseEnvironment):
             ("evaluation", plan.evaluation_network_policy),
         ):
             check_policy(policy, f"{phase} network policy of task {plan.task_id!r}")
-        return self.options
+        spec = plan.sandbox
+        if spec.workdir not in (None, "/app"):
+            raise ComponentError(f"task {plan.task_id!r}: the sandbox provider starts commands in /app, not {spec.workdir!r}")
+        if spec.user is not None:
+            raise ComponentError(f"task {plan.task_id!r}: the sandbox provider runs commands as its own user, not {spec.user!r}")
+        limits = {
+            "memory_mb": spec.memory_mb,
+            "cpus": spec.cpus,
+            "tmpfs_mb": spec.storage_mb,
+            "env": dict(spec.env) or None,
+        }
+        changes = {key: value for key, value in limits.items() if value is not None}
+        return attrs.evolve(self.options, **changes) if changes else self.options
 
     async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> SandboxSession:
         """Create the sandbox under ``policy`` and return its session. ``name``
@@ -149,6 +179,8 @@ class SandboxEnvironment(BaseEnvironment):
             pool=pool,
             recycle=options.reuse_network_namespaces,
             tmpfs_mb=options.tmpfs_mb,
+            cpus=options.cpus,
+            env=options.env,
         )
         try:
             await session.start(policy)

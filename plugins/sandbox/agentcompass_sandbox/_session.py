@@ -98,6 +98,8 @@ class SandboxSession(EnvironmentSession):
         pool: _pool.Pool | None = None,
         recycle: bool = True,
         tmpfs_mb: int = 1024,
+        cpus: float | None = None,
+        env: Mapping[str, str] | None = None,
     ):
         self.name = name
         self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
@@ -110,6 +112,8 @@ class SandboxSession(EnvironmentSession):
         self._max_output = max_output_bytes
         self._memory_mb = memory_mb
         self._pids_max = pids_max
+        self._cpus = cpus
+        self._env = dict(env or {})  # the plan's SandboxSpec.env: every command gets it
         self._tmpfs_bytes = tmpfs_mb * 1024 * 1024  # /tmp, and the session's files
         self._cgroups: dict[str, str] = {}
         self._lifeline: int | None = None  # write end of the init's stdin
@@ -163,7 +167,7 @@ class SandboxSession(EnvironmentSession):
         cgroups, the init's leaf, the binds, whether the session has its own
         /etc/hosts, and bwrap's log file (a descriptor the caller closes)."""
         _host.make_session_dir(self.name, self._tmpfs_bytes)
-        self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max)
+        self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max, self._cpus)
         if self._pool is not None:
             self._netns = self._pool.take()
             self._lease = self._netns.lease
@@ -174,7 +178,7 @@ class SandboxSession(EnvironmentSession):
 
     def _procs_files(self, track_leaf: str) -> list[str]:
         files = [os.path.join(track_leaf, "cgroup.procs")]
-        for role in ("memory", "pids"):
+        for role in ("memory", "pids", "cpu"):
             path = self._cgroups.get(role)
             if path is not None and path != self._cgroups["track"]:
                 files.append(os.path.join(path, "cgroup.procs"))
@@ -279,7 +283,7 @@ class SandboxSession(EnvironmentSession):
         uid = str(_host.INSIDE_UID)
         full = [
             "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
-            *nsenter_args(fds), "-S", uid, "-G", uid, *command_line(cmd, cwd, env),
+            *nsenter_args(fds), "-S", uid, "-G", uid, *command_line(cmd, cwd, {**self._env, **(env or {})}),
         ]  # fmt: skip
         try:
             self._check_open()

@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+ls /sys/class/net | sort > /app/interfaces.txt

@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+wc -l < /app/words.txt | tr -d ' ' > /app/count.txt

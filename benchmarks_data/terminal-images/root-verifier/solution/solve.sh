@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+echo ready > /app/status.txt
