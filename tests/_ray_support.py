@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,8 @@ from typing import Any
 
 import attrs
 import pytest
+
+from agentcompass._ray._cluster import _die_with_parent
 
 __all__ = ["RayCluster", "executor", "ray_cluster", "ray_skip_reason"]
 
@@ -69,7 +72,7 @@ def _start(netns: str, temp_dir: str) -> subprocess.Popen[bytes]:
     subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     return subprocess.Popen(
-        [
+        [  # ``ip netns exec`` execs ray: the death signal (pytest killed) reaches it
             "ip", "netns", "exec", netns, sys.executable, "-c", RAY_START, "start", "--head", "--block",
             "--node-ip-address=127.0.0.1", "--port=6379", "--num-cpus=4", "--include-dashboard=false",
             "--disable-usage-stats", f"--temp-dir={temp_dir}",
@@ -79,6 +82,7 @@ def _start(netns: str, temp_dir: str) -> subprocess.Popen[bytes]:
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
 
 
@@ -87,7 +91,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     reason = ray_skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    netns = f"compass-ray-{os.getpid()}"
+    netns = f"compass-ray-{os.getpid()}-{secrets.token_hex(2)}"
     temp_dir = tempfile.mkdtemp(prefix="compass-ray-test-")
     process = _start(netns, temp_dir)
     try:

@@ -28,8 +28,6 @@ from typing import Any
 
 import pytest
 from _ray_support import RayCluster
-from _ray_support import executor as executor  # noqa: F401 - the fixture
-from _ray_support import ray_cluster as ray_cluster  # noqa: F401 - the fixture
 
 import agentcompass
 

@@ -26,8 +26,6 @@ from pathlib import Path
 import pytest
 from _common import wait_until
 from _ray_support import RayCluster
-from _ray_support import executor as executor  # noqa: F401 - the fixture
-from _ray_support import ray_cluster as ray_cluster  # noqa: F401 - the fixture
 
 import agentcompass
 

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 from _common import only_run_dir, read_json, read_jsonl, wait_until
 from _ray_support import RayCluster, ray_skip_reason
-from _ray_support import ray_cluster as ray_cluster  # noqa: F401 - the fixture
 
 import agentcompass
 
@@ -91,7 +90,7 @@ def _err(tmp_path: Path, name: str = "run") -> str:
     return (tmp_path / f"{name}.err").read_text()
 
 
-def test_limits_and_order_hold_across_all_workers_together(tmp_path: Path, ray_cluster: RayCluster) -> None:  # noqa: F811
+def test_limits_and_order_hold_across_all_workers_together(tmp_path: Path, ray_cluster: RayCluster) -> None:
     capacity, qps = 2, 4.0
     config = _config(
         tmp_path,
@@ -127,7 +126,7 @@ def test_limits_and_order_hold_across_all_workers_together(tmp_path: Path, ray_c
 
 def test_a_killed_worker_fails_its_attempts_worker_lost_and_they_finish_on_the_other(
     tmp_path: Path,
-    ray_cluster: RayCluster,  # noqa: F811
+    ray_cluster: RayCluster,
 ) -> None:
     seconds = 4
     config = _config(
