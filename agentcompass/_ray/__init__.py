@@ -90,9 +90,9 @@ def _start_workers(
     modules = _registry.registering_modules()
     handles = [
         actor.options(**options).remote(
-            plugins, where, modules, orchestration.cleanup_grace_seconds, settings.worker_concurrency
+            index, plugins, where, modules, orchestration.cleanup_grace_seconds, settings.worker_concurrency
         )
-        for _ in range(settings.workers)
+        for index in range(settings.workers)
     ]
     try:
         pids = ray.get([handle.pid.remote() for handle in handles], timeout=WORKER_START_SECONDS)

@@ -142,6 +142,7 @@ class Worker:
 
     def __init__(
         self,
+        index: int,
         plugins: list[str],
         config_dir: str | None,
         modules: list[tuple[str, str | None]],
@@ -156,6 +157,7 @@ class Worker:
         # component in the driver (an SDK user's own, the test fakes).
         _registry.load_plugins(list(plugins), Path(config_dir) if config_dir else None)
         _registry.import_modules(modules)
+        self._index = index
         self._grace_seconds = grace
         self._connections = connections
         self._outbox: list[tuple[Any, ...]] = []
@@ -306,6 +308,8 @@ class Worker:
                 if ctx is None:
                     request = self._requests[request_id]
                     ctx = RequestContext.build(request, self.grants, WorkerReporter(self, request_id, tag), self.grace)
+                    # Session names are unique across the run's workers.
+                    ctx.name_prefix = f"w{self._index}-"
                     self._contexts[request_id] = ctx
                 record = await run_task(ctx, task, attempts, done, resume)
             except Exception as exc:  # noqa: BLE001 - the driver's run_task raises it

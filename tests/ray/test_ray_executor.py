@@ -116,6 +116,9 @@ def test_limits_and_order_hold_across_all_workers_together(tmp_path: Path, ray_c
     assert peak == capacity
     # Open rate across both workers: 10 opens at 4/s take at least 9/4 s.
     opens = [t for t, step in events if step == 1]
+    # Session names are unique across the workers (each has its own counter).
+    names = [f[3] for f in _log(tmp_path) if f[0] == "open"]
+    assert len(set(names)) == len(names) == 10
     assert opens[-1] - opens[0] >= (len(opens) - 1) / qps - 0.1
     for name in ("a", "b"):
         run_dir = only_run_dir(tmp_path / "out", name)
