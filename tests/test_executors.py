@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +63,20 @@ def test_ray_settings_are_checked_in_preflight(config: dict[str, object], messag
 def test_ray_without_ray_says_how_to_install_it() -> None:
     with pytest.raises(ConfigError, match=r"pip install 'agentcompass\[ray\]'"):
         check_executor(_orchestration({"id": "ray"}))
+
+
+def test_a_local_cluster_removes_the_directories_of_dead_drivers(tmp_path: Path) -> None:
+    from agentcompass._ray import _cluster
+
+    parent = tmp_path / "compass-ray"
+    (parent / "killed").mkdir(parents=True)
+    done = subprocess.Popen(["true"])
+    done.wait()
+    (parent / "killed" / "driver.pid").write_text(str(done.pid))
+    (parent / "alive").mkdir()
+    (parent / "alive" / "driver.pid").write_text(str(os.getppid()))
+
+    made = Path(_cluster._temp_dir(str(tmp_path)))
+
+    assert sorted(p.name for p in parent.iterdir()) == sorted(["alive", made.name])
+    assert (made / "driver.pid").read_text() == str(os.getpid())

@@ -46,6 +46,27 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _temp_dir(root: str | None = None) -> str:
+    """A new directory for the cluster's sessions and logs, under one parent
+    per machine. A killed driver cannot remove its own: the next local
+    cluster removes those whose driver (``driver.pid``) is gone."""
+    parent = os.path.join(root or tempfile.gettempdir(), "compass-ray")
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    for entry in os.listdir(parent):
+        try:
+            with open(os.path.join(parent, entry, "driver.pid")) as f:
+                pid = int(f.read())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        except (OSError, ValueError):
+            continue
+    path = tempfile.mkdtemp(dir=parent)
+    with open(os.path.join(path, "driver.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    return path
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -67,7 +88,7 @@ def _wait_started(process: subprocess.Popen[bytes]) -> str:
 @contextlib.asynccontextmanager
 async def local_cluster(cpus: int, grace: float) -> AsyncIterator[str]:
     """A loopback cluster of ``cpus`` CPUs for the block; yields its address."""
-    temp_dir = tempfile.mkdtemp(prefix="compass-ray-")
+    temp_dir = _temp_dir()
     port = _free_port()
     command = [
         sys.executable,
