@@ -14,8 +14,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# The ray extra is in the test install (about 40 s from PyPI): its tests run
+# on a loopback-only cluster (tests/_ray_support.py) and skip without it.
 $(STAMP): $(BIN)/python setup.cfg pyproject.toml $(wildcard plugins/*/setup.cfg)
-	$(BIN)/python -m pip install -q -e '.[test,lint]' $(foreach p,$(wildcard plugins/*/setup.cfg),-e $(dir $(p)))
+	$(BIN)/python -m pip install -q -e '.[test,lint,ray]' $(foreach p,$(wildcard plugins/*/setup.cfg),-e $(dir $(p)))
 	touch $(STAMP)
 
 demo: $(STAMP)

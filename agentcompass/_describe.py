@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from .runtime._values import ExecutionSpec, Orchestration
+from .runtime._values import ComponentRef, ExecutionSpec, Orchestration
 
 __all__ = ["BLOCKS", "block_lines", "config_keys", "describe_lines", "summary_line"]
 
@@ -70,6 +70,9 @@ def _default(field: Any) -> str:
         return "required"
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
         default = default.factory() if not default.takes_self else "..."
+    if attrs.has(type(default)):  # a block's default, as a config writes it
+        values = ", ".join(f"{k}: {v}" for k, v in attrs.asdict(default).items() if v not in ({}, [], None))
+        return f"default {{{values}}}"
     return f"default {default!r}"
 
 
@@ -99,7 +102,9 @@ def _keys(
         type_ = hints.get(field.name, field.type)
         doc = " ".join(str(field.metadata.get("doc", "")).split())
         args = typing.get_args(type_)
-        if nest and isinstance(type_, type) and attrs.has(type_):
+        if type_ is ComponentRef:  # a component is named, not described key by key
+            rows.append((f"{prefix}{field.name}", "{id, config}", _default(field), doc))
+        elif nest and isinstance(type_, type) and attrs.has(type_):
             rows += _keys(type_, f"{prefix}{field.name}.")
         elif nest and typing.get_origin(type_) is dict and len(args) == 2 and attrs.has(args[1]):
             rows.append((f"{prefix}{field.name}", f"dict[str, {args[1].__name__}]", _default(field), doc))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _registry
+from ._executors import check_executor
 from ._config import _one_line
 from ._redact import register_secret
 from .runtime._components import BaseBenchmark, HarnessFreeBenchmark
@@ -52,6 +53,7 @@ def preflight(orchestration: Orchestration, config_dir: Path | None = None, *, d
     """
     _registry.load_plugins(list(orchestration.plugins), config_dir)
     check_orchestration(orchestration)
+    check_executor(orchestration)
     seen: set[str] = set()
     for i, request in enumerate(orchestration.requests):
         where = f"requests[{i}] {request.name!r}"

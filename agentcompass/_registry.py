@@ -31,7 +31,7 @@ from .runtime._components import (
 )
 from .runtime._errors import ComponentError
 
-__all__ = ["build", "load_builtins", "load_plugins", "register", "registered", "resolve"]
+__all__ = ["build", "load_builtins", "load_plugins", "register", "registered", "registering_modules", "resolve"]
 
 C = TypeVar("C", bound=type[Component])
 
@@ -88,6 +88,38 @@ def register(cls: C) -> C:
         )
     _registry[key] = Registration(kind, component_id, cls, _origin(cls))
     return cls
+
+
+def registering_modules() -> list[tuple[str, str | None]]:
+    """``(module, sys.path entry it was imported from)`` for every module
+    (not a ``.py`` file plugin) that registered a component here: what a
+    remote worker imports to see the same components."""
+    found: dict[str, str | None] = {}
+    for registration in _registry.values():
+        name = registration.cls.__module__
+        if name.startswith(_FILE_PLUGIN_PREFIX) or name in found:
+            continue
+        path = getattr(sys.modules.get(name), "__file__", None)
+        root = None
+        if path:
+            root = str(Path(path).resolve().parents[name.count(".") + (1 if path.endswith("__init__.py") else 0)])
+        found[name] = root
+    return sorted(found.items())
+
+
+def import_modules(modules: list[tuple[str, str | None]]) -> None:
+    """Import what :func:`registering_modules` listed elsewhere; a module
+    that cannot be imported here is left out (its components then show as
+    unknown ids, naming the registered ones)."""
+    for name, root in modules:
+        if name in sys.modules:
+            continue
+        if root and root not in sys.path and Path(root).is_dir():
+            sys.path.append(root)
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - see the docstring
+            continue
 
 
 def _qualified(cls: type) -> tuple[str, str]:

@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from ._agent import agent_rows
+from ._ray import ray_rows
 
 __all__ = ["render_table", "targets"]
 
@@ -100,6 +101,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(_row(name, "runtime CPU ms per attempt, react", r["react_cpu_ms_per_attempt"], "(context)", None, "{:.1f}"))
         rows.append(_row(name, "children CPU ms per attempt, installed / react", r["installed_children_cpu_ms_per_attempt"], "(context)", None, "{:.1f}"))
         rows.append(_row(name, "wall ms per attempt, installed / react", r["installed_wall_ms_per_attempt"] / r["react_wall_ms_per_attempt"], "(context)", None, "{:.2f}"))
+    rows.extend(ray_rows(results, _row))
     r = results.get("sandbox")
     if r and "error" not in r:
         name = f"sandbox open + close ({r['sessions']} at concurrency {r['concurrency']})"

@@ -478,6 +478,7 @@ def open_rate(root: Path, opens: int = 200, rate: float = 50.0) -> dict[str, Any
 
 # The remote provider's scenarios run real servers; they live in a module of their own.
 from ._gateway import gateway_overhead  # noqa: E402
+from ._ray import ray_scale  # noqa: E402
 from ._remote import remote_exec, remote_sessions, remote_stream  # noqa: E402
 
 SCENARIOS = {
@@ -494,4 +495,5 @@ SCENARIOS = {
     "remote_stream": remote_stream,
     "sandbox": sandbox_open_close,
     "docker": docker_open_close,
+    "ray_scale": ray_scale,
 }

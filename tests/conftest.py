@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from _ray_support import executor as executor  # noqa: F401 - one session cluster for the whole suite
+from _ray_support import ray_cluster as ray_cluster  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

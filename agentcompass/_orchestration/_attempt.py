@@ -90,13 +90,18 @@ async def run_attempt(
     retries = 0
     scope = "attempt"
     previous: TryOutcome | None = None
+    try_number = 0
     if resume is not None:
         retries = 1
+        if any(issue.code == "worker_lost" for issue in resume.issues):
+            # A try lost with its worker (SPEC 11) continues the attempt's own
+            # budget: ``resume.retries`` were used before it, it was one more.
+            retries = resume.retries + 1
+            try_number = resume.retries + 1
         previous = _outcome_from_record(resume)
         scope = retry_scope([i for i, _ in retryable_issues(resume.issues, ctx.patterns)], mode)
         if scope != "attempt" and (previous.prepared is None or previous.run_result is None):
             scope = "attempt"
-    try_number = 0
     while True:
         try_number += 1
         reporter.event("attempt_started", task=task.task_id, attempt=index, attempt_try=try_number, scope=scope)

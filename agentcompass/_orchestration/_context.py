@@ -128,6 +128,9 @@ class RequestContext:
     grace: GraceClock
     #: The run's tag: every session name starts with it (see :meth:`session_name`).
     tag: str = "run"
+    #: Between the tag and the counter: tells apart the sessions of several
+    #: processes running one request's tasks (a Ray worker's ``w<n>-``).
+    name_prefix: str = ""
     _names: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     #: ``trio.current_time`` without its lookups: the clock's own method.
     now: Callable[[], float] = attrs.field(factory=lambda: trio.lowlevel.current_clock().current_time)
@@ -158,7 +161,7 @@ class RequestContext:
     def session_name(self) -> str:
         """A new session name: the run's tag, ``-`` and a counter (``[a-z0-9-]``,
         at most 40 characters, unique within the run)."""
-        return f"{self.tag}-{next(self._names):x}"
+        return f"{self.tag}-{self.name_prefix}{next(self._names):x}"
 
     @property
     def provider(self) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from .._executors import open_executor
 from .._gc import relaxed_collection
 from .._limits import provider_limits
 from .._logging import get_logger, launch_logging
@@ -125,16 +126,30 @@ async def orchestrate(
         relaxed_collection(),
         provider_limits().configured(orchestration.providers) as notes,
     ):
-        for note in notes:
-            log.warning("provider_limits", note=note)
-        timeout = orchestration.timeout_seconds
-        deadline = trio.current_time() + timeout if timeout is not None else math.inf
-        grace = GraceClock(orchestration.cleanup_grace_seconds, deadline + orchestration.cleanup_grace_seconds)
-        # Every cleanup of the run, the model clients' close included, ends
-        # by this one clock's deadline (components ask cleanup_deadline()).
-        with using_cleanup_clock(grace):
-            async with open_model_clients(orchestration.task_concurrency, close_deadline=grace.deadline):
-                return await _launch(orchestration, show_progress, stop, deadline, grace, disk)
+        # A Ray cluster is started or joined before the deadline starts.
+        async with open_executor(orchestration, config_dir) as remote:
+            return await _run_with(orchestration, show_progress, stop, disk, notes, remote)
+
+
+async def _run_with(
+    orchestration: Orchestration,
+    show_progress: bool,
+    stop: trio.Event | None,
+    disk: Disk | None,
+    notes: list[str],
+    remote: Any,
+) -> OrchestrationResult:
+    """The run itself, once its executor is up: the deadline starts here."""
+    for note in notes:
+        log.warning("provider_limits", note=note)
+    timeout = orchestration.timeout_seconds
+    deadline = trio.current_time() + timeout if timeout is not None else math.inf
+    grace = GraceClock(orchestration.cleanup_grace_seconds, deadline + orchestration.cleanup_grace_seconds)
+    # Every cleanup of the run, the model clients' close included, ends
+    # by this one clock's deadline (components ask cleanup_deadline()).
+    with using_cleanup_clock(grace):
+        async with open_model_clients(orchestration.task_concurrency, close_deadline=grace.deadline):
+            return await _launch(orchestration, show_progress, stop, deadline, grace, disk, remote)
 
 
 async def _launch(
@@ -144,8 +159,10 @@ async def _launch(
     deadline: float,
     grace: GraceClock,
     disk: Disk | None,
+    remote: Any = None,
 ) -> OrchestrationResult:
     grants = _LocalGrants()
+    executor = remote if remote is not None else InProcessExecutor(grace)
     runs = [RequestRun(request, grace, disk=disk) for request in orchestration.requests]
 
     def terminal_status() -> str:
@@ -153,7 +170,7 @@ async def _launch(
 
     work_scope = trio.CancelScope()
     dispatcher = Dispatcher(
-        runs, orchestration.task_concurrency, InProcessExecutor(grace), grants, terminal_status, work_scope
+        runs, orchestration.task_concurrency, executor, grants, terminal_status, work_scope
     )
     timed_out = finished = False
 
@@ -189,7 +206,7 @@ async def _launch(
         # the shutdown) and ended by the one grace deadline. The stores are
         # opened outside the work's scope: the deadline never reaches them.
         with grace.bounded_shield() as shield:
-            async with _open_stores(runs, grace):
+            async with _open_stores(runs, grace), _running(remote, grace):
                 await dispatcher.run()
                 # A request the deadline or a cancellation stopped before it
                 # started still gets its terminal state (SPEC 7).
@@ -207,6 +224,11 @@ async def _launch(
     else:
         status, exit_code = _overall(results, timed_out and (work_scope.cancelled_caught or shield.cancelled_caught))
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
+
+
+def _running(remote: Any, grace: GraceClock) -> contextlib.AbstractAsyncContextManager[None]:
+    """A remote executor's driver-side tasks, for as long as the stores are open."""
+    return remote.running(grace) if remote is not None else contextlib.nullcontext()
 
 
 @contextlib.asynccontextmanager

@@ -299,6 +299,13 @@ class Orchestration:
     plugins: list[str] = attrs.field(
         factory=list, metadata={"doc": "modules or .py files that register components (relative to the config file)"}
     )
+    executor: ComponentRef = attrs.field(
+        default=ComponentRef("inprocess"),
+        metadata={
+            "doc": "where tasks run: {id: inprocess} (this process) or {id: ray, config: {address, workers, "
+            "worker_concurrency, runtime_env}} (a Ray cluster; pip install 'agentcompass[ray]')"
+        },
+    )
 
 
 @attrs.frozen

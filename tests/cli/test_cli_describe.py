@@ -106,7 +106,8 @@ def test_described_keys_are_the_ones_a_config_takes(tmp_path: Path) -> None:
     )
     values = {"attempts.strategy": "pass", "retry_pattern_list": "[x]", "evaluation_environment_mode": "reuse",
               "network.baseline": "full", "network.run": "full", "network.evaluation": "full",
-              "keep_environment": "false", "providers": "{}", "sandbox.env": "{}"}
+              "keep_environment": "false", "providers": "{}", "sandbox.env": "{}",
+              "executor": "{id: inprocess}"}
     # The sandbox keys take null here: local has none of the features an image or a limit needs.
     values.update({f"sandbox.{key}": "null" for key in
                    ("image", "build_context", "build_timeout_seconds", "workdir", "cpus", "memory_mb", "storage_mb", "user")})

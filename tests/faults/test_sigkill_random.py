@@ -12,6 +12,7 @@ a seeded RNG, then kills it after a random part of ``OPEN_SECONDS``.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import random
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from _common import wait_until
+from _ray_support import RayCluster
 
 import agentcompass
 
@@ -55,7 +57,21 @@ def _finished_attempts(run_dir: Path) -> set[tuple[str, int]]:
     return found
 
 
-def test_sigkill_inside_open_at_random_instants_then_reuse_leaks_nothing(tmp_path: Path) -> None:
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_inside_open_at_random_instants_then_reuse_leaks_nothing(
+    tmp_path: Path, executor: RayCluster | None
+) -> None:
+    """On Ray (``executor``) the opens run in the workers: events are told
+    apart by when they were logged (the processes run one after the other,
+    and the test waits until a killed driver's workers are gone too)."""
     rng = random.Random(20261201)
     sandboxes, env_log, runs_log = tmp_path / "sandboxes", tmp_path / "env.log", tmp_path / "runs.log"
     output_root = tmp_path / "out"
@@ -75,12 +91,15 @@ def test_sigkill_inside_open_at_random_instants_then_reuse_leaks_nothing(tmp_pat
             }
         ],
     }
+    if executor is not None:
+        config["orchestration"]["executor"] = executor.executor()  # type: ignore[index]
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("COMPASS_LOG_LEVEL", None)
-    command = [sys.executable, "-m", "agentcompass._cli", "launch", str(path), "--output-root", str(output_root)]
+    prefix = executor.prefix if executor is not None else []
+    command = [*prefix, sys.executable, "-m", "agentcompass._cli", "launch", str(path), "--output-root", str(output_root)]
 
     def start(index: int, reuse: bool) -> subprocess.Popen[bytes]:
         with (tmp_path / f"stderr-{index}.txt").open("wb") as err:
@@ -91,18 +110,21 @@ def test_sigkill_inside_open_at_random_instants_then_reuse_leaks_nothing(tmp_pat
     def run_dirs() -> set[Path]:
         return set((output_root / NAME).iterdir()) if (output_root / NAME).exists() else set()
 
-    pids: list[int] = []
+    starts: list[int] = []  # runs_log lines written before each process started
     finished_by: dict[tuple[str, int], int] = {}
     killed_inside_open = 0
     for index in range(KILLS):
         before = run_dirs()
+        first = len(_lines(env_log))
+        starts.append(len(_lines(runs_log)))
         proc = start(index, reuse=index > 0)
-        pids.append(proc.pid)
         target = rng.randint(1, 4)  # kill inside this process's target-th open
 
-        def reached(proc: subprocess.Popen[bytes] = proc, target: int = target, index: int = index) -> bool:
+        def reached(
+            proc: subprocess.Popen[bytes] = proc, target: int = target, index: int = index, first: int = first
+        ) -> bool:
             assert proc.poll() is None, (tmp_path / f"stderr-{index}.txt").read_text()
-            return sum(1 for e in _lines(env_log) if e[0] == "open" and int(e[2]) == proc.pid) >= target
+            return sum(1 for e in _lines(env_log)[first:] if e[0] == "open") >= target
 
         try:
             wait_until(reached, f"process {index} to reach open {target}", HANG_GUARD, every=0.005)
@@ -110,17 +132,19 @@ def test_sigkill_inside_open_at_random_instants_then_reuse_leaks_nothing(tmp_pat
         finally:
             proc.send_signal(signal.SIGKILL)
             assert proc.wait(timeout=HANG_GUARD) == -signal.SIGKILL
-        events = _lines(env_log)
-        done = {e[1] for e in events if e[0] == "opened" and int(e[2]) == proc.pid}
-        began = {e[1] for e in events if e[0] == "open" and int(e[2]) == proc.pid}
+        workers = {int(e[2]) for e in _lines(env_log)[first:]} - {proc.pid}
+        wait_until(lambda w=workers: not any(map(_alive, w)), "the killed driver's workers to stop", HANG_GUARD)
+        events = _lines(env_log)[first:]
+        done = {e[1] for e in events if e[0] == "opened"}
+        began = {e[1] for e in events if e[0] == "open"}
         killed_inside_open += bool(began - done)
         [run_dir] = run_dirs() - before
         for attempt in _finished_attempts(run_dir):
             finished_by.setdefault(attempt, index)
 
     before = run_dirs()
+    starts.append(len(_lines(runs_log)))
     final = start(KILLS, reuse=True)
-    pids.append(final.pid)
     assert final.wait(timeout=HANG_GUARD * 2) == 0, (tmp_path / f"stderr-{KILLS}.txt").read_text()
     [final_dir] = run_dirs() - before
 
@@ -147,8 +171,10 @@ def test_sigkill_inside_open_at_random_instants_then_reuse_leaks_nothing(tmp_pat
         assert all(a["status"] == "completed" for a in record["attempts"])
 
     # No finished attempt run twice.
-    process = {pid: i for i, pid in enumerate(pids)}
-    runs = [(task, int(attempt), process[int(pid)]) for task, attempt, pid in _lines(runs_log)]
+    runs = [
+        (task, int(attempt), bisect.bisect_right(starts, line) - 1)
+        for line, (task, attempt, _pid) in enumerate(_lines(runs_log))
+    ]
     assert set(Counter((t, a) for t, a, _ in runs)) == {(f"t{i:03d}", a) for i in range(TASKS) for a in range(K)}
     repeated = [(t, a, p) for t, a, p in runs if (t, a) in finished_by and p > finished_by[(t, a)]]
     assert not repeated, repeated

@@ -1,0 +1,146 @@
+"""``address: local``: a Ray cluster on this machine for one run.
+
+``ray start --head --block`` runs as a child of the driver, with the node's
+address on loopback, no dashboard, no usage stats and a temporary
+directory of its own (so no state of another cluster, such as an
+authentication token file, leaks in). ``--block`` makes that process the
+cluster's supervisor: on SIGTERM it stops the GCS, the raylet and every
+worker. The driver sends it SIGTERM on the way out; if the driver itself
+dies (even by SIGKILL) the kernel sends it SIGTERM (``PR_SET_PDEATHSIG``),
+so a killed driver's cluster does not outlive it.
+
+Ray 2.60's GCS and raylet listen on every address whatever the node
+address: on a host with other interfaces, run the driver in a network
+namespace or behind a firewall (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import AsyncIterator
+
+import trio
+
+from ..runtime._errors import ConfigError
+
+__all__ = ["local_cluster"]
+
+#: How long ``ray start`` may take to report the cluster up.
+START_SECONDS = 90
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the driver's thread exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _temp_dir(root: str | None = None) -> str:
+    """A new directory for the cluster's sessions and logs, under one parent
+    per machine. A killed driver cannot remove its own: the next local
+    cluster removes those whose driver (``driver.pid``) is gone."""
+    parent = os.path.join(root or tempfile.gettempdir(), "compass-ray")
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    for entry in os.listdir(parent):
+        try:
+            with open(os.path.join(parent, entry, "driver.pid")) as f:
+                pid = int(f.read())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        except (OSError, ValueError):
+            continue
+    path = tempfile.mkdtemp(dir=parent)
+    with open(os.path.join(path, "driver.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_started(process: subprocess.Popen[bytes]) -> str:
+    """Read ``ray start``'s output until the cluster is up; the output so far if it failed."""
+    assert process.stdout is not None
+    seen: list[str] = []
+    for raw in process.stdout:
+        line = raw.decode(errors="replace").rstrip()
+        seen.append(line)
+        if "Ray runtime started" in line:
+            return ""
+    return "\n".join(seen[-5:])
+
+
+@contextlib.asynccontextmanager
+async def local_cluster(cpus: int, grace: float) -> AsyncIterator[str]:
+    """A loopback cluster of ``cpus`` CPUs for the block; yields its address."""
+    temp_dir = _temp_dir()
+    port = _free_port()
+    command = [
+        sys.executable,
+        "-c",
+        "from ray.scripts.scripts import main; main()",
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={port}",
+        f"--num-cpus={cpus}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+    ]
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    # Spawned from the driver's own (Trio) thread, not a worker thread: the
+    # death signal follows the thread that forked, and a worker thread ends
+    # long before the run does.
+    process = subprocess.Popen(  # noqa: ASYNC220 - see above: the fork must be on this thread
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=_die_with_parent,
+        start_new_session=True,
+    )
+    try:
+        with trio.move_on_after(START_SECONDS) as timer:
+            failure = await trio.to_thread.run_sync(_wait_started, process, abandon_on_cancel=True)
+        if timer.cancelled_caught or failure:
+            raise ConfigError(f"orchestration.executor: the local Ray cluster did not start: {failure or 'timed out'}")
+        # ``ray start`` keeps writing to its output while it supervises.
+        threading.Thread(target=_drain, args=(process,), name="ray-start-output", daemon=True).start()
+        yield f"127.0.0.1:{port}"
+    finally:
+        with trio.move_on_after(grace, shield=True):
+            await _stop(process)
+        if process.poll() is None:
+            process.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _drain(process: subprocess.Popen[bytes]) -> None:
+    assert process.stdout is not None
+    for _ in process.stdout:
+        pass
+
+
+async def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM: ``ray start --block`` stops every process of the cluster, then exits."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    await trio.to_thread.run_sync(process.wait, abandon_on_cancel=True)

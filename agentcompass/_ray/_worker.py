@@ -1,0 +1,333 @@
+"""The worker side of the ``ray`` executor: one Ray actor, its own ``trio.run``.
+
+A :class:`Worker` runs in a Ray worker process. Its constructor loads the
+config's plugins and starts a thread running ``trio.run``; the actor's
+methods (Ray calls them from its own threads) talk to that Trio run only
+through two thread-safe points:
+
+* :meth:`Worker.deliver` hands a numbered batch of driver messages to the
+  Trio thread (``trio.from_thread.run_sync``); batches are applied in their
+  order whatever order Ray's threads run them in.
+* :meth:`Worker.poll` is the driver's long poll of the outbox: it returns
+  every message queued since the last poll, or waits up to ``wait`` seconds
+  for one.
+
+Tasks run with the ordinary task code (``_orchestration._task.run_task``)
+on a :class:`RequestContext` built here from the request's refs, with a
+:class:`WorkerGrants` and a :class:`WorkerReporter` that turn the
+``Grants`` and ``TaskReporter`` calls into outbox messages (and wait for
+the driver's grant or acknowledgement where the protocol says the caller
+waits). Nothing here writes the run directory.
+
+Messages are tuples, ``(kind, ...)``. Driver to worker: ``start``,
+``grant``, ``ack``, ``cancel``, ``shutdown``, ``forget``, ``sweep``.
+Worker to driver: ``event``, ``opened``, ``closed``, ``checkpoint``,
+``discarded``, ``acquire``, ``token``, ``abandon``, ``release``, ``done``,
+``failed``, ``cancelled``, ``swept``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import pickle
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .. import _registry
+from .._models import open_model_clients
+from .._orchestration._context import GraceClock, RequestContext
+from .._orchestration._task import run_task
+from ..runtime._cleanup import using_cleanup_clock
+from ..runtime._results import AttemptRecord
+from ..runtime._values import RunRequest, TaskSpec
+
+__all__ = ["Worker", "WorkerGrants", "WorkerReporter"]
+
+#: Seconds without a poll after which the driver counts as gone.
+DRIVER_SILENCE = 15.0
+#: A poll that found fewer messages waits this long once more for others.
+COALESCE_SECONDS = 0.003
+COALESCE_MESSAGES = 64
+
+
+def portable_error(exc: BaseException) -> bytes:
+    """``exc`` pickled, or a ``RuntimeError`` with its line if it does not pickle."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:  # noqa: BLE001 - any exception may fail to round-trip
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        data = pickle.dumps(RuntimeError(f"{type(exc).__name__}: {text}" if text else type(exc).__name__))
+    return data
+
+
+class WorkerGrants:
+    """``Grants`` over the driver exchange: ask, wait for the grant; a
+    cancelled waiter tells the driver it left (the driver then gives back
+    what it granted meanwhile, or stops waiting for it)."""
+
+    def __init__(self, worker: Worker):
+        self._worker = worker
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, trio.Event] = {}
+        self._held: dict[int, int] = {}
+
+    async def _ask(self, kind: str, provider: str) -> int:
+        grant = next(self._ids)
+        granted = self._waiting[grant] = trio.Event()
+        self._worker.post((kind, grant, provider))
+        try:
+            await granted.wait()
+        except BaseException:
+            self._waiting.pop(grant, None)
+            self._worker.post(("abandon", grant))
+            raise
+        return grant
+
+    def granted(self, grant: int) -> None:
+        event = self._waiting.pop(grant, None)
+        if event is not None:
+            event.set()
+
+    async def acquire_capacity(self, provider: str, holder: object) -> None:
+        self._held[id(holder)] = await self._ask("acquire", provider)
+
+    def release_capacity(self, provider: str, holder: object) -> None:
+        grant = self._held.pop(id(holder), None)
+        if grant is not None:
+            self._worker.post(("release", grant))
+
+    async def open_token(self, provider: str) -> None:
+        await self._ask("token", provider)
+
+
+class WorkerReporter:
+    """``TaskReporter`` over the driver exchange, for one request."""
+
+    def __init__(self, worker: Worker, request_id: int, tag: str):
+        self._worker = worker
+        self._request_id = request_id
+        self.tag = tag
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self._worker.post(("event", self._request_id, kind, fields))
+
+    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None:
+        # Returns once the driver queued the line, as in process: a driver
+        # that exits at once (a second signal) still writes it.
+        await self._worker.ask(("opened", self._request_id, session_id, provider, handle, name))
+
+    async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
+        self._worker.post(("closed", self._request_id, session_id, provider, handle))
+        await trio.lowlevel.checkpoint()
+
+    async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
+        self._worker.post(("checkpoint", self._request_id, task_id, record))
+        await trio.lowlevel.checkpoint()
+
+    async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
+        # Returns once the driver made it durable, as in process.
+        await self._worker.ask(("discarded", self._request_id, task_id, attempt, try_number, data))
+
+
+class Worker:
+    """One worker: a Trio run in a thread of a Ray actor (see the module docstring)."""
+
+    def __init__(
+        self,
+        index: int,
+        plugins: list[str],
+        config_dir: str | None,
+        modules: list[tuple[str, str | None]],
+        grace: float,
+        connections: int,
+    ):
+        if threading.current_thread() is threading.main_thread():
+            # A Ray worker may inherit SIGINT ignored; Ray's own cancellation
+            # of a task relies on the default handler.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # The config's plugins, then every module that registered a
+        # component in the driver (an SDK user's own, the test fakes).
+        _registry.load_plugins(list(plugins), Path(config_dir) if config_dir else None)
+        _registry.import_modules(modules)
+        self._index = index
+        self._grace_seconds = grace
+        self._connections = connections
+        self._outbox: list[tuple[Any, ...]] = []
+        self._changed = threading.Condition()
+        self._next_batch = 0
+        self._early: dict[int, list[tuple[Any, ...]]] = {}
+        self._ready = threading.Event()
+        self._polled = time.monotonic()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="agentcompass-worker", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            raise self._failure
+
+    # -- what Ray calls ----------------------------------------------------------
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def deliver(self, number: int, messages: list[tuple[Any, ...]]) -> None:
+        """Apply the driver's batch ``number`` (and any later one waiting for it)."""
+        trio.from_thread.run_sync(self._inbox.send_nowait, (number, messages), trio_token=self._token)
+
+    def poll(self, wait: float) -> list[tuple[Any, ...]]:
+        """Every message queued since the last poll (waits up to ``wait`` seconds for one)."""
+        self._polled = time.monotonic()
+        with self._changed:
+            if not self._outbox:
+                self._changed.wait(wait)
+            if 0 < len(self._outbox) < COALESCE_MESSAGES:
+                # A moment more gathers what the same wake-up of the tasks
+                # is about to post: one round trip for many messages.
+                self._changed.wait(COALESCE_SECONDS)
+            out, self._outbox = self._outbox, []
+        return out
+
+    # -- the Trio side -------------------------------------------------------------
+
+    def post(self, message: tuple[Any, ...]) -> None:
+        with self._changed:
+            self._outbox.append(message)
+            self._changed.notify()
+
+    async def ask(self, message: tuple[Any, ...]) -> None:
+        """Post ``message`` with an acknowledgement number; wait for the driver's ack."""
+        number = next(self._acks)
+        acked = self._waiting_acks[number] = trio.Event()
+        self.post((*message, number))
+        try:
+            await acked.wait()
+        finally:
+            self._waiting_acks.pop(number, None)
+
+    def _main(self) -> None:
+        try:
+            trio.run(self._serve)
+        except BaseException as exc:  # noqa: BLE001 - reported to the constructor's caller
+            self._failure = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self.grace = GraceClock(self._grace_seconds)
+        self.grants = WorkerGrants(self)
+        self._acks = itertools.count(1)
+        self._waiting_acks: dict[int, trio.Event] = {}
+        self._contexts: dict[int, RequestContext] = {}
+        self._requests: dict[int, RunRequest] = {}
+        self._scopes: dict[int, trio.CancelScope] = {}
+        self._inbox, inbox = trio.open_memory_channel[tuple[int, list[tuple[Any, ...]]]](math.inf)
+        with using_cleanup_clock(self.grace):
+            async with open_model_clients(self._connections, close_deadline=self.grace.deadline):
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._watch_driver)
+                    self._ready.set()
+                    # Tasks start from this task, not from the Ray thread's
+                    # call: they inherit the cleanup clock and model clients.
+                    async for number, messages in inbox:
+                        self._deliver(number, messages)
+
+    async def _watch_driver(self) -> None:
+        """A driver that stopped polling is gone (killed, its host lost): stop
+        every task within the grace, so that no sandbox is opened behind the
+        back of the run's next ``--reuse``, which reaps and sweeps by tag.
+        Ray kills an actor whose owner died too; this bounds the wait."""
+        while True:
+            await trio.sleep(1)
+            if time.monotonic() - self._polled > DRIVER_SILENCE:
+                self._shut_down(self._grace_seconds)
+                for scope in self._scopes.values():
+                    scope.cancel()
+
+    def _deliver(self, number: int, messages: list[tuple[Any, ...]]) -> None:
+        self._early[number] = messages
+        while self._next_batch in self._early:
+            for message in self._early.pop(self._next_batch):
+                self._apply(message)
+            self._next_batch += 1
+
+    def _apply(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "start":
+            _, key, request_id, request, task, attempts, done, resume, tag = message
+            if request is not None:
+                self._requests[request_id] = request
+            self._nursery.start_soon(self._run, key, request_id, tag, task, attempts, done, resume)
+        elif kind == "grant":
+            self.grants.granted(message[1])
+        elif kind == "ack":
+            event = self._waiting_acks.get(message[1])
+            if event is not None:
+                event.set()
+        elif kind == "shutdown":
+            self._shut_down(message[1])
+        elif kind == "cancel":
+            self._shut_down(message[2])
+            scope = self._scopes.get(message[1])
+            if scope is not None:
+                scope.cancel()
+        elif kind == "forget":
+            self._contexts.pop(message[1], None)
+            self._requests.pop(message[1], None)
+        elif kind == "sweep":
+            self._nursery.start_soon(self._sweep, message[1], message[2])
+
+    def _shut_down(self, remaining: float) -> None:
+        """The driver's shutdown began: every cleanup here ends within ``remaining`` seconds."""
+        if self.grace.shutdown_at is None:
+            self.grace.hard_deadline = min(self.grace.hard_deadline, trio.current_time() + remaining)
+            self.grace.begin()
+
+    async def _run(
+        self,
+        key: int,
+        request_id: int,
+        tag: str,
+        task: TaskSpec,
+        attempts: list[int],
+        done: dict[int, AttemptRecord],
+        resume: dict[int, AttemptRecord],
+    ) -> None:
+        with trio.CancelScope() as scope:
+            self._scopes[key] = scope
+            try:
+                ctx = self._contexts.get(request_id)
+                if ctx is None:
+                    request = self._requests[request_id]
+                    ctx = RequestContext.build(request, self.grants, WorkerReporter(self, request_id, tag), self.grace)
+                    # Session names are unique across the run's workers.
+                    ctx.name_prefix = f"w{self._index}-"
+                    self._contexts[request_id] = ctx
+                record = await run_task(ctx, task, attempts, done, resume)
+            except Exception as exc:  # noqa: BLE001 - the driver's run_task raises it
+                self.post(("failed", key, portable_error(exc)))
+            else:
+                self.post(("done", key, record))
+            finally:
+                self._scopes.pop(key, None)
+            return
+        self.post(("cancelled", key))
+
+    async def _sweep(self, number: int, targets: list[tuple[str, dict[str, Any], str]]) -> None:
+        """Sweep each ``(provider, config, tag)`` on this node; report notes."""
+        notes = []
+        for provider, config, tag in targets:
+            try:
+                env = _registry.build("environment", provider, config)
+                await env.sweep(tag)
+            except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the others
+                notes.append(f"sweep of {provider} sandboxes tagged {tag} failed: {type(exc).__name__}: {exc}")
+        self.post(("swept", number, notes))
