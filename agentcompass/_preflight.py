@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from . import _registry
-from ._executors import check_executor
 from ._config import _one_line
+from ._executors import check_executor
 from ._redact import register_secret
 from .runtime._components import BaseBenchmark, HarnessFreeBenchmark
 from .runtime._errors import ComponentError, ConfigError
