@@ -22,6 +22,7 @@ import trio
 
 from .._asgi import lifespan
 from .._models import ChatClient, ModelError
+from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
 from ._record import GatewayRecord, parse_reply, parse_stream
 
@@ -124,7 +125,7 @@ class GatewayApp:
             error = client._error("fatal", "model_unreachable", f"the reply broke off ({type(exc).__name__})")
             record.add_issue(error.to_issue("run"))
         finally:
-            with trio.CancelScope(shield=True):
+            with trio.move_on_at(cleanup_deadline(), shield=True):
                 await response.aclose()
 
     async def _relay(self, response: Any, send: Any, start: float) -> None:

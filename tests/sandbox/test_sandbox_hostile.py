@@ -76,7 +76,8 @@ while not os.path.exists("/app/stop"):
     except OSError:  # the runtime made d (a write makes missing parents) meanwhile
         if os.path.isdir("d") and not os.path.islink("d"):
             shutil.rmtree("d", ignore_errors=True)
-open("/app/swaps.out", "w").write(str(swaps))
+open("/app/swaps.part", "w").write(str(swaps))
+os.rename("/app/swaps.part", "/app/swaps.out")  # whole once it is there: the test reads it as soon as it exists
 """
 
 
