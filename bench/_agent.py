@@ -56,7 +56,11 @@ def start_model_server(
         "default": [{"tool_call": {"name": "bash", "arguments": {bash_argument: "true"}}}] * steps
         + [{"tool_call": {"name": "submit", "arguments": {"answer": "done"}}}],
     }
-    path = Path(root) / f"agent-script-{bash_argument}.json"
+    return serve_script(Path(root) / f"agent-script-{bash_argument}.json", script)
+
+
+def serve_script(path: Path, script: dict[str, Any]) -> tuple[subprocess.Popen[str], str]:
+    """A model server process answering ``script`` (written to ``path``), and its URL."""
     path.write_text(json.dumps(script))
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentcompass.testing.model_server", "--script", str(path)],

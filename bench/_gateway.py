@@ -20,11 +20,9 @@ runtime: serving a socket, starting and stopping it, relaying and recording
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ import agentcompass._gc
 from agentcompass import ComponentRef, ModelSpec, Orchestration, RunRequest
 
 from . import _noop  # noqa: F401 - registers noop-bench
-from ._agent import start_model_server
+from ._agent import serve_script, start_model_server
 
 __all__ = ["gateway_overhead"]
 
@@ -44,19 +42,7 @@ CALLS = 5
 
 
 def _text_server(root: Path, latency: float) -> tuple[subprocess.Popen[str], str]:
-    path = root / "gateway-script.json"
-    path.write_text(json.dumps({"delay": latency, "default": [{"text": "ok"}]}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentcompass.testing.model_server", "--script", str(path)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http://"):
-        proc.kill()
-        raise RuntimeError("the model server did not start")
-    return proc, url
+    return serve_script(root / "gateway-script.json", {"delay": latency, "default": [{"text": "ok"}]})
 
 
 def _request(root: Path, tasks: int, url: str, name: str, harness: ComponentRef) -> RunRequest:
