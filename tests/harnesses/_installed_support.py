@@ -36,6 +36,7 @@ async def launch(
     *,
     tasks: list[str],
     environment: str = "sandbox",
+    env_config: dict[str, Any] | None = None,
     run_network: str | None = "none",
     max_retries: int = 0,
     concurrency: int = 2,
@@ -43,7 +44,8 @@ async def launch(
 ) -> tuple[Any, Path]:
     async with trio.open_nursery() as nursery:
         url = await nursery.start(server.serve)
-        env_config = {"root": str(tmp_path / "sandboxes")} if environment == "local" else {}
+        if env_config is None:
+            env_config = {"root": str(tmp_path / "sandboxes")} if environment == "local" else {}
         (tmp_path / "sandboxes").mkdir(exist_ok=True)
         request = RunRequest(
             name=name,
