@@ -37,11 +37,14 @@ pinned default), ``args`` (extra CLI arguments), ``max_model_calls``.
 from __future__ import annotations
 
 import base64
+import os
 import shlex
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+import trio
 
 from agentcompass import (
     BaseHarness,
@@ -68,7 +71,6 @@ _LOG_BYTES = 16 * 1024 * 1024
 _OUTPUT_TAIL = 2000
 #: The exit status of the gateway's wrapper when its forwarder could not start.
 _NO_FORWARDER = 97
-_CHECK = "import sys; sys.exit(0 if sys.version_info[:2] >= ({}, {}) else 3)"
 
 
 @attrs.define(eq=False)
@@ -125,14 +127,20 @@ class InstalledHarness(BaseHarness):
             ) from None
         venv = inside.rstrip("/") + "/venv"
         python = venv + "/bin/python"
-        check = await env.exec([python, "-c", _CHECK.format(*agent.python)], timeout=60)
+        # The entry's packages are built for the host interpreter its venv links to: the session needs that one.
+        made_with = await trio.to_thread.run_sync(_made_with, entry.path / "venv")
+        need = f"sys.version_info[:2] >= {tuple(agent.python)!r}"
+        if made_with is not None:
+            need += f" and sys.version_info[:2] == {made_with[1:]!r}"
+        check = await env.exec([python, "-c", f"import sys; sys.exit(0 if {need} else 3)"], timeout=60)
         if check.exit_code != 0:
             wanted = ".".join(map(str, agent.python))
+            same = f", the one its installation was made with (Python {made_with[1]}.{made_with[2]} at {made_with[0]})"
             raise IssueError(
                 "fatal",
                 "environment_unsupported",
-                f"agent {agent.id!r} needs Python >= {wanted} in the session; {python} did not run "
-                f"(exit {check.exit_code}: {' '.join(check.stderr.split())[:200]})",
+                f"agent {agent.id!r} needs Python >= {wanted} in the session{same if made_with else ''}; "
+                f"{python} did not run it (exit {check.exit_code}: {' '.join(check.stderr.split())[:200]})",
             )
         timings = {"agent_install": round(entry.install_seconds, 3), "agent_prepare": round(time.monotonic() - start, 3)}
         return InstalledSession(env, model, agent, version, venv, timings, not entry.built)
@@ -195,6 +203,22 @@ class InstalledHarness(BaseHarness):
             issues=issues,
             timings={**session.timings, "agent_run": round(took, 3)},
         )
+
+
+def _made_with(venv: Path) -> tuple[str, int, int] | None:
+    """(interpreter, major, minor) of the host Python a virtual environment
+    links to (its ``bin/python3`` link and ``pyvenv.cfg``), or None when it does not say."""
+    try:
+        config = (venv / "pyvenv.cfg").read_text()
+        link = os.readlink(venv / "bin" / "python3")
+    except OSError:
+        return None
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        numbers = value.strip().split(".")
+        if key.strip() == "version" and len(numbers) >= 2 and numbers[0].isdigit() and numbers[1].isdigit():
+            return link, int(numbers[0]), int(numbers[1])
+    return None
 
 
 def _instruction(prepared: PreparedTask) -> str:

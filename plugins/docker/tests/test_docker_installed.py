@@ -111,5 +111,5 @@ async def test_an_image_without_python_is_fatal_environment_unsupported_naming_p
     record = details(run_dir)["hello-file"]
     issues = record["attempts"][0]["issues"]
     assert [(i["severity"], i["code"]) for i in issues] == [("fatal", "environment_unsupported")]
-    assert "Python >= 3.10" in issues[0]["message"]
+    assert "Python >= 3.10" in issues[0]["message"] and "its installation was made with" in issues[0]["message"]
     assert server.requests == []
