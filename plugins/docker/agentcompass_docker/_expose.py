@@ -48,6 +48,10 @@ class HostError(RuntimeError):
     """A mount or directory operation failed; the message is one line."""
 
 
+class SessionExists(HostError):
+    """A state directory of that name exists already: nothing was made, nothing is ours to remove."""
+
+
 def session_dir(name: str) -> Path:
     return STATE_ROOT / name
 
@@ -60,7 +64,7 @@ def prepare(name: str) -> str:
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
-        raise HostError(f"docker session {name!r} already has a state directory ({path})") from None
+        raise SessionExists(f"docker session {name!r} already has a state directory ({path})") from None
     exposed = f"{path}/exposed"
     os.mkdir(exposed, 0o755)
     os.mkdir(f"{path}/stage", 0o700)

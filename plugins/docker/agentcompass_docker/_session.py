@@ -121,11 +121,19 @@ class DockerSession(EnvironmentSession):
         when the daemon cannot bind it (it does not see this host's
         filesystem, or not its mounts) the container is made without, and
         :attr:`exposed` stays ``None``."""
-        self.network = self.name
         if expose:
             # Made first: a kill from here on leaves it to reap and sweep, by name.
             self._state = True
-            self.exposed = await trio.to_thread.run_sync(_expose.prepare, self.name)
+            try:
+                self.exposed = await trio.to_thread.run_sync(_expose.prepare, self.name)
+            except _expose.SessionExists:
+                self._state = False  # another session's: not ours to remove
+                raise fail(f"docker session {self.name} already has a state directory") from None
+            except (OSError, _expose.HostError):
+                # No mounts here (a user namespace without CAP_SYS_ADMIN): a session without exposures.
+                await trio.to_thread.run_sync(_expose.destroy, self.name)
+                self._state = False
+        self.network = self.name
         created = await self.engine.request(
             "POST",
             "/networks/create",

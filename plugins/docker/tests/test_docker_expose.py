@@ -21,7 +21,7 @@ import trio
 from _docker_support import labelled, provider
 from agentcompass_docker import _expose
 
-from agentcompass import ComponentRef, ExecutionPlan, NetworkPolicy, SandboxSpec
+from agentcompass import ComponentRef, ExecutionPlan, IssueError, NetworkPolicy, SandboxSpec
 from agentcompass.testing import hang_guard
 
 NONE = NetworkPolicy("none")
@@ -175,6 +175,24 @@ async def test_sweep_and_reap_after_a_killed_runtime_detach_everything_and_keep_
             for session in (swept, reaped):
                 await session.close()
     assert sorted(p.name for p in shared.iterdir()) == ["sub", "tool.txt"]
+
+
+async def test_a_name_in_use_fails_the_open_and_leaves_the_other_session_alone(docker_daemon, tmp_path):
+    shared = host_dir(tmp_path)
+    env = provider(docker_daemon)
+    config = env.build_config(plan())
+    name = f"ed{secrets.token_hex(4)}-0"
+    with hang_guard(60):
+        first = await env.open(config, NONE, name=name)
+        try:
+            with pytest.raises(IssueError, match="already has a state directory"):
+                await env.open(config, NONE, name=name)
+            inside = await first.expose_directory(str(shared))
+            assert (await first.exec(f"cat {inside}/tool.txt")).stdout == "from the host\n"
+            assert sorted(labelled(docker_daemon, name)) == [name, name]
+        finally:
+            await first.close()
+    assert leftovers(name) == []
 
 
 async def test_without_root_a_session_has_no_exposures_and_says_so(docker_daemon, tmp_path):
