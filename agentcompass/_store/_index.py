@@ -1,7 +1,9 @@
 """The run's task index (``index.jsonl``): one line per record the store saved.
 
 A line is the task table's summary of the record (:func:`task_row`) plus
-``bytes``, the size of the record file it summarizes. A reader that lists
+``bytes``, the size of the record file it summarizes; its task key is the
+task id's (not written: the word ``key`` would send every line through the
+full credential scan of the store's masking). A reader that lists
 ``details/`` takes a line for a record only while that file still has that
 size in that severity's directory, else it reads the record itself: a
 record saved again appends a new line, and a line appended before a crash
@@ -19,12 +21,12 @@ __all__ = ["INDEX", "task_row", "valid_row"]
 INDEX = "index.jsonl"
 
 _ROW_TYPES: dict[str, type | tuple[type, ...]] = {
-    "task_id": str, "key": str, "severity": str, "statuses": list, "codes": list, "values": list,
+    "task_id": str, "severity": str, "statuses": list, "codes": list, "values": list,
     "usage": dict, "timings": dict, "seconds": (int, float), "retries": int, "attempts": int,
 }  # fmt: skip
 
 
-def task_row(key: str, record: dict[str, Any]) -> dict[str, Any]:
+def task_row(record: dict[str, Any]) -> dict[str, Any]:
     """The task table's summary of one record in its JSON form (everything
     else stays on disk). Reads any shape: what is on disk may be of an older
     or newer format, or damaged; raises ``TypeError``/``KeyError``/
@@ -47,7 +49,6 @@ def task_row(key: str, record: dict[str, Any]) -> dict[str, Any]:
         retries += int(attempt.get("retries") or 0)
     return {
         "task_id": str(record["task_id"]),
-        "key": key,
         "category": record.get("category"),
         "severity": record.get("severity"),
         "statuses": [a.get("status") for a in attempts],

@@ -453,7 +453,7 @@ class RunStore:
                 unstructured = orjson.loads(data)
             except orjson.JSONDecodeError:  # a lone surrogate, escaped
                 unstructured = json.loads(data.decode("utf-8", "surrogateescape"))
-        line = {"bytes": len(data), **task_row(task_key(record.task_id), unstructured)}
+        line = {"bytes": len(data), **task_row(unstructured)}
         return Write(self._index, (_mask(_compact(line)) + "\n").encode(), append=True)
 
     def _chunk_writes(self, task_id: str, attempts: list[Any]) -> list[Write]:

@@ -310,7 +310,8 @@ class RunData:
                     line = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     continue  # cut short by a crash
-                if valid_row(line) and line["key"] == task_key(line["task_id"]):
+                if valid_row(line):
+                    line["key"] = task_key(line["task_id"])
                     self._index[line["key"]] = line
             self._index_at = (inode, self._index_at[1] + end)
             return self._index
@@ -325,7 +326,7 @@ class RunData:
                 record = self._load(path, stat, key)
             else:
                 record = _read_json(path)
-            row = task_row(key, record)
+            row = {**task_row(record), "key": key}
         except (OSError, ValueError, TypeError, AttributeError, KeyError):
             return None
         with self._lock:

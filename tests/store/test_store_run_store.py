@@ -547,5 +547,5 @@ async def test_every_saved_record_has_an_index_line_of_its_size(tmp_path: Path) 
     assert [(line["task_id"], line["severity"]) for line in lines] == [("t0", "error"), ("t1", "normal"), ("t0", "normal")]
     assert lines[0]["codes"] == ["error:boom"]
     for line in lines[1:]:
-        path = store.run_dir / "details" / "normal" / f"{line['key']}.json"
-        assert line == {"bytes": path.stat().st_size, **task_row(line["key"], json.loads(path.read_bytes()))}
+        path = store.run_dir / "details" / "normal" / f"{line['task_id']}.json"
+        assert line == {"bytes": path.stat().st_size, **task_row(json.loads(path.read_bytes()))}

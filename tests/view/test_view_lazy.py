@@ -218,14 +218,14 @@ def test_an_index_line_is_believed_only_for_the_record_file_it_was_written_for(t
     run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001",
                         [task(t, attempt(values={"reward": 1.0}), category="real") for t in ("t1", "t2", "t3")])
     path = run_dir / "details" / "normal" / "t1.json"
-    stale = {"bytes": path.stat().st_size + 1, "task_id": "t1", "key": "t1", "category": "stale", "severity": "normal",
+    stale = {"bytes": path.stat().st_size + 1, "task_id": "t1", "category": "stale", "severity": "normal",
              "statuses": ["completed"], "codes": [], "values": [{}], "usage": {}, "timings": {}, "seconds": 0.0,
              "retries": 0, "attempts": 1}
-    moved = stale | {"bytes": (run_dir / "details" / "normal" / "t2.json").stat().st_size, "task_id": "t2", "key": "t2",
+    moved = stale | {"bytes": (run_dir / "details" / "normal" / "t2.json").stat().st_size, "task_id": "t2",
                      "severity": "error"}  # the record is under normal/
-    mismatched = moved | {"severity": "normal", "task_id": "t3", "key": "t2"}  # a key not of its task id
     current = moved | {"severity": "normal", "category": "indexed"}
-    lines = [json.dumps(stale), json.dumps(moved), json.dumps(mismatched), '{"bytes": 1, "task_id": 3', json.dumps(current)]
+    odd = current | {"task_id": "t3", "values": [1]}  # not a row's shape
+    lines = [json.dumps(stale), json.dumps(moved), json.dumps(odd), '{"bytes": 1, "task_id": 3', json.dumps(current)]
     (run_dir / "index.jsonl").write_text("\n".join(lines) + "\n" + json.dumps(stale | {"task_id": "t3"})[:-5])
     rows = {t[0]: t for t in RunData(run_dir).run(budget=60)["tasks"]}
     assert {t: r[2] for t, r in rows.items()} == {"t1": "real", "t2": "indexed", "t3": "real"}
