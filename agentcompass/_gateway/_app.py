@@ -8,7 +8,8 @@ request is relayed event by event as the upstream sends them), its query
 string (Claude Code's ``?beta=true``) and the API's own request headers
 (``anthropic-version``, ``anthropic-beta``; ``openai-beta``), and the
 upstream's status, body, ``Content-Type`` and ``Retry-After`` come back
-unchanged; ``GET .../models`` lists the one model; ``HEAD`` of any path
+unchanged (but for the real key, masked in an error body should the
+upstream echo its request's headers); ``GET .../models`` lists the one model; ``HEAD`` of any path
 (Claude Code's connectivity probe) is 200 with no body and is not recorded.
 The token is accepted as ``Authorization: Bearer`` or ``x-api-key``; a
 request without it gets 401 and is not recorded; a body over
@@ -29,6 +30,7 @@ import trio
 
 from .._asgi import lifespan
 from .._models import EndpointClient, ModelError
+from .._redact import MASK
 from .._models._wire import Parsed, ReplyError
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
@@ -152,6 +154,10 @@ class GatewayApp:
             data = await response.aread()
             record.add_issue(self.client._status_error(response).to_issue("run"))
             record.add_reply(None, response.status_code, trio.current_time() - start)
+            key = self.client.model.api_key
+            if key is not None and len(key.reveal()) >= 4:
+                # An upstream that echoes its request's headers would hand the session the real key.
+                data = data.replace(key.reveal().encode(), MASK.encode())
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             await send({"type": "http.response.body", "body": data})
             return

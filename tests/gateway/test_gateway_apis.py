@@ -22,7 +22,7 @@ from agentcompass import ModelSpec, NetworkPolicy, Secret
 from agentcompass.environments.local import LocalEnvironment
 from agentcompass.gateway import open_gateway
 from agentcompass.models import open_model_clients
-from agentcompass.testing.model_server import ModelServer, error, stream_error, text, tool_call
+from agentcompass.testing.model_server import ModelServer, echo_headers, error, stream_error, text, tool_call
 
 KEY = "sk-ant-gateway-REAL-KEY-7c1e"
 
@@ -197,6 +197,17 @@ async def test_an_error_event_in_a_relayed_stream_is_fatal_model_server_error(se
     (issue,) = gateway.record.issues
     assert (issue.severity, issue.code) == ("fatal", "model_server_error")
     assert "overloaded midway" in issue.message
+
+
+async def test_an_upstream_echoing_the_real_x_api_key_leaks_it_to_neither_agent_nor_record(setup):
+    server, model, env = await setup([echo_headers(500)], "anthropic-messages")
+    async with open_gateway(env, model) as gateway, _client(gateway) as client:
+        reply = await client.post("/v1/messages", json=_messages_body([]), headers={"x-api-key": gateway.token})
+    assert server.requests[0].headers["x-api-key"] == KEY
+    assert reply.json()["error"]["headers"]["x-api-key"] == "**********"  # the session never sees the key
+    (issue,) = gateway.record.issues
+    assert issue.code == "model_server_error" and "x-api-key" in issue.message
+    assert KEY not in issue.message and KEY not in json.dumps(gateway.record.trajectory)
 
 
 async def test_past_max_model_calls_messages_get_429_in_anthropics_error_shape(setup):
