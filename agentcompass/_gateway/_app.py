@@ -30,8 +30,8 @@ import trio
 
 from .._asgi import lifespan
 from .._models import EndpointClient, ModelError
-from .._redact import MASK
 from .._models._wire import Parsed, ReplyError
+from .._redact import MASK
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
 from ._apis import API_OF
