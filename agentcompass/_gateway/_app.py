@@ -182,9 +182,12 @@ class GatewayApp:
         try:
             reply = parse(data)
         except ReplyError as exc:
-            severity = "fatal" if exc.code == "model_server_error" else "error"
-            detail = exc.detail if severity == "fatal" else f"a reply through the gateway had no usable message ({exc.detail})"
-            self.record.add_issue(self.client._error(severity, exc.code, detail).to_issue("run"))
+            if exc.code == "model_server_error":
+                error = self.client._error("fatal", exc.code, exc.detail)
+            else:
+                detail = f"a reply through the gateway had no usable message ({exc.detail})"
+                error = self.client._error("error", exc.code, detail)
+            self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(reply, status, trio.current_time() - start)
 
     async def _failed(self, send: Any, status: int, error: ModelError, start: float) -> None:
