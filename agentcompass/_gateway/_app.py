@@ -166,7 +166,8 @@ class GatewayApp:
         # has it, the attempt may end (and this task be cancelled) at any time.
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             kept = bytearray()
-            async for chunk in response.aiter_raw():
+            # Decoded: the upstream's Content-Encoding is not relayed, so neither is its encoding.
+            async for chunk in response.aiter_bytes():
                 if len(kept) < _RECORD_BYTES:
                     kept += chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

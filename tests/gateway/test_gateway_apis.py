@@ -9,6 +9,7 @@ OpenAI and Anthropic SDKs drive it."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import signal
@@ -303,3 +304,36 @@ async def test_the_openai_sdk_streams_a_tool_call_through_the_gateway(setup):
     roles = [(e["role"], e.get("call")) for e in gateway.record.trajectory]
     assert roles == [("user", None), ("assistant", 1), ("tool", None), ("assistant", 2)]
     assert gateway.record.usage.to_dict() == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2}
+
+
+async def test_a_compressed_upstream_stream_reaches_the_agent_and_the_record_decoded(tmp_path):
+    from agentcompass._asgi import lifespan, listen, serve_asgi
+    from agentcompass.testing._messages_render import message_events
+
+    events = b"".join(message_events(text("compressed words").body, 4))
+
+    async def upstream(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-type", b"text/event-stream"), (b"content-encoding", b"gzip")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": gzip.compress(events)})
+
+    async with trio.open_nursery() as nursery, open_model_clients(1):
+        listener = listen()
+        await nursery.start(serve_asgi, upstream, listener)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        model = ModelSpec(name="scripted", api="anthropic-messages", base_url=url, api_key=Secret(KEY))
+        env = await LocalEnvironment({"root": str(tmp_path)}).open(None, NetworkPolicy("full"), "gw-gzip")
+        try:
+            async with open_gateway(env, model) as gateway, _client(gateway) as client:
+                body = _messages_body([{"role": "user", "content": "hi"}], stream=True)
+                reply = await client.post("/v1/messages", json=body, headers={"x-api-key": gateway.token})
+        finally:
+            await env.close()
+        nursery.cancel_scope.cancel()
+    assert reply.content == events  # no Content-Encoding relayed, so the bytes are the events themselves
+    assert gateway.record.trajectory[-1]["content"] == "compressed words" and gateway.record.issues == []
