@@ -188,9 +188,13 @@ async def _build(entry: Path, requirements: list[str]) -> None:
 
 async def _run(entry: Path, requirements: list[str], argv: list[str], env: dict[str, str] | None = None) -> None:
     """Run one build step; on failure clear the entry and raise FATAL ``agent_install_failed``."""
-    result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, stdin=b"", env=env)
-    if result.returncode != 0:
-        tail = " ".join((result.stderr or result.stdout).decode(errors="replace").split())[-400:]
+    try:
+        result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, stdin=b"", env=env)
+        failed, output = result.returncode != 0, result.stderr or result.stdout
+    except OSError as exc:  # the installer itself is missing or not executable
+        failed, output = True, str(exc).encode()
+    if failed:
+        tail = " ".join(output.decode(errors="replace").split())[-400:]
         await trio.to_thread.run_sync(_clear, entry)
         raise IssueError(
             "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({' '.join(argv[1:4])}): {tail}"
