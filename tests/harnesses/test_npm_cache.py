@@ -102,3 +102,57 @@ async def test_a_failing_or_missing_npm_is_fatal_agent_install_failed(tmp_path, 
         await ensure_installed("gone-2", ["x@1"], root=root, installer="npm", binaries={})
     assert caught.value.code == "agent_install_failed" and "no-npm" in caught.value.message
     assert sorted(p.name for p in root.iterdir() if (p / "installed.json").exists()) == []
+
+
+async def test_an_npm_agent_whose_executable_does_not_run_in_the_session_is_environment_unsupported(
+    tmp_path, monkeypatch
+):
+    try:
+        from agentcompass_sandbox import host_problem
+    except ImportError:
+        pytest.skip("the sandbox plugin is not installed")
+    if host_problem() is not None:
+        pytest.skip(host_problem())
+    from _installed_support import details, launch
+
+    from agentcompass.agents import AgentRun, InstalledAgent, register_agent
+    from agentcompass.testing.model_server import ModelServer, episode, text
+
+    # The "native" executable needs an interpreter only the host has (the sandbox has a /tmp of its own).
+    private = tmp_path / "host-only"
+    private.mkdir()
+    os.symlink("/bin/sh", private / "sh")
+    package = tmp_path / "fake-agent-9.9.9.tgz"
+    with tarfile.open(package, "w:gz") as archive:
+        for member, data, mode in (
+            ("package/package.json", json.dumps({"name": "fake-agent", "version": "9.9.9"}).encode(), 0o644),
+            ("package/native/tool", f"#!{private}/sh\necho hi\n".encode(), 0o755),
+        ):
+            info = tarfile.TarInfo(member)
+            info.size, info.mode = len(data), mode
+            archive.addfile(info, io.BytesIO(data))
+
+    @register_agent
+    class HostOnlyAgent(InstalledAgent):
+        id = "host-only-npm-agent"
+        distribution = "fake-agent"
+        version = "9.9.9"
+        installer = "npm"
+
+        def requirements(self, version: str) -> list[str]:
+            return [str(package)]
+
+        def binaries(self) -> dict[str, list[str]]:
+            return {"tool": ["fake-agent/native/tool"]}
+
+        def command(self, run: AgentRun) -> str:
+            return run.binary("tool")
+
+    monkeypatch.setenv("AGENTCOMPASS_AGENT_CACHE", str(tmp_path / "cache"))
+    server = ModelServer(episode([text("never")]))
+    result, run_dir = await launch(tmp_path, server, {"agent": "host-only-npm-agent"}, tasks=["hello-file"])
+    (record,) = details(run_dir).values()
+    issues = record["attempts"][0]["issues"]
+    assert [(i["severity"], i["code"], i["phase"]) for i in issues] == [("fatal", "environment_unsupported", "setup")]
+    assert "host-only-npm-agent" in issues[0]["message"] and "/bin/tool did not" in issues[0]["message"]
+    assert server.requests == []
