@@ -35,8 +35,9 @@ demo-agent: $(STAMP)
 agents: $(STAMP)
 	$(BIN)/python -m agentcompass.agents install mini-swe-agent aider claude-code codex
 
-# mini-swe-agent on two terminal smoke tasks in sandboxes with no network, reaching the
-# scripted model server only through the attempt's model gateway (needs root).
+# mini-swe-agent on two terminal smoke tasks and Claude Code on a third, in sandboxes with
+# no network, reaching the scripted model server only through the attempt's model gateway
+# (chat completions for one, Messages for the other; needs root).
 demo-installed: $(STAMP) agents
 	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-installed.json -- \
 		$(BIN)/compass launch examples/demo-installed.yaml --output-root runs/demo-installed
