@@ -99,7 +99,10 @@ def test_run_failed_error_is_a_runtime_error():
     assert issubclass(agentcompass.ConfigError, ValueError)
 
 
-MODEL_NAMES = {"ChatClient", "ChatReply", "ModelError", "ModelUsage", "ToolCall", "chat_client", "open_model_clients"}
+MODEL_NAMES = {
+    "ChatClient", "ChatReply", "ModelError", "ModelUsage", "ToolCall", "chat_client", "open_model_clients",
+    "MessagesClient", "ModelReply", "ResponsesClient", "messages_client", "model_client", "responses_client",
+}  # fmt: skip
 
 
 def test_models_exports_the_model_client_api():

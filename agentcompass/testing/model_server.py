@@ -100,6 +100,8 @@ import attrs
 import trio
 
 from .._asgi import lifespan, listen, serve_asgi
+from .._models import _messages_wire, _responses_wire
+from . import _messages_render, _responses_render
 from ._chat_stream import sse_events
 
 __all__ = [
@@ -114,6 +116,7 @@ __all__ = [
     "load_script",
     "malformed",
     "message_text",
+    "stream_error",
     "text",
     "tool_call",
     "tool_calls",
@@ -125,8 +128,11 @@ _CHUNK_CHARS = 8
 
 @attrs.frozen
 class Reply:
-    """One scripted HTTP reply. ``body`` is JSON-encoded unless it is ``bytes``;
-    ``echo_headers`` replaces the body with the request's headers.
+    """One scripted HTTP reply. ``body`` is JSON-encoded unless it is ``bytes``
+    (a chat completion is rendered in the route's API, and an error reply's
+    ``None`` body as the API's error object); ``echo_headers`` replaces the
+    body with the request's headers; ``stream_error`` ends a streamed reply
+    with the API's error event.
     ``chunk_chars`` and ``chunk_delay`` shape the reply to a streaming request:
     the size of each content or arguments piece and the pause between events."""
 
@@ -137,6 +143,8 @@ class Reply:
     echo_headers: bool = False
     chunk_chars: int = _CHUNK_CHARS
     chunk_delay: float = 0.0
+    #: Streamed: the reply's deltas, then the API's error event with this message.
+    stream_error: str | None = None
 
     def after(self, seconds: float) -> Reply:
         """This reply, sent ``seconds`` after the request arrived."""
@@ -214,10 +222,18 @@ def tool_calls(
 
 
 def error(status: int, *, headers: dict[str, str] | None = None, body: Any = None) -> Reply:
-    """An HTTP error reply (``body`` defaults to an OpenAI-style error object)."""
-    if body is None:
-        body = {"error": {"message": f"scripted HTTP {status}", "type": "scripted", "code": status}}
+    """An HTTP error reply; ``body`` defaults to the route's API error object
+    (``{"error": {"message": "scripted HTTP 500", ...}}``, or for Messages
+    ``{"type": "error", "error": {"type": "overloaded_error", ...}}`` and the like)."""
     return Reply(status=status, body=body, headers=dict(headers or {}))
+
+
+def stream_error(message: str = "scripted stream error", *, content: str = "partial") -> Reply:
+    """A streamed reply that breaks: ``content``'s deltas, then the API's
+    error event with ``message`` (chat: a ``data: {"error": ...}`` chunk;
+    Responses: ``response.failed``; Messages: ``event: error``,
+    ``overloaded_error``). A request that did not ask to stream gets HTTP 500."""
+    return attrs.evolve(text(content), stream_error=message)
 
 
 def malformed(body: str = '{"choices": [') -> Reply:
@@ -246,10 +262,54 @@ def message_text(message: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _messages(request: RecordedRequest) -> list[Any]:
-    body = request.json
+def _chat_messages(body: Any) -> list[Any]:
     messages = body.get("messages", []) if isinstance(body, dict) else []
     return messages if isinstance(messages, list) else []
+
+
+@attrs.frozen
+class _Api:
+    """One API the server speaks: its route, where a request keeps its
+    conversation (as chat-like messages, see ``_models._wire``), and how a
+    scripted chat completion, its stream and an error body are rendered."""
+
+    route: str
+    conversation: Callable[[Any], list[Any]]
+    body: Callable[[Any], Any]
+    events: Callable[[Any, int, bool, str | None], list[bytes]]
+    error: Callable[[int, str], Any]
+
+
+def _openai_error(status: int, message: str) -> Any:
+    return {"error": {"message": message, "type": "scripted", "code": status}}
+
+
+_APIS = (
+    _Api("/chat/completions", _chat_messages, lambda body: body, sse_events, _openai_error),
+    _Api(
+        "/responses",
+        _responses_wire.conversation,
+        _responses_render.response_body,
+        lambda body, size, _usage, failure: _responses_render.response_events(body, size, failure),
+        _openai_error,
+    ),
+    _Api(
+        "/messages",
+        _messages_wire.conversation,
+        _messages_render.message_body,
+        lambda body, size, _usage, failure: _messages_render.message_events(body, size, failure),
+        _messages_render.error_body,
+    ),
+)
+
+
+def _api(path: str) -> _Api | None:
+    route = path.split("?")[0].rstrip("/")
+    return next((api for api in _APIS if route.endswith(api.route)), None)
+
+
+def _messages(request: RecordedRequest) -> list[Any]:
+    return (_api(request.path) or _APIS[0]).conversation(request.json)
 
 
 def _turn(messages: list[Any], start: int) -> int:
@@ -340,7 +400,7 @@ class ModelServer:
         self._stop.set()
 
     def _reply_for(self, request: RecordedRequest) -> Reply:
-        if request.method != "POST" or not request.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
+        if request.method != "POST" or _api(request.path) is None:
             return error(404, body={"error": {"message": f"no route {request.method} {request.path}"}})
         if self.fail_after is not None and self.good >= self.fail_after:
             return error(self.fail_status)
@@ -386,6 +446,10 @@ class ModelServer:
             return
         if scope["type"] != "http":
             return
+        if scope["method"] == "HEAD":  # a client's connectivity probe (Claude Code's): not a request
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
         peer = scope.get("client")
         if peer is None or peer not in self._peers:
             self._peers.add(peer)
@@ -402,17 +466,24 @@ class ModelServer:
             self._notify()
             return
         asked = request.json if isinstance(request.json, dict) else {}
+        api = _api(request.path) or _APIS[0]
         if asked.get("stream") is True and reply.status == 200 and not reply.echo_headers:
             options = asked.get("stream_options")
             usage = isinstance(options, dict) and options.get("include_usage") is True
-            if await _stream(send, receive, reply, usage):
+            if await _stream(send, receive, reply, api, usage):
                 self.aborted += 1
                 self._notify()
             return
+        if reply.stream_error is not None and reply.status == 200:
+            reply = error(500, headers=reply.headers)
         if reply.echo_headers:
             payload = json.dumps({"error": {"message": "echo", "headers": request.headers}}).encode()
         elif isinstance(reply.body, bytes):
             payload = reply.body
+        elif reply.body is None and reply.status >= 400:
+            payload = json.dumps(api.error(reply.status, f"scripted HTTP {reply.status}")).encode()
+        elif reply.status == 200 and isinstance(reply.body, dict) and "choices" in reply.body:
+            payload = json.dumps(api.body(reply.body)).encode()
         else:
             payload = json.dumps(reply.body).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -452,11 +523,14 @@ async def _client_left_during(receive: Any, seconds: float) -> bool:
     return False
 
 
-async def _stream(send: Any, receive: Any, reply: Reply, include_usage: bool) -> bool:
-    """Send ``reply`` as server-sent events; True if the client left midway."""
+async def _stream(send: Any, receive: Any, reply: Reply, api: _Api, include_usage: bool) -> bool:
+    """Send ``reply`` as ``api``'s server-sent events; True if the client left midway."""
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
     await send({"type": "http.response.start", "status": 200, "headers": headers + _headers(reply)})
-    events = sse_events(reply.body, reply.chunk_chars, include_usage)
+    if isinstance(reply.body, bytes):
+        events = [b"data: " + reply.body + b"\n\n"]
+    else:
+        events = api.events(reply.body, reply.chunk_chars, include_usage, reply.stream_error)
     for n, event in enumerate(events):
         if n and reply.chunk_delay and await _client_left_during(receive, reply.chunk_delay):
             return True
@@ -487,6 +561,8 @@ def _step(raw: dict[str, Any], delay: float) -> Reply:
         reply = empty_choices()
     elif "echo_headers" in raw:
         reply = echo_headers(int(raw["echo_headers"]))
+    elif "stream_error" in raw:
+        reply = stream_error(str(raw["stream_error"]))
     else:
         raise ValueError(f"unknown script step {sorted(raw)}")
     reply = attrs.evolve(reply, headers={**reply.headers, **headers}, chunk_chars=chunk_chars, chunk_delay=chunk_delay)
