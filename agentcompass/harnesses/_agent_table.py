@@ -171,7 +171,7 @@ def load_json(data: bytes | None) -> Any:
         return None
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         return None
 
 
@@ -181,7 +181,7 @@ def json_lines(data: bytes | None) -> list[dict[str, Any]]:
     for line in (data or b"").splitlines():
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(value, dict):
             found.append(value)

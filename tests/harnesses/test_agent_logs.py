@@ -104,6 +104,7 @@ def test_hostile_logs_are_read_without_trusting_their_shape():
             b'{"type": "user", "message": {"content": [{"type": "tool_result", "content": [{"text": 3}, "x"]}]}}',
             b'{"type": "result", "is_error": true, "result": {"nested": 1}, "api_error_status": "500"}',
             b"\xff\xfe",
+            b"[" * 100_000 + b"]" * 100_000,  # deeper than the parser goes
         ]
     )
     outcome = ClaudeCode().outcome({"claude.jsonl": junk}, 1)
@@ -119,7 +120,8 @@ def test_hostile_logs_are_read_without_trusting_their_shape():
         {"type": "response_item", "payload": ["x"]},
         {"type": "turn.failed", "error": "not a dict"},
     )
-    outcome = Codex().outcome({"rollout.jsonl": rollout, "codex.jsonl": _lines({"type": "turn.failed", "error": 1})}, 1)
+    events = _lines({"type": "turn.failed", "error": 1}) + b"\n" + b'{"a":' * 100_000
+    outcome = Codex().outcome({"rollout.jsonl": rollout, "codex.jsonl": events}, 1)
     assert outcome.trajectory == [
         {"role": "tool", "content": None, "tool_call_id": ""},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "9", "name": "", "arguments": "*** Begin Patch"}]},
