@@ -140,6 +140,8 @@ def register_agent(cls: _A) -> _A:
     for name in ("id", "distribution", "version"):
         if not isinstance(getattr(cls, name, None), str):
             raise ComponentError(f"agent {cls.__name__}: class variable {name!r} must be a string")
+    if cls.installer not in ("pip", "npm"):
+        raise ComponentError(f"agent {cls.__name__}: installer must be 'pip' or 'npm', not {cls.installer!r}")
     existing = _table.get(cls.id)
     if existing is not None and existing is not cls and existing.__qualname__ != cls.__qualname__:
         raise ComponentError(f"agent id {cls.id!r} is taken by {existing.__module__}.{existing.__qualname__}")

@@ -154,14 +154,14 @@ class ClaudeCode(InstalledAgent):
     ``IS_SANDBOX=1``). Its ``stream-json`` stdout is ``claude.jsonl`` (steps,
     then a ``result`` line); its session file
     (``CLAUDE_CONFIG_DIR/projects/.../SESSION.jsonl``) is copied to
-    ``session.jsonl`` when it exits."""
+    ``session.jsonl`` when it exits (the prompt is read from there)."""
 
     id: ClassVar[str] = "claude-code"
     distribution: ClassVar[str] = "@anthropic-ai/claude-code"
     version: ClassVar[str] = "2.1.197"
     api: ClassVar[str] = "anthropic-messages"
     installer: ClassVar[str] = "npm"
-    log_files: ClassVar[tuple[str, ...]] = ("claude.jsonl",)
+    log_files: ClassVar[tuple[str, ...]] = ("claude.jsonl", "session.jsonl")
 
     def binaries(self) -> dict[str, list[str]]:
         system, cpu, libc = node_platform()
@@ -225,6 +225,9 @@ class ClaudeCode(InstalledAgent):
         for entry in trajectory:
             if entry["role"] == "assistant" and entry.get("content") is not None:
                 entry["content"] = clip(entry["content"])
+        prompt = _claude_prompt(logs.get("session.jsonl"))
+        if trajectory and prompt is not None:
+            trajectory.insert(0, step("user", prompt))  # its stdout starts at the first reply
         return AgentOutcome(output=output, trajectory=trajectory, failure=failure)
 
 
@@ -255,6 +258,15 @@ def _claude_blocks(entry: dict[str, Any], blocks: Any) -> None:
                     "arguments": clip(json.dumps(arguments)) or "",
                 }
             )
+
+
+def _claude_prompt(session: bytes | None) -> str | None:
+    """The prompt of a Claude Code session file: its first user message."""
+    for line in json_lines(session):
+        message = line.get("message")
+        if line.get("type") == "user" and isinstance(message, dict):
+            return clip(message.get("content"))
+    return None
 
 
 def _claude_user(content: Any) -> list[dict[str, Any]]:

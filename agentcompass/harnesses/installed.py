@@ -128,22 +128,7 @@ class InstalledHarness(BaseHarness):
                 "fatal", "environment_unsupported", f"{type(env).__name__} cannot make the agent's installation available"
             ) from None
         root = inside.rstrip("/")
-        if agent.installer == "npm":
-            # The native executable runs on the session's userland (its libc), not the host's.
-            program = f"{root}/bin/{next(iter(binaries))}"
-            check = await env.exec([program, "--version"], timeout=60)
-            needs = f"an executable of the host's platform to run in the session; {program} did not"
-        else:
-            program = f"{root}/venv/bin/python"
-            check = await env.exec([program, "-c", _CHECK.format(*agent.python)], timeout=60)
-            wanted = ".".join(map(str, agent.python))
-            needs = f"Python >= {wanted} in the session; {program} did not run"
-        if check.exit_code != 0:
-            raise IssueError(
-                "fatal",
-                "environment_unsupported",
-                f"agent {agent.id!r} needs {needs} (exit {check.exit_code}: {' '.join(check.stderr.split())[:200]})",
-            )
+        await _check_runs(env, agent, root, binaries)
         timings = {"agent_install": round(entry.install_seconds, 3), "agent_prepare": round(time.monotonic() - start, 3)}
         return InstalledSession(env, model, agent, version, root, timings, not entry.built)
 
@@ -205,6 +190,28 @@ class InstalledHarness(BaseHarness):
             },
             issues=issues,
             timings={**session.timings, "agent_run": round(took, 3)},
+        )
+
+
+async def _check_runs(env: EnvironmentSession, agent: InstalledAgent, root: str, binaries: dict[str, list[str]]) -> None:
+    """FATAL ``environment_unsupported`` unless the entry runs in the session: a
+    Python agent's interpreter, or an npm agent's first native executable
+    (which runs on the session's userland and libc, not the host's)."""
+    if agent.installer == "npm":
+        if not binaries:
+            return
+        program = f"{root}/bin/{next(iter(binaries))}"
+        check = await env.exec([program, "--version"], timeout=60)
+        needs = f"an executable of the host's platform to run in the session; {program} did not"
+    else:
+        program = f"{root}/venv/bin/python"
+        check = await env.exec([program, "-c", _CHECK.format(*agent.python)], timeout=60)
+        needs = f"Python >= {'.'.join(map(str, agent.python))} in the session; {program} did not run"
+    if check.exit_code != 0:
+        raise IssueError(
+            "fatal",
+            "environment_unsupported",
+            f"agent {agent.id!r} needs {needs} (exit {check.exit_code}: {' '.join(check.stderr.split())[:200]})",
         )
 
 

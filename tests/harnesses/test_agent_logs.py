@@ -26,11 +26,14 @@ def _lines(*values: object) -> bytes:
 
 
 def test_claude_codes_stream_gives_its_steps_tool_calls_and_result():
-    outcome = ClaudeCode().outcome({"claude.jsonl": _read("claude-code.jsonl")}, 0)
+    logs = {"claude.jsonl": _read("claude-code.jsonl"), "session.jsonl": _read("claude-code-session.jsonl")}
+    outcome = ClaudeCode().outcome(logs, 0)
     assert outcome.failure is None
     assert outcome.output == "Done: hello.txt written."
-    # The two content blocks of the first reply (text, then tool_use) are one assistant step.
+    # The prompt from its session file; the two content blocks of the first
+    # reply (text, then tool_use) are one assistant step.
     assert outcome.trajectory == [
+        {"role": "user", "content": "Write hello.txt"},
         {
             "role": "assistant",
             "content": "I will write the file.",

@@ -82,8 +82,9 @@ async def test_the_agent_solves_a_task_offline_through_the_gateway_only(tmp_path
     assert attempt["issues"] == []
     run_result = attempt["run_result"]
     assert run_result["output"] == "Done: /app/hello.txt holds the greeting."
-    # The agent's own steps: its shell call, the call's output, its last message.
+    # The agent's own steps: the task, its shell call, the call's output, its last message.
     trajectory = run_result["trajectory"]
+    assert any(e["role"] == "user" and "containing exactly the line" in e["content"] for e in trajectory)
     calls = [c for e in trajectory if e["role"] == "assistant" for c in e.get("tool_calls", [])]
     assert [c["name"] for c in calls] == [SHELL[agent][0]]
     assert "/app/hello.txt" in json.loads(calls[0]["arguments"])[SHELL[agent][1]]
