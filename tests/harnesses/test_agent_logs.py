@@ -139,14 +139,19 @@ def test_a_huge_message_is_cut_in_the_trajectory():
     assert len(entry["content"]) < 20_100 and entry["content"].endswith("[80000 more characters]")
 
 
+_KEYS = st.sampled_from(
+    ["type", "message", "content", "id", "name", "input", "text", "payload", "role", "result", "is_error", "error",
+     "item", "call_id", "output", "arguments", "tool_use_id", "subtype"]
+)  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(_KEYS, children, max_size=4)),
+    max_leaves=12,
+)
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                             lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-                                 st.sampled_from(["type", "message", "content", "id", "name", "input", "text",
-                                                  "payload", "role", "result", "is_error", "error", "item",
-                                                  "call_id", "output", "arguments", "tool_use_id", "subtype"]),
-                                 inner, max_size=4),
-                             max_leaves=12), max_size=6))  # fmt: skip
+@given(st.lists(_JSON, max_size=6))
 def test_any_json_lines_give_a_well_shaped_outcome(values):
     data = _lines(*values)
     for agent, logs in ((ClaudeCode(), {"claude.jsonl": data}), (Codex(), {"codex.jsonl": data, "rollout.jsonl": data})):
