@@ -8,7 +8,8 @@ request is relayed event by event as the upstream sends them), its query
 string (Claude Code's ``?beta=true``) and the API's own request headers
 (``anthropic-version``, ``anthropic-beta``; ``openai-beta``), and the
 upstream's status, body, ``Content-Type`` and ``Retry-After`` come back
-unchanged; ``GET .../models`` lists the one model; ``HEAD`` of any path
+unchanged (but for the real key, masked in an error body should the
+upstream echo its request's headers); ``GET .../models`` lists the one model; ``HEAD`` of any path
 (Claude Code's connectivity probe) is 200 with no body and is not recorded.
 The token is accepted as ``Authorization: Bearer`` or ``x-api-key``; a
 request without it gets 401 and is not recorded; a body over
@@ -30,6 +31,7 @@ import trio
 from .._asgi import lifespan
 from .._models import EndpointClient, ModelError
 from .._models._wire import Parsed, ReplyError
+from .._redact import MASK
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
 from ._apis import API_OF
@@ -152,6 +154,10 @@ class GatewayApp:
             data = await response.aread()
             record.add_issue(self.client._status_error(response).to_issue("run"))
             record.add_reply(None, response.status_code, trio.current_time() - start)
+            key = self.client.model.api_key
+            if key is not None and len(key.reveal()) >= 4:
+                # An upstream that echoes its request's headers would hand the session the real key.
+                data = data.replace(key.reveal().encode(), MASK.encode())
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             await send({"type": "http.response.body", "body": data})
             return
@@ -160,7 +166,8 @@ class GatewayApp:
         # has it, the attempt may end (and this task be cancelled) at any time.
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             kept = bytearray()
-            async for chunk in response.aiter_raw():
+            # Decoded: the upstream's Content-Encoding is not relayed, so neither is its encoding.
+            async for chunk in response.aiter_bytes():
                 if len(kept) < _RECORD_BYTES:
                     kept += chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -176,9 +183,12 @@ class GatewayApp:
         try:
             reply = parse(data)
         except ReplyError as exc:
-            severity = "fatal" if exc.code == "model_server_error" else "error"
-            detail = exc.detail if severity == "fatal" else f"a reply through the gateway had no usable message ({exc.detail})"
-            self.record.add_issue(self.client._error(severity, exc.code, detail).to_issue("run"))
+            if exc.code == "model_server_error":
+                error = self.client._error("fatal", exc.code, exc.detail)
+            else:
+                detail = f"a reply through the gateway had no usable message ({exc.detail})"
+                error = self.client._error("error", exc.code, detail)
+            self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(reply, status, trio.current_time() - start)
 
     async def _failed(self, send: Any, status: int, error: ModelError, start: float) -> None:

@@ -92,9 +92,9 @@ def parse_stream(data: bytes) -> Parsed:
             for raw in delta.get("tool_calls") or ():
                 if not isinstance(raw, dict):
                     continue
-                index = raw.get("index") if isinstance(raw.get("index"), int) else len(calls)
+                index: int = raw["index"] if isinstance(raw.get("index"), int) else len(calls)
                 call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-                function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
+                function: dict[str, Any] = raw["function"] if isinstance(raw.get("function"), dict) else {}
                 call["id"] = str(raw.get("id") or call["id"])
                 if isinstance(function.get("name"), str):
                     call["name"] += function["name"]

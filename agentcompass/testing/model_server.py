@@ -1,10 +1,23 @@
-"""A real OpenAI-compatible chat-completions server on 127.0.0.1, scripted per request.
+"""A real model server on 127.0.0.1 (chat completions, Responses, Messages), scripted per request.
 
 For tests, demos and benchmarks that need a model without an API key. It is
 a plain ASGI app served by hypercorn's Trio worker (HTTP/1.1, keep-alive)
-answering ``POST /v1/chat/completions`` (any path ending in
-``/chat/completions``; every other route is 404); every request is recorded
-in :attr:`ModelServer.requests`. What it answers is a *script*:
+answering three APIs by route (any prefix, any query string):
+
+- ``POST .../chat/completions``: OpenAI chat completions;
+- ``POST .../responses``: the OpenAI Responses API (``_responses_render``:
+  a ``response`` object whose ``output`` has a ``message`` item and a
+  ``function_call`` item per tool call, with its ``call_id``);
+- ``POST .../messages``: the Anthropic Messages API (``_messages_render``: a
+  ``message`` with ``text`` and ``tool_use`` content blocks; an error is
+  Anthropic's error object, 529 ``overloaded_error``);
+
+``HEAD`` of any path is 200 and is neither recorded nor a step (Claude
+Code's probe); every other route is 404. Every request is recorded in
+:attr:`ModelServer.requests`. The script is the same for every API: a step
+is written once (as a chat completion, which :func:`text` and the rest
+build) and rendered in the wire format of the route that asked. What it
+answers is a *script*:
 
 - a list of :class:`Reply` values, served in order (past the end: HTTP 500
   ``script exhausted``), or
@@ -14,6 +27,15 @@ in :attr:`ModelServer.requests`. What it answers is a *script*:
   chosen by a substring of a user or tool message, the last one first; a
   message's content may be a string or a list of parts).
 
+Both read the conversation in each API's body as chat-like messages
+(``_models._wire``): chat's ``messages``; Responses' ``input`` (a string is
+one user message; ``message`` items by role with their ``input_text``
+parts, ``function_call_output`` items as tool messages, and each run of
+assistant ``message``, ``reasoning`` and ``function_call`` items as *one*
+assistant turn; ``instructions`` apart, as a system message); Messages'
+``messages`` (``tool_result`` blocks of a user message as tool messages,
+its ``text`` blocks as the user message; ``system`` apart).
+
 ``ModelServer(script, fail_after=N)`` answers HTTP 500 (``fail_status``) to
 every request after N successful replies: an upstream that breaks mid-episode.
 :meth:`ModelServer.save` writes what it recorded as JSON lines.
@@ -22,7 +44,10 @@ Replies: :func:`text`, :func:`tool_call`, :func:`tool_calls` (several calls in
 one message), :func:`error` (any status, any headers such as ``Retry-After``
 or ``Connection: close``), :func:`malformed` (a 200 whose body is not JSON),
 :func:`empty_choices`, :func:`echo_headers` (an error body that repeats the
-request's headers, ``Authorization`` included: a redaction probe);
+request's headers, ``Authorization`` and ``x-api-key`` included: a
+redaction probe), :func:`stream_error` (a streamed reply that ends in the
+API's error event: a chat ``error`` chunk, Responses ``response.failed``,
+Messages ``event: error``; HTTP 500 when not streamed);
 ``reply.after(seconds)`` delays one (a long delay is a server that hangs).
 A client that closes its connection while its reply is delayed is counted in
 :attr:`ModelServer.aborted`.
@@ -63,17 +88,22 @@ fail. A STEP is one of
 - ``{"tool_call": {"name": "bash", "arguments": {...}}}``: one tool call;
 - ``{"tool_calls": [{"name": ..., "arguments": ...}, ...]}``: several;
 - ``{"status": 429, "headers": {"Retry-After": "2"}, "body": ...}``: any
-  status, headers and JSON body (an OpenAI-style error when omitted);
+  status, headers and JSON body (the API's error object when omitted);
 - ``{"malformed": "..."}``: a 200 with that body, not JSON;
-- ``{"empty_choices": true}``: a 200 with ``"choices": []``;
+- ``{"empty_choices": true}``: a 200 with no message (``"choices": []``;
+  Responses ``"output": []``, Messages ``"content": []``);
 - ``{"echo_headers": 500}``: that status, the request's headers as body;
+- ``{"stream_error": "message"}``: a streamed reply ending in an error event;
 
 each optionally with ``"delay"`` (seconds before the reply; the file's
 ``delay`` by default), ``"headers"`` (added to the reply's, e.g.
 ``{"Connection": "close"}`` to close the connection after it),
 ``"chunk_chars"`` and ``"chunk_delay"`` (streamed replies).
 
-A request with ``"stream": true`` gets a 200 reply whose body has
+A Responses or Messages request with ``"stream": true`` gets its API's
+events (see ``_responses_render`` and ``_messages_render``: text and tool
+arguments in pieces of ``Reply.chunk_chars``, usage in the closing events).
+A chat request with ``"stream": true`` gets a 200 reply whose body has
 ``choices`` as server-sent events in the chat-completions chunk format:
 ``data: {chunk}`` events (the role first; the content in pieces of
 ``Reply.chunk_chars`` characters; each tool call's ``index``, ``id`` and
