@@ -117,7 +117,7 @@ def test_gateway_and_agents_export_their_apis():
         "Gateway", "GatewayRecord", "open_gateway", "TOKEN_VARIABLE", "URL_VARIABLE",
     }  # fmt: skip
     assert _public(agentcompass.agents) == {
-        "AgentOutcome", "AgentRun", "InstalledAgent", "agent_table", "cache_root", "register_agent",
+        "AgentOutcome", "AgentRun", "InstalledAgent", "agent_table", "cache_root", "node_platform", "register_agent",
     }  # fmt: skip
     session = agentcompass.EnvironmentSession
     assert {"expose_directory", "expose_socket"} <= set(vars(session))
