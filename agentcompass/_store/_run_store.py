@@ -55,6 +55,7 @@ from ..runtime._results import AttemptRecord, TaskRecord
 from . import _commit
 from ._commit import CHECKPOINT, Write
 from ._disk import Disk, RunLockedError, timed_out
+from ._index import INDEX, task_row
 from ._keys import task_key
 from ._trajectories import split_trajectories
 
@@ -199,6 +200,9 @@ class RunStore:
         init=False, default=attrs.Factory(lambda self: str(self.run_dir / "sessions.jsonl"), takes_self=True)
     )
     _root: str = attrs.field(init=False, default=attrs.Factory(lambda self: str(self.run_dir), takes_self=True))
+    _index: str = attrs.field(
+        init=False, default=attrs.Factory(lambda self: str(self.run_dir / INDEX), takes_self=True)
+    )
     _pending: list[Write] = attrs.Factory(list)
     _in_flight: list[Write] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
@@ -344,6 +348,9 @@ class RunStore:
             finally:
                 for index in failed:
                     self._written[links[index][0].task_id].discard(targets[index][1])
+            for k, (record, _, data) in enumerate(links):
+                if k not in failed:
+                    self._queue(self._index_line(record, None, data))
             links = [links[index] for index in sorted(failed)]
         await self._save_tasks([(record, data) for record, _, data in links])
 
@@ -406,12 +413,16 @@ class RunStore:
                 raise ValueError(f"unknown task severity {record.severity!r}")
         writes = []
         chunks: list[Write] = []
+        lines: list[Write] = []
         for record, data in records:
             task_id = record.task_id
             if data is None:
                 unstructured = unstructure(record)
                 chunks += self._chunk_writes(task_id, unstructured["attempts"])
                 data = _mask(_compact(unstructured)).encode()
+            else:
+                unstructured = None
+            lines.append(self._index_line(record, unstructured, data))
             path = self._record_path(record.severity, task_id)
             # No sync for the removals: if a crash undoes one, readers still
             # prefer the record (and the newest of two, see _load).
@@ -424,11 +435,26 @@ class RunStore:
             self._written[task_id] = {path}
             writes.append(write)
         try:
-            await self._write([*chunks, *writes])  # the chunks renamed before the records naming them
+            # Index lines are not waited for (the index only speeds readers
+            # up, see _index); the chunks are renamed before the records naming them.
+            for line in lines:
+                self._queue(line)
+            await self._write([*chunks, *writes])
         finally:
             for write, (record, _) in zip(writes, records, strict=True):
                 if write.error is not None:  # maybe not written: a later save still cleans up all
                     self._written.setdefault(record.task_id, set()).update(write.remove)
+
+    def _index_line(self, record: TaskRecord, unstructured: Any, data: bytes) -> Write:
+        """The ``index.jsonl`` line of a record saved as ``data`` (see
+        ``_index``); ``unstructured`` is its JSON form, None to parse ``data``."""
+        if unstructured is None:
+            try:
+                unstructured = orjson.loads(data)
+            except orjson.JSONDecodeError:  # a lone surrogate, escaped
+                unstructured = json.loads(data.decode("utf-8", "surrogateescape"))
+        line = {"bytes": len(data), **task_row(unstructured)}
+        return Write(self._index, (_mask(_compact(line)) + "\n").encode(), append=True)
 
     def _chunk_writes(self, task_id: str, attempts: list[Any]) -> list[Write]:
         """The files of the long trajectories of ``attempts`` (unstructured,

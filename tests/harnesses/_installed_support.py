@@ -41,6 +41,7 @@ async def launch(
     max_retries: int = 0,
     concurrency: int = 2,
     name: str = "installed",
+    api: str = "openai-chat",
 ) -> tuple[Any, Path]:
     async with trio.open_nursery() as nursery:
         url = await nursery.start(server.serve)
@@ -52,7 +53,7 @@ async def launch(
             benchmark=ComponentRef("terminal", {"path": str(SMOKE)}),
             harness=ComponentRef("installed", harness),
             environment=ComponentRef(environment, env_config),
-            model=ModelSpec(name="scripted", base_url=url, api_key=Secret(KEY)),
+            model=ModelSpec(name="scripted", base_url=url, api_key=Secret(KEY), api=api),
             execution=ExecutionSpec(
                 attempts=AttemptsSpec(k=1),
                 max_retries=max_retries,

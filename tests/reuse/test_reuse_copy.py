@@ -226,3 +226,13 @@ async def test_a_record_with_its_trajectory_beside_it_is_reused_whole(tmp_path: 
     assert sorted(p.name for p in chunks.iterdir()) == ["0.json", "1.json"]
     assert load_run(store.run_dir).details == load_run(source).details
     assert load_run(store.run_dir).details["long"].attempts[0].run_result.trajectory == trajectory  # type: ignore[union-attr]
+
+
+async def test_linked_and_written_records_get_index_lines(tmp_path: Path) -> None:
+    links = await _links(tmp_path)
+    disk = FakeDisk()
+    disk.fail("link", errno.EXDEV, f"*{os.sep}{task_key('t2')}.json")  # written instead
+    async with open_run_store(tmp_path, "new", disk=disk) as store:
+        await store.link_tasks(links)
+    lines = [json.loads(line) for line in (store.run_dir / "index.jsonl").read_text().splitlines()]
+    assert sorted((line["task_id"], line["bytes"]) for line in lines) == [(r.task_id, len(data)) for r, _, data in links]

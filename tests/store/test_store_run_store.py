@@ -197,8 +197,9 @@ async def test_one_batch_is_one_disk_call_with_two_syncs(tmp_path: Path) -> None
                 nursery.start_soon(store.save_task, task(f"t{i}"))
         assert disk.runs - before == 1
         kinds = [op for op, _ in disk.ops]
-        # Temp files, one sync of them, renames, one sync of the directory.
-        assert kinds == ["write"] * 49 + ["sync"] * 49 + ["replace"] * 49 + ["sync"]
+        # The index lines in one append, temp files, one sync of them all,
+        # renames, one sync of the directory.
+        assert kinds == ["append"] + ["write"] * 49 + ["sync"] * 50 + ["replace"] * 49 + ["sync"]
 
 
 async def test_sessions_journal_and_open_sessions(tmp_path: Path) -> None:
@@ -533,3 +534,18 @@ async def test_a_long_trajectory_is_written_beside_its_record_in_chunks(tmp_path
     chunks[1].unlink()
     broken = load_run(run_dir)
     assert task_id not in broken.details and any("unreadable record" in n for n in broken.notes)
+
+
+async def test_every_saved_record_has_an_index_line_of_its_size(tmp_path: Path) -> None:
+    from agentcompass._store._index import task_row
+
+    async with open_run_store(tmp_path, "req") as store:
+        await store.save_task(task("t0", "error", attempt(0, None, Issue("error", "run", "boom", "x"))))
+        await store.save_task(task("t1"))
+        await store.save_task(task("t0"))  # saved again, now normal: a second line
+    lines = [json.loads(line) for line in (store.run_dir / "index.jsonl").read_text().splitlines()]
+    assert [(line["task_id"], line["severity"]) for line in lines] == [("t0", "error"), ("t1", "normal"), ("t0", "normal")]
+    assert lines[0]["codes"] == ["error:boom"]
+    for line in lines[1:]:
+        path = store.run_dir / "details" / "normal" / f"{line['task_id']}.json"
+        assert line == {"bytes": path.stat().st_size, **task_row(json.loads(path.read_bytes()))}

@@ -191,3 +191,43 @@ async def test_a_trajectory_the_store_wrote_beside_its_record_is_served_from_its
     static = Site([store.run_dir], live=False, static=True)
     (chunk,) = [p for p in static.paths() if "/traj/" in p]
     assert json.loads(static.get(chunk)[0].decode().split(",", 1)[1][:-3]) == trajectory  # type: ignore[index]
+
+
+async def test_a_run_the_store_wrote_pages_from_its_index_without_opening_a_record(tmp_path: Path) -> None:
+    ids = ["Task 1/a", "t2", "Task 3/c"]  # two hashed keys: a placeholder would show the key
+    async with open_run_store(tmp_path, "req") as store:
+        for n, task_id in enumerate(ids):
+            values = {"reward": float(n % 2)}
+            attempts = [AttemptRecord(k, "completed", values, [], RunResult(usage={"prompt_tokens": 3})) for k in range(2)]
+            await store.save_task(TaskRecord(task_id, f"cat{n}", attempts, "error" if n == 2 else "normal"))
+    run = RunData(store.run_dir)
+    page = run.run(budget=0)  # no time to read a record: every row comes from the index
+    assert page["pending"] == 0 and run.records_read == 0
+    rows = {t[0]: t for t in page["tasks"]}
+    assert set(rows) == set(ids)
+    assert [rows[i][2:6] for i in ids] == [["cat0", "normal", ["completed"] * 2, 0.0], ["cat1", "normal", ["completed"] * 2, 1.0],
+                                            ["cat2", "error", ["completed"] * 2, 0.0]]
+    assert page["usage"] == {"prompt_tokens": 18}
+
+    # The same page as reading every record (the index moved away).
+    (store.run_dir / "index.jsonl").rename(tmp_path / "index.jsonl")
+    assert RunData(store.run_dir).run(budget=None) | {"header": page["header"]} == page
+
+
+def test_an_index_line_is_believed_only_for_the_record_file_it_was_written_for(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001",
+                        [task(t, attempt(values={"reward": 1.0}), category="real") for t in ("t1", "t2", "t3")])
+    path = run_dir / "details" / "normal" / "t1.json"
+    stale = {"bytes": path.stat().st_size + 1, "task_id": "t1", "category": "stale", "severity": "normal",
+             "statuses": ["completed"], "codes": [], "values": [{}], "usage": {}, "timings": {}, "seconds": 0.0,
+             "retries": 0, "attempts": 1}
+    moved = stale | {"bytes": (run_dir / "details" / "normal" / "t2.json").stat().st_size, "task_id": "t2",
+                     "severity": "error"}  # the record is under normal/
+    current = moved | {"severity": "normal", "category": "indexed"}
+    odd = current | {"task_id": "t3", "values": [1]}  # not a row's shape
+    odder = current | {"task_id": "t3", "usage": {"tokens": "many"}}
+    lines = [json.dumps(stale), json.dumps(moved), json.dumps(odd), json.dumps(odder), '{"bytes": 1, "task_id": 3',
+             json.dumps(current)]
+    (run_dir / "index.jsonl").write_text("\n".join(lines) + "\n" + json.dumps(stale | {"task_id": "t3"})[:-5])
+    rows = {t[0]: t for t in RunData(run_dir).run(budget=60)["tasks"]}
+    assert {t: r[2] for t, r in rows.items()} == {"t1": "real", "t2": "indexed", "t3": "real"}
