@@ -1,4 +1,9 @@
-"""The ``openai-chat`` client: one chat-completions call, classified.
+"""The ``openai-chat`` client, and what every API's client shares: one call, classified.
+
+:class:`EndpointClient` is the shared part (the endpoint's URL, the post,
+the classification below); ``_native`` builds the ``openai-responses`` and
+``anthropic-messages`` clients on it, and the model gateway forwards
+through one.
 
 :class:`ChatClient` binds a :class:`~agentcompass.ModelSpec` (model name and
 request ``params``) to the shared ``httpx.AsyncClient`` of its endpoint (see
