@@ -77,7 +77,30 @@ class MiniSweAgent(InstalledAgent):
         if isinstance(status, str) and status not in ("Submitted", ""):
             code = "harness_limit_reached" if status == "LimitsExceeded" else "agent_failed"
             failure = Issue("error", "run", code, f"mini-swe-agent stopped: {status[:200]}")
-        return AgentOutcome(output=output if isinstance(output, str) else None, failure=failure)
+        messages = data.get("messages") if isinstance(data, dict) else None
+        return AgentOutcome(
+            output=output if isinstance(output, str) else None, trajectory=_chat_steps(messages), failure=failure
+        )
+
+
+def _chat_steps(messages: Any) -> list[dict[str, Any]]:
+    """Chat-format messages (mini-swe-agent's own record) as trajectory steps;
+    its closing ``exit`` entry and anything not a message are left out."""
+    steps = []
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
+            continue
+        calls = []
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                arguments = function.get("arguments")
+                calls.append({
+                    "id": str(call.get("id") or ""), "name": str(function.get("name") or ""),
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                })  # fmt: skip
+        steps.append(step(message["role"], message.get("content"), tool_calls=calls, tool_call_id=message.get("tool_call_id")))
+    return steps
 
 
 #: Runs aider with its retry window cut so a failing call is retried once

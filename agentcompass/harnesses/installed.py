@@ -184,7 +184,7 @@ class InstalledHarness(BaseHarness):
                 )
         return RunResult(
             output=outcome.output,
-            trajectory=outcome.trajectory or record.trajectory,
+            trajectory=_with_calls(outcome.trajectory, record.trajectory) or record.trajectory,
             usage=record.usage.to_dict(),
             artifacts={
                 "agent": {"id": agent.id, "version": session.version, "cache": "hit" if session.cache_hit else "built"},
@@ -242,6 +242,21 @@ def _made_with(venv: Path) -> tuple[str, int, int] | None:
         if key.strip() == "version" and len(numbers) >= 2 and numbers[0].isdigit() and numbers[1].isdigit():
             return link, int(numbers[0]), int(numbers[1])
     return None
+
+
+def _with_calls(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agent's own steps, each of its assistant messages given the
+    gateway's ``call``, ``status``, ``usage`` and ``duration_seconds`` of the
+    reply it came from, where the two line up (as many replies as assistant
+    messages); else the steps as they are."""
+    replies = [c for c in calls if c.get("role") == "assistant" and "usage" in c]
+    mine = [i for i, s in enumerate(steps) if s.get("role") == "assistant"]
+    if not mine or len(mine) != len(replies):
+        return steps
+    steps = list(steps)
+    for index, reply in zip(mine, replies, strict=True):
+        steps[index] = {**steps[index], **{k: reply[k] for k in ("call", "status", "usage", "duration_seconds") if k in reply}}
+    return steps
 
 
 def _instruction(prepared: PreparedTask) -> str:

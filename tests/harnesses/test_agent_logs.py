@@ -182,3 +182,41 @@ def test_the_commands_reach_the_gateway_with_the_token_and_keep_their_logs():
         assert f"-c model_providers.local.{setting}" in codex
     assert 'CODEX_HOME="$AGENT_HOME"/codex TMPDIR="$AGENT_HOME"/tmp' in codex
     assert '-o "$AGENT_LOGS"/last.txt' in codex and '> "$AGENT_LOGS"/rollout.jsonl' in codex
+
+
+def test_mini_swe_agents_trajectory_gives_its_steps_and_the_gateway_adds_each_calls_record():
+    from agentcompass.harnesses._agents import MiniSweAgent
+    from agentcompass.harnesses.installed import _with_calls
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    trajectory = {
+        "info": {"exit_status": "Submitted", "submission": ""},
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [{"type": "text", "text": "Solve it"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call, "junk"]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "app\n"},
+            {"role": "assistant", "content": "done"},
+            {"role": "exit", "content": "", "extra": {"exit_status": "Submitted"}},
+            "not a message",
+        ],
+        "trajectory_format": "mini-swe-agent-1.1",
+    }
+    steps = MiniSweAgent().outcome({"trajectory.json": json.dumps(trajectory).encode()}, 0).trajectory
+    assert steps == [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Solve it"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "name": "bash", "arguments": '{"command": "ls"}'}]},
+        {"role": "tool", "content": "app\n", "tool_call_id": "call_1"},
+        {"role": "assistant", "content": "done"},
+    ]
+    replies = [{"role": "user", "content": "Solve it"}]
+    replies += [{"role": "assistant", "call": n, "status": 200, "usage": {"prompt_tokens": n}, "duration_seconds": 0.5} for n in (1, 2)]
+    merged = _with_calls(steps, replies)
+    assert [(s["role"], s.get("call"), s.get("usage")) for s in merged] == [
+        ("system", None, None), ("user", None, None), ("assistant", 1, {"prompt_tokens": 1}), ("tool", None, None),
+        ("assistant", 2, {"prompt_tokens": 2}),
+    ]
+    # A failed call has no reply to pair: nothing is guessed.
+    assert _with_calls(steps, [*replies, {"role": "assistant", "call": 3, "status": 500, "duration_seconds": 0.1}]) == merged
+    assert _with_calls(steps, replies[:2]) == steps
