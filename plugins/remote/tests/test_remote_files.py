@@ -78,10 +78,17 @@ async def test_the_wire_carries_max_bytes_and_the_file_refused_code(server):
         assert "max_bytes" in replies[-1]["message"]
 
 
-async def test_a_client_of_the_previous_protocol_version_is_refused(server):
-    assert PROTOCOL_VERSION == 4
+async def test_a_client_of_the_previous_protocol_version_is_refused_with_both_versions(server):
+    assert PROTOCOL_VERSION == 5
     async with trio_websocket.open_websocket_url(server.url) as ws:
-        await ws.send_message(json.dumps({"type": "hello", "version": 3, "token": TOKEN}))
+        await ws.send_message(json.dumps({"type": "hello", "version": 4, "token": TOKEN}))
+        with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 4002
+        assert closed.value.reason.reason == "the client speaks protocol version 4, this server 5"
+    # A stranger learns nothing: a wrong token with another version is the plain refusal.
+    async with trio_websocket.open_websocket_url(server.url) as ws:
+        await ws.send_message(json.dumps({"type": "hello", "version": 4, "token": "wrong"}))
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:
             await ws.get_message()
         assert closed.value.reason.code == 4001
