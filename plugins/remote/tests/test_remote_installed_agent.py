@@ -60,7 +60,9 @@ async def test_mini_swe_agent_solves_a_task_in_a_remote_sandbox_through_the_gate
         "{port} 2>/dev/null && echo DIRECT-REACHED || echo DIRECT-REFUSED"
     )
     steps = [
-        lambda: tool_call("bash", {"command": probe.format(port=model_server.base_url.rsplit(":", 1)[1].split("/")[0])}),
+        lambda: tool_call(
+            "bash", {"command": probe.format(port=model_server.base_url.rsplit(":", 1)[1].split("/")[0])}
+        ),
         lambda: tool_call("bash", {"command": "echo 'Hello, world!' > /app/hello.txt && cat /app/hello.txt"}),
         lambda: tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
     ]

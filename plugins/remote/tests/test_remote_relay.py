@@ -150,7 +150,8 @@ class Flood:
             try:
                 while self.sent < self.total:
                     self.sent += await conn.send(chunk)
-                await conn.recv(1)  # until the relay hangs up
+                while await conn.recv(65536):  # until the relay hangs up
+                    pass
             except OSError:
                 pass
             finally:
@@ -394,3 +395,21 @@ async def test_the_provider_reports_a_missing_server_entry_as_environment_unsupp
     assert (refused.value.severity, refused.value.code) == ("fatal", "environment_unsupported")
     assert "install it there with: python -m agentcompass.agents install fake-agent" in refused.value.message
     assert str(tmp_path / "server-cache") in refused.value.message
+
+
+@pytest.mark.skipif(PROVIDER != "sandbox", reason=SANDBOX_PROBLEM or "a local session shares the host's files")
+async def test_a_session_cannot_reach_another_sessions_relay(
+    nursery: trio.Nursery, tmp_path: Path, session: Any, served: Served
+):
+    flood, inside = await _silent_reader(nursery, tmp_path, session, total=1024)
+    mine = next(h for h in served.server.sessions.values() if h.channels.open)
+    other = await served.env().open(None, POLICY)
+    try:
+        # Neither the path the first session sees nor the server's own copy exists for the second.
+        connect = "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])"
+        for path in (inside, os.path.join(mine.scratch, "1", "flood.sock")):
+            result = await other.exec(["python3", "-c", connect, path])
+            assert result.exit_code != 0 and "FileNotFoundError" in result.stderr, result
+    finally:
+        await other.close()
+    assert len(mine.channels.open) == 1  # the first session's one channel, nothing more
