@@ -95,6 +95,8 @@ class _Hosted:
     channels: Channels = attrs.Factory(Channels)
     scratch: str | None = None
     exposed: int = 0
+    #: One ``expose`` at a time: the directory and the relay limit are checked, then made.
+    exposing: trio.Lock = attrs.Factory(trio.Lock)
 
 
 @attrs.define(eq=False)
@@ -522,6 +524,19 @@ class SandboxServer:
         """Write the client's copy into a fresh directory of the session's
         own, listen on a relay for each socket it named, and have the
         provider's session expose the directory."""
+        async with hosted.exposing:
+            await self._expose_locked(send, op, hosted, nursery, files, data, sockets)
+
+    async def _expose_locked(
+        self,
+        send: Any,
+        op: int,
+        hosted: _Hosted,
+        nursery: trio.Nursery,
+        files: list[tuple[str, int, bool]],
+        data: bytes,
+        sockets: list[str],
+    ) -> None:
         channels = hosted.channels
         if len(channels.relays) + len(sockets) > MAX_RELAYS:
             raise IssueError("fatal", "environment_failed", f"a session relays at most {MAX_RELAYS} sockets")

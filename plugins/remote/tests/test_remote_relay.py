@@ -413,3 +413,60 @@ async def test_a_session_cannot_reach_another_sessions_relay(
     finally:
         await other.close()
     assert len(mine.channels.open) == 1  # the first session's one channel, nothing more
+
+
+_MANY = """
+import select, socket, sys
+conns = []
+for _ in range(40):
+    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"x"); conns.append(s)
+answered = ended = 0
+for s in conns:
+    if not select.select([s], [], [], 10)[0]:
+        continue
+    try:
+        data = s.recv(1)
+    except ConnectionResetError:  # closed with our byte unread
+        data = b""
+    answered += data == b"y"
+    ended += data == b""
+print(answered, ended)
+"""
+
+
+async def test_a_session_relays_at_most_32_connections_at_once(nursery: trio.Nursery, tmp_path: Path, session: Any):
+    directory = tmp_path / "many"
+    directory.mkdir()
+    held: list[Any] = []
+
+    async def answer(listener: socket.socket, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        sock = trio.socket.from_stdlib_socket(listener)
+        task_status.started()
+        with sock:
+            while True:
+                conn, _ = await sock.accept()
+                held.append(conn)  # held open: every channel stays in use
+                await conn.recv(1)
+                await conn.send(b"y")
+
+    await nursery.start(answer, _unix_listener(directory / "many.sock"))
+    inside = await session.expose_socket(str(directory / "many.sock"))
+    with trio.fail_after(WAIT_SECONDS):
+        result = await session.exec(["python3", "-c", _MANY, inside])
+    # The first 32 reach the host; the rest are closed at once, without reaching it.
+    assert result.stdout.split() == ["32", "8"], result
+    assert len(held) == 32
+
+
+async def test_a_session_relays_at_most_8_sockets(tmp_path: Path, session: Any):
+    directory = tmp_path / "sockets"
+    directory.mkdir()
+    listeners = [_unix_listener(directory / f"s{i}.sock") for i in range(9)]
+    try:
+        with pytest.raises(IssueError) as refused:
+            await session.expose_directory(str(directory))
+        assert "at most 8 sockets" in refused.value.message
+        assert (await session.exec("echo fine")).stdout == "fine\n"
+    finally:
+        for listener in listeners:
+            listener.close()
