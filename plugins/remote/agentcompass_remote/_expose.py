@@ -21,6 +21,7 @@ directory reaches it in one of two ways:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
@@ -87,7 +88,12 @@ def list_small_directory(root: str) -> tuple[list[tuple[str, bytes, bool]], list
     sockets: list[str] = []
     total = 0
     refuse = "a remote session copies only small directories of regular files and sockets"
-    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(root):
+            raise NotImplementedError(f"{refuse}: {root} is a symbolic link") from None
+        raise
     try:
         pending: list[tuple[str, int]] = [("", top)]
         while pending:

@@ -248,7 +248,7 @@ async def test_a_small_directory_is_copied_read_only(tmp_path: Path, session: An
     assert (source / "a.txt").read_text() == "alpha"  # the host's directory is never written
 
 
-@pytest.mark.parametrize("what", ["symlink", "fifo", "oversize", "too-many"])
+@pytest.mark.parametrize("what", ["symlink", "linked-root", "fifo", "oversize", "too-many"])
 async def test_a_directory_copy_refuses_links_devices_and_oversize(
     tmp_path: Path, session: Any, served: Served, what: str
 ):
@@ -261,9 +261,12 @@ async def test_a_directory_copy_refuses_links_devices_and_oversize(
         os.mkfifo(source / "pipe")
     elif what == "oversize":
         (source / "big").write_bytes(b"\0" * (4 * 1024 * 1024 + 1))
-    else:
+    elif what == "too-many":
         for i in range(70):
             (source / f"f{i}").write_text("x")
+    else:
+        (tmp_path / "link").symlink_to(source)
+        source = tmp_path / "link"
     with pytest.raises(NotImplementedError) as refused:
         await session.expose_directory(str(source))
     assert str(source) in str(refused.value)
