@@ -155,9 +155,10 @@ class Channels:
         failed = False
         try:
             if channel.sock is None:
+                if channel.target is None:
+                    raise OSError("no relay to connect this channel to (unknown, or one channel too many)")
                 sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
-                    assert channel.target is not None
                     await sock.connect(channel.target)
                 except BaseException:
                     sock.close()
