@@ -16,7 +16,10 @@ then tried first, so a restarted server is used again as soon as it answers.
 Failures: losing the connection during a session is FATAL
 ``environment_failed`` (the runtime retries the attempt, on another server);
 so is a pool where no server could open a session. The session itself is
-:class:`~._session.RemoteSession`.
+:class:`~._session.RemoteSession`; its ``expose_directory`` and
+``expose_socket`` (an agent's installation, the model gateway) copy small
+directories to the server, relay unix sockets over the session's connection,
+and take agent cache entries from the server's own cache.
 """
 
 from __future__ import annotations
