@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 # What the sandbox provider (bubblewrap, iproute2, nftables, util-linux), the docker
 # provider's tests (docker.io, debootstrap), the installed agents' cache (python3,
-# python3-venv) and the viewer's browser tests (chromium, chromium-driver) need from the system.
+# python3-venv; npm unless one is on PATH already) and the viewer's browser tests
+# (chromium, chromium-driver) need from the system.
 SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux docker.io debootstrap python3 python3-venv chromium chromium-driver
 
 $(BIN)/python:
@@ -29,12 +30,14 @@ demo-agent: $(STAMP)
 		$(BIN)/compass launch examples/demo-agent.yaml --output-root runs/demo-agent
 
 # The installed agents' host-side cache (built once per host and version, then reused):
-# mini-swe-agent and aider from PyPI, about a minute and 700 MB each.
+# mini-swe-agent and aider from PyPI (about a minute and 700 MB each), Claude Code and
+# Codex from npm (native executables, 235 and 424 MB, about 15 s each; needs npm).
 agents: $(STAMP)
-	$(BIN)/python -m agentcompass.agents install mini-swe-agent aider
+	$(BIN)/python -m agentcompass.agents install mini-swe-agent aider claude-code codex
 
-# mini-swe-agent on two terminal smoke tasks in sandboxes with no network, reaching the
-# scripted model server only through the attempt's model gateway (needs root).
+# mini-swe-agent on two terminal smoke tasks and Claude Code on a third, in sandboxes with
+# no network, reaching the scripted model server only through the attempt's model gateway
+# (chat completions for one, Messages for the other; needs root).
 demo-installed: $(STAMP) agents
 	$(BIN)/python -m agentcompass.testing.model_server --script examples/demo-installed.json -- \
 		$(BIN)/compass launch examples/demo-installed.yaml --output-root runs/demo-installed
@@ -59,7 +62,8 @@ demo-docker: $(STAMP) docker-base
 # Installs the missing ones with apt-get when run as root on Debian/Ubuntu;
 # otherwise says what is missing (the tests that need them skip).
 system-deps:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; \
+	  command -v npm >/dev/null 2>&1 || echo npm); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update && apt-get install -y $$missing; \

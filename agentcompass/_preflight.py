@@ -163,9 +163,12 @@ def _check_selection(request: RunRequest) -> None:
         _check_int(request.limit, "limit", minimum=0)
 
 
+_APIS = ("openai-chat", "openai-responses", "anthropic-messages", "none")
+
+
 def _check_model(model: ModelSpec) -> None:
-    if model.api not in ("openai-chat", "none"):
-        raise ConfigError(f"model.api must be 'openai-chat' or 'none', got {model.api!r}")
+    if model.api not in _APIS:
+        raise ConfigError(f"model.api must be one of {', '.join(map(repr, _APIS))}, got {model.api!r}")
     if not isinstance(model.name, str) or not model.name:
         raise ConfigError("model.name must be a non-empty string")
     if model.base_url is not None and not re.match(r"https?://", model.base_url):

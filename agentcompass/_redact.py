@@ -9,7 +9,8 @@
   and protect nothing.
 - credentials recognized by shape: ``sk-`` tokens, ``Bearer <token>``,
   ``Authorization: ...`` headers, key/value pairs whose key names a
-  credential (``api_key=...``, ``"api-key": "..."``, ``token=...``,
+  credential (``api_key=...``, ``"api-key": "..."``, an ``x-api-key:``
+  header as Anthropic's API takes the key, ``token=...``,
   ``password: ...``, ``secret=...``; the key is kept, the value masked) and the
   password of ``scheme://user:password@host`` URLs. A value that is a
   whole ``${VAR}`` reference is kept: it names where the credential lives,

@@ -13,6 +13,7 @@ from .harnesses._agent_table import AgentOutcome as AgentOutcome
 from .harnesses._agent_table import AgentRun as AgentRun
 from .harnesses._agent_table import InstalledAgent as InstalledAgent
 from .harnesses._agent_table import agent_table as agent_table
+from .harnesses._agent_table import node_platform as node_platform
 from .harnesses._agent_table import register_agent as register_agent
 from .runtime._public import publish as _publish
 
@@ -41,7 +42,9 @@ def _main(argv: list[str] | None = None) -> int:
 
     async def one(agent: InstalledAgent) -> None:
         key = f"{agent.id}-{agent.version}"
-        entry = await ensure_installed(key, agent.requirements(agent.version))
+        entry = await ensure_installed(
+            key, agent.requirements(agent.version), installer=agent.installer, binaries=agent.binaries()
+        )
         how = f"built in {entry.install_seconds:.0f}s" if entry.built else "cached"
         print(f"{key}: {entry.path} ({how})", flush=True)
 

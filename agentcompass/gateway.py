@@ -1,6 +1,8 @@
 """The model gateway API: how a harness (plugins included) lets a program it
 runs inside the session call the request's model without ever holding its
-key (SPEC 10 "Model gateway", ``docs/gateway.md``).
+key (SPEC 10 "Model gateway", ``docs/agents.md``), in the model's own API:
+chat completions, the OpenAI Responses API or the Anthropic Messages API
+(``Gateway.api``).
 
 ``async with open_gateway(env, model, max_model_calls=N) as gateway:``
 serves the attempt's endpoint for the block; run the agent with

@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import trio
 
+from agentcompass._store._index import INDEX, task_row
 from agentcompass._store._trajectories import split_trajectories
 from agentcompass._view import CHUNK_STEPS, ROW_BUDGET_SECONDS, Site, find_runs, serve, write_site
 from agentcompass._view._browser import browser_missing, open_browser
@@ -43,11 +44,13 @@ _PAD = "x" * 120  # a typical tool output's length
 def write_large_run(root: Path, tasks: int, steps: int, *, split: bool = True) -> Path:
     """A finished run of ``tasks`` tasks in the store's layout; task ``huge``
     (the first) carries the ``steps``-step trajectory, beside its record as
-    the store writes it (``split``) or inline as records of earlier versions."""
+    the store writes it (``split``, with the store's ``index.jsonl``) or
+    inline as records of earlier versions (no index)."""
     run_dir = root / "large" / "20260101T000000.000Z-bench"
     for severity in ("fatal", "error", "normal"):
         (run_dir / "details" / severity).mkdir(parents=True, exist_ok=True)
     categories = ["math", "code", "files", "web", "data"]
+    index: list[str] = []
     codes = [None, None, None, ("error", "harness_timeout"), ("warning", "reward_missing"), ("fatal", "model_server_error")]
     values = []
     for i in range(tasks):
@@ -73,7 +76,10 @@ def write_large_run(root: Path, tasks: int, steps: int, *, split: bool = True) -
             for path, messages in split_trajectories(record["attempts"], str(run_dir / "tasks" / task_id)):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 Path(path).write_text(json.dumps(messages, separators=(",", ":")), encoding="utf-8")
-        (run_dir / "details" / severity / f"{task_id}.json").write_text(json.dumps(record), encoding="utf-8")
+        data = json.dumps(record).encode()
+        (run_dir / "details" / severity / f"{task_id}.json").write_bytes(data)
+        if split:  # and its index line, as the store appends it
+            index.append(json.dumps({"bytes": len(data), **task_row(record)}, separators=(",", ":")))
     scored = [v for v in values if v is not None]
     series = {"value": None, "reference_value": sum(scored) / max(1, len(scored)), "evaluated": len(scored),
               "unavailable": 0, "invalidated": tasks - len(scored), "error": tasks // 6, "total": tasks}
@@ -83,6 +89,8 @@ def write_large_run(root: Path, tasks: int, steps: int, *, split: bool = True) -
                     "environment": {"id": "local", "config": {}}, "execution": {"attempts": {"k": 1, "strategy": "avg"}}},
         "status": "failed", "started_at": 1_790_000_000.0, "ended_at": 1_790_003_600.0,
     }))
+    if index:
+        (run_dir / INDEX).write_text("\n".join(index) + "\n")
     (run_dir / "progress.jsonl").write_text('{"event":"run_started","t":1}\n{"event":"run_finished","t":2}\n')
     return run_dir
 

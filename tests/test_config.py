@@ -130,6 +130,12 @@ def test_loads_a_valid_config(tmp_path: Path) -> None:
     assert second.model is not None and second.model.api == "openai-chat"
 
 
+@pytest.mark.parametrize("api", ["openai-responses", "anthropic-messages"])
+def test_the_responses_and_messages_apis_load_and_pass_preflight(tmp_path: Path, api: str) -> None:
+    orch = check(tmp_path, f"requests[1].model.api={api}")
+    assert orch.requests[1].model is not None and orch.requests[1].model.api == api
+
+
 # ---------------------------------------------------------------- structure errors
 
 
@@ -144,6 +150,8 @@ def test_loads_a_valid_config(tmp_path: Path) -> None:
         ("{k: 2, strategy: pass}", "{k: 2, strategy: pass, kk: 1}", "unknown key 'kk' @ requests[0].execution.attempts"),
         ("{id: cfg-analyzer}", "{id: cfg-analyzer, cfg: 1}", "unknown key 'cfg' @ requests[0].analyzers[0]"),
         ("{name: m,", "{name: m, base_ulr: x,", "unknown key 'base_ulr' @ requests[1].model"),
+        ("{name: m,", "{name: m, api: anthropic,",
+         "expected one of 'openai-chat', 'openai-responses', 'anthropic-messages', 'none', got 'anthropic' @ requests[1].model.api"),
         ("max_retries: 1", "max_retries: '1'", "expected an integer, got '1' @ requests[0].execution.max_retries"),
         ("strategy: pass", "strategy: best", "expected one of 'avg', 'pass', got 'best'"),
         ('["timeout"]', '"timeout"', "expected a list, got 'timeout' @ requests[0].execution.retry_pattern_list"),

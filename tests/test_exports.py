@@ -99,7 +99,10 @@ def test_run_failed_error_is_a_runtime_error():
     assert issubclass(agentcompass.ConfigError, ValueError)
 
 
-MODEL_NAMES = {"ChatClient", "ChatReply", "ModelError", "ModelUsage", "ToolCall", "chat_client", "open_model_clients"}
+MODEL_NAMES = {
+    "ChatClient", "ChatReply", "ModelError", "ModelUsage", "ToolCall", "chat_client", "open_model_clients",
+    "MessagesClient", "ModelReply", "ResponsesClient", "messages_client", "model_client", "responses_client",
+}  # fmt: skip
 
 
 def test_models_exports_the_model_client_api():
@@ -114,7 +117,7 @@ def test_gateway_and_agents_export_their_apis():
         "Gateway", "GatewayRecord", "open_gateway", "TOKEN_VARIABLE", "URL_VARIABLE",
     }  # fmt: skip
     assert _public(agentcompass.agents) == {
-        "AgentOutcome", "AgentRun", "InstalledAgent", "agent_table", "cache_root", "register_agent",
+        "AgentOutcome", "AgentRun", "InstalledAgent", "agent_table", "cache_root", "node_platform", "register_agent",
     }  # fmt: skip
     session = agentcompass.EnvironmentSession
     assert {"expose_directory", "expose_socket"} <= set(vars(session))

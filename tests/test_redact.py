@@ -30,6 +30,9 @@ from agentcompass.runtime._values import Secret
         ("got 401 for Bearer eyJhbGciOi.abc", f"got 401 for Bearer {MASK}"),
         ("api_key=abc123&x=1", f"api_key={MASK}&x=1"),
         ("x-api-key: abcdef", f"x-api-key: {MASK}"),
+        ("X-Api-Key:abcdef", f"X-Api-Key:{MASK}"),
+        ('{"x-api-key": "abcdef", "anthropic-version": "2023-06-01"}',
+         f'{{"x-api-key": "{MASK}", "anthropic-version": "2023-06-01"}}'),  # fmt: skip
         ('"api-key": "hello"', f'"api-key": "{MASK}"'),
         ("{'token': 'tok123', 'n': 1}", f"{{'token': '{MASK}', 'n': 1}}"),
         ("OPENAI_API_KEY=foo", f"OPENAI_API_KEY={MASK}"),
@@ -292,3 +295,11 @@ async def test_launch_configures_logging_only_while_it_runs_and_only_when_nobody
     assert structlog.get_config()["processors"] == [capture]
     assert "task_invalidated" in [e["event"] for e in capture.entries]
     assert "invalidated" not in capsys.readouterr().err
+
+
+def test_an_echoed_x_api_key_header_is_masked_in_json_text():
+    # Anthropic's key travels as x-api-key: a server echoing its headers into a body leaks nothing.
+    echoed = json.dumps({"error": {"headers": {"x-api-key": "unregistered-key-1", "accept": "application/json"}}})
+    masked = redact_json_text(echoed)
+    assert "unregistered-key-1" not in masked
+    assert json.loads(masked)["error"]["headers"] == {"x-api-key": MASK, "accept": "application/json"}

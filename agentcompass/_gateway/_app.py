@@ -1,15 +1,23 @@
 """The gateway's ASGI app: check the token, forward the call unchanged, record it.
 
-Routes (any prefix, so ``base_url`` may or may not end in ``/v1``):
-``POST .../chat/completions`` is forwarded to the model's endpoint with the
-body exactly as the agent sent it (unknown fields kept; a streamed request
-is relayed event by event as the upstream sends them) and the upstream's
-status, body, ``Content-Type`` and ``Retry-After`` come back unchanged;
-``GET .../models`` lists the one model. A request without the attempt's
-token gets 401 and is not recorded; a body over :data:`MAX_BODY_BYTES` gets
-413. Upstream failures are classified as the model client classifies them
-(``agentcompass._models._client``) and recorded on the attempt; the agent
-sees 502 for a connection failure and 504 for a timeout.
+Routes (any prefix, so ``base_url`` may or may not end in ``/v1``): the
+model's API route (``POST .../chat/completions``, ``.../responses`` or
+``.../messages``, see ``_apis``) is forwarded to the model's endpoint with
+the body exactly as the agent sent it (unknown fields kept; a streamed
+request is relayed event by event as the upstream sends them), its query
+string (Claude Code's ``?beta=true``) and the API's own request headers
+(``anthropic-version``, ``anthropic-beta``; ``openai-beta``), and the
+upstream's status, body, ``Content-Type`` and ``Retry-After`` come back
+unchanged (but for the real key, masked in an error body should the
+upstream echo its request's headers); ``GET .../models`` lists the one model; ``HEAD`` of any path
+(Claude Code's connectivity probe) is 200 with no body and is not recorded.
+The token is accepted as ``Authorization: Bearer`` or ``x-api-key``; a
+request without it gets 401 and is not recorded; a body over
+:data:`MAX_BODY_BYTES` gets 413. Upstream failures are classified as the
+model client classifies them (``agentcompass._models._client``; an error
+event inside a 200 stream is FATAL ``model_server_error`` too) and recorded
+on the attempt; the agent sees 502 for a connection failure and 504 for a
+timeout, with an error body in its API's shape.
 """
 
 from __future__ import annotations
@@ -21,10 +29,13 @@ from typing import Any
 import trio
 
 from .._asgi import lifespan
-from .._models import ChatClient, ModelError
+from .._models import EndpointClient, ModelError
+from .._models._wire import Parsed, ReplyError
+from .._redact import MASK
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
-from ._record import GatewayRecord, parse_reply, parse_stream
+from ._apis import API_OF
+from ._record import GatewayRecord
 
 __all__ = ["MAX_BODY_BYTES", "GatewayApp"]
 
@@ -37,8 +48,9 @@ _RECORD_BYTES = 16 * 1024 * 1024
 class GatewayApp:
     """One attempt's app (see the module docstring)."""
 
-    def __init__(self, client: ChatClient, token: str, record: GatewayRecord, max_calls: int | None):
+    def __init__(self, client: EndpointClient, token: str, record: GatewayRecord, max_calls: int | None):
         self.client = client
+        self.api = API_OF[client.model.api]
         self.token = token.encode()
         self.record = record
         self.max_calls = max_calls
@@ -50,22 +62,27 @@ class GatewayApp:
             return
         if scope["type"] != "http":
             return
+        if scope["method"] == "HEAD":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        api = self.api
         if self.closed or not self._authorized(scope):
-            await _json(send, 401, {"error": {"message": "invalid gateway token", "type": "invalid_request_error"}})
+            await _json(send, 401, api.error("invalid gateway token", "authentication_error"))
             return
         path = scope["path"].rstrip("/")
         if scope["method"] == "GET" and path.endswith("/models"):
             model = {"id": self.client.model.name, "object": "model", "created": 0, "owned_by": "agentcompass"}
             await _json(send, 200, {"object": "list", "data": [model]})
             return
-        if scope["method"] != "POST" or not path.endswith("/chat/completions"):
-            await _json(send, 404, {"error": {"message": f"no route {scope['method']} {scope['path']}"}})
+        if scope["method"] != "POST" or not path.endswith(api.route):
+            await _json(send, 404, api.error(f"no route {scope['method']} {scope['path']}", "not_found_error"))
             return
         body = await _read_body(receive)
         if body is None:
-            await _json(send, 413, {"error": {"message": f"request body over {MAX_BODY_BYTES} bytes"}})
+            await _json(send, 413, api.error(f"request body over {MAX_BODY_BYTES} bytes", "request_too_large"))
             return
-        await self._forward(body, send)
+        await self._forward(body, scope, send)
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         for name, value in scope["headers"]:
@@ -75,36 +92,34 @@ class GatewayApp:
                 return hmac.compare_digest(value.strip(), self.token)
         return False
 
-    async def _forward(self, body: bytes, send: Any) -> None:
-        record = self.record
+    async def _forward(self, body: bytes, scope: dict[str, Any], send: Any) -> None:
+        record, api = self.record, self.api
         if self.max_calls is not None and record.calls >= self.max_calls:
             record.refused += 1
             record.add_issue(
                 Issue("error", "run", "harness_limit_reached", f"the agent reached max_model_calls={self.max_calls}")
             )
-            await _json(
-                send,
-                429,
-                {"error": {"message": "max_model_calls reached for this attempt", "type": "harness_limit_reached"}},
-            )
+            await _json(send, 429, api.error("max_model_calls reached for this attempt", "harness_limit_reached"))
             return
         record.calls += 1
         try:
             parsed = json.loads(body)
         except ValueError:
             parsed = None
-        record.add_request(parsed)
+        record.add_request(api.conversation(parsed))
         streamed = isinstance(parsed, dict) and parsed.get("stream") is True
         import httpx  # the shared client's: loaded already
 
         client = self.client
         assert client.url is not None
-        request = client.http.build_request(
-            "POST",
-            client.url,
-            content=body,
-            headers={"Content-Type": "application/json", "Accept": "text/event-stream" if streamed else "application/json"},
-        )
+        url = client.url
+        if scope.get("query_string"):
+            url = url.copy_with(query=scope["query_string"])
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if streamed else "application/json"}
+        for name, value in scope["headers"]:
+            if api.forward and name.lower().startswith(api.forward):
+                headers[name.decode("latin-1")] = value.decode("latin-1")
+        request = client.http.build_request("POST", url, content=body, headers=headers)
         start = trio.current_time()
         try:
             response = await client.http.send(request, stream=True)
@@ -139,6 +154,10 @@ class GatewayApp:
             data = await response.aread()
             record.add_issue(self.client._status_error(response).to_issue("run"))
             record.add_reply(None, response.status_code, trio.current_time() - start)
+            key = self.client.model.api_key
+            if key is not None and len(key.reveal()) >= 4:
+                # An upstream that echoes its request's headers would hand the session the real key.
+                data = data.replace(key.reveal().encode(), MASK.encode())
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             await send({"type": "http.response.body", "body": data})
             return
@@ -147,29 +166,35 @@ class GatewayApp:
         # has it, the attempt may end (and this task be cancelled) at any time.
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             kept = bytearray()
-            async for chunk in response.aiter_raw():
+            # Decoded: the upstream's Content-Encoding is not relayed, so neither is its encoding.
+            async for chunk in response.aiter_bytes():
                 if len(kept) < _RECORD_BYTES:
                     kept += chunk
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            self._recorded(parse_stream(bytes(kept)), response.status_code, start)
+            self._recorded(self.api.stream, bytes(kept), response.status_code, start)
             await send({"type": "http.response.body", "body": b""})
         else:
             data = await response.aread()
-            self._recorded(parse_reply(data), response.status_code, start)
+            self._recorded(self.api.reply, data, response.status_code, start)
             await send({"type": "http.response.body", "body": data})
 
-    def _recorded(self, reply: dict[str, Any] | None, status: int, start: float) -> None:
+    def _recorded(self, parse: Any, data: bytes, status: int, start: float) -> None:
+        reply: Parsed | None = None
+        try:
+            reply = parse(data)
+        except ReplyError as exc:
+            if exc.code == "model_server_error":
+                error = self.client._error("fatal", exc.code, exc.detail)
+            else:
+                detail = f"a reply through the gateway had no usable message ({exc.detail})"
+                error = self.client._error("error", exc.code, detail)
+            self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(reply, status, trio.current_time() - start)
-        if reply is None:
-            self.record.add_issue(
-                self.client._error("error", "no_valid_output", "a reply through the gateway had no usable message")
-                .to_issue("run")
-            )
 
     async def _failed(self, send: Any, status: int, error: ModelError, start: float) -> None:
         self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(None, status, trio.current_time() - start)
-        await _json(send, status, {"error": {"message": error.message, "type": error.code}})
+        await _json(send, status, self.api.error(error.message, error.code))
 
 
 async def _json(send: Any, status: int, body: Any) -> None:

@@ -2,7 +2,8 @@
 
 :func:`open_gateway` serves, for the body of an ``async with``, an
 OpenAI-compatible endpoint that an agent running inside the attempt's
-session uses instead of the real model: it checks the attempt's own token,
+session uses instead of the real model, in the model's own API (chat
+completions, Responses or Messages): it checks the attempt's own token,
 forwards each call through the orchestration's shared model client (the
 real key is that client's header and never leaves the runtime), records it
 into a :class:`GatewayRecord` and classifies its failures as the model
@@ -42,7 +43,7 @@ import attrs
 import trio
 
 from .._asgi import serve_asgi
-from .._models import chat_client
+from .._models import model_client
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._components import EnvironmentSession
 from ..runtime._errors import IssueError
@@ -63,9 +64,12 @@ class Gateway:
     """One attempt's gateway, valid inside :func:`open_gateway`'s block.
 
     ``token`` is what the agent sends as its API key (``Authorization:
-    Bearer``); ``socket_path`` and ``forwarder`` are paths inside the
-    session; ``record`` fills as calls go through; ``model`` is the name
-    the agent should ask for (the request model's).
+    Bearer`` or ``x-api-key``); ``socket_path`` and ``forwarder`` are paths
+    inside the session; ``record`` fills as calls go through; ``model`` is
+    the name the agent should ask for (the request model's) and ``api`` its
+    API (``openai-chat``, ``openai-responses``, ``anthropic-messages``),
+    which decides the route served: ``/v1/chat/completions`` (and
+    ``/v1/models``), ``/v1/responses`` or ``/v1/messages``.
     """
 
     token: str
@@ -97,17 +101,22 @@ async def open_gateway(
 ) -> AsyncIterator[Gateway]:
     """Serve a gateway to ``model`` for the session ``env`` during the block.
 
-    ``model`` must have ``api: openai-chat`` (``/v1/chat/completions`` and
-    ``/v1/models``); the calls go through the orchestration's shared client
-    for it (:func:`agentcompass.models.chat_client`), so this needs a running
-    orchestration or ``open_model_clients``. Past ``max_model_calls`` calls
+    ``model``'s ``api`` decides what is served: ``openai-chat``
+    ``/v1/chat/completions`` (and ``/v1/models``), ``openai-responses``
+    ``/v1/responses``, ``anthropic-messages`` ``/v1/messages`` (any prefix
+    before the route; Anthropic's SDKs append ``/v1/messages`` to their base
+    URL, so give them the URL without ``/v1``). The calls go through the
+    orchestration's shared client for it
+    (:func:`agentcompass.models.model_client`), so this needs a running
+    orchestration or ``open_model_clients``; ``api: none`` is FATAL
+    ``setup_failed``. Past ``max_model_calls`` calls
     the gateway answers HTTP 429 and records ERROR ``harness_limit_reached``.
     Raises FATAL ``environment_unsupported`` when the session's provider
     cannot expose a socket. On the way out the server stops at once.
     """
-    if model.api != "openai-chat":
-        raise IssueError("fatal", "setup_failed", f"the model gateway cannot serve api {model.api!r} yet")
-    client = chat_client(model)
+    if model.api == "none":
+        raise IssueError("fatal", "setup_failed", "the model gateway needs a model with an api, not 'none'")
+    client = model_client(model)
     directory = await trio.to_thread.run_sync(partial(tempfile.mkdtemp, prefix="agentcompass-gateway-"))
     try:
         # Traversable, not listable: the session's user must reach the socket
@@ -136,7 +145,7 @@ async def open_gateway(
                 ) from None
             forwarder = inside.rsplit("/", 1)[0] + "/forward.py"
             try:
-                yield Gateway(token, model.name, inside, forwarder, record)
+                yield Gateway(token, model.name, inside, forwarder, record, model.api)
             finally:
                 app.closed = True
                 nursery.cancel_scope.cancel()

@@ -49,7 +49,8 @@ import email.utils
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -61,7 +62,7 @@ from ..runtime._values import ModelSpec
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["ChatClient", "ChatReply", "ModelError", "ToolCall"]
+__all__ = ["ChatClient", "ChatReply", "EndpointClient", "ModelError", "ToolCall"]
 
 _BODY_CHARS = 500
 
@@ -110,54 +111,44 @@ class ChatReply:
 
 
 @attrs.define(eq=False)
-class ChatClient:
-    """Chat completions for one model over its endpoint's shared HTTP client.
-
-    Obtain one with :func:`agentcompass.models.chat_client`; never build an
-    ``httpx`` client of your own. It holds no connection itself: closing is
-    the orchestration's job. Cancelling :meth:`chat` closes the connection
-    the call was using (an interrupted HTTP/1.1 exchange cannot be reused).
-    """
+class EndpointClient:
+    """What every API's client shares: the ModelSpec, its endpoint's shared
+    ``httpx.AsyncClient``, the one URL it posts to, and the classification of
+    failures (the module's table). The model gateway forwards through one."""
 
     model: ModelSpec
     http: httpx.AsyncClient
-    #: ``{base_url}/chat/completions``, parsed once per endpoint.
+    #: ``{base_url}{path}``, parsed once per endpoint.
     url: httpx.URL | None = None
+    #: The API's route under ``base_url``.
+    path: ClassVar[str] = "/chat/completions"
 
     def __attrs_post_init__(self) -> None:
         if self.url is None:
             import httpx
 
-            self.url = httpx.URL((self.model.base_url or "").rstrip("/") + "/chat/completions")
+            self.url = httpx.URL((self.model.base_url or "").rstrip("/") + self.path)
 
     @property
     def where(self) -> str:
         return f"model {self.model.name!r} at {self.model.base_url}"
 
-    async def chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        stream: bool = False,
-        **params: Any,
-    ) -> ChatReply:
-        """One completion of ``messages``; ``tools`` are OpenAI function tools.
-
-        The request body is ``{"model", "messages", "tools"}`` plus the
-        ModelSpec's ``params`` (temperature, max_tokens, ...), then ``params``
-        given here. ``stream`` asks for the reply as server-sent events
-        (see the module docstring); the reply is the same either way.
-        Raises :class:`ModelError`.
-        """
-        body: dict[str, Any] = {"model": self.model.name, "messages": messages}
-        if tools:
-            body["tools"] = tools
-        if stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
+    def _body(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the ModelSpec's ``params``, then the call's, on top."""
         body.update(self.model.params)
         body.update(params)
+        return body
+
+    async def _exchange(
+        self,
+        body: dict[str, Any],
+        stream: bool,
+        read: Callable[[httpx.Response], Any],
+        read_stream: Callable[[httpx.Response], Awaitable[Any]],
+    ) -> Any:
+        """Post ``body`` once; ``read`` a complete reply, ``read_stream`` an
+        event stream (when ``stream`` and the server streams). Every failure
+        is raised as a classified :class:`ModelError`."""
         import httpx  # loaded by the pool already; imported here so the contracts load without it
 
         # As httpx's ``json=`` encodes it, with one encoder for every call.
@@ -170,9 +161,9 @@ class ChatClient:
                     await response.aread()
                     raise self._status_error(response)
                 if stream and response.headers.get("content-type", "").startswith("text/event-stream"):
-                    return await self._parse_stream(response)
+                    return await read_stream(response)
                 await response.aread()
-                return self._parse(response)
+                return read(response)
             finally:
                 await response.aclose()
         except httpx.TimeoutException as exc:
@@ -209,9 +200,45 @@ class ChatClient:
             return self._error("fatal", "model_not_found", f"{detail} (is base_url or the model name wrong?)")
         if status == 429:
             return self._error("fatal", "model_rate_limited", detail, retry_after(response.headers.get("retry-after")))
-        if status >= 500:
+        if status >= 500:  # Anthropic's 529 "overloaded" among them
             return self._error("fatal", "model_server_error", detail)
         return self._error("error", "model_bad_request", detail)
+
+
+@attrs.define(eq=False)
+class ChatClient(EndpointClient):
+    """Chat completions for one model over its endpoint's shared HTTP client.
+
+    Obtain one with :func:`agentcompass.models.chat_client`; never build an
+    ``httpx`` client of your own. It holds no connection itself: closing is
+    the orchestration's job. Cancelling :meth:`chat` closes the connection
+    the call was using (an interrupted HTTP/1.1 exchange cannot be reused).
+    """
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        stream: bool = False,
+        **params: Any,
+    ) -> ChatReply:
+        """One completion of ``messages``; ``tools`` are OpenAI function tools.
+
+        The request body is ``{"model", "messages", "tools"}`` plus the
+        ModelSpec's ``params`` (temperature, max_tokens, ...), then ``params``
+        given here. ``stream`` asks for the reply as server-sent events
+        (see the module docstring); the reply is the same either way.
+        Raises :class:`ModelError`.
+        """
+        body: dict[str, Any] = {"model": self.model.name, "messages": messages}
+        if tools:
+            body["tools"] = tools
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        reply: ChatReply = await self._exchange(self._body(body, params), stream, self._parse, self._parse_stream)
+        return reply
 
     def _parse(self, response: httpx.Response) -> ChatReply:
         try:

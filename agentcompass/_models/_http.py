@@ -45,7 +45,14 @@ import httpx
 # socket options) skips it, so it is built here from the same function.
 from httpx._utils import get_environment_proxies
 
-__all__ = ["CONNECT_TIMEOUT_SECONDS", "KEEPALIVE_EXPIRY_SECONDS", "SHARD_CONNECTIONS", "endpoint_client"]
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "CONNECT_TIMEOUT_SECONDS",
+    "KEEPALIVE_EXPIRY_SECONDS",
+    "SHARD_CONNECTIONS",
+    "auth_headers",
+    "endpoint_client",
+]
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 KEEPALIVE_EXPIRY_SECONDS = 4.0
@@ -171,6 +178,19 @@ def _transport(size: int, verify: ssl.SSLContext, proxy: str | None = None) -> h
     return _StaleRetry(inner)
 
 
+#: The Messages API version every request names (Anthropic requires the header).
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def auth_headers(api: str, key: str) -> dict[str, str]:
+    """The headers that carry ``key`` for ``api``: ``x-api-key`` (with
+    ``anthropic-version``) for ``anthropic-messages``, else ``Authorization:
+    Bearer``; none for an empty key (a local server)."""
+    if api == "anthropic-messages":
+        return {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION} if key else {"anthropic-version": ANTHROPIC_VERSION}
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def trust_store() -> ssl.SSLContext:
     """The verifying context of every endpoint (``SSL_CERT_FILE``, ``SSL_CERT_DIR``
     or certifi's, as httpx picks it); loading one costs tens of milliseconds,
@@ -184,8 +204,11 @@ def endpoint_client(
     size: int,
     verify: ssl.SSLContext | None,
     transport: httpx.AsyncBaseTransport | None = None,
+    *,
+    api: str = "openai-chat",
 ) -> httpx.AsyncClient:
-    """The shared client of one endpoint: its key's header, ``timeout`` for
+    """The shared client of one endpoint: its key's header as ``api`` sends it
+    (:func:`auth_headers`), ``timeout`` for
     each read, write and wait for a connection (connecting within
     :data:`CONNECT_TIMEOUT_SECONDS` of it), a pool of ``size`` connections
     per origin; ``transport``, when given, carries every request instead
@@ -200,7 +223,7 @@ def endpoint_client(
         }
     return httpx.AsyncClient(
         # The endpoint's key is part of its identity: the header belongs to its client.
-        headers={"Authorization": f"Bearer {key}"} if key else None,
+        headers=auth_headers(api, key) or None,
         timeout=httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT_SECONDS, timeout)),
         transport=transport,
         mounts=mounts,

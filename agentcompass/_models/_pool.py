@@ -4,11 +4,13 @@
 it within the cleanup grace on the way out; every task of the orchestration
 sees it through a context variable (Trio tasks inherit the context of the
 nursery that started them, so two concurrent ``launch`` calls each see
-their own). :func:`chat_client` is how harnesses and harness-free
+their own). :func:`chat_client` (and :func:`responses_client`, :func:`messages_client`,
+:func:`model_client` for the other APIs) is how harnesses and harness-free
 benchmarks get a client: the first call for an endpoint creates its
 ``httpx.AsyncClient``, every later one shares it.
 
-An endpoint is ``(base_url, api_key, max_connections, timeout_seconds)``:
+An endpoint is ``(api, base_url, api_key, max_connections, timeout_seconds)``
+(the api decides which header carries the key):
 two ModelSpecs that differ only in name or ``params`` share one connection
 pool. The pool size is the spec's ``max_connections``, else the
 orchestration's ``task_concurrency`` (so the tasks that use it never queue
@@ -32,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from .._redact import register_secret
 from ..runtime._errors import ConfigError
 from ..runtime._values import ModelSpec
-from ._client import ChatClient
+from ._client import ChatClient, EndpointClient
+from ._native import MessagesClient, ResponsesClient
 
 if TYPE_CHECKING:
     import ssl
@@ -41,7 +44,15 @@ if TYPE_CHECKING:
 
 # httpx loads with the first client: importing the contracts stays cheap.
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "ModelClients", "chat_client", "open_model_clients"]
+__all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "ModelClients",
+    "chat_client",
+    "messages_client",
+    "model_client",
+    "open_model_clients",
+    "responses_client",
+]
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
@@ -62,15 +73,18 @@ class ModelClients:
         self._verify: ssl.SSLContext | None = None
         self.closed = False
 
-    def client(self, model: ModelSpec) -> ChatClient:
+    def client(self, model: ModelSpec) -> EndpointClient:
+        """The client of ``model``'s API on its endpoint's shared HTTP client."""
         if self.closed:
             raise RuntimeError("the orchestration's model clients are closed")
-        if model.api != "openai-chat":
-            raise ConfigError(f"model {model.name!r}: api {model.api!r} has no chat client")
+        kind = _CLIENTS.get(model.api)
+        if kind is None:
+            raise ConfigError(f"model {model.name!r}: api {model.api!r} has no client")
         if not model.base_url:
-            raise ConfigError(f"model {model.name!r}: base_url is required for api 'openai-chat'")
+            raise ConfigError(f"model {model.name!r}: base_url is required for api {model.api!r}")
         key = model.api_key.reveal() if model.api_key else ""
-        endpoint = (model.base_url, key, model.max_connections, model.timeout_seconds)
+        # The api is part of the endpoint: it decides the header the key goes in.
+        endpoint = (model.api, model.base_url, key, model.max_connections, model.timeout_seconds)
         http = self._http.get(endpoint)
         if http is None:
             import httpx
@@ -83,10 +97,10 @@ class ModelClients:
             timeout = DEFAULT_TIMEOUT_SECONDS if model.timeout_seconds is None else model.timeout_seconds
             if self.transport is None and self._verify is None:
                 self._verify = trust_store()
-            http = endpoint_client(key, timeout, size, self._verify, self.transport)
+            http = endpoint_client(key, timeout, size, self._verify, self.transport, api=model.api)
             self._http[endpoint] = http
-            self._urls[endpoint] = httpx.URL(model.base_url.rstrip("/") + "/chat/completions")
-        return ChatClient(model, http, self._urls[endpoint])
+            self._urls[endpoint] = httpx.URL(model.base_url.rstrip("/") + kind.path)
+        return kind(model, http, self._urls[endpoint])
 
     async def aclose(self) -> None:
         """Close every client (idempotent). The caller bounds it (the grace)."""
@@ -137,16 +151,56 @@ async def open_model_clients(
             await pool.aclose()
 
 
+def _pool(caller: str) -> ModelClients:
+    pool = _current.get()
+    if pool is None:
+        raise RuntimeError(f"{caller}() needs a running orchestration (agentcompass.launch) or open_model_clients()")
+    return pool
+
+
+def _typed(model: ModelSpec, api: str, caller: str) -> Any:
+    if model.api != api:
+        raise ConfigError(f"model {model.name!r}: api {model.api!r} has no {caller}() (it needs api {api!r})")
+    return _pool(caller).client(model)
+
+
 def chat_client(model: ModelSpec) -> ChatClient:
     """The :class:`ChatClient` for ``model`` on its endpoint's shared HTTP client.
 
     Call it from a component running under ``agentcompass.launch`` (or
     inside ``open_model_clients``); the client is the orchestration's, so do
     not close it. Raises :class:`ConfigError` for a ModelSpec that has no
-    chat API (``api: none``, no ``base_url``) and ``RuntimeError`` outside an
-    orchestration.
+    chat API (``api`` other than ``openai-chat``, no ``base_url``) and
+    ``RuntimeError`` outside an orchestration.
     """
-    pool = _current.get()
-    if pool is None:
-        raise RuntimeError("chat_client() needs a running orchestration (agentcompass.launch) or open_model_clients()")
-    return pool.client(model)
+    client: ChatClient = _typed(model, "openai-chat", "chat_client")
+    return client
+
+
+def responses_client(model: ModelSpec) -> ResponsesClient:
+    """The :class:`ResponsesClient` for a ``model`` with ``api:
+    openai-responses``, shared as :func:`chat_client`'s is (same errors)."""
+    client: ResponsesClient = _typed(model, "openai-responses", "responses_client")
+    return client
+
+
+def messages_client(model: ModelSpec) -> MessagesClient:
+    """The :class:`MessagesClient` for a ``model`` with ``api:
+    anthropic-messages``, shared as :func:`chat_client`'s is (same errors)."""
+    client: MessagesClient = _typed(model, "anthropic-messages", "messages_client")
+    return client
+
+
+def model_client(model: ModelSpec) -> ChatClient | ResponsesClient | MessagesClient:
+    """The client of ``model``'s own API: a :class:`ChatClient`,
+    :class:`ResponsesClient` or :class:`MessagesClient` (``api: none`` or no
+    ``base_url``: :class:`ConfigError`). The model gateway forwards through it."""
+    client: Any = _pool("model_client").client(model)
+    return client
+
+
+_CLIENTS: dict[str, type[EndpointClient]] = {
+    "openai-chat": ChatClient,
+    "openai-responses": ResponsesClient,
+    "anthropic-messages": MessagesClient,
+}

@@ -64,10 +64,14 @@ def task_row(record: dict[str, Any]) -> dict[str, Any]:
 
 def valid_row(line: Any) -> bool:
     """Whether an index line read back has a row's shape (a damaged or foreign one is ignored)."""
+    if not isinstance(line, dict) or not isinstance(line.get("bytes"), int):
+        return False
+    for name, kind in _ROW_TYPES.items():
+        if not isinstance(line.get(name), kind):
+            return False
+    category = line.get("category")
     return (
-        isinstance(line, dict)
-        and isinstance(line.get("bytes"), int)
-        and all(isinstance(line.get(name), kind) for name, kind in _ROW_TYPES.items())
-        and (line.get("category") is None or isinstance(line["category"], str))
+        (category is None or isinstance(category, str))
         and all(isinstance(v, dict) for v in line["values"])
+        and all(type(n) in (int, float) for totals in (line["usage"], line["timings"]) for n in totals.values())
     )

@@ -3,9 +3,13 @@
 An entry is ``<root>/<agent>-<version>/``: for a Python agent a virtual
 environment (``venv/``) made with the host's Python and the agent's pinned
 distribution installed into it from the package index pip is configured
-for, and ``installed.json`` written last (what was installed, how long it
-took). An entry without ``installed.json`` is an interrupted build and is
-built again. ``<root>`` is ``$AGENTCOMPASS_AGENT_CACHE``, else
+for; for an npm agent the pinned package installed with the host's ``npm``
+into ``npm/`` (from the registry npm is configured for; install scripts
+off) and, under ``bin/``, relative links to the native executables its
+platform package brought (so the session runs them directly, with no
+Node.js); and ``installed.json`` written last (what was installed, how long
+it took). An entry without ``installed.json`` is an interrupted build and
+is built again. ``<root>`` is ``$AGENTCOMPASS_AGENT_CACHE``, else
 ``${XDG_CACHE_HOME:-~/.cache}/agentcompass/agents``. The interpreter is the
 system's ``python3`` (:func:`host_python`).
 
@@ -28,6 +32,7 @@ import shutil
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +41,7 @@ import trio
 
 from agentcompass import IssueError
 
-__all__ = ["CacheEntry", "cache_root", "ensure_installed"]
+__all__ = ["CacheEntry", "cache_root", "ensure_installed", "host_npm"]
 
 _locks: dict[str, trio.Lock] = {}
 
@@ -58,14 +63,25 @@ def cache_root() -> Path:
     return Path(base) / "agentcompass" / "agents"
 
 
-async def ensure_installed(key: str, requirements: list[str], *, root: Path | None = None) -> CacheEntry:
+async def ensure_installed(
+    key: str,
+    requirements: list[str],
+    *,
+    root: Path | None = None,
+    installer: str = "pip",
+    binaries: dict[str, list[str]] | None = None,
+) -> CacheEntry:
     """The complete cache entry ``key`` (``<agent>-<version>``), building it
-    with pip from ``requirements`` first if no complete one exists.
+    first if no complete one exists: with pip from ``requirements`` into a
+    venv (``installer="pip"``), or with npm (``installer="npm"``), linking
+    ``bin/<name>`` to the first of ``binaries[name]`` (paths under
+    ``node_modules``) that the install brought.
 
-    A failed build raises FATAL ``agent_install_failed`` with pip's last
-    lines (the partial entry is removed; the next attempt builds again).
-    Cancellation stops pip and leaves an incomplete entry that the next
-    build replaces."""
+    A failed build raises FATAL ``agent_install_failed`` with the
+    installer's last lines, or naming the executable none of whose
+    candidates exist (the partial entry is removed; the next attempt builds
+    again). Cancellation stops the installer and leaves an incomplete entry
+    that the next build replaces."""
     root = cache_root() if root is None else root
     entry = root / key
     if await trio.Path(entry / "installed.json").is_file():
@@ -85,7 +101,10 @@ async def ensure_installed(key: str, requirements: list[str], *, root: Path | No
             if await trio.Path(entry / "installed.json").is_file():
                 return CacheEntry(entry, False, 0.0)
             start = time.monotonic()
-            await _build(entry, requirements)
+            if installer == "npm":
+                await _build_npm(entry, requirements, binaries or {})
+            else:
+                await _build(entry, requirements)
             return CacheEntry(entry, True, time.monotonic() - start)
         finally:
             os.close(fd)  # releases the flock
@@ -157,13 +176,7 @@ async def _build(entry: Path, requirements: list[str]) -> None:
         steps = [[host_python(), "-m", "venv", str(venv)], [python, "-m", "pip", *pip_options, *requirements]]
     start = time.monotonic()
     for argv in steps:
-        result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, stdin=b"")
-        if result.returncode != 0:
-            tail = " ".join((result.stderr or result.stdout).decode(errors="replace").split())[-400:]
-            await trio.to_thread.run_sync(_clear, entry)
-            raise IssueError(
-                "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({' '.join(argv[1:4])}): {tail}"
-            )
+        await _run(entry, requirements, argv)
     info: dict[str, Any] = {
         "requirements": requirements,
         "python": host_python(),
@@ -171,6 +184,72 @@ async def _build(entry: Path, requirements: list[str]) -> None:
         "created": time.time(),
     }
     await trio.to_thread.run_sync(_finish, entry, info)
+
+
+async def _run(entry: Path, requirements: list[str], argv: list[str], env: dict[str, str] | None = None) -> None:
+    """Run one build step; on failure clear the entry and raise FATAL ``agent_install_failed``."""
+    try:
+        result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False, stdin=b"", env=env)
+        failed, output = result.returncode != 0, result.stderr or result.stdout
+    except OSError as exc:  # the installer itself is missing or not executable
+        failed, output = True, str(exc).encode()
+    if failed:
+        tail = " ".join(output.decode(errors="replace").split())[-400:]
+        await trio.to_thread.run_sync(_clear, entry)
+        raise IssueError(
+            "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({' '.join(argv[1:4])}): {tail}"
+        )
+
+
+def host_npm() -> str | None:
+    """The ``npm`` new npm entries are installed with: ``$AGENTCOMPASS_AGENT_NPM``, else ``npm`` on ``PATH``."""
+    return os.environ.get("AGENTCOMPASS_AGENT_NPM") or shutil.which("npm")
+
+
+async def _build_npm(entry: Path, requirements: list[str], binaries: dict[str, list[str]]) -> None:
+    await trio.to_thread.run_sync(_clear, entry)
+    npm = host_npm()
+    if npm is None:
+        raise IssueError("fatal", "agent_install_failed", f"installing {' '.join(requirements)} needs npm on the host")
+    prefix = entry / "npm"
+    # Install scripts off: the platform package already holds the native
+    # executable, which bin/ links to (a postinstall would only copy it).
+    argv = [
+        npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-update-notifier",
+        "--ignore-scripts", "--omit=dev", "--loglevel=error", *requirements,
+    ]  # fmt: skip
+    start = time.monotonic()
+    await trio.to_thread.run_sync(partial(prefix.mkdir, parents=True))
+    await _run(entry, requirements, argv, env={**os.environ, "NO_UPDATE_NOTIFIER": "1"})
+    try:
+        linked = await trio.to_thread.run_sync(_link_binaries, entry, binaries)
+    except FileNotFoundError as exc:
+        await trio.to_thread.run_sync(_clear, entry)
+        raise IssueError("fatal", "agent_install_failed", f"installing {' '.join(requirements)}: {exc}") from None
+    info: dict[str, Any] = {
+        "requirements": requirements,
+        "npm": npm,
+        "binaries": linked,
+        "install_seconds": round(time.monotonic() - start, 3),
+        "created": time.time(),
+    }
+    await trio.to_thread.run_sync(_finish, entry, info)
+
+
+def _link_binaries(entry: Path, binaries: dict[str, list[str]]) -> dict[str, str]:
+    """Link ``bin/<name>`` to the first candidate that exists (relative, so the
+    link resolves wherever the entry is mounted); name -> its target."""
+    modules = entry / "npm" / "node_modules"
+    (entry / "bin").mkdir()
+    linked = {}
+    for name, candidates in binaries.items():
+        found = next((c for c in candidates if (modules / c).is_file() and not (modules / c).is_symlink()), None)
+        if found is None:
+            raise FileNotFoundError(f"no executable {name!r} for this platform (looked for {', '.join(candidates)})")
+        target = os.path.join("..", "npm", "node_modules", found)
+        os.symlink(target, entry / "bin" / name)
+        linked[name] = found
+    return linked
 
 
 def _clear(entry: Path) -> None:

@@ -4,8 +4,9 @@ Per attempt:
 
 1. ``start_session``: the agent's cache entry (``_agent_cache``: built once
    per host and version, then reused) is exposed read-only in the session
-   (``EnvironmentSession.expose_directory``) and its interpreter is checked
-   there (a Python agent needs Python >= 3.10: otherwise FATAL
+   (``EnvironmentSession.expose_directory``) and checked to run there (a
+   Python agent's interpreter must be Python >= 3.10; an npm agent's native
+   executable must run on the session's libc: otherwise FATAL
    ``environment_unsupported``). ``timings`` get ``agent_install`` (seconds
    spent building the entry in this attempt: 0 when it was cached) and
    ``agent_prepare`` (this whole step).
@@ -37,11 +38,14 @@ pinned default), ``args`` (extra CLI arguments), ``max_model_calls``.
 from __future__ import annotations
 
 import base64
+import os
 import shlex
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+import trio
 
 from agentcompass import (
     BaseHarness,
@@ -68,7 +72,6 @@ _LOG_BYTES = 16 * 1024 * 1024
 _OUTPUT_TAIL = 2000
 #: The exit status of the gateway's wrapper when its forwarder could not start.
 _NO_FORWARDER = 97
-_CHECK = "import sys; sys.exit(0 if sys.version_info[:2] >= ({}, {}) else 3)"
 
 
 @attrs.define(eq=False)
@@ -79,7 +82,7 @@ class InstalledSession:
     model: ModelSpec
     agent: InstalledAgent
     version: str
-    venv: str
+    root: str
     timings: dict[str, float]
     cache_hit: bool
 
@@ -116,32 +119,27 @@ class InstalledHarness(BaseHarness):
             raise IssueError("fatal", "setup_failed", f"agent {agent.id!r} needs a request model with api {agent.api!r}")
         start = time.monotonic()
         version = self.options.version or agent.version
-        entry = await ensure_installed(f"{agent.id}-{version}", agent.requirements(version))
+        binaries = agent.binaries()
+        entry = await ensure_installed(
+            f"{agent.id}-{version}", agent.requirements(version), installer=agent.installer, binaries=binaries
+        )
         try:
             inside = await env.expose_directory(str(entry.path))
         except NotImplementedError:
             raise IssueError(
                 "fatal", "environment_unsupported", f"{type(env).__name__} cannot make the agent's installation available"
             ) from None
-        venv = inside.rstrip("/") + "/venv"
-        python = venv + "/bin/python"
-        check = await env.exec([python, "-c", _CHECK.format(*agent.python)], timeout=60)
-        if check.exit_code != 0:
-            wanted = ".".join(map(str, agent.python))
-            raise IssueError(
-                "fatal",
-                "environment_unsupported",
-                f"agent {agent.id!r} needs Python >= {wanted} in the session; {python} did not run "
-                f"(exit {check.exit_code}: {' '.join(check.stderr.split())[:200]})",
-            )
+        root = inside.rstrip("/")
+        await _check_runs(env, agent, root, binaries, entry.path)
         timings = {"agent_install": round(entry.install_seconds, 3), "agent_prepare": round(time.monotonic() - start, 3)}
-        return InstalledSession(env, model, agent, version, venv, timings, not entry.built)
+        return InstalledSession(env, model, agent, version, root, timings, not entry.built)
 
     async def run_task(self, session: InstalledSession, prepared: PreparedTask, budget: RunBudget) -> RunResult:
         agent, env = session.agent, session.env
         run = AgentRun(
-            venv=session.venv,
-            python=session.venv + "/bin/python",
+            venv=session.root + "/venv",
+            python=session.root + "/venv/bin/python",
+            root=session.root,
             instruction=_instruction(prepared),
             model=session.model.name,
             args=tuple(self.options.args),
@@ -195,6 +193,55 @@ class InstalledHarness(BaseHarness):
             issues=issues,
             timings={**session.timings, "agent_run": round(took, 3)},
         )
+
+
+async def _check_runs(
+    env: EnvironmentSession, agent: InstalledAgent, root: str, binaries: dict[str, list[str]], entry: Path
+) -> None:
+    """FATAL ``environment_unsupported`` unless the entry runs in the session: a
+    Python agent's interpreter, or an npm agent's first native executable
+    (which runs on the session's userland and libc, not the host's).
+
+    A Python entry's packages are built for the host interpreter its venv
+    links to, so the session needs that one: the same minor version at the
+    same path (named in the message)."""
+    if agent.installer == "npm":
+        if not binaries:
+            return
+        program = f"{root}/bin/{next(iter(binaries))}"
+        check = await env.exec([program, "--version"], timeout=60)
+        needs = f"an executable of the host's platform to run in the session; {program} did not"
+    else:
+        program = f"{root}/venv/bin/python"
+        made_with = await trio.to_thread.run_sync(_made_with, entry / "venv")
+        need = f"sys.version_info[:2] >= {tuple(agent.python)!r}"
+        if made_with is not None:
+            need += f" and sys.version_info[:2] == {made_with[1:]!r}"
+        check = await env.exec([program, "-c", f"import sys; sys.exit(0 if {need} else 3)"], timeout=60)
+        same = f", the one its installation was made with (Python {made_with[1]}.{made_with[2]} at {made_with[0]})" if made_with else ""
+        needs = f"Python >= {'.'.join(map(str, agent.python))} in the session{same}; {program} did not run it"
+    if check.exit_code != 0:
+        raise IssueError(
+            "fatal",
+            "environment_unsupported",
+            f"agent {agent.id!r} needs {needs} (exit {check.exit_code}: {' '.join(check.stderr.split())[:200]})",
+        )
+
+
+def _made_with(venv: Path) -> tuple[str, int, int] | None:
+    """(interpreter, major, minor) of the host Python a virtual environment
+    links to (its ``bin/python3`` link and ``pyvenv.cfg``), or None when it does not say."""
+    try:
+        config = (venv / "pyvenv.cfg").read_text()
+        link = os.readlink(venv / "bin" / "python3")
+    except OSError:
+        return None
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        numbers = value.strip().split(".")
+        if key.strip() == "version" and len(numbers) >= 2 and numbers[0].isdigit() and numbers[1].isdigit():
+            return link, int(numbers[0]), int(numbers[1])
+    return None
 
 
 def _instruction(prepared: PreparedTask) -> str:

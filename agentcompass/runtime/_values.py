@@ -85,11 +85,14 @@ class ModelSpec:
     """A model endpoint. A request value, not a registered component.
 
     ``api`` is ``"openai-chat"`` (any OpenAI-compatible ``/chat/completions``
-    server: vLLM, SGLang, Ollama, LiteLLM) or ``"none"``.
+    server: vLLM, SGLang, Ollama, LiteLLM), ``"openai-responses"`` (the
+    OpenAI Responses API, ``/responses``), ``"anthropic-messages"`` (the
+    Anthropic Messages API, ``/messages``; ``base_url`` ends in ``/v1`` as
+    for the others) or ``"none"``.
     """
 
     name: str
-    api: Literal["openai-chat", "none"] = "openai-chat"
+    api: Literal["openai-chat", "openai-responses", "anthropic-messages", "none"] = "openai-chat"
     base_url: str | None = None
     api_key: Secret | None = None
     params: dict[str, Any] = attrs.Factory(dict)

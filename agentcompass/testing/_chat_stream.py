@@ -19,12 +19,17 @@ from typing import Any
 __all__ = ["sse_events"]
 
 
-def sse_events(body: Any, chunk_chars: int, include_usage: bool) -> list[bytes]:
+def sse_events(body: Any, chunk_chars: int, include_usage: bool, failure: str | None = None) -> list[bytes]:
     """The events for ``body``; a ``bytes`` body (a malformed reply) is one
-    event of those bytes, with no ``[DONE]``."""
+    event of those bytes, with no ``[DONE]``. With ``failure`` the message's
+    deltas are followed by ``data: {"error": {...}}`` (that message) instead
+    of the finish chunk, the usage and ``[DONE]``."""
     if isinstance(body, bytes):
         return [b"data: " + body + b"\n\n"]
-    chunks = _chunks(body if isinstance(body, dict) else {}, chunk_chars, include_usage)
+    chunks = _chunks(body if isinstance(body, dict) else {}, chunk_chars, include_usage and failure is None)
+    if failure is not None:
+        error = {"error": {"message": failure, "type": "server_error", "code": None}}
+        return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks[:-1]] + [f"data: {json.dumps(error)}\n\n".encode()]
     return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
 
 

@@ -1,10 +1,23 @@
-"""A real OpenAI-compatible chat-completions server on 127.0.0.1, scripted per request.
+"""A real model server on 127.0.0.1 (chat completions, Responses, Messages), scripted per request.
 
 For tests, demos and benchmarks that need a model without an API key. It is
 a plain ASGI app served by hypercorn's Trio worker (HTTP/1.1, keep-alive)
-answering ``POST /v1/chat/completions`` (any path ending in
-``/chat/completions``; every other route is 404); every request is recorded
-in :attr:`ModelServer.requests`. What it answers is a *script*:
+answering three APIs by route (any prefix, any query string):
+
+- ``POST .../chat/completions``: OpenAI chat completions;
+- ``POST .../responses``: the OpenAI Responses API (``_responses_render``:
+  a ``response`` object whose ``output`` has a ``message`` item and a
+  ``function_call`` item per tool call, with its ``call_id``);
+- ``POST .../messages``: the Anthropic Messages API (``_messages_render``: a
+  ``message`` with ``text`` and ``tool_use`` content blocks; an error is
+  Anthropic's error object, 529 ``overloaded_error``);
+
+``HEAD`` of any path is 200 and is neither recorded nor a step (Claude
+Code's probe); every other route is 404. Every request is recorded in
+:attr:`ModelServer.requests`. The script is the same for every API: a step
+is written once (as a chat completion, which :func:`text` and the rest
+build) and rendered in the wire format of the route that asked. What it
+answers is a *script*:
 
 - a list of :class:`Reply` values, served in order (past the end: HTTP 500
   ``script exhausted``), or
@@ -14,6 +27,15 @@ in :attr:`ModelServer.requests`. What it answers is a *script*:
   chosen by a substring of a user or tool message, the last one first; a
   message's content may be a string or a list of parts).
 
+Both read the conversation in each API's body as chat-like messages
+(``_models._wire``): chat's ``messages``; Responses' ``input`` (a string is
+one user message; ``message`` items by role with their ``input_text``
+parts, ``function_call_output`` items as tool messages, and each run of
+assistant ``message``, ``reasoning`` and ``function_call`` items as *one*
+assistant turn; ``instructions`` apart, as a system message); Messages'
+``messages`` (``tool_result`` blocks of a user message as tool messages,
+its ``text`` blocks as the user message; ``system`` apart).
+
 ``ModelServer(script, fail_after=N)`` answers HTTP 500 (``fail_status``) to
 every request after N successful replies: an upstream that breaks mid-episode.
 :meth:`ModelServer.save` writes what it recorded as JSON lines.
@@ -22,7 +44,10 @@ Replies: :func:`text`, :func:`tool_call`, :func:`tool_calls` (several calls in
 one message), :func:`error` (any status, any headers such as ``Retry-After``
 or ``Connection: close``), :func:`malformed` (a 200 whose body is not JSON),
 :func:`empty_choices`, :func:`echo_headers` (an error body that repeats the
-request's headers, ``Authorization`` included: a redaction probe);
+request's headers, ``Authorization`` and ``x-api-key`` included: a
+redaction probe), :func:`stream_error` (a streamed reply that ends in the
+API's error event: a chat ``error`` chunk, Responses ``response.failed``,
+Messages ``event: error``; HTTP 500 when not streamed);
 ``reply.after(seconds)`` delays one (a long delay is a server that hangs).
 A client that closes its connection while its reply is delayed is counted in
 :attr:`ModelServer.aborted`.
@@ -63,17 +88,22 @@ fail. A STEP is one of
 - ``{"tool_call": {"name": "bash", "arguments": {...}}}``: one tool call;
 - ``{"tool_calls": [{"name": ..., "arguments": ...}, ...]}``: several;
 - ``{"status": 429, "headers": {"Retry-After": "2"}, "body": ...}``: any
-  status, headers and JSON body (an OpenAI-style error when omitted);
+  status, headers and JSON body (the API's error object when omitted);
 - ``{"malformed": "..."}``: a 200 with that body, not JSON;
-- ``{"empty_choices": true}``: a 200 with ``"choices": []``;
+- ``{"empty_choices": true}``: a 200 with no message (``"choices": []``;
+  Responses ``"output": []``, Messages ``"content": []``);
 - ``{"echo_headers": 500}``: that status, the request's headers as body;
+- ``{"stream_error": "message"}``: a streamed reply ending in an error event;
 
 each optionally with ``"delay"`` (seconds before the reply; the file's
 ``delay`` by default), ``"headers"`` (added to the reply's, e.g.
 ``{"Connection": "close"}`` to close the connection after it),
 ``"chunk_chars"`` and ``"chunk_delay"`` (streamed replies).
 
-A request with ``"stream": true`` gets a 200 reply whose body has
+A Responses or Messages request with ``"stream": true`` gets its API's
+events (see ``_responses_render`` and ``_messages_render``: text and tool
+arguments in pieces of ``Reply.chunk_chars``, usage in the closing events).
+A chat request with ``"stream": true`` gets a 200 reply whose body has
 ``choices`` as server-sent events in the chat-completions chunk format:
 ``data: {chunk}`` events (the role first; the content in pieces of
 ``Reply.chunk_chars`` characters; each tool call's ``index``, ``id`` and
@@ -100,6 +130,8 @@ import attrs
 import trio
 
 from .._asgi import lifespan, listen, serve_asgi
+from .._models import _messages_wire, _responses_wire
+from . import _messages_render, _responses_render
 from ._chat_stream import sse_events
 
 __all__ = [
@@ -114,6 +146,7 @@ __all__ = [
     "load_script",
     "malformed",
     "message_text",
+    "stream_error",
     "text",
     "tool_call",
     "tool_calls",
@@ -125,8 +158,11 @@ _CHUNK_CHARS = 8
 
 @attrs.frozen
 class Reply:
-    """One scripted HTTP reply. ``body`` is JSON-encoded unless it is ``bytes``;
-    ``echo_headers`` replaces the body with the request's headers.
+    """One scripted HTTP reply. ``body`` is JSON-encoded unless it is ``bytes``
+    (a chat completion is rendered in the route's API, and an error reply's
+    ``None`` body as the API's error object); ``echo_headers`` replaces the
+    body with the request's headers; ``stream_error`` ends a streamed reply
+    with the API's error event.
     ``chunk_chars`` and ``chunk_delay`` shape the reply to a streaming request:
     the size of each content or arguments piece and the pause between events."""
 
@@ -137,6 +173,8 @@ class Reply:
     echo_headers: bool = False
     chunk_chars: int = _CHUNK_CHARS
     chunk_delay: float = 0.0
+    #: Streamed: the reply's deltas, then the API's error event with this message.
+    stream_error: str | None = None
 
     def after(self, seconds: float) -> Reply:
         """This reply, sent ``seconds`` after the request arrived."""
@@ -214,10 +252,18 @@ def tool_calls(
 
 
 def error(status: int, *, headers: dict[str, str] | None = None, body: Any = None) -> Reply:
-    """An HTTP error reply (``body`` defaults to an OpenAI-style error object)."""
-    if body is None:
-        body = {"error": {"message": f"scripted HTTP {status}", "type": "scripted", "code": status}}
+    """An HTTP error reply; ``body`` defaults to the route's API error object
+    (``{"error": {"message": "scripted HTTP 500", ...}}``, or for Messages
+    ``{"type": "error", "error": {"type": "overloaded_error", ...}}`` and the like)."""
     return Reply(status=status, body=body, headers=dict(headers or {}))
+
+
+def stream_error(message: str = "scripted stream error", *, content: str = "partial") -> Reply:
+    """A streamed reply that breaks: ``content``'s deltas, then the API's
+    error event with ``message`` (chat: a ``data: {"error": ...}`` chunk;
+    Responses: ``response.failed``; Messages: ``event: error``,
+    ``overloaded_error``). A request that did not ask to stream gets HTTP 500."""
+    return attrs.evolve(text(content), stream_error=message)
 
 
 def malformed(body: str = '{"choices": [') -> Reply:
@@ -246,10 +292,54 @@ def message_text(message: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _messages(request: RecordedRequest) -> list[Any]:
-    body = request.json
+def _chat_messages(body: Any) -> list[Any]:
     messages = body.get("messages", []) if isinstance(body, dict) else []
     return messages if isinstance(messages, list) else []
+
+
+@attrs.frozen
+class _Api:
+    """One API the server speaks: its route, where a request keeps its
+    conversation (as chat-like messages, see ``_models._wire``), and how a
+    scripted chat completion, its stream and an error body are rendered."""
+
+    route: str
+    conversation: Callable[[Any], list[Any]]
+    body: Callable[[Any], Any]
+    events: Callable[[Any, int, bool, str | None], list[bytes]]
+    error: Callable[[int, str], Any]
+
+
+def _openai_error(status: int, message: str) -> Any:
+    return {"error": {"message": message, "type": "scripted", "code": status}}
+
+
+_APIS = (
+    _Api("/chat/completions", _chat_messages, lambda body: body, sse_events, _openai_error),
+    _Api(
+        "/responses",
+        _responses_wire.conversation,
+        _responses_render.response_body,
+        lambda body, size, _usage, failure: _responses_render.response_events(body, size, failure),
+        _openai_error,
+    ),
+    _Api(
+        "/messages",
+        _messages_wire.conversation,
+        _messages_render.message_body,
+        lambda body, size, _usage, failure: _messages_render.message_events(body, size, failure),
+        _messages_render.error_body,
+    ),
+)
+
+
+def _api(path: str) -> _Api | None:
+    route = path.split("?")[0].rstrip("/")
+    return next((api for api in _APIS if route.endswith(api.route)), None)
+
+
+def _messages(request: RecordedRequest) -> list[Any]:
+    return (_api(request.path) or _APIS[0]).conversation(request.json)
 
 
 def _turn(messages: list[Any], start: int) -> int:
@@ -340,7 +430,7 @@ class ModelServer:
         self._stop.set()
 
     def _reply_for(self, request: RecordedRequest) -> Reply:
-        if request.method != "POST" or not request.path.split("?")[0].rstrip("/").endswith("/chat/completions"):
+        if request.method != "POST" or _api(request.path) is None:
             return error(404, body={"error": {"message": f"no route {request.method} {request.path}"}})
         if self.fail_after is not None and self.good >= self.fail_after:
             return error(self.fail_status)
@@ -386,6 +476,10 @@ class ModelServer:
             return
         if scope["type"] != "http":
             return
+        if scope["method"] == "HEAD":  # a client's connectivity probe (Claude Code's): not a request
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
         peer = scope.get("client")
         if peer is None or peer not in self._peers:
             self._peers.add(peer)
@@ -402,17 +496,24 @@ class ModelServer:
             self._notify()
             return
         asked = request.json if isinstance(request.json, dict) else {}
+        api = _api(request.path) or _APIS[0]
         if asked.get("stream") is True and reply.status == 200 and not reply.echo_headers:
             options = asked.get("stream_options")
             usage = isinstance(options, dict) and options.get("include_usage") is True
-            if await _stream(send, receive, reply, usage):
+            if await _stream(send, receive, reply, api, usage):
                 self.aborted += 1
                 self._notify()
             return
+        if reply.stream_error is not None and reply.status == 200:
+            reply = error(500, headers=reply.headers)
         if reply.echo_headers:
             payload = json.dumps({"error": {"message": "echo", "headers": request.headers}}).encode()
         elif isinstance(reply.body, bytes):
             payload = reply.body
+        elif reply.body is None and reply.status >= 400:
+            payload = json.dumps(api.error(reply.status, f"scripted HTTP {reply.status}")).encode()
+        elif reply.status == 200 and isinstance(reply.body, dict) and "choices" in reply.body:
+            payload = json.dumps(api.body(reply.body)).encode()
         else:
             payload = json.dumps(reply.body).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -452,11 +553,14 @@ async def _client_left_during(receive: Any, seconds: float) -> bool:
     return False
 
 
-async def _stream(send: Any, receive: Any, reply: Reply, include_usage: bool) -> bool:
-    """Send ``reply`` as server-sent events; True if the client left midway."""
+async def _stream(send: Any, receive: Any, reply: Reply, api: _Api, include_usage: bool) -> bool:
+    """Send ``reply`` as ``api``'s server-sent events; True if the client left midway."""
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
     await send({"type": "http.response.start", "status": 200, "headers": headers + _headers(reply)})
-    events = sse_events(reply.body, reply.chunk_chars, include_usage)
+    if isinstance(reply.body, bytes):
+        events = [b"data: " + reply.body + b"\n\n"]
+    else:
+        events = api.events(reply.body, reply.chunk_chars, include_usage, reply.stream_error)
     for n, event in enumerate(events):
         if n and reply.chunk_delay and await _client_left_during(receive, reply.chunk_delay):
             return True
@@ -487,6 +591,8 @@ def _step(raw: dict[str, Any], delay: float) -> Reply:
         reply = empty_choices()
     elif "echo_headers" in raw:
         reply = echo_headers(int(raw["echo_headers"]))
+    elif "stream_error" in raw:
+        reply = stream_error(str(raw["stream_error"]))
     else:
         raise ValueError(f"unknown script step {sorted(raw)}")
     reply = attrs.evolve(reply, headers={**reply.headers, **headers}, chunk_chars=chunk_chars, chunk_delay=chunk_delay)

@@ -14,7 +14,8 @@ everything the tests look at is on disk:
 - ``rec-harness``: appends ``<task> <attempt> <pid>`` to ``runs_log`` when
   an agent run starts and takes ``seconds``; with ``fill`` set, the run of
   task ``fill_task`` first fills the filesystem holding that path (writes
-  until ``ENOSPC``).
+  until ``ENOSPC``); with ``expose`` set, it exposes that host directory in
+  the session first (``expose_directory``).
 
 ``import agentcompass.testing`` registers ``fake-bench`` for the configs.
 """
@@ -119,6 +120,7 @@ class RecHarnessConfig:
     seconds: float = 0.0
     fill: str = ""
     fill_task: str = ""
+    expose: str = ""
 
 
 @register
@@ -129,6 +131,8 @@ class RecordingHarness(BaseHarness):
 
     async def start_session(self, prepared: PreparedTask, env: Any, model: Any, plan: Any) -> tuple[str, int]:
         await trio.lowlevel.checkpoint()
+        if self.options.expose:
+            await env.expose_directory(self.options.expose)
         return prepared.task.task_id, plan.attempt
 
     async def run_task(self, session: tuple[str, int], prepared: PreparedTask, budget: RunBudget) -> RunResult:

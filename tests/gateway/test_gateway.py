@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -165,7 +166,7 @@ async def test_an_oversized_body_is_refused_before_anything_is_forwarded(setup):
 
 
 def test_a_streamed_reply_with_tool_calls_is_assembled_for_the_record():
-    from agentcompass._gateway._record import parse_stream
+    from agentcompass._gateway._chat import parse_stream
 
     events = [
         {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
@@ -176,8 +177,6 @@ def test_a_streamed_reply_with_tool_calls_is_assembled_for_the_record():
     ]
     data = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
     reply = parse_stream(data.encode())
-    assert reply == {
-        "content": None,
-        "tool_calls": [{"id": "c1", "name": "bash", "arguments": '{"command": "ls"}'}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
-    }
+    assert reply.content is None
+    assert [attrs.asdict(c) for c in reply.tool_calls] == [{"id": "c1", "name": "bash", "arguments": '{"command": "ls"}'}]
+    assert reply.usage == {"prompt_tokens": 3, "completion_tokens": 2}

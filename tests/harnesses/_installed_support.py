@@ -36,21 +36,24 @@ async def launch(
     *,
     tasks: list[str],
     environment: str = "sandbox",
+    env_config: dict[str, Any] | None = None,
     run_network: str | None = "none",
     max_retries: int = 0,
     concurrency: int = 2,
     name: str = "installed",
+    api: str = "openai-chat",
 ) -> tuple[Any, Path]:
     async with trio.open_nursery() as nursery:
         url = await nursery.start(server.serve)
-        env_config = {"root": str(tmp_path / "sandboxes")} if environment == "local" else {}
+        if env_config is None:
+            env_config = {"root": str(tmp_path / "sandboxes")} if environment == "local" else {}
         (tmp_path / "sandboxes").mkdir(exist_ok=True)
         request = RunRequest(
             name=name,
             benchmark=ComponentRef("terminal", {"path": str(SMOKE)}),
             harness=ComponentRef("installed", harness),
             environment=ComponentRef(environment, env_config),
-            model=ModelSpec(name="scripted", base_url=url, api_key=Secret(KEY)),
+            model=ModelSpec(name="scripted", base_url=url, api_key=Secret(KEY), api=api),
             execution=ExecutionSpec(
                 attempts=AttemptsSpec(k=1),
                 max_retries=max_retries,

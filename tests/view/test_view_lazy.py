@@ -225,7 +225,9 @@ def test_an_index_line_is_believed_only_for_the_record_file_it_was_written_for(t
                      "severity": "error"}  # the record is under normal/
     current = moved | {"severity": "normal", "category": "indexed"}
     odd = current | {"task_id": "t3", "values": [1]}  # not a row's shape
-    lines = [json.dumps(stale), json.dumps(moved), json.dumps(odd), '{"bytes": 1, "task_id": 3', json.dumps(current)]
+    odder = current | {"task_id": "t3", "usage": {"tokens": "many"}}
+    lines = [json.dumps(stale), json.dumps(moved), json.dumps(odd), json.dumps(odder), '{"bytes": 1, "task_id": 3',
+             json.dumps(current)]
     (run_dir / "index.jsonl").write_text("\n".join(lines) + "\n" + json.dumps(stale | {"task_id": "t3"})[:-5])
     rows = {t[0]: t for t in RunData(run_dir).run(budget=60)["tasks"]}
     assert {t: r[2] for t, r in rows.items()} == {"t1": "real", "t2": "indexed", "t3": "real"}

@@ -8,6 +8,7 @@ same requests work on every daemon the provider supports.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -87,6 +88,21 @@ class Engine:
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.content
+
+    async def path_stat(self, container: str, path: str) -> dict[str, Any] | None:
+        """What the daemon's archive endpoint says of ``path`` in ``container``
+        (``name``, ``size``, ``mode`` as Go's ``FileMode``, ``mtime``,
+        ``linkTarget``), or ``None`` when there is nothing there."""
+        response = await self._client.head(f"/containers/{container}/archive", params={"path": path})
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise EngineError(response.status_code, f"stat of {path} failed")
+        try:
+            stat = json.loads(base64.b64decode(response.headers.get("x-docker-container-path-stat", "")))
+        except ValueError:
+            raise EngineError(response.status_code, f"unreadable stat of {path}") from None
+        return stat if isinstance(stat, dict) else None
 
     @asynccontextmanager
     async def stream(

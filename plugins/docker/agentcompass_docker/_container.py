@@ -10,6 +10,7 @@ import attrs
 from agentcompass import IssueError
 
 from ._api import EngineError
+from ._expose import INSIDE
 
 
 def create_failed(exc: EngineError, name: str, spec: ContainerSpec) -> IssueError:
@@ -43,7 +44,12 @@ class ContainerSpec:
     storage_mb: int | None = None
     pids_max: int | None = None
 
-    def create_body(self, image: str, labels: dict[str, str], network: str) -> dict[str, Any]:
+    def create_body(
+        self, image: str, labels: dict[str, str], network: str, exposed: str | None = None
+    ) -> dict[str, Any]:
+        """The ``POST /containers/create`` body; ``exposed`` is the host
+        directory bound read-only, with slave propagation, at ``/run/agentcompass``
+        (``_expose``)."""
         host: dict[str, Any] = {
             "NetworkMode": network,
             "Init": True,
@@ -54,6 +60,16 @@ class ContainerSpec:
             "RestartPolicy": {"Name": "no"},
             "LogConfig": {"Type": "none", "Config": {}},
         }
+        if exposed is not None:
+            host["Mounts"] = [
+                {
+                    "Type": "bind",
+                    "Source": exposed,
+                    "Target": INSIDE,
+                    "ReadOnly": True,
+                    "BindOptions": {"Propagation": "rslave"},
+                }
+            ]
         if self.pids_max is not None:
             host["PidsLimit"] = self.pids_max
         if self.memory_mb is not None:

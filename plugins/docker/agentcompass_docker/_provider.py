@@ -6,6 +6,8 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,7 +18,7 @@ import trio
 from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
 from agentcompass.runtime import cleanup_deadline
 
-from . import _policy
+from . import _expose, _policy
 from ._api import Engine, EngineError, socket_path
 from ._container import ContainerSpec
 from ._images import ImageCache
@@ -91,6 +93,8 @@ class DockerEnvironment(BaseEnvironment):
         super().__init__(config)
         self._engine: Engine | None = None
         self._images: ImageCache | None = None
+        # Whether sessions get a directory for expose_directory (see _expose).
+        self._exposing = self.host_euid() == 0
 
     @property
     def engine(self) -> Engine:
@@ -211,7 +215,9 @@ class DockerEnvironment(BaseEnvironment):
             raise IssueError("fatal", "image_build_failed", f"docker daemon: {exc}", phase="setup") from None
         session = DockerSession(self.engine, name, self.options.max_output_bytes, self.resolve_host)
         try:
-            await session.start(image, config.container, policy)
+            await session.start(image, config.container, policy, expose=self._exposing)
+            if self._exposing and session.exposed is None:
+                self._exposing = False  # the daemon cannot bind this host's directories: stop trying
         except BaseException as exc:
             with trio.move_on_at(cleanup_deadline(), shield=True):
                 await session.close()
@@ -221,15 +227,19 @@ class DockerEnvironment(BaseEnvironment):
         return session
 
     async def reap(self, handle: dict[str, Any]) -> None:
-        """Remove the container and network ``handle`` names (idempotent)."""
-        if not isinstance(handle, dict) or not isinstance(handle.get("name"), str):
+        """Remove the container, network and exposures ``handle`` names (idempotent)."""
+        if not isinstance(handle, dict) or not NAME_RE.fullmatch(str(handle.get("name"))):
             raise IssueError("warning", "cleanup_failed", f"not a docker handle: {handle!r}")
         container = handle.get("container") or handle["name"]
         network = handle.get("network") or handle["name"]
-        await remove(self.engine, str(container), str(network))
+        try:
+            await remove(self.engine, str(container), str(network))
+        finally:
+            await self._destroy_state(partial(_expose.destroy, handle["name"]))
 
     async def sweep(self, tag: str) -> None:
-        """Remove every container and network labelled with a session name starting with ``tag``."""
+        """Remove every container and network labelled with a session name
+        starting with ``tag``, and those sessions' exposures."""
         if not tag or not NAME_RE.fullmatch(tag):
             raise ValueError(f"sweep tag {tag!r} is not 1-40 characters of [a-z0-9-]")
         filters = {"label": [SESSION_LABEL]}
@@ -241,6 +251,15 @@ class DockerEnvironment(BaseEnvironment):
         for item in networks or []:
             if (item.get("Labels") or {}).get(SESSION_LABEL, "").startswith(tag):
                 await remove(self.engine, None, item["Id"])
+        await self._destroy_state(lambda: _expose.sweep(tag))
+
+    async def _destroy_state(self, destroy: Callable[[], None]) -> None:
+        """Run an ``_expose`` teardown where this process could have made state directories (as root)."""
+        if self.host_euid() == 0:
+            try:
+                await trio.to_thread.run_sync(destroy)
+            except (OSError, _expose.HostError) as exc:
+                raise IssueError("warning", "cleanup_failed", f"docker: {exc}") from None
 
 
 def check_policy(policy: NetworkPolicy, where: str) -> None:

@@ -21,11 +21,13 @@ until ``close``, as with ``sandbox``).
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import os
 import posixpath
 import tarfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -40,7 +42,7 @@ from agentcompass.runtime import (
     exec_keeping_tails,
 )
 
-from . import _policy
+from . import _expose, _policy
 from ._api import Engine, EngineError, demultiplex
 from ._archive import first_member
 from ._container import ContainerSpec, create_failed
@@ -91,6 +93,10 @@ class DockerSession(EnvironmentSession):
     _policy: NetworkPolicy | None = None
     _attached: bool = False
     _creating: bool = False
+    #: The host directory bound at ``/run/agentcompass`` (``None``: no exposures).
+    exposed: str | None = None
+    _state: bool = False  # whether a state directory may exist (close destroys it)
+    _labels: Iterator[int] = attrs.Factory(itertools.count)
     _closed: bool = False
     _close_lock: trio.Lock = attrs.Factory(trio.Lock)
 
@@ -107,8 +113,26 @@ class DockerSession(EnvironmentSession):
 
     # -- opening -----------------------------------------------------------
 
-    async def start(self, image: str, spec: ContainerSpec, policy: NetworkPolicy) -> None:
-        """Create the network and the container, apply ``policy``, start it."""
+    async def start(self, image: str, spec: ContainerSpec, policy: NetworkPolicy, *, expose: bool = False) -> None:
+        """Create the network and the container, apply ``policy``, start it.
+
+        With ``expose`` (root, and a daemon not known to be remote) the
+        container gets the session's ``exposed/`` directory (``_expose``);
+        when the daemon cannot bind it (it does not see this host's
+        filesystem, or not its mounts) the container is made without, and
+        :attr:`exposed` stays ``None``."""
+        if expose:
+            # Made first: a kill from here on leaves it to reap and sweep, by name.
+            self._state = True
+            try:
+                self.exposed = await trio.to_thread.run_sync(_expose.prepare, self.name)
+            except _expose.SessionExists:
+                self._state = False  # another session's: not ours to remove
+                raise fail(f"docker session {self.name} already has a state directory") from None
+            except (OSError, _expose.HostError):
+                # No mounts here (a user namespace without CAP_SYS_ADMIN): a session without exposures.
+                await trio.to_thread.run_sync(_expose.destroy, self.name)
+                self._state = False
         self.network = self.name
         created = await self.engine.request(
             "POST",
@@ -116,11 +140,18 @@ class DockerSession(EnvironmentSession):
             body={"Name": self.network, "Driver": "bridge", "CheckDuplicate": True, "Labels": self.labels()},
         )
         self.network = created["Id"]
-        body = spec.create_body(image, self.labels(), self.name)
         # Until the daemon's answer is heard, close() removes the container by its name.
         self._creating = True
         try:
-            made = await self.engine.request("POST", "/containers/create", params={"name": self.name}, body=body)
+            try:
+                made = await self._create(image, spec)
+            except EngineError as exc:
+                if self.exposed is None or self.exposed not in exc.message:
+                    raise
+                # The daemon has no such directory (a remote one) or cannot bind it with propagation.
+                await trio.to_thread.run_sync(_expose.destroy, self.name)
+                self.exposed = None
+                made = await self._create(image, spec)
         except EngineError as exc:
             raise create_failed(exc, self.name, spec) from None
         self.container = made["Id"]
@@ -138,6 +169,10 @@ class DockerSession(EnvironmentSession):
         else:
             # Only the init (sleep) has run so far: nothing has used the network yet.
             await self._apply(policy)
+
+    async def _create(self, image: str, spec: ContainerSpec) -> Any:
+        body = spec.create_body(image, self.labels(), self.name, self.exposed)
+        return await self.engine.request("POST", "/containers/create", params={"name": self.name}, body=body)
 
     # -- exec --------------------------------------------------------------
 
@@ -317,6 +352,52 @@ class DockerSession(EnvironmentSession):
             headers={"Content-Type": "application/x-tar"},
         )
 
+    # -- host directories --------------------------------------------------
+
+    async def expose_directory(self, host_path: str) -> str:
+        """Bind ``host_path`` read-only (``nosuid``, ``nodev``) into the
+        running container at ``/run/agentcompass/<n>`` and return that path.
+
+        The bind is made on the host under the session's ``exposed/``, whose
+        mount propagates into the container (``_expose``), so nothing is
+        copied however large the directory. It needs root and a daemon on
+        this host that sees its mounts; otherwise :exc:`NotImplementedError`
+        (a harness that needs it reports FATAL ``environment_unsupported``).
+        ``close``, ``reap`` and ``sweep`` detach it; the host directory is
+        never written or deleted."""
+        if self.exposed is None:
+            raise NotImplementedError(
+                f"docker session {self.name}: host directories can be exposed only by root, "
+                "to a daemon on this host that sees its mounts"
+            )
+        async with self._close_lock:
+            container = self._check_open()
+            label = f"d{next(self._labels)}"
+            try:
+                inside = await trio.to_thread.run_sync(_expose.expose, self.name, os.fspath(host_path), label)
+            except (OSError, _expose.HostError) as exc:
+                with trio.move_on_at(cleanup_deadline(), shield=True):
+                    await trio.to_thread.run_sync(_expose.unexpose, self.name, label)
+                raise IssueError(
+                    "fatal", "environment_failed", f"docker session {self.name}: could not expose {host_path}: {exc}"
+                ) from None
+            reached = False
+            try:
+                stat = await self.engine.path_stat(container, inside)
+                reached = stat is not None and await trio.to_thread.run_sync(
+                    _expose.reached, os.fspath(host_path), int(stat.get("mode", 0))
+                )
+            finally:
+                if not reached:  # undone, whatever stopped the check
+                    with trio.move_on_at(cleanup_deadline(), shield=True):
+                        await trio.to_thread.run_sync(_expose.unexpose, self.name, label)
+            if not reached:
+                raise NotImplementedError(
+                    f"docker session {self.name}: the daemon does not see this host's mounts "
+                    "(it runs in another mount namespace or on another host)"
+                )
+            return inside
+
     # -- network -----------------------------------------------------------
 
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
@@ -401,11 +482,18 @@ class DockerSession(EnvironmentSession):
         return self.container
 
     async def close(self) -> None:
-        """Remove the container (killing everything in it) and its network. Idempotent."""
+        """Remove the container (killing everything in it), its network and
+        the exposures (detached, their directories removed; the host's
+        directories themselves are never touched). Idempotent."""
         self._closed = True
         async with self._close_lock:
             container = self.container or (self.name if self._creating else None)
-            await remove(self.engine, container, self.network)
+            try:
+                await remove(self.engine, container, self.network)
+            finally:
+                if self._state:
+                    await trio.to_thread.run_sync(_expose.destroy, self.name)
+                    self._state = False
 
 
 async def remove(engine: Engine, container: str | None, network: str | None) -> None:

@@ -13,7 +13,8 @@ daemon for the whole test session with :data:`~agentcompass_docker.base.BASE_IMA
 imported (made once per machine, see :mod:`agentcompass_docker.base`), and
 skips with one line where that cannot be done (not root, no ``dockerd``, no
 ``debootstrap``). At the end of the session it fails the run if a container
-or network labelled by the provider is left.
+or network labelled by the provider is left. :meth:`PrivateDaemon.test_image`
+builds a test's own image ``FROM`` the base once per content and machine.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 
 from ._api import API_VERSION
+from ._images import context_tar, repository_name
 from ._session import SESSION_LABEL
 from .base import cache_dir, import_base
 
@@ -134,6 +137,44 @@ class PrivateDaemon:
             containers = client.get("/containers/json", params={"all": "1", "filters": filters}).json()
             networks = client.get("/networks", params={"filters": filters}).json()
         return [c["Names"][0].lstrip("/") for c in containers] + [f"network {n['Name']}" for n in networks]
+
+    def test_image(self, name: str, context: str | os.PathLike[str]) -> str:
+        """The image built from ``context`` (a directory with a ``Dockerfile``),
+        tagged ``agentcompass/<name>:<hash of the context>`` (blocking).
+
+        Built once per content and machine: the first build is saved under
+        :func:`~agentcompass_docker.base.cache_dir` and loaded by later test
+        sessions' daemons. The build runs on the host's network (this daemon
+        has no bridge), so its ``RUN`` steps reach the package mirrors.
+        """
+
+        with tempfile.TemporaryFile() as spool:
+            digest = context_tar(Path(context), spool)
+            tag = f"agentcompass/{repository_name(name)}:{digest[:20]}"
+            saved = cache_dir() / "images" / f"{repository_name(name)}-{digest[:20]}.tar"
+            with self._client(600) as client:
+                if client.get(f"/images/{tag}/json").status_code == 200:
+                    return tag
+                if saved.exists():
+                    with open(saved, "rb") as data:
+                        client.post("/images/load", params={"quiet": "1"}, content=data).raise_for_status()
+                    if client.get(f"/images/{tag}/json").status_code == 200:
+                        return tag
+                spool.seek(0)
+                params = {"t": tag, "rm": "1", "forcerm": "1", "networkmode": "host"}
+                built = client.post(
+                    "/build", params=params, content=spool.read(), headers={"Content-Type": "application/x-tar"}
+                )
+                if built.status_code != 200 or b'"error"' in built.content:
+                    raise RuntimeError(f"building {tag} failed: {built.text[-2000:]}")
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                part = saved.with_suffix(f".{os.getpid()}.part")
+                with client.stream("GET", f"/images/{tag}/get") as image, open(part, "wb") as out:
+                    image.raise_for_status()
+                    for chunk in image.iter_bytes():
+                        out.write(chunk)
+                part.rename(saved)
+        return tag
 
     def stop(self) -> None:
         """Remove every container and network, stop the daemon, remove its directory (blocking)."""

@@ -169,6 +169,12 @@ def _kill_tasks(root: Path) -> Path:
     return root
 
 
+def _expose_names() -> list[str]:
+    from agentcompass_docker import _expose
+
+    return os.listdir(_expose.STATE_ROOT) if _expose.STATE_ROOT.exists() else []
+
+
 def _api(daemon: Any, path: str, **params: str) -> Any:
     transport = httpx.HTTPTransport(uds=daemon.host[len("unix://") :])
     with httpx.Client(transport=transport, base_url="http://docker") as client:
@@ -180,6 +186,11 @@ def test_sigkill_of_a_docker_launch_at_random_instants_then_reuse_leaves_nothing
 ) -> None:
     rng = random.Random(20261202)
     runs_log = tmp_path / "runs.log"
+    # Every attempt exposes this directory in its session (as the installed harness does an agent's).
+    exposed = tmp_path / "exposed"
+    exposed.mkdir()
+    (exposed / "keep.txt").write_text("kept\n")
+    os.chmod(tmp_path, 0o755)
     config = {
         "plugins": [str(FAULT_PLUGINS)],
         "orchestration": {"task_concurrency": 3, "cleanup_grace_seconds": 10},
@@ -187,7 +198,10 @@ def test_sigkill_of_a_docker_launch_at_random_instants_then_reuse_leaves_nothing
             {
                 "name": "killed",
                 "benchmark": {"id": "terminal", "config": {"path": str(_kill_tasks(tmp_path / "tasks"))}},
-                "harness": {"id": "rec-harness", "config": {"runs_log": str(runs_log), "seconds": 0.3}},
+                "harness": {
+                    "id": "rec-harness",
+                    "config": {"runs_log": str(runs_log), "seconds": 0.3, "expose": str(exposed)},
+                },
                 "environment": _docker(docker_daemon),
                 "execution": {"attempts": {"k": K}},
             }
@@ -243,6 +257,12 @@ def test_sigkill_of_a_docker_launch_at_random_instants_then_reuse_leaves_nothing
     # Nothing left in the daemon: no container (sessions or builds) and no network of a session.
     assert _api(docker_daemon, "/containers/json", all="1") == []
     assert [n["Name"] for n in _api(docker_daemon, "/networks") if n["Name"] not in ("none", "host", "bridge")] == []
+    # No mount of the exposed directory and no state directory of a session left on the host.
+    with open("/proc/self/mountinfo") as mounts:
+        assert [line for line in mounts if line.split()[3] == str(exposed)] == []
+    tags = {read_json(p)["tag"] for p in output_root.glob("killed/*/run_info.json")}
+    assert tags and [n for n in _expose_names() if n.startswith(tuple(tags))] == []
+    assert sorted(p.name for p in exposed.iterdir()) == ["keep.txt"]
 
     # Nothing lost.
     assert read_json(final_dir / "run_info.json")["status"] == "succeeded"

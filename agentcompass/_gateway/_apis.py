@@ -1,0 +1,93 @@
+"""The APIs the gateway serves: per API its route, the request headers it
+forwards, how its conversations and replies are read, and its error body.
+
+Reading is the wire modules' (``_chat`` here, ``_models._responses_wire``,
+``_models._messages_wire``); the app never branches on the API.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from .._models import _messages_wire, _responses_wire
+from .._models._wire import Parsed, ReplyError, events_of
+from . import _chat
+
+__all__ = ["API_OF", "Api"]
+
+
+@attrs.frozen
+class Api:
+    """How the gateway serves one ``ModelSpec.api``.
+
+    ``route``: the path the agent posts to (any prefix before it);
+    ``forward``: prefixes of (lower-case) request header names passed upstream as sent
+    (never a credential: the upstream's key is the shared client's own);
+    ``conversation(body)``: the request's conversation as trajectory entries;
+    ``reply(data)`` / ``stream(data)``: a complete / streamed reply, raising
+    ``ReplyError``; ``error(message, kind)``: an error body in the API's shape.
+    """
+
+    route: str
+    forward: tuple[bytes, ...]
+    conversation: Callable[[Any], list[dict[str, Any]]]
+    reply: Callable[[bytes], Parsed]
+    stream: Callable[[bytes], Parsed]
+    error: Callable[[str, str], dict[str, Any]]
+
+
+def _openai_error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind}}
+
+
+def _anthropic_error(message: str, kind: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _json(parse: Callable[[Any], Parsed]) -> Callable[[bytes], Parsed]:
+    def read(data: bytes) -> Parsed:
+        try:
+            body = json.loads(data)
+        except ValueError:
+            raise ReplyError("no_valid_output", "the reply is not JSON") from None
+        return parse(body)
+
+    return read
+
+
+def _events(assembler: Callable[[], Any]) -> Callable[[bytes], Parsed]:
+    def read(data: bytes) -> Parsed:
+        stream = assembler()
+        for event in events_of(data.decode("utf-8", errors="replace").splitlines()):
+            stream.feed(event)
+        result: Parsed = stream.result()
+        return result
+
+    return read
+
+
+API_OF: dict[str, Api] = {
+    "openai-chat": Api(
+        "/chat/completions", (), _chat.conversation, _chat.parse_reply, _chat.parse_stream, _openai_error
+    ),
+    "openai-responses": Api(
+        "/responses",
+        (b"openai-beta",),
+        _responses_wire.conversation,
+        _json(_responses_wire.parse_response),
+        _events(_responses_wire.ResponsesStream),
+        _openai_error,
+    ),
+    "anthropic-messages": Api(
+        "/messages",
+        (b"anthropic-",),
+        _messages_wire.conversation,
+        _json(_messages_wire.parse_message),
+        _events(_messages_wire.MessagesStream),
+        _anthropic_error,
+    ),
+}
