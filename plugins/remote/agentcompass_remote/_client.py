@@ -46,8 +46,8 @@ def parse_url(url: str) -> tuple[str, int, str, bool]:
 
 
 class ClientConnection:
-    """One WebSocket connection to a sandbox server. Not safe for concurrent
-    use: its owner serializes operations."""
+    """One WebSocket connection to a sandbox server. One task reads (its
+    owner serializes operations); any number may send, one write at a time."""
 
     def __init__(self, stream: trio.abc.Stream, max_message_bytes: int = 4 * MAX_MESSAGE_BYTES):
         self._stream = stream
@@ -57,6 +57,7 @@ class ClientConnection:
         self._size = 0
         self._pending: list[str | bytes] = []
         self._close_reason: str | None = None
+        self._sending = trio.Lock()
         self.closed = False
 
     @classmethod
@@ -138,13 +139,14 @@ class ClientConnection:
         return list(self._ws.events())
 
     async def _send_event(self, *events: Any) -> None:
-        if self.closed:
-            raise ConnectionLost("the connection is closed")
-        try:
-            await self._stream.send_all(b"".join(self._ws.send(event) for event in events))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            await self.abort()
-            raise ConnectionLost(f"connection lost: {exc or type(exc).__name__}") from None
+        async with self._sending:
+            if self.closed:
+                raise ConnectionLost("the connection is closed")
+            try:
+                await self._stream.send_all(b"".join(self._ws.send(event) for event in events))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                await self.abort()
+                raise ConnectionLost(f"connection lost: {exc or type(exc).__name__}") from None
 
     async def abort(self) -> None:
         """Drop the connection without a closing handshake (the server treats

@@ -26,9 +26,11 @@ __all__ = [
     "STDERR",
     "STDOUT",
     "FILE",
+    "CHANNEL",
     "FILE_REFUSED",
     "NOT_IMPLEMENTED",
     "VERSION",
+    "WRONG_VERSION",
     "ProtocolError",
     "check_path",
     "sandbox_from_message",
@@ -43,14 +45,17 @@ __all__ = [
 #: Bumped on any incompatible change; both sides refuse another version.
 #: 3: ``read_file`` carries ``max_bytes``, refusals come back as ``file_refused``,
 #: and ``exec_private`` is forwarded, its ``inputs`` as file data after it.
-VERSION = 4
+#: 5: ``expose`` and ``expose_cached``, and relayed channels (``_relay``).
+VERSION = 5
+#: The close code of a hello with the right token and another protocol version.
+WRONG_VERSION = 4002
 #: The ``code`` of an error that is a :class:`~agentcompass.FileRefusedError`.
 FILE_REFUSED = "file_refused"
 #: The ``code`` of an error that is a :class:`NotImplementedError` (an optional operation).
 NOT_IMPLEMENTED = "not_implemented"
 #: Binary message prefix: operation id (u32), kind (u8).
 HEADER = struct.Struct("!IB")
-STDOUT, STDERR, FILE = 1, 2, 3
+STDOUT, STDERR, FILE, CHANNEL = 1, 2, 3, 4
 #: Payload bytes per binary message from the client (file data): well
 #: under the server's message limit.
 CHUNK = 256 * 1024

@@ -16,7 +16,10 @@ then tried first, so a restarted server is used again as soon as it answers.
 Failures: losing the connection during a session is FATAL
 ``environment_failed`` (the runtime retries the attempt, on another server);
 so is a pool where no server could open a session. The session itself is
-:class:`~._session.RemoteSession`.
+:class:`~._session.RemoteSession`; its ``expose_directory`` and
+``expose_socket`` (an agent's installation, the model gateway) copy small
+directories to the server, relay unix sockets over the session's connection,
+and take agent cache entries from the server's own cache.
 """
 
 from __future__ import annotations
@@ -250,10 +253,19 @@ class RemoteEnvironment(BaseEnvironment):
         conn = await ClientConnection.connect(url)
         try:
             await conn.send({"type": "hello", "version": p.VERSION, "token": self._token}, then)
-            welcome = await conn.receive_json()
+            try:
+                welcome = await conn.receive_json()
+            except ConnectionLost as exc:
+                if "(4001" in str(exc):
+                    # A server before protocol 5 refuses another version as it refuses a wrong token.
+                    raise ConnectionLost(
+                        f"{exc}: a wrong token, or a server speaking another protocol than version {p.VERSION}"
+                    ) from None
+                raise
             if welcome.get("type") != "welcome" or welcome.get("version") != p.VERSION:
                 raise p.ProtocolError(
-                    f"the server answered {welcome.get('type')!r} (version {welcome.get('version')!r})"
+                    f"the server answered {welcome.get('type')!r} (protocol version {welcome.get('version')!r}, "
+                    f"this client {p.VERSION})"
                 )
             if welcome.get("provider") != self.options.provider:
                 raise p.ProtocolError(f"the server hosts {welcome.get('provider')!r}, not {self.options.provider!r}")

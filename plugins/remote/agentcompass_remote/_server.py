@@ -23,6 +23,8 @@ import hmac
 import inspect
 import itertools
 import json
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,10 @@ from agentcompass import (
 from agentcompass import build_component as _build_component
 from agentcompass.runtime import DEFAULT_MAX_READ_BYTES
 
+from . import _expose
 from . import _protocol as p
 from ._listen import Admission, accept_loop, log
+from ._relay import CONTROL, MAX_CHANNELS, MAX_RELAYS, Channel, Channels
 from ._state import StateDir
 
 __all__ = ["SandboxServer", "serve_sandboxes"]
@@ -85,7 +89,14 @@ class _Hosted:
     session_id: str
     backend: EnvironmentSession
     scope: trio.CancelScope
+    record: dict[str, Any] = attrs.Factory(dict)
     closed: trio.Event = attrs.Factory(trio.Event)
+    #: Relayed connections (``expose``), and the directory holding what was exposed.
+    channels: Channels = attrs.Factory(Channels)
+    scratch: str | None = None
+    exposed: int = 0
+    #: One ``expose`` at a time: the directory and the relay limit are checked, then made.
+    exposing: trio.Lock = attrs.Factory(trio.Lock)
 
 
 @attrs.define(eq=False)
@@ -168,9 +179,10 @@ class SandboxServer:
                     nursery.cancel_scope.cancel()
                     return
                 try:
-                    if not self._authenticated(hello):
+                    refusal = self._refusal(hello)
+                    if refusal is not None:
                         with trio.move_on_after(_REFUSAL_SECONDS):
-                            await ws.aclose(4001, "authentication failed")
+                            await ws.aclose(*refusal)
                         return
                     self.admission.leave()
                     authenticated = True
@@ -223,18 +235,26 @@ class SandboxServer:
             # Whatever else failed serving this connection must not take the server down.
             await _hang_up(ws, group.exceptions[0], 1011)
 
-    def _authenticated(self, hello: str | bytes | None) -> bool:
-        """Constant-time token check; any malformed hello is a plain refusal."""
+    def _refusal(self, hello: str | bytes | None) -> tuple[int, str] | None:
+        """None for a good hello, else the close code and reason: a
+        constant-time token check (any malformed hello is a plain refusal),
+        then the protocol version, named only to a client with the token."""
+        refused = (4001, "authentication failed")
         if not isinstance(hello, str):
-            return False
+            return refused
         try:
             message = p.decode(hello)
         except p.ProtocolError:
-            return False
+            return refused
         token = message.get("token")
-        if message["type"] != "hello" or message.get("version") != p.VERSION or not isinstance(token, str):
-            return False
-        return hmac.compare_digest(token.encode(), self.token.encode())
+        if message["type"] != "hello" or not isinstance(token, str):
+            return refused
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            return refused
+        version = message.get("version")
+        if version != p.VERSION:
+            return p.WRONG_VERSION, f"the client speaks protocol version {str(version)[:20]}, this server {p.VERSION}"
+        return None
 
     # -- one hosted session --------------------------------------------------
 
@@ -287,13 +307,14 @@ class SandboxServer:
                 return
             finally:
                 self._opening -= 1
-            hosted = _Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope())
+            record = {"name": name, "config": {**config, **self.default_config}, "handle": session.handle}
+            hosted = _Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope(), record)
             self.sessions[name] = hosted
             self.opened_total += 1
             if self._state is not None:
                 # On disk before the client hears of it: a SIGKILL from here on
                 # leaves a record the next start reaps.
-                await self._state.record(hosted.session_id, name, {**config, **self.default_config}, session.handle)
+                await self._state.record(hosted.session_id, record)
             opened = {
                 "type": "opened",
                 "session": hosted.session_id,
@@ -314,6 +335,14 @@ class SandboxServer:
                         close_error = " ".join(str(exc).split()) or type(exc).__name__
                 if grace.cancelled_caught:
                     close_error = f"closing the session took longer than the server's {self.grace}s grace"
+                if hosted is not None:
+                    # After the provider's close: nothing of the session holds the directory now.
+                    hosted.channels.close_all()
+                    if hosted.scratch is not None and close_error is None:
+                        with trio.move_on_at(grace_deadline, shield=True) as removal:
+                            await trio.to_thread.run_sync(_expose.remove_scratch, hosted.scratch)
+                        if removal.cancelled_caught:
+                            close_error = f"removing {hosted.scratch} took longer than the server's {self.grace}s grace"
                 if close_error is None and hosted is not None and self._state is not None:
                     with trio.move_on_at(grace_deadline, shield=True):
                         await self._state.forget(hosted.session_id)
@@ -361,14 +390,22 @@ class SandboxServer:
             running[op] = trio.CancelScope()
             nursery.start_soon(run, op, running[op], fn, *args)
 
+        channels = hosted.channels
         async with trio.open_nursery() as nursery:
             nursery.start_soon(write)
             while True:
                 message = await ws.get_message()
                 if isinstance(message, bytes):
-                    raise p.ProtocolError("binary data outside a write_file")
+                    channel, kind, payload = p.unpack_chunk(message)
+                    if kind != p.CHANNEL:
+                        raise p.ProtocolError("binary data outside a write_file")
+                    channels.data(channel, payload)
+                    continue
                 request = p.decode(message)
                 kind, op = request["type"], request.get("id")
+                if kind in CONTROL:
+                    channels.control(request)
+                    continue
                 if kind == "close":
                     nursery.cancel_scope.cancel()
                     return
@@ -384,15 +421,25 @@ class SandboxServer:
                     start(op, _exec, session, request)
                 elif kind == "exec_private":
                     limit = self._read_limit(request.get("max_bytes"))
-                    inputs = await self._receive_inputs(ws, op, request.get("inputs"))
+                    inputs = await self._receive_inputs(ws, op, request.get("inputs"), channels)
                     start(op, _exec_private, session, request, limit, inputs)
                 elif kind == "read_file":
                     start(op, _read, session, request.get("path"), self._read_limit(request.get("max_bytes")))
                 elif kind == "write_file":
-                    data = await self._receive_file(ws, op, request)
+                    data = await self._receive_file(ws, op, request, "write_file", channels)
                     start(op, _write, session, request.get("path"), data)
                 elif kind == "policy":
                     start(op, _set_policy, session, _policy(request.get("policy")))
+                elif kind == "expose":
+                    files, sockets = _expose.check_listing(
+                        request.get("files"), request.get("sockets"), _expose.COPY_MAX_BYTES
+                    )
+                    data = await self._receive_file(
+                        ws, op, {"size": sum(size for _, size, _ in files)}, "expose", channels
+                    )
+                    start(op, self._expose, hosted, nursery, files, data, sockets)
+                elif kind == "expose_cached":
+                    start(op, _expose_cached, session, request.get("entry"), request.get("installed"))
                 else:
                     raise p.ProtocolError(f"unknown operation {kind!r}")
 
@@ -405,7 +452,9 @@ class SandboxServer:
             raise p.ProtocolError(f"read_file max_bytes {max_bytes!r} is not a byte count")
         return min(max_bytes, self.max_file_bytes)
 
-    async def _receive_inputs(self, ws: trio_websocket.WebSocketConnection, op: int, listed: Any) -> dict[str, bytes]:
+    async def _receive_inputs(
+        self, ws: trio_websocket.WebSocketConnection, op: int, listed: Any, channels: Channels
+    ) -> dict[str, bytes]:
         """The files an ``exec_private`` names in ``inputs`` (``[[path,
         size], ...]``, absent for none), whose bytes follow it in that order,
         at most ``max_file_bytes`` in all."""
@@ -424,7 +473,7 @@ class SandboxServer:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise p.ProtocolError(f"input {path!r} size {size!r} is not a byte count")
             sizes[path] = size
-        data = await self._receive_file(ws, op, {"size": sum(sizes.values())}, "exec_private inputs")
+        data = await self._receive_file(ws, op, {"size": sum(sizes.values())}, "exec_private inputs", channels)
         inputs, offset = {}, 0
         for path, size in sizes.items():
             inputs[path] = data[offset : offset + size]
@@ -432,7 +481,12 @@ class SandboxServer:
         return inputs
 
     async def _receive_file(
-        self, ws: trio_websocket.WebSocketConnection, op: int, request: dict[str, Any], what: str = "write_file"
+        self,
+        ws: trio_websocket.WebSocketConnection,
+        op: int,
+        request: dict[str, Any],
+        what: str = "write_file",
+        channels: Channels | None = None,
     ) -> bytes:
         size = request.get("size")
         if not isinstance(size, int) or not 0 <= size <= self.max_file_bytes:
@@ -441,12 +495,91 @@ class SandboxServer:
         while len(data) < size:
             chunk = await ws.get_message()
             if not isinstance(chunk, bytes):
-                raise p.ProtocolError("expected file data")
+                control = p.decode(chunk)
+                if control["type"] not in CONTROL or channels is None:
+                    raise p.ProtocolError("expected file data")
+                channels.control(control)
+                continue
             chunk_op, kind, payload = p.unpack_chunk(chunk)
+            if kind == p.CHANNEL and channels is not None:
+                channels.data(chunk_op, payload)  # relayed bytes may cross the request on the wire
+                continue
             if chunk_op != op or kind != p.FILE or len(data) + len(payload) > size:
                 raise p.ProtocolError(f"file data does not match its {what}")
             data += payload
         return bytes(data)
+
+    # -- expose ---------------------------------------------------------------
+
+    async def _expose(
+        self,
+        send: Any,
+        op: int,
+        hosted: _Hosted,
+        nursery: trio.Nursery,
+        files: list[tuple[str, int, bool]],
+        data: bytes,
+        sockets: list[str],
+    ) -> None:
+        """Write the client's copy into a fresh directory of the session's
+        own, listen on a relay for each socket it named, and have the
+        provider's session expose the directory."""
+        async with hosted.exposing:
+            await self._expose_locked(send, op, hosted, nursery, files, data, sockets)
+
+    async def _expose_locked(
+        self,
+        send: Any,
+        op: int,
+        hosted: _Hosted,
+        nursery: trio.Nursery,
+        files: list[tuple[str, int, bool]],
+        data: bytes,
+        sockets: list[str],
+    ) -> None:
+        channels = hosted.channels
+        if len(channels.relays) + len(sockets) > MAX_RELAYS:
+            raise IssueError("fatal", "environment_failed", f"a session relays at most {MAX_RELAYS} sockets")
+        if hosted.scratch is None:
+            hosted.scratch = await trio.to_thread.run_sync(_expose.make_scratch)
+            if self._state is not None:
+                # Recorded before anything is made in it: a reap after a SIGKILL removes it.
+                hosted.record["scratch"] = hosted.scratch
+                await self._state.record(hosted.session_id, hosted.record)
+        hosted.exposed += 1
+        directory = os.path.join(hosted.scratch, str(hosted.exposed))
+        contents, offset = [], 0
+        for path, size, executable in files:
+            contents.append((path, data[offset : offset + size], executable))
+            offset += size
+        await trio.to_thread.run_sync(_expose.write_copy, directory, contents)
+        listeners: list[tuple[str, int, trio.socket.SocketType]] = []
+        try:
+            for path in sockets:
+                listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listeners.append((path, channels.next_id(), listener))
+                target = os.path.join(directory, path)
+                await trio.to_thread.run_sync(os.makedirs, os.path.dirname(target), 0o755, True)
+                await listener.bind(target)
+                os.chmod(target, 0o666)  # the session's user connects; only this session sees it
+                listener.listen(MAX_CHANNELS)
+            inside = await hosted.backend.expose_directory(directory)
+        except BaseException:
+            for _, _, listener in listeners:
+                listener.close()
+            raise
+        for path, relay, _ in listeners:
+            channels.relays[relay] = os.path.join(directory, path)
+        try:
+            relays = [[path, relay] for path, relay, _ in listeners]
+            await send({"type": "exposed", "id": op, "path": inside, "relays": relays})
+        except BaseException:
+            for _, _, listener in listeners:
+                listener.close()
+            raise
+        # Accepting only now: a channel is never announced before its relay.
+        for _, relay, listener in listeners:
+            nursery.start_soon(_accept_relay, listener, relay, channels, send, nursery)
 
     # -- reap and sweep ------------------------------------------------------
 
@@ -465,12 +598,17 @@ class SandboxServer:
             await self._backend({}).reap(handle)
         return False
 
-    async def _reap_leftover(self, config: dict[str, Any], handle: dict[str, Any]) -> None:
+    async def _reap_leftover(self, record: dict[str, Any]) -> None:
         """Reap a sandbox a killed server of this provider recorded, with
-        the provider config it was opened with."""
-        backend = _build_component("environment", self.provider, config)
+        the provider config it was opened with, then the directory its
+        exposed copies were in."""
+        backend = _build_component("environment", self.provider, record.get("config") or {})
         with trio.fail_after(self.grace):
-            await backend.reap(handle)
+            await backend.reap(record["handle"])
+        scratch = record.get("scratch")
+        if isinstance(scratch, str):
+            with trio.fail_after(self.grace):
+                await trio.to_thread.run_sync(_expose.remove_scratch, scratch)
 
     async def _sweep(self, tag: Any) -> int:
         if not isinstance(tag, str) or not p.NAME_RE.fullmatch(tag):
@@ -575,6 +713,36 @@ async def _exec_private(
         sizes.append([path, len(content)])
     final = {"type": "private_exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out}
     await send({**final, "files": sizes})
+
+
+async def _accept_relay(
+    listener: trio.socket.SocketType, relay: int, channels: Channels, send: Any, nursery: trio.Nursery
+) -> None:
+    """Every connection to a relay's socket becomes a channel, up to the
+    session's limit (one more is closed at once); ends with the session."""
+    with listener:
+        while True:
+            try:
+                sock, _ = await listener.accept()
+            except OSError as exc:
+                log.warning("relay %d: accept failed: %s", relay, exc)
+                await trio.sleep(0.1)  # out of descriptors: the connection waits in the backlog
+                continue
+            if len(channels.open) >= MAX_CHANNELS:
+                sock.close()
+                continue
+            channel = Channel(channels.next_id(), sock)
+            channels.open[channel.id] = channel
+            await send({"type": "channel", "relay": relay, "channel": channel.id})
+            nursery.start_soon(channels.serve, channel, send)
+
+
+async def _expose_cached(send: Any, op: int, session: EnvironmentSession, entry: Any, installed: Any) -> None:
+    """Expose this server's own agent cache entry ``entry`` when it is the
+    client's install (see ``_expose.server_entry``)."""
+    path = await trio.to_thread.run_sync(_expose.server_entry, entry, installed)
+    inside = await session.expose_directory(path)
+    await send({"type": "exposed", "id": op, "path": inside, "relays": []})
 
 
 async def _read(send: Any, op: int, session: EnvironmentSession, path: Any, max_bytes: int) -> None:

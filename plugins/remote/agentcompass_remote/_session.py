@@ -4,10 +4,20 @@ Operations run one at a time (a lock): each sends its request whole, then
 reads its replies until its final message. A cancelled operation is
 cancelled on the server too, and its replies drained, so the session stays
 usable; a lost connection is FATAL ``environment_failed``.
+
+Relayed sockets (``expose_socket``, ``expose_directory``: see ``_relay``
+and ``_expose``) are pumped by tasks of the operation that reads the
+connection: a session owns no background task (it outlives every nursery
+of its caller), so a relayed connection moves while an operation runs (an
+agent's model calls happen during the ``exec`` that runs it) and waits,
+within its windows, between operations.
 """
 
 from __future__ import annotations
 
+import os
+import posixpath
+import stat
 from typing import TYPE_CHECKING, Any, Literal
 
 import trio
@@ -21,8 +31,10 @@ from agentcompass.runtime import (
     exec_keeping_tails,
 )
 
+from . import _expose
 from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost
+from ._relay import CONTROL, MAX_CHANNELS, Channel, Channels
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -93,6 +105,8 @@ class RemoteSession(EnvironmentSession):
         self._ops = 0
         self._closed = False
         self._ended = False  # the server closed the session and said so
+        self._channels = Channels()
+        self._pumps: trio.Nursery | None = None  # the running operation's, while it reads
         self._handle = {"url": server.url, "name": name, "session": reply.get("session")}
         inner = reply.get("handle")
         if isinstance(inner, dict):
@@ -131,12 +145,14 @@ class RemoteSession(EnvironmentSession):
                     await self._send({**message, "id": op}, *first)
                     for start in range(p.CHUNK, len(view), p.CHUNK):
                         await self._send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
-                reply = await self._until_done(op, on_chunk)
+                reply = await self._until_done_relaying(op, on_chunk)
             except _SessionEnded:
                 self._ended = True
+                self._channels.close_all()
                 await self._conn.abort()
                 raise fail(f"the server closed session {self._handle['name']} (reaped or swept)") from None
             except (ConnectionLost, p.ProtocolError) as exc:
+                self._channels.close_all()
                 await self._conn.abort()
                 self._env._lost(self._server)
                 raise fail(f"sandbox server {self._server.url}: {reason(exc)}") from None
@@ -157,10 +173,72 @@ class RemoteSession(EnvironmentSession):
         await self._conn.abort()
         raise ConnectionLost("a write to the server did not finish")
 
+    async def _until_done_relaying(self, op: int, on_chunk: Any) -> dict[str, Any]:
+        """:meth:`_until_done`, with the relayed channels pumped meanwhile
+        (in tasks of their own, stopped when it returns: see ``_relay``)."""
+        if not self._channels.relays:
+            return await self._until_done(op, on_chunk)
+        pumping = trio.CancelScope()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._pump, pumping)
+                try:
+                    return await self._until_done(op, on_chunk)
+                finally:
+                    pumping.cancel()
+        except BaseExceptionGroup as group:
+            # The pumps never raise: what failed is the reading, raised as itself.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    async def _pump(self, scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
+        with scope:
+            try:
+                async with trio.open_nursery() as pumps:
+                    self._pumps = pumps
+                    for channel in list(self._channels.open.values()):
+                        pumps.start_soon(self._channels.serve, channel, self._send_frame)
+                    task_status.started()
+                    await trio.sleep_forever()
+            finally:
+                self._pumps = None
+
+    async def _send_frame(self, message: dict[str, Any] | bytes) -> None:
+        await self._send(message)
+
+    def _relayed(self, message: dict[str, Any] | bytes) -> bool:
+        """Take a relay message (channel data, a new channel, a window, an
+        end); False for anything else. Never waits."""
+        if isinstance(message, bytes):
+            channel, kind, payload = p.unpack_chunk(message)
+            if kind != p.CHANNEL:
+                return False
+            self._channels.data(channel, payload)
+            return True
+        kind = message["type"]
+        if kind in CONTROL:
+            self._channels.control(message)
+            return True
+        if kind != "channel":
+            return False
+        cid, relay = message.get("channel"), message.get("relay")
+        if not isinstance(cid, int) or cid in self._channels.open:
+            raise p.ProtocolError(f"a new channel {cid!r} that is not new")
+        target = self._channels.relays.get(relay) if isinstance(relay, int) else None
+        # An unknown relay, or one channel too many: reset by the pump (its connect fails).
+        opened = Channel(cid, None, target if len(self._channels.open) < MAX_CHANNELS else None)
+        self._channels.open[cid] = opened
+        if self._pumps is not None:
+            self._pumps.start_soon(self._channels.serve, opened, self._send_frame)
+        return True
+
     async def _until_done(self, op: int, on_chunk: Any) -> dict[str, Any]:
         """Replies of ``op`` up to its last one (``error`` included)."""
         while True:
             message = await self._conn.receive()
+            if self._relayed(message):
+                continue
             if isinstance(message, bytes):
                 chunk_op, kind, payload = p.unpack_chunk(message)
                 if chunk_op != op or on_chunk is None:
@@ -185,6 +263,8 @@ class RemoteSession(EnvironmentSession):
                 await self._conn.send({"type": "cancel", "id": self._ops, "target": op})
                 while True:
                     message = await self._conn.receive()
+                    if self._relayed(message):
+                        continue  # kept for the next operation's pumps
                     if isinstance(message, dict) and (message.get("id") == op or message["type"] == "closed"):
                         if message["type"] != "closed":
                             return  # the operation ended (cancelled, or finished first)
@@ -336,6 +416,73 @@ class RemoteSession(EnvironmentSession):
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
         await self._request({"type": "policy", "policy": policy_message(policy)})
 
+    async def expose_directory(self, host_path: str) -> str:
+        """Make the host directory ``host_path`` visible read-only in the
+        session, on the server (which shares no filesystem with this host):
+
+        - an entry of this host's agent cache (``agentcompass.agents.cache_root()``)
+          is served from the server's own entry of that name, when its
+          ``installed.json`` records the same install (build timings aside);
+          otherwise FATAL ``environment_unsupported`` naming the command that
+          installs it there. Nothing is copied, and no other server path can
+          be asked for.
+        - any other directory is copied, when it is small: regular files and
+          unix sockets only, no link followed, at most 4 MiB and 64 entries
+          (else :exc:`NotImplementedError` naming what was refused). Each
+          unix socket in it becomes a relay: a socket of the same name on the
+          server, every connection to which is carried over this session's
+          connection to the host's socket (see ``expose_socket``).
+
+        The copy, its relays and the provider's exposure go with the session."""
+        if not posixpath.isabs(host_path):
+            raise ValueError(f"expose_directory needs an absolute path, got {host_path!r}")
+        cached = await trio.to_thread.run_sync(_expose.cache_entry_name, host_path)
+        if cached is not None:
+            name, info = cached
+            reply = await self._request({"type": "expose_cached", "entry": name, "installed": info})
+            return self._exposed(reply, host_path)
+        files, sockets = await trio.to_thread.run_sync(_expose.list_small_directory, host_path)
+        return await self._expose_copy(host_path, files, sockets)
+
+    async def expose_socket(self, host_path: str) -> str:
+        """Make the host unix socket ``host_path`` connectable in the session:
+        its directory is exposed as :meth:`expose_directory` copies one (so
+        the files beside it, such as the model gateway's ``forward.py``, are
+        there too), or, when that directory cannot be copied, the socket
+        alone in a directory of its own. Connections to it are relayed over
+        the session's connection (flow-controlled per connection, at most 32
+        at once) and move while an operation of the session runs."""
+        if not posixpath.isabs(host_path):
+            raise ValueError(f"expose_socket needs an absolute path, got {host_path!r}")
+        directory, name = posixpath.split(posixpath.normpath(host_path))
+        if not await trio.to_thread.run_sync(_is_socket, host_path):
+            raise ValueError(f"{host_path} is not a unix socket")
+        try:
+            files, sockets = await trio.to_thread.run_sync(_expose.list_small_directory, directory)
+        except NotImplementedError:
+            files, sockets = [], [name]
+        return posixpath.join(await self._expose_copy(directory, files, sockets), name)
+
+    async def _expose_copy(self, directory: str, files: list[tuple[str, bytes, bool]], sockets: list[str]) -> str:
+        message = {
+            "type": "expose",
+            "files": [[path, len(data), executable] for path, data, executable in files],
+            "sockets": sockets,
+        }
+        reply = await self._request(message, data=b"".join(data for _, data, _ in files))
+        return self._exposed(reply, directory)
+
+    def _exposed(self, reply: dict[str, Any], directory: str) -> str:
+        """The path of an ``exposed`` reply; its relays are registered."""
+        path, relays = reply.get("path"), reply.get("relays")
+        if reply["type"] != "exposed" or not isinstance(path, str) or not isinstance(relays, list):
+            raise fail(f"unexpected reply {reply['type']!r} to expose")
+        for entry in relays:
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], int)):
+                raise fail("expose: a malformed list of relays")
+            self._channels.relays[entry[1]] = os.path.join(directory, str(entry[0]))
+        return path
+
     async def close(self) -> None:
         """Ask the server to close the session and wait until it has.
         Idempotent. Returns only when the server said the sandbox is gone
@@ -353,6 +500,7 @@ class RemoteSession(EnvironmentSession):
         conn = self._conn
         where = f"sandbox server {self._server.url}"
         if conn.closed:
+            self._channels.close_all()
             if self._ended:
                 return
             raise IssueError(
@@ -370,6 +518,14 @@ class RemoteSession(EnvironmentSession):
         except (ConnectionLost, p.ProtocolError) as exc:
             error = f"{reason(exc)}, and the close was never confirmed; the session may be left there"
         finally:
+            self._channels.close_all()
             await conn.abort()
         if error:
             raise IssueError("warning", "cleanup_failed", f"{where}: {error}")
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False

@@ -165,9 +165,12 @@ class StateDir:
         # Never abandoned: a record is either on disk whole or not at all.
         return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=False, limiter=self._limiter)
 
-    async def record(self, session_id: str, name: str, config: dict[str, Any], handle: dict[str, Any]) -> None:
-        """Record an open session durably (before the client is told)."""
-        data = json.dumps({"session": session_id, "name": name, "config": config, "handle": handle}).encode()
+    async def record(self, session_id: str, record: dict[str, Any]) -> None:
+        """Record an open session durably (before the client is told): its
+        ``name``, the provider ``config`` and ``handle``, and, once it has
+        one, the ``scratch`` directory of what was exposed to it. Written
+        again whole when it changes."""
+        data = json.dumps({"session": session_id, **record}).encode()
         await self._run(_write_durably, self.own, f"{session_id}.json", data)
 
     async def forget(self, session_id: str) -> None:
@@ -175,11 +178,9 @@ class StateDir:
         a record that comes back after a crash is reaped again, harmlessly."""
         await self._run(lambda: (self.own / f"{session_id}.json").unlink(missing_ok=True))
 
-    async def reap_leftovers(
-        self, provider: str, reap: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]
-    ) -> int:
+    async def reap_leftovers(self, provider: str, reap: Callable[[dict[str, Any]], Awaitable[None]]) -> int:
         """Reap every session a dead server of ``provider`` left, with
-        ``reap(config, handle)``; return how many were reaped."""
+        ``reap(record)``; return how many were reaped."""
         reaped = 0
         for directory, fd in await self._run(_dead_servers, self.root, self.own):
             try:
@@ -189,7 +190,7 @@ class StateDir:
                 failed = False
                 for path, record in leftovers:
                     try:
-                        await reap(record.get("config") or {}, record["handle"])
+                        await reap(record)
                     except Exception as exc:  # noqa: BLE001 - kept for the next start, and said so
                         failed = True
                         log.warning("could not reap session %s left by %s: %s", record.get("name"), directory, exc)

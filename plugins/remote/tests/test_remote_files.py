@@ -78,13 +78,44 @@ async def test_the_wire_carries_max_bytes_and_the_file_refused_code(server):
         assert "max_bytes" in replies[-1]["message"]
 
 
-async def test_a_client_of_the_previous_protocol_version_is_refused(server):
-    assert PROTOCOL_VERSION == 4
+async def test_a_client_of_the_previous_protocol_version_is_refused_with_both_versions(server):
+    assert PROTOCOL_VERSION == 5
     async with trio_websocket.open_websocket_url(server.url) as ws:
-        await ws.send_message(json.dumps({"type": "hello", "version": 3, "token": TOKEN}))
+        await ws.send_message(json.dumps({"type": "hello", "version": 4, "token": TOKEN}))
+        with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+            await ws.get_message()
+        assert closed.value.reason.code == 4002
+        assert closed.value.reason.reason == "the client speaks protocol version 4, this server 5"
+    # A stranger learns nothing: a wrong token with another version is the plain refusal.
+    async with trio_websocket.open_websocket_url(server.url) as ws:
+        await ws.send_message(json.dumps({"type": "hello", "version": 4, "token": "wrong"}))
         with pytest.raises(trio_websocket.ConnectionClosed) as closed:
             await ws.get_message()
         assert closed.value.reason.code == 4001
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "expected"),
+    [
+        # A later server names both versions itself.
+        (4002, "the client speaks protocol version 5, this server 6", "protocol version 5, this server 6"),
+        # A server before protocol 5 refused another version as a wrong token: the driver says it may be that.
+        (4001, "authentication failed", "another protocol than version 5"),
+    ],
+)
+async def test_the_provider_names_the_version_when_a_server_of_another_version_refuses_it(
+    nursery: trio.Nursery, code: int, reason: str, expected: str
+):
+    async def refuse(request: trio_websocket.WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.get_message()
+        await ws.aclose(code, reason)
+
+    listener = await nursery.start(trio_websocket.serve_websocket, refuse, "127.0.0.1", 0, None)
+    url = f"ws://127.0.0.1:{listener.port}"
+    with pytest.raises(IssueError) as refused:
+        await RemoteEnvironment({"url": url, "token": TOKEN}).open(None, NetworkPolicy())
+    assert expected in refused.value.message and "\n" not in refused.value.message
 
 
 class _PrivateSession(EnvironmentSession):

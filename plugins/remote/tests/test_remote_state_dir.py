@@ -157,3 +157,23 @@ async def test_leftovers_of_another_provider_stay_and_a_failed_reap_is_kept_for_
     env = RemoteEnvironment({"url": served.url, "token": TOKEN})
     session = await env.open(None, NetworkPolicy())
     await session.close()
+
+
+async def test_a_restarted_server_removes_what_its_killed_life_copied_for_a_session(spawn, tmp_path: Path):
+    first = await spawn("x")
+    env = RemoteEnvironment({"url": first.url, "token": TOKEN, "retry_down_seconds": 0})
+    session = await env.open(None, NetworkPolicy(), "run-x-0")
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "file.txt").write_text("copied")
+    inside = await session.expose_directory(str(tmp_path / "small"))
+    [record] = _records(Path(f"{first.root}.state"))
+    scratch = Path(record["scratch"])  # recorded before anything was copied into it
+    assert (scratch / "1" / "file.txt").read_text() == "copied" and inside.startswith(str(scratch))
+
+    first.process.send_signal(signal.SIGKILL)
+    await first.process.wait()
+    assert scratch.is_dir()
+    with pytest.raises(IssueError):
+        await session.close()
+    await spawn("x", first.port)
+    assert not scratch.exists()
