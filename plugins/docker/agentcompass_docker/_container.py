@@ -13,8 +13,13 @@ from ._api import EngineError
 from ._expose import INSIDE
 
 
+def storage_unsupported(exc: EngineError) -> bool:
+    """Whether a create failed over its storage limit (overlay2 limits storage only on xfs with pquota)."""
+    return "storage" in exc.message.lower()
+
+
 def create_failed(exc: EngineError, name: str, spec: ContainerSpec) -> IssueError:
-    if spec.storage_mb is not None and "storage" in exc.message.lower():
+    if spec.storage_mb is not None and storage_unsupported(exc):
         return IssueError(
             "fatal",
             "environment_unsupported",

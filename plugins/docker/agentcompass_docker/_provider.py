@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import attrs
 import httpx
+import structlog
 import trio
 
 from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
@@ -23,6 +24,8 @@ from ._api import Engine, EngineError, socket_path
 from ._container import ContainerSpec
 from ._images import ImageCache
 from ._session import SESSION_LABEL, DockerSession, fail, remove
+
+log = structlog.get_logger("agentcompass_docker")
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _PULL = ("always", "missing", "never")
@@ -83,6 +86,14 @@ class DockerEnvironment(BaseEnvironment):
         pids_max: int | None = attrs.field(
             default=None, validator=_positive, metadata={"doc": "process limit of each container"}
         )
+        storage: str = attrs.field(
+            default="if_supported",
+            validator=attrs.validators.in_(("if_supported", "required")),
+            metadata={
+                "doc": "a task's storage_mb on a daemon that cannot limit storage (overlay2 on ext4): "
+                "if_supported runs it unlimited with one WARNING, required fails it environment_unsupported"
+            },
+        )
         max_output_bytes: int = attrs.field(
             default=1048576,
             validator=attrs.validators.gt(0),
@@ -95,6 +106,8 @@ class DockerEnvironment(BaseEnvironment):
         self._images: ImageCache | None = None
         # Whether sessions get a directory for expose_directory (see _expose).
         self._exposing = self.host_euid() == 0
+        # Whether the daemon may limit a container's storage (False once it said it cannot).
+        self._storage = True
 
     @property
     def engine(self) -> Engine:
@@ -215,9 +228,20 @@ class DockerEnvironment(BaseEnvironment):
             raise IssueError("fatal", "image_build_failed", f"docker daemon: {exc}", phase="setup") from None
         session = DockerSession(self.engine, name, self.options.max_output_bytes, self.resolve_host)
         try:
-            await session.start(image, config.container, policy, expose=self._exposing)
+            container = config.container
+            if container.storage_mb is not None and not self._storage:
+                container = attrs.evolve(container, storage_mb=None)
+            optional = self.options.storage == "if_supported"
+            await session.start(image, container, policy, expose=self._exposing, storage_optional=optional)
             if self._exposing and session.exposed is None:
                 self._exposing = False  # the daemon cannot bind this host's directories: stop trying
+            if session.storage_refused and self._storage:
+                self._storage = False  # and say so once
+                log.warning(
+                    "storage_not_limited",
+                    message=f"the docker daemon cannot limit a container's storage ({session.storage_refused}); "
+                    "tasks' storage_mb is not enforced (environment config storage: required refuses them instead)",
+                )
         except BaseException as exc:
             with trio.move_on_at(cleanup_deadline(), shield=True):
                 await session.close()

@@ -45,7 +45,7 @@ from agentcompass.runtime import (
 from . import _expose, _policy
 from ._api import Engine, EngineError, demultiplex
 from ._archive import first_member
-from ._container import ContainerSpec, create_failed
+from ._container import ContainerSpec, create_failed, storage_unsupported
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
@@ -95,6 +95,8 @@ class DockerSession(EnvironmentSession):
     _creating: bool = False
     #: The host directory bound at ``/run/agentcompass`` (``None``: no exposures).
     exposed: str | None = None
+    #: The daemon's reason when it could not limit storage and the container was made without (``None``: it did not say).
+    storage_refused: str | None = None
     _state: bool = False  # whether a state directory may exist (close destroys it)
     _labels: Iterator[int] = attrs.Factory(itertools.count)
     _closed: bool = False
@@ -113,8 +115,12 @@ class DockerSession(EnvironmentSession):
 
     # -- opening -----------------------------------------------------------
 
-    async def start(self, image: str, spec: ContainerSpec, policy: NetworkPolicy, *, expose: bool = False) -> None:
+    async def start(
+        self, image: str, spec: ContainerSpec, policy: NetworkPolicy, *, expose: bool = False, storage_optional: bool = False
+    ) -> None:
         """Create the network and the container, apply ``policy``, start it.
+        With ``storage_optional``, a daemon that cannot limit storage gets a
+        container without the limit (:attr:`storage_refused` says why).
 
         With ``expose`` (root, and a daemon not known to be remote) the
         container gets the session's ``exposed/`` directory (``_expose``);
@@ -153,7 +159,10 @@ class DockerSession(EnvironmentSession):
                 self.exposed = None
                 made = await self._create(image, spec)
         except EngineError as exc:
-            raise create_failed(exc, self.name, spec) from None
+            if not (storage_optional and spec.storage_mb is not None and storage_unsupported(exc)):
+                raise create_failed(exc, self.name, spec) from None
+            self.storage_refused = " ".join(exc.message.split())[:300]
+            made = await self._create(image, attrs.evolve(spec, storage_mb=None))
         self.container = made["Id"]
         self._creating = False
         self._attached = True

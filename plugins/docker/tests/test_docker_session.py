@@ -165,3 +165,31 @@ async def test_sweep_and_reap_remove_containers_and_networks(docker_daemon):
         finally:
             for session in [*doomed, other]:
                 await session.close()
+
+
+async def test_storage_the_daemon_cannot_limit_is_refused_or_run_unlimited_with_one_warning(docker_daemon):
+    from structlog.testing import capture_logs
+
+    from agentcompass import IssueError
+
+    strict = provider(docker_daemon, storage="required")
+    with hang_guard(120):
+        try:
+            session = await strict.open(strict.build_config(plan(storage_mb=64)), FULL)
+        except IssueError as exc:
+            assert (exc.severity, exc.code) == ("fatal", "environment_unsupported")
+            assert "cannot limit storage" in exc.message
+        else:
+            await session.close()
+            pytest.skip("this daemon limits storage (overlay2 on xfs with pquota)")
+        env = provider(docker_daemon)
+        with capture_logs() as logs:
+            for _ in range(2):
+                session = await env.open(env.build_config(plan(storage_mb=64)), FULL)
+                try:
+                    assert (await session.exec("echo ran")).stdout == "ran\n"
+                finally:
+                    await session.close()
+        warnings = [entry for entry in logs if entry["event"] == "storage_not_limited"]
+        assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
+        assert "storage_mb is not enforced" in warnings[0]["message"]
