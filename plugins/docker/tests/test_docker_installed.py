@@ -113,3 +113,38 @@ async def test_an_image_without_python_is_fatal_environment_unsupported_naming_p
     assert [(i["severity"], i["code"]) for i in issues] == [("fatal", "environment_unsupported")]
     assert "Python >= 3.10" in issues[0]["message"] and "its installation was made with" in issues[0]["message"]
     assert server.requests == []
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+async def test_claude_code_and_codex_solve_a_task_in_a_container_offline_through_the_gateway_only(
+    docker_daemon: Any, python_image: str, tmp_path: Path, agent: str
+) -> None:
+    """Their native executables from the host's cache run in the container
+    (glibc for Claude Code, static for Codex); the gateway speaks their API."""
+    from test_installed_claude_codex import SCAN, SHELL, WRITE, _shell
+
+    from agentcompass.testing.model_server import by_instruction, episode, text
+
+    probe = "echo INTERFACES:$(grep -c : /proc/net/dev)"
+    steps = [_shell(agent, f"{probe}; {SCAN}; mkdir -p /app && {WRITE}"), text("Done.")]
+    server = ModelServer(by_instruction([("/app/hello.txt", episode(steps))]))
+    api = "anthropic-messages" if agent == "claude-code" else "openai-responses"
+    result, run_dir = await launch(
+        tmp_path,
+        server,
+        {"agent": agent, "max_model_calls": 10},
+        tasks=["hello-file"],
+        api=api,
+        environment="docker",
+        env_config=_docker(docker_daemon, python_image),
+    )
+    attempt = details(run_dir)["hello-file"]["attempts"][0]
+    assert attempt["values"]["reward"] == 1.0, attempt["issues"]
+    run_result = attempt["run_result"]
+    calls = [c for e in run_result["trajectory"] if e["role"] == "assistant" for c in e.get("tool_calls", [])]
+    assert [c["name"] for c in calls] == [SHELL[agent][0]]
+    (answer,) = [e for e in run_result["trajectory"] if e["role"] == "tool"]
+    assert "INTERFACES:1" in answer["content"] and "SCAN-HITS:0:0" in answer["content"]
+    assert run_result["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2}
+    key_header = "x-api-key" if agent == "claude-code" else "authorization"
+    assert all(KEY in r.headers[key_header] for r in server.requests if r.method == "POST")
