@@ -133,6 +133,9 @@ class RayExecutor(Executor):
         self._remotes: dict[int, _Remote] = {}
         self._requests: dict[int, _Request] = {}
         self._request_ids: dict[int, int] = {}
+        # Never reused: a forgotten request's id in a worker's messages
+        # must not name a request that started after it.
+        self._request_numbers = itertools.count(1)
         self._room = trio.lowlevel.ParkingLot()
         self._grants: Grants | None = None
         self._grace: GraceClock | None = None
@@ -176,7 +179,7 @@ class RayExecutor(Executor):
         self._grants = grants
         request_id = self._request_ids.get(id(request))
         if request_id is None:
-            request_id = self._request_ids[id(request)] = len(self._request_ids) + 1
+            request_id = self._request_ids[id(request)] = next(self._request_numbers)
             self._requests[request_id] = _Request(request, reporter)
         done, resume, todo = dict(done), dict(resume), sorted(attempts)
         while True:

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _ray_support import RayCluster
 
 import agentcompass
 
@@ -50,8 +51,10 @@ def _request(name: str, output_root: Path, tmp_path: Path, **harness: object) ->
     }
 
 
-def test_a_full_disk_fails_only_its_own_request(tmp_path: Path, small_tmpfs: Path) -> None:
-    config = {
+def test_a_full_disk_fails_only_its_own_request(tmp_path: Path, small_tmpfs: Path, executor: RayCluster | None) -> None:
+    """On Ray the agent that fills the disk runs in a worker; the driver's
+    writes fail all the same, and only for its request."""
+    config: dict = {
         "plugins": [str(PLUGIN)],
         "orchestration": {"task_concurrency": 2, "cleanup_grace_seconds": 5},
         "requests": [
@@ -59,13 +62,23 @@ def test_a_full_disk_fails_only_its_own_request(tmp_path: Path, small_tmpfs: Pat
             _request("b", tmp_path / "out", tmp_path),
         ],
     }
+    prefix: list[str] = []
+    if executor is not None:
+        # The workers fill the disk in the cluster's mount namespace: only
+        # where the tmpfs shows there too (else they would fill the real disk).
+        pids = subprocess.run(["ip", "netns", "pids", executor.netns], capture_output=True, text=True).stdout.split()
+        mounts = Path(f"/proc/{pids[0]}/mountinfo").read_text().split() if pids else []
+        if str(small_tmpfs) not in mounts:
+            pytest.skip("the test tmpfs is not mounted in the Ray cluster's mount namespace")
+        config["orchestration"]["executor"] = executor.executor()
+        prefix = executor.prefix
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("COMPASS_LOG_LEVEL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "agentcompass._cli", "launch", str(path)],
+        [*prefix, sys.executable, "-m", "agentcompass._cli", "launch", str(path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
