@@ -21,7 +21,7 @@ waits). Nothing here writes the run directory.
 
 Messages are tuples, ``(kind, ...)``. Driver to worker: ``start``,
 ``grant``, ``ack``, ``cancel``, ``shutdown``, ``forget``, ``sweep``.
-Worker to driver: ``event``, ``opened``, ``closed``, ``checkpoint``,
+Worker to driver: ``event``, ``stage``, ``opened``, ``closed``, ``checkpoint``,
 ``discarded``, ``acquire``, ``token``, ``abandon``, ``release``, ``done``,
 ``failed``, ``cancelled``, ``swept``.
 """
@@ -35,6 +35,7 @@ import pickle
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,7 @@ class Worker:
                     ctx = RequestContext.build(request, self.grants, WorkerReporter(self, request_id, tag), self.grace)
                     # Session names are unique across the run's workers.
                     ctx.name_prefix = f"w{self._index}-"
+                    ctx.on_stage = partial(self._stage, request_id)
                     self._contexts[request_id] = ctx
                 record = await run_task(ctx, task, attempts, done, resume)
             except Exception as exc:  # noqa: BLE001 - the driver's run_task raises it
@@ -320,6 +322,9 @@ class Worker:
                 self._scopes.pop(key, None)
             return
         self.post(("cancelled", key))
+
+    def _stage(self, request_id: int, task_id: str, attempt: int, stage: str) -> None:
+        self.post(("stage", request_id, task_id, attempt, stage))
 
     async def _sweep(self, number: int, targets: list[tuple[str, dict[str, Any], str]]) -> None:
         """Sweep each ``(provider, config, tag)`` on this node; report notes."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from typing import Any
 
 import pytest
 from _common import only_run_dir, read_json, read_jsonl, wait_until
+from _executor_runs import PLUGIN as FAULT_PLUGIN
+from _executor_runs import journal, rec_request
 from _ray_support import RayCluster, ray_skip_reason
 
 import agentcompass
@@ -53,14 +56,15 @@ def _config(tmp_path: Path, requests: list[tuple[str, int]], **settings: Any) ->
 
 
 def _start(
-    tmp_path: Path, config: dict[str, Any], prefix: list[str], *args: str, name: str = "run"
+    tmp_path: Path, config: dict[str, Any], prefix: list[str], *args: str, name: str = "run", debug: bool = False
 ) -> subprocess.Popen[bytes]:
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("COMPASS_LOG_LEVEL", None)
-    command = [*prefix, sys.executable, "-m", "agentcompass._cli", "launch", str(path)]
+    command = [*prefix, sys.executable, "-m", "agentcompass._cli", *(["--log-level", "debug"] if debug else [])]
+    command += ["launch", str(path)]
     command += ["--output-root", str(tmp_path / "out"), *args]
     with (tmp_path / f"{name}.out").open("wb") as out, (tmp_path / f"{name}.err").open("wb") as err:
         return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=err)
@@ -88,6 +92,13 @@ def _all_closed(run_dir: Path) -> None:
 
 def _err(tmp_path: Path, name: str = "run") -> str:
     return (tmp_path / f"{name}.err").read_text()
+
+
+def _driver_knows(tmp_path: Path, tasks: set[str], stage: str) -> bool:
+    """Whether the driver learnt (its debug log) that the attempts of ``tasks``
+    entered ``stage``: only then can a lost worker's attempts name it."""
+    lines = [line for line in _err(tmp_path).splitlines() if "attempt_stage" in line and f"stage={stage}" in line]
+    return all(any(re.search(rf"\btask_id={re.escape(task)}[,)]", line) for line in lines) for task in tasks)
 
 
 def test_limits_and_order_hold_across_all_workers_together(tmp_path: Path, ray_cluster: RayCluster) -> None:
@@ -140,10 +151,12 @@ def test_a_killed_worker_fails_its_attempts_worker_lost_and_they_finish_on_the_o
         harness={"seconds": seconds},
         execution={"max_retries": 2, "retry_min_delay_seconds": 0.1, "retry_max_delay_seconds": 0.2},
     )
-    proc = _start(tmp_path, config, ray_cluster.prefix)
+    proc = _start(tmp_path, config, ray_cluster.prefix, debug=True)
     try:
         wait_until(lambda: len({pid for _, _, pid in _runs(tmp_path)}) == 2, "runs on both workers", HANG_GUARD)
         victim = _runs(tmp_path)[0][2]
+        running = {task for task, _, pid in _runs(tmp_path) if pid == victim}
+        wait_until(lambda: _driver_knows(tmp_path, running, "run"), "the driver to learn the runs started", HANG_GUARD)
         os.kill(victim, signal.SIGKILL)
         assert proc.wait(timeout=HANG_GUARD) == 0, _err(tmp_path)
     finally:
@@ -173,13 +186,73 @@ def test_a_killed_worker_fails_its_attempts_worker_lost_and_they_finish_on_the_o
             assert len(pids) == 2 and pids[-1] != victim
             [discarded] = (run_dir / "tasks").glob(f"{task}/attempt-0/retries/*.json")
             issue = read_json(discarded)["issues"][0]
-            assert (issue["severity"], issue["code"]) == ("fatal", "worker_lost")
+            assert (issue["severity"], issue["code"], issue["phase"]) == ("fatal", "worker_lost", "run")
         else:
             assert attempt["retries"] == 0 and len(pids) == 1
     _all_closed(run_dir)
     # The killed worker's sandboxes were reaped, the others closed.
     assert list((tmp_path / "sandboxes").iterdir()) == []
     assert "worker_lost" in _err(tmp_path)
+
+
+@pytest.mark.parametrize(("stage", "script"), [("setup", "prepare"), ("evaluate", "evaluate")])
+def test_worker_lost_is_in_the_stage_the_attempt_was_in(
+    tmp_path: Path, ray_cluster: RayCluster, stage: str, script: str
+) -> None:
+    """The worker streams the stage each attempt enters: a worker killed while
+    its attempts prepare (or evaluate, in a fresh session) fails them FATAL
+    ``worker_lost`` in that stage, and the retry on the other worker runs
+    the whole attempt again."""
+    tasks = [f"s{i}" for i in range(4)]
+    request = rec_request(
+        tmp_path,
+        "lost",
+        tasks,
+        benchmark={"plan": {"evaluation_environment_mode": "fresh"}, "script": {"*": {script: ["sleep:3"]}}},
+        execution={"max_retries": 1, "retry_min_delay_seconds": 0.01, "retry_max_delay_seconds": 0.02},
+    )
+    config = {
+        "plugins": [str(FAULT_PLUGIN)],
+        "orchestration": {"task_concurrency": 4, "cleanup_grace_seconds": 10, "executor": ray_cluster.executor()},
+        "requests": [request],
+    }
+    proc = _start(tmp_path, config, ray_cluster.prefix, debug=True)
+
+    def calls() -> list[list[str]]:
+        return [f for f in journal(tmp_path) if f[0] == script]
+
+    try:
+        wait_until(lambda: len({f[2] for f in calls()}) == 2, f"{script} on both workers", HANG_GUARD)
+        victim = int(calls()[0][2])
+        inside = {f[3] for f in calls() if int(f[2]) == victim}
+        wait_until(lambda: _driver_knows(tmp_path, inside, stage), f"the driver to learn of the {stage}", HANG_GUARD)
+        os.kill(victim, signal.SIGKILL)
+        assert proc.wait(timeout=HANG_GUARD) == 0, _err(tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    lost = {f[3] for f in calls() if int(f[2]) == victim}
+    assert lost
+    run_dir = only_run_dir(tmp_path / "out", "lost")
+    records = _records(run_dir)
+    for task in tasks:
+        [attempt] = records[task]["attempts"]
+        assert attempt["status"] == "completed", records[task]
+        discarded = [read_json(p) for p in run_dir.glob(f"tasks/{task}/attempt-0/retries/*.json")]
+        if task in lost:
+            [data] = discarded
+            [issue] = data["issues"]
+            assert (issue["code"], issue["phase"], data["stage"], data["scope"]) == ("worker_lost", stage, stage, "attempt")
+            assert attempt["retries"] == 1
+            # The whole attempt again, on the other worker.
+            prepares = [int(f[2]) for f in journal(tmp_path) if f[0] == "prepare" and f[3] == task]
+            assert len(prepares) == 2 and prepares[-1] != victim
+        else:
+            assert not discarded and attempt["retries"] == 0
+    _all_closed(run_dir)
+    assert list((tmp_path / "sandboxes").iterdir()) == []
 
 
 def _in_netns(inode: str) -> list[int]:
