@@ -10,6 +10,7 @@ cluster (``_ray_support``); the driver-kill test starts its own
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -255,6 +256,32 @@ def test_worker_lost_is_in_the_stage_the_attempt_was_in(
     assert list((tmp_path / "sandboxes").iterdir()) == []
 
 
+def _listening(pid: int) -> list[tuple[str, str]]:
+    """``(process name, local address)`` of every listening TCP and bound UDP
+    socket in the network namespace of ``pid``."""
+    out = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ss", "-H", "-l", "-t", "-u", "-n", "-p"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        name = re.search(r'users:\(\("([^"]+)"', line)
+        found.append((name.group(1) if name else "?", fields[4]))
+    return found
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``host:port`` (``[v6]:port``, ``*:port``) is a loopback address."""
+    host = address.rsplit(":", 1)[0].strip("[]").split("%")[0]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # "*": every address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
 def _in_netns(inode: str) -> list[int]:
     """Pids of the processes in the network namespace ``inode`` names."""
     found = []
@@ -280,13 +307,24 @@ def test_a_killed_driver_takes_its_local_cluster_along_and_reuse_finishes_the_ru
         harness={"seconds": 1},
         execution={"attempts": {"k": k}},
     )
-    # A network namespace of its own: the local cluster's servers listen on every address.
-    netns = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+    # A network namespace of its own, with a routable address besides
+    # loopback (a veth pair with a default route), as a host has: Ray would
+    # listen there too if the local cluster let it.
+    setup = (
+        "ip link set lo up && ip link add v0 type veth peer name v1 && ip addr add 10.77.0.1/24 dev v0"
+        " && ip link set v0 up && ip link set v1 up && ip route add default via 10.77.0.2"
+    )
+    netns = ["unshare", "-n", "sh", "-c", setup + ' && exec "$@"', "sh"]
     proc = _start(tmp_path, config, netns)
     try:
         wait_until(lambda: len(_runs(tmp_path)) >= 5, "a few runs", HANG_GUARD)
         inode = os.readlink(f"/proc/{proc.pid}/ns/net")
         assert len(_in_netns(inode)) > 3, "the cluster's processes run beside the driver"
+        # Every server of the running cluster (GCS, raylet, runtime-env
+        # agent, the workers' and the driver's own) listens on loopback only.
+        listening = _listening(proc.pid)
+        assert {"gcs_server", "raylet"} <= {name for name, _ in listening}, listening
+        assert all(_loopback(address) for _, address in listening), listening
         proc.kill()
         assert proc.wait(timeout=HANG_GUARD) == -signal.SIGKILL
     finally:
