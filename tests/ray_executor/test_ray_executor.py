@@ -57,11 +57,17 @@ def _config(tmp_path: Path, requests: list[tuple[str, int]], **settings: Any) ->
 
 
 def _start(
-    tmp_path: Path, config: dict[str, Any], prefix: list[str], *args: str, name: str = "run", debug: bool = False
+    tmp_path: Path,
+    config: dict[str, Any],
+    prefix: list[str],
+    *args: str,
+    name: str = "run",
+    debug: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("COMPASS_LOG_LEVEL", None)
     command = [*prefix, sys.executable, "-m", "agentcompass._cli", *(["--log-level", "debug"] if debug else [])]
@@ -354,6 +360,21 @@ def test_a_killed_driver_takes_its_local_cluster_along_and_reuse_finishes_the_ru
     again = [(task, attempt) for task, attempt, _ in _runs(tmp_path)[ran_before:] if (task, attempt) in finished]
     assert not again, f"finished attempts ran again: {again}"
     assert list((tmp_path / "sandboxes").iterdir()) == []
+
+
+def test_auto_joins_the_cluster_ray_address_names(tmp_path: Path, ray_cluster: RayCluster) -> None:
+    """``address: auto`` is Ray's own: ``RAY_ADDRESS`` (else the cluster last
+    started on this machine). The session's cluster is an existing one; the
+    run's workers are actors on it (the other tests join it by its GCS
+    address, ``host:port``)."""
+    config = _config(tmp_path, [("auto", 4)], executor={"id": "ray", "config": {"address": "auto", "workers": 2}})
+    env = {"RAY_ADDRESS": ray_cluster.address}
+    proc = _start(tmp_path, config, ray_cluster.prefix, env=env)
+    assert proc.wait(timeout=HANG_GUARD) == 0, _err(tmp_path)
+    run_dir = only_run_dir(tmp_path / "out", "auto")
+    assert read_json(run_dir / "run_info.json")["status"] == "succeeded"
+    pids = {pid for _, _, pid in _runs(tmp_path)}
+    assert len(pids) == 2 and proc.pid not in pids
 
 
 def test_an_unknown_executor_is_a_config_error(tmp_path: Path) -> None:
