@@ -377,6 +377,21 @@ def test_auto_joins_the_cluster_ray_address_names(tmp_path: Path, ray_cluster: R
     assert len(pids) == 2 and proc.pid not in pids
 
 
+@pytest.mark.skipif(importlib.util.find_spec("grpc") is None, reason="Ray Client is not installed (pip install 'ray[client]')")
+def test_ray_client_address_runs_the_tasks_on_the_cluster(tmp_path: Path, ray_cluster: RayCluster) -> None:
+    """``ray://host:port`` connects through the cluster's Ray Client server,
+    as from outside the cluster: the same run, on the cluster's workers."""
+    executor = {"id": "ray", "config": {"address": ray_cluster.client_address, "workers": 2}}
+    config = _config(tmp_path, [("client", 4)], executor=executor)
+    proc = _start(tmp_path, config, ray_cluster.prefix)
+    assert proc.wait(timeout=HANG_GUARD) == 0, _err(tmp_path)
+    run_dir = only_run_dir(tmp_path / "out", "client")
+    assert read_json(run_dir / "run_info.json")["status"] == "succeeded"
+    _all_closed(run_dir)
+    pids = {pid for _, _, pid in _runs(tmp_path)}
+    assert len(pids) == 2 and proc.pid not in pids
+
+
 def test_an_unknown_executor_is_a_config_error(tmp_path: Path) -> None:
     config = _config(tmp_path, [("x", 1)], executor={"id": "slurm"})
     proc = _start(tmp_path, config, [])
