@@ -51,7 +51,9 @@ def _request(name: str, output_root: Path, tmp_path: Path, **harness: object) ->
     }
 
 
-def test_a_full_disk_fails_only_its_own_request(tmp_path: Path, small_tmpfs: Path, executor: RayCluster | None) -> None:
+def test_a_full_disk_fails_only_its_own_request(
+    tmp_path: Path, small_tmpfs: Path, executor: RayCluster | None, request: pytest.FixtureRequest
+) -> None:
     """On Ray the agent that fills the disk runs in a worker; the driver's
     writes fail all the same, and only for its request."""
     config: dict = {
@@ -64,14 +66,19 @@ def test_a_full_disk_fails_only_its_own_request(tmp_path: Path, small_tmpfs: Pat
     }
     prefix: list[str] = []
     if executor is not None:
-        # The workers fill the disk in the cluster's mount namespace: only
-        # where the tmpfs shows there too (else they would fill the real disk).
-        pids = subprocess.run(["ip", "netns", "pids", executor.netns], capture_output=True, text=True).stdout.split()
-        mounts = Path(f"/proc/{pids[0]}/mountinfo").read_text().split() if pids else []
-        if str(small_tmpfs) not in mounts:
-            pytest.skip("the test tmpfs is not mounted in the Ray cluster's mount namespace")
+        # The driver runs in the cluster's own mount namespace, beside the
+        # workers, and the tmpfs must be mounted there: one mounted on the
+        # host after the cluster started does not show in it (the workers
+        # would fill the real disk).
+        [cluster, *_] = subprocess.run(
+            ["ip", "netns", "pids", executor.netns], capture_output=True, text=True, check=True
+        ).stdout.split()
+        inside = ["nsenter", "-t", cluster, "-m"]
+        if str(small_tmpfs) not in Path(f"/proc/{cluster}/mountinfo").read_text().split():
+            subprocess.run([*inside, "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small_tmpfs)], check=True)
+            request.addfinalizer(lambda: subprocess.run([*inside, "umount", "-l", str(small_tmpfs)], check=False))
         config["orchestration"]["executor"] = executor.executor()
-        prefix = executor.prefix
+        prefix = [*inside, "-n"]
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))
     env = dict(os.environ)
