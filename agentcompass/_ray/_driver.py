@@ -35,8 +35,8 @@ that shutdown began, with the grace left: its cleanup closes its sessions
 within the same deadline. ``run_task`` waits for the worker's answer until
 the grace deadline. A worker whose poll fails (its process died, its node
 was lost) fails only its tasks' running attempts: each gets FATAL
-``worker_lost`` in the stage the worker last reported for it (``stage``
-messages), its permits go back, the sessions it journalled open are
+``worker_lost`` in the stage the worker last reported for it (each poll
+carries the latest stage of the attempts that moved since the last), its permits go back, the sessions it journalled open are
 reaped, and the attempt is retried per the retry budget on another worker
 (the attempts already checkpointed are kept).
 """
@@ -374,15 +374,13 @@ class RayExecutor(Executor):
                 if remote is not None:
                     remote.current = fields["attempt"]
                     remote.tries[fields["attempt"]] = fields.get("attempt_try", 1)
-                    # A full try starts with setup; an evaluation-only one evaluates.
-                    self._stage(link, remote, fields["attempt"], "setup" if fields.get("scope") == "attempt" else "evaluate")
             request.reporter.event(event, **fields)
-        elif kind == "stage":
-            _, request_id, task_id, attempt, stage = message
-            request = self._requests.get(request_id)
-            remote = request.tasks.get(task_id) if request is not None else None
-            if remote is not None:
-                self._stage(link, remote, attempt, stage)
+        elif kind == "stages":
+            for (request_id, task_id, attempt), stage in message[1].items():
+                request = self._requests.get(request_id)
+                remote = request.tasks.get(task_id) if request is not None else None
+                if remote is not None:
+                    self._stage(link, remote, attempt, stage)
         elif kind == "opened":
             _, request_id, session_id, provider, handle, name, ack = message
             session_id = f"w{link.index}.{session_id}"
