@@ -25,6 +25,7 @@ __all__ = ["EXECUTORS", "check_executor", "open_executor"]
 EXECUTORS = ("inprocess", "ray")
 
 RAY_INSTALL = "pip install 'agentcompass[ray]'"
+RAY_CLIENT_INSTALL = "pip install 'ray[client]'"
 
 
 def check_executor(orchestration: Orchestration) -> None:
@@ -43,7 +44,12 @@ def check_executor(orchestration: Orchestration) -> None:
         raise ConfigError(f"orchestration.executor: ray is not installed here; install it with {RAY_INSTALL}")
     from ._ray._settings import RaySettings
 
-    RaySettings.parse(ref.config)
+    settings = RaySettings.parse(ref.config)
+    if settings.address.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+        raise ConfigError(
+            f"orchestration.executor.config.address: {settings.address} connects through Ray Client, "
+            f"which is not installed here; install it with {RAY_CLIENT_INSTALL}"
+        )
 
 
 @contextlib.asynccontextmanager

@@ -39,6 +39,8 @@ __all__ = ["RayCluster", "executor", "ray_cluster", "ray_skip_reason"]
 
 RAY_START = "from ray.scripts.scripts import main; main()"
 START_SECONDS = 120
+#: The cluster's Ray Client server (``address: ray://``), below Ray's worker ports.
+CLIENT_PORT = 10001
 
 
 def ray_skip_reason() -> str | None:
@@ -62,6 +64,11 @@ class RayCluster:
         """Run a command in the cluster's network namespace."""
         return ["ip", "netns", "exec", self.netns]
 
+    @property
+    def client_address(self) -> str:
+        """The cluster through Ray Client."""
+        return f"ray://127.0.0.1:{CLIENT_PORT}"
+
     def executor(self, **config: Any) -> dict[str, Any]:
         """``orchestration.executor`` for this cluster (2 workers unless told)."""
         return {"id": "ray", "config": {"address": self.address, "workers": 2, **config}}
@@ -75,7 +82,7 @@ def _start(netns: str, temp_dir: str) -> subprocess.Popen[bytes]:
         [  # ``ip netns exec`` execs ray: the death signal (pytest killed) reaches it
             "ip", "netns", "exec", netns, sys.executable, "-c", RAY_START, "start", "--head", "--block",
             "--node-ip-address=127.0.0.1", "--port=6379", "--num-cpus=4", "--include-dashboard=false",
-            "--disable-usage-stats", f"--temp-dir={temp_dir}",
+            "--disable-usage-stats", f"--temp-dir={temp_dir}", f"--ray-client-server-port={CLIENT_PORT}",
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

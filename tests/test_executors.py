@@ -59,6 +59,15 @@ def test_ray_settings_are_checked_in_preflight(config: dict[str, object], messag
     assert message in str(caught.value)
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None or importlib.util.find_spec("grpc") is not None,
+    reason="needs Ray without Ray Client (grpcio)",
+)
+def test_ray_client_without_it_says_how_to_install_it() -> None:
+    with pytest.raises(ConfigError, match=r"ray://head:10001 connects through Ray Client.*pip install 'ray\[client\]'"):
+        check_executor(_orchestration({"id": "ray", "config": {"address": "ray://head:10001"}}))
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed here")
 def test_ray_without_ray_says_how_to_install_it() -> None:
     with pytest.raises(ConfigError, match=r"pip install 'agentcompass\[ray\]'"):

@@ -132,6 +132,11 @@ class RequestContext:
     #: processes running one request's tasks (a Ray worker's ``w<n>-``).
     name_prefix: str = ""
     _names: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    #: Told ``(task_id, attempt, stage)`` when a try enters ``run``,
+    #: ``collect`` or ``evaluate`` (``setup`` starts with ``attempt_started``):
+    #: a Ray worker streams it, so the driver knows the stage of an attempt
+    #: lost with its worker. None in process (nothing to tell).
+    on_stage: Callable[[str, int, str], None] | None = None
     #: ``trio.current_time`` without its lookups: the clock's own method.
     now: Callable[[], float] = attrs.field(factory=lambda: trio.lowlevel.current_clock().current_time)
 

@@ -142,6 +142,11 @@ class _Try:
 
     # -- helpers -----------------------------------------------------------
 
+    def _enter(self, stage: Phase) -> None:
+        on_stage = self.ctx.on_stage
+        if on_stage is not None:
+            on_stage(self.task.task_id, self.plan.attempt, stage)
+
     def _add(self, issues: list[Issue], new: list[Issue]) -> None:
         if new:
             issues.extend(redact_issue(i) for i in new)
@@ -240,6 +245,7 @@ class _Try:
         await self._start_and_run(env)
         await self._collect(env)
         if self.plan.evaluation_environment_mode == "reuse" and not self._should_stop(self.out.task_issues):
+            self._enter("evaluate")
             await self._evaluate_in(env, self.out.eval_issues)
 
     def _setup_timed_out(self) -> None:
@@ -313,6 +319,7 @@ class _Try:
         budget = RunBudget(plan.run_timeout_seconds)
         compensation = ctx.request.execution.run_timer_compensation_seconds
         hard_stop = math.inf if plan.run_timeout_seconds is None else plan.run_timeout_seconds + compensation
+        self._enter("run")
         start = self.now()
         result: Any = None
         with _deadline_scope(self.now() + hard_stop) as scope:
@@ -346,6 +353,7 @@ class _Try:
     async def _collect(self, env: GuardedSession) -> None:
         ctx, issues = self.ctx, self.out.task_issues
         assert self.out.prepared is not None and self.out.run_result is not None
+        self._enter("collect")
         start = self.now()
         # SPEC 5 gives collection no timeout of its own; it is sandbox I/O on
         # the way to the score, so the evaluation timeout bounds it too, and a
@@ -442,10 +450,12 @@ class _Try:
                 )
 
     async def _evaluate_without_env(self) -> None:
+        self._enter("evaluate")
         self.out.eval_issues = []
         await self._evaluate(None, self.out.eval_issues)
 
     async def _evaluate_fresh(self, config: Any) -> None:
+        self._enter("evaluate")
         issues: list[Issue] = []
         self.out.eval_issues = issues
         await self._in_sandbox("evaluate", issues, partial(self._fresh_stage, config, issues))

@@ -19,7 +19,7 @@ import trio
 
 from .. import _registry
 from ..runtime._values import Orchestration
-from ._cluster import local_cluster
+from ._cluster import SINGLE_MACHINE, local_cluster
 from ._driver import RayExecutor
 from ._settings import RaySettings
 
@@ -39,6 +39,11 @@ async def open_ray_executor(orchestration: Orchestration, config_dir: Path | Non
     # Ray's C++ failure-signal handler would take SIGTERM from the CLI's own
     # handling (first signal: clean up; second: exit) and abort the driver.
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    if settings.address == "local":
+        # The driver resolves the loopback cluster's address as 127.0.0.1
+        # (else Ray would replace it with this host's reachable address,
+        # where the cluster does not listen). Read when Ray is imported.
+        os.environ.setdefault(SINGLE_MACHINE, "0")
     ray = await trio.to_thread.run_sync(_import_ray)
     grace = orchestration.cleanup_grace_seconds
     async with contextlib.AsyncExitStack() as stack:

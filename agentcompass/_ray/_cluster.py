@@ -9,9 +9,13 @@ worker. The driver sends it SIGTERM on the way out; if the driver itself
 dies (even by SIGKILL) the kernel sends it SIGTERM (``PR_SET_PDEATHSIG``),
 so a killed driver's cluster does not outlive it.
 
-Ray 2.60's GCS and raylet listen on every address whatever the node
-address: on a host with other interfaces, run the driver in a network
-namespace or behind a firewall (docs/scale-out.md).
+Every server of the cluster listens on loopback only. ``ray start``
+alone would not do it: it replaces a loopback ``--node-ip-address`` with
+the address other nodes can reach, and its GCS, raylet and workers then
+listen on every address. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's
+single-machine mode: no other node may join) keeps the node's address
+127.0.0.1, so every server binds it; the driver connects with the same
+setting (``open_ray_executor``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ import trio
 
 from ..runtime._errors import ConfigError
 
-__all__ = ["local_cluster"]
+__all__ = ["SINGLE_MACHINE", "local_cluster"]
+
+#: Ray's switch that keeps a node's address on loopback (see the module docstring).
+SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 #: How long ``ray start`` may take to report the cluster up.
 START_SECONDS = 90
@@ -104,7 +111,7 @@ async def local_cluster(cpus: int, grace: float) -> AsyncIterator[str]:
         "--disable-usage-stats",
         f"--temp-dir={temp_dir}",
     ]
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **{SINGLE_MACHINE: "0"})
     # Spawned from the driver's own (Trio) thread, not a worker thread: the
     # death signal follows the thread that forked, and a worker thread ends
     # long before the run does.

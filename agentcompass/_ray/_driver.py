@@ -35,7 +35,8 @@ that shutdown began, with the grace left: its cleanup closes its sessions
 within the same deadline. ``run_task`` waits for the worker's answer until
 the grace deadline. A worker whose poll fails (its process died, its node
 was lost) fails only its tasks' running attempts: each gets FATAL
-``worker_lost``, its permits go back, the sessions it journalled open are
+``worker_lost`` in the stage the worker last reported for it (each poll
+carries the latest stage of the attempts that moved since the last), its permits go back, the sessions it journalled open are
 reaped, and the attempt is retried per the retry budget on another worker
 (the attempts already checkpointed are kept).
 """
@@ -53,12 +54,12 @@ import trio
 
 from .. import _registry
 from .._limits import provider_limits
-from .._logging import get_logger
+from .._logging import debug_enabled, get_logger
 from .._orchestration._attempt import backoff_delay
 from .._orchestration._context import GraceClock
 from ..runtime._convert import unstructure
 from ..runtime._executor import Executor, Grants, TaskReporter
-from ..runtime._results import AttemptRecord, Issue, TaskRecord, derive_status, worst_severity
+from ..runtime._results import AttemptRecord, Issue, Phase, TaskRecord, derive_status, worst_severity
 from ..runtime._values import RunRequest, TaskSpec
 
 __all__ = ["RayExecutor", "WORKER_LOST"]
@@ -107,6 +108,8 @@ class _Remote:
     checkpoints: dict[int, AttemptRecord] = attrs.Factory(dict)
     #: attempt -> the try number of its latest ``attempt_started``
     tries: dict[int, int] = attrs.Factory(dict)
+    #: attempt -> the stage its latest try is in (setup, run, collect, evaluate)
+    stages: dict[int, Phase] = attrs.Factory(dict)
     current: int | None = None
 
     def end(self, *outcome: Any) -> None:
@@ -133,6 +136,9 @@ class RayExecutor(Executor):
         self._remotes: dict[int, _Remote] = {}
         self._requests: dict[int, _Request] = {}
         self._request_ids: dict[int, int] = {}
+        # Never reused: a forgotten request's id in a worker's messages
+        # must not name a request that started after it.
+        self._request_numbers = itertools.count(1)
         self._room = trio.lowlevel.ParkingLot()
         self._grants: Grants | None = None
         self._grace: GraceClock | None = None
@@ -176,7 +182,7 @@ class RayExecutor(Executor):
         self._grants = grants
         request_id = self._request_ids.get(id(request))
         if request_id is None:
-            request_id = self._request_ids[id(request)] = len(self._request_ids) + 1
+            request_id = self._request_ids[id(request)] = next(self._request_numbers)
             self._requests[request_id] = _Request(request, reporter)
         done, resume, todo = dict(done), dict(resume), sorted(attempts)
         while True:
@@ -282,8 +288,9 @@ class RayExecutor(Executor):
     def _lost_record(
         self, request: RunRequest, index: int, remote: _Remote, resumed: AttemptRecord | None
     ) -> AttemptRecord:
-        """The FATAL ``worker_lost`` record of the attempt a lost worker was running.
-        Its ``retries`` are the retries the attempt had used before the lost try."""
+        """The FATAL ``worker_lost`` record of the attempt a lost worker was running,
+        in the stage the worker last reported for it. Its ``retries`` are the
+        retries the attempt had used before the lost try."""
         try_number = remote.tries.get(index, 1)
         retries = try_number - 1
         if resumed is not None and not any(issue.code == WORKER_LOST for issue in resumed.issues):
@@ -291,7 +298,7 @@ class RayExecutor(Executor):
         link = remote.link
         issue = Issue(
             "fatal",
-            "run",
+            remote.stages.get(index, "setup"),
             WORKER_LOST,
             f"Ray worker {link.index} (pid {link.pid}) was lost while it ran attempt {index} of task {remote.task_id!r}",
         )
@@ -368,6 +375,12 @@ class RayExecutor(Executor):
                     remote.current = fields["attempt"]
                     remote.tries[fields["attempt"]] = fields.get("attempt_try", 1)
             request.reporter.event(event, **fields)
+        elif kind == "stages":
+            for (request_id, task_id, attempt), stage in message[1].items():
+                request = self._requests.get(request_id)
+                remote = request.tasks.get(task_id) if request is not None else None
+                if remote is not None:
+                    self._stage(link, remote, attempt, stage)
         elif kind == "opened":
             _, request_id, session_id, provider, handle, name, ack = message
             session_id = f"w{link.index}.{session_id}"
@@ -410,6 +423,11 @@ class RayExecutor(Executor):
             if entry is not None:
                 entry[2].extend(message[2])
                 entry[1].set()
+
+    def _stage(self, link: _Link, remote: _Remote, attempt: int, stage: Phase) -> None:
+        remote.stages[attempt] = stage
+        if debug_enabled():
+            log.debug("attempt_stage", worker=link.index, task_id=remote.task_id, attempt=attempt, stage=stage)
 
     async def _discarded(self, link: _Link, message: tuple[Any, ...]) -> None:
         _, request_id, task_id, attempt, try_number, data, ack = message

@@ -21,7 +21,7 @@ waits). Nothing here writes the run directory.
 
 Messages are tuples, ``(kind, ...)``. Driver to worker: ``start``,
 ``grant``, ``ack``, ``cancel``, ``shutdown``, ``forget``, ``sweep``.
-Worker to driver: ``event``, ``opened``, ``closed``, ``checkpoint``,
+Worker to driver: ``event``, ``stages``, ``opened``, ``closed``, ``checkpoint``,
 ``discarded``, ``acquire``, ``token``, ``abandon``, ``release``, ``done``,
 ``failed``, ``cancelled``, ``swept``.
 """
@@ -35,6 +35,7 @@ import pickle
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,10 @@ class WorkerReporter:
         self.tag = tag
 
     def event(self, kind: str, **fields: Any) -> None:
+        if kind == "attempt_started":
+            # A full try starts with setup; an evaluation-only one evaluates.
+            stage = "setup" if fields.get("scope") == "attempt" else "evaluate"
+            self._worker.stage(self._request_id, fields["task"], fields["attempt"], stage)
         self._worker.post(("event", self._request_id, kind, fields))
 
     async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None:
@@ -161,6 +166,8 @@ class Worker:
         self._grace_seconds = grace
         self._connections = connections
         self._outbox: list[tuple[Any, ...]] = []
+        #: (request id, task, attempt) -> the stage it entered since the last poll
+        self._stages: dict[tuple[int, str, int], str] = {}
         self._changed = threading.Condition()
         self._next_batch = 0
         self._early: dict[int, list[tuple[Any, ...]]] = {}
@@ -193,9 +200,20 @@ class Worker:
                 # is about to post: one round trip for many messages.
                 self._changed.wait(COALESCE_SECONDS)
             out, self._outbox = self._outbox, []
+            if self._stages:
+                # The latest stage of each attempt, once per poll however
+                # many it went through: the driver needs it only if this
+                # worker is lost.
+                out.append(("stages", self._stages))
+                self._stages = {}
         return out
 
     # -- the Trio side -------------------------------------------------------------
+
+    def stage(self, request_id: int, task_id: str, attempt: int, stage: str) -> None:
+        """Attempt ``attempt`` of ``task_id`` entered ``stage`` (goes with the next poll)."""
+        with self._changed:
+            self._stages[(request_id, task_id, attempt)] = stage
 
     def post(self, message: tuple[Any, ...]) -> None:
         with self._changed:
@@ -310,6 +328,7 @@ class Worker:
                     ctx = RequestContext.build(request, self.grants, WorkerReporter(self, request_id, tag), self.grace)
                     # Session names are unique across the run's workers.
                     ctx.name_prefix = f"w{self._index}-"
+                    ctx.on_stage = partial(self.stage, request_id)
                     self._contexts[request_id] = ctx
                 record = await run_task(ctx, task, attempts, done, resume)
             except Exception as exc:  # noqa: BLE001 - the driver's run_task raises it

@@ -53,7 +53,9 @@ server on 127.0.0.1 with scripted replies, for the model path.
 Provider authors check their Environment with :func:`check_environment`
 (or :func:`environment_conformance_tests` for one pytest test per check).
 A test that needs a provider of its own builds its sessions on
-:class:`MemorySession` (files in a dict, every command exits 0).
+:class:`MemorySession` (files in a dict, every command exits 0). Components
+that run in another process (a ``compass`` subprocess, a Ray worker) report
+to the test with :func:`append_line`, one line per event in a file.
 """
 
 from agentcompass.runtime._public import publish as _publish
@@ -78,6 +80,7 @@ from ._helpers import HangGuard as HangGuard
 from ._helpers import fake_plan as fake_plan
 from ._helpers import fake_request as fake_request
 from ._helpers import hang_guard as hang_guard
+from ._journal import append_line as append_line
 from ._memory import MemorySession as MemorySession
 from ._recipe import FakeAnalyzer as FakeAnalyzer
 from ._recipe import FakeRecipe as FakeRecipe

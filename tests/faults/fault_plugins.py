@@ -15,7 +15,17 @@ everything the tests look at is on disk:
   an agent run starts and takes ``seconds``; with ``fill`` set, the run of
   task ``fill_task`` first fills the filesystem holding that path (writes
   until ``ENOSPC``); with ``expose`` set, it exposes that host directory in
-  the session first (``expose_directory``).
+  the session first (``expose_directory``). With ``journal`` set it also appends ``run <session>
+  <pid> <task>`` there (the session's name); ``crash: {task: [action, ...]}``
+  makes the task's n-th run (counted in ``runs_log``, so across processes)
+  raise: ``fatal`` an ``IssueError`` FATAL ``rec_run_fatal``, ``raise`` an
+  unclassified ``RuntimeError``; ``ok`` or past the list it runs.
+- ``rec-bench``: ``fake-bench`` (its scripts, values and plan) that appends
+  ``prepare <session> <pid> <task>`` and ``evaluate <session or -> <pid>
+  <task>`` to ``journal`` when called (before its scripted action), so the
+  file tells which session each stage ran in; ``aggregate_fails`` makes
+  ``aggregate_metrics`` raise.
+>>>>>>> ray37
 
 ``import agentcompass.testing`` registers ``fake-bench`` for the configs.
 """
@@ -35,22 +45,18 @@ import agentcompass.testing  # noqa: F401 - registers fake-bench
 from agentcompass import (
     BaseEnvironment,
     BaseHarness,
+    EnvironmentSession,
+    Evaluation,
+    IssueError,
     NetworkPolicy,
     PreparedTask,
     RunBudget,
+    RunRequest,
     RunResult,
+    TaskSpec,
     register,
 )
-from agentcompass.testing import MemorySession
-
-
-def append_line(path: str, line: str) -> None:
-    """One ``O_APPEND`` write: lines of concurrent processes never interleave."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+from agentcompass.testing import FakeBenchmark, MemorySession, append_line
 
 
 @attrs.frozen
@@ -121,6 +127,12 @@ class RecHarnessConfig:
     fill: str = ""
     fill_task: str = ""
     expose: str = ""
+    journal: str = ""
+    crash: dict[str, list[str]] = attrs.Factory(dict)
+
+
+def _session_name(env: EnvironmentSession | None) -> str:
+    return "-" if env is None else str(env.handle.get("name", "?"))
 
 
 @register
@@ -129,15 +141,29 @@ class RecordingHarness(BaseHarness):
     Config: ClassVar[type | None] = RecHarnessConfig
     options: RecHarnessConfig
 
-    async def start_session(self, prepared: PreparedTask, env: Any, model: Any, plan: Any) -> tuple[str, int]:
+    async def start_session(
+        self, prepared: PreparedTask, env: EnvironmentSession, model: Any, plan: Any
+    ) -> tuple[str, int, str]:
         await trio.lowlevel.checkpoint()
         if self.options.expose:
             await env.expose_directory(self.options.expose)
-        return prepared.task.task_id, plan.attempt
+        return prepared.task.task_id, plan.attempt, _session_name(env)
 
-    async def run_task(self, session: tuple[str, int], prepared: PreparedTask, budget: RunBudget) -> RunResult:
-        task_id, attempt = session
+    async def run_task(self, session: tuple[str, int, str], prepared: PreparedTask, budget: RunBudget) -> RunResult:
+        task_id, attempt, name = session
+        actions, done = self.options.crash.get(task_id, []), 0
+        if actions:
+            runs_log = Path(self.options.runs_log)
+            lines = runs_log.read_text().splitlines() if runs_log.exists() else []
+            done = sum(1 for line in lines if line.split()[0] == task_id)
         append_line(self.options.runs_log, f"{task_id} {attempt} {os.getpid()}")
+        if self.options.journal:
+            append_line(self.options.journal, f"run {name} {os.getpid()} {task_id}")
+        action = actions[done] if done < len(actions) else "ok"
+        if action == "fatal":
+            raise IssueError("fatal", "rec_run_fatal", f"run {done} of {task_id} failed on purpose")
+        if action == "raise":
+            raise RuntimeError(f"run {done} of {task_id} crashed on purpose")
         if self.options.fill and task_id == self.options.fill_task:
             _fill(self.options.fill)
         await trio.sleep(self.options.seconds)
@@ -145,6 +171,40 @@ class RecordingHarness(BaseHarness):
 
     async def close_session(self, session: Any) -> None:
         await trio.lowlevel.checkpoint()
+
+
+@attrs.frozen
+class RecBenchConfig(FakeBenchmark.Config):  # type: ignore[misc,name-defined]
+    journal: str = ""
+    aggregate_fails: bool = False
+
+
+@register
+class RecordingBenchmark(FakeBenchmark):
+    id: ClassVar[str] = "rec-bench"
+    Config: ClassVar[type | None] = RecBenchConfig
+    options: RecBenchConfig  # type: ignore[assignment]
+
+    def _journal(self, event: str, env: EnvironmentSession | None, task_id: str) -> None:
+        if self.options.journal:
+            append_line(self.options.journal, f"{event} {_session_name(env)} {os.getpid()} {task_id}")
+
+    async def prepare_task(
+        self, task: TaskSpec, env: EnvironmentSession, request: RunRequest, benchmark_plan: dict[str, Any]
+    ) -> PreparedTask:
+        self._journal("prepare", env, task.task_id)
+        return await super().prepare_task(task, env, request, benchmark_plan)
+
+    async def evaluate(
+        self, prepared: PreparedTask, run_result: RunResult, env: EnvironmentSession | None, request: RunRequest
+    ) -> Evaluation:
+        self._journal("evaluate", env, prepared.task.task_id)
+        return await super().evaluate(prepared, run_result, env, request)
+
+    def aggregate_metrics(self, records: Any) -> dict[str, Any] | None:
+        if self.options.aggregate_fails:
+            raise RuntimeError("aggregate_metrics failed on purpose")
+        return super().aggregate_metrics(records)
 
 
 def _fill(path: str) -> None:

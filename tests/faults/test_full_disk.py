@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _ray_support import RayCluster
 
 import agentcompass
 
@@ -50,8 +51,12 @@ def _request(name: str, output_root: Path, tmp_path: Path, **harness: object) ->
     }
 
 
-def test_a_full_disk_fails_only_its_own_request(tmp_path: Path, small_tmpfs: Path) -> None:
-    config = {
+def test_a_full_disk_fails_only_its_own_request(
+    tmp_path: Path, small_tmpfs: Path, executor: RayCluster | None, request: pytest.FixtureRequest
+) -> None:
+    """On Ray the agent that fills the disk runs in a worker; the driver's
+    writes fail all the same, and only for its request."""
+    config: dict = {
         "plugins": [str(PLUGIN)],
         "orchestration": {"task_concurrency": 2, "cleanup_grace_seconds": 5},
         "requests": [
@@ -59,13 +64,28 @@ def test_a_full_disk_fails_only_its_own_request(tmp_path: Path, small_tmpfs: Pat
             _request("b", tmp_path / "out", tmp_path),
         ],
     }
+    prefix: list[str] = []
+    if executor is not None:
+        # The driver runs in the cluster's own mount namespace, beside the
+        # workers, and the tmpfs must be mounted there: one mounted on the
+        # host after the cluster started does not show in it (the workers
+        # would fill the real disk).
+        [cluster, *_] = subprocess.run(
+            ["ip", "netns", "pids", executor.netns], capture_output=True, text=True, check=True
+        ).stdout.split()
+        inside = ["nsenter", "-t", cluster, "-m"]
+        if str(small_tmpfs) not in Path(f"/proc/{cluster}/mountinfo").read_text().split():
+            subprocess.run([*inside, "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small_tmpfs)], check=True)
+            request.addfinalizer(lambda: subprocess.run([*inside, "umount", "-l", str(small_tmpfs)], check=False))
+        config["orchestration"]["executor"] = executor.executor()
+        prefix = [*inside, "-n"]
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("COMPASS_LOG_LEVEL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "agentcompass._cli", "launch", str(path)],
+        [*prefix, sys.executable, "-m", "agentcompass._cli", "launch", str(path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr

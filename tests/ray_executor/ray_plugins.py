@@ -35,14 +35,7 @@ from agentcompass.runtime import (
     RunBudget,
     RunResult,
 )
-
-
-def log_line(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+from agentcompass.testing import append_line
 
 
 @attrs.frozen
@@ -62,11 +55,11 @@ class LoggingLocalEnvironment(LocalEnvironment):
 
     async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> EnvironmentSession:
         session = await super().open(config, policy, name)
-        log_line(self._log, f"open {time.time()} {os.getpid()} {name}")
+        append_line(self._log, f"open {time.time()} {os.getpid()} {name}")
         close = session.close
 
         async def logged_close() -> None:
-            log_line(self._log, f"close {time.time()} {os.getpid()} {name}")
+            append_line(self._log, f"close {time.time()} {os.getpid()} {name}")
             await close()
 
         session.close = logged_close  # type: ignore[method-assign]
@@ -95,7 +88,7 @@ class LoggingHarness(BaseHarness):
         self, session: tuple[str, int, EnvironmentSession], prepared: PreparedTask, budget: RunBudget
     ) -> RunResult:
         task_id, attempt, env = session
-        log_line(self.options.log, f"run {task_id} {attempt} {os.getpid()} {time.time()}")
+        append_line(self.options.log, f"run {task_id} {attempt} {os.getpid()} {time.time()}")
         await env.write_file("/app/answer.txt", f"{task_id} {attempt}\n")
         await trio.sleep(self.options.seconds)
         return RunResult(output="done")

@@ -75,6 +75,7 @@ from agentcompass.environments.local import LocalEnvironment
 from agentcompass.runtime._components import BaseHarness, EnvironmentSession
 from agentcompass.runtime._results import ExecResult, RunBudget, RunResult
 from agentcompass.runtime._values import ExecutionPlan, ModelSpec, NetworkPolicy, PreparedTask
+from agentcompass.testing import append_line
 
 T = TypeVar("T")
 
@@ -345,11 +346,7 @@ class KillPointHarness(BaseHarness):
         return _HarnessSession(prepared.task.task_id, plan.attempt, env)
 
     async def run_task(self, session: _HarnessSession, prepared: PreparedTask, budget: RunBudget) -> RunResult:
-        fd = os.open(self.options.runs_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, f"{session.task_id} {session.attempt} {os.getpid()}\n".encode())
-        finally:
-            os.close(fd)
+        append_line(self.options.runs_log, f"{session.task_id} {session.attempt} {os.getpid()}")
         if session.attempt == 1 and _reached("run_attempt1"):
             await _stop_here()
         await session.env.write_file("/app/answer.txt", f"{session.task_id} {session.attempt}\n")

@@ -91,6 +91,7 @@ def test_public_surface() -> None:
         "HangGuard",
         "MemorySession",
         "all_calls",
+        "append_line",
         "call_log",
         "check_environment",
         "environment_conformance_tests",
