@@ -25,7 +25,6 @@ everything the tests look at is on disk:
   <task>`` to ``journal`` when called (before its scripted action), so the
   file tells which session each stage ran in; ``aggregate_fails`` makes
   ``aggregate_metrics`` raise.
->>>>>>> ray37
 
 ``import agentcompass.testing`` registers ``fake-bench`` for the configs.
 """
