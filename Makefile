@@ -73,8 +73,12 @@ system-deps:
 	fi
 
 # The real-agent tests use the agent cache: built here, once, not inside the suite's budget.
+# On TEST_WORKERS pytest-xdist workers (most tests wait on subprocesses, sandboxes and
+# daemons, not on a core): tests/_xdist_support.py keeps one Ray cluster and one dockerd
+# per run and runs the tests marked serial alone. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) agents
-	$(BIN)/python -m pytest -q tests $(wildcard plugins/*/tests)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests $(wildcard plugins/*/tests)
 
 # The declared dependency floors, installed exactly (tests/floors.py pins them) into a
 # venv of their own, under the tests that exercise each dependency.

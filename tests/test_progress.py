@@ -80,7 +80,7 @@ def test_rate_and_eta_count_only_tasks_run_in_this_process():
     assert line == "[r] 8/10 done, 2 active, 1 invalidated, 0.5 tasks/s, ETA 4s (running)"
 
 
-async def test_live_table_and_report_fit_80_columns(tmp_path):
+async def test_live_table_and_report_fit_80_columns(tmp_path, monkeypatch):
     import re
 
     import rich.console
@@ -103,7 +103,12 @@ async def test_live_table_and_report_fit_80_columns(tmp_path):
     assert "terminal-smoke-oracle" in table and "succeeded" in table and "…" not in table
     assert all(len(line.rstrip()) <= 80 for line in table.splitlines())
 
-    report = render_request_report("terminal-smoke-oracle", "succeeded", str(tmp_path), None, tty=True)
+    # A run directory as `compass launch` makes it, under the current directory: the
+    # report shows it relative (tmp_path's own length depends on the test runner).
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "terminal-smoke-oracle" / "20260101T000000.000Z-a1b2c3"
+    run_dir.mkdir(parents=True)
+    report = render_request_report("terminal-smoke-oracle", "succeeded", str(run_dir), None, tty=True)
     plain = re.sub(r"\x1b\[[0-9;]*m", "", report)
     assert plain.splitlines()[0] == "terminal-smoke-oracle: succeeded"
     assert all(len(line.rstrip()) <= 80 for line in plain.splitlines())

@@ -172,6 +172,7 @@ def test_main_writes_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "| open rate |" in capsys.readouterr().out
 
 
+@pytest.mark.serial  # its census counts every network namespace and cgroup on the host
 def test_sandbox_open_close(tmp_path: Path) -> None:
     from agentcompass_sandbox import host_problem
 

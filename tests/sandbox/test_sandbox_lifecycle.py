@@ -122,6 +122,7 @@ async def test_close_under_cancellation_finishes_within_its_shield(provider: San
         assert await census(tag) == []
 
 
+@pytest.mark.serial  # its leak probe counts every sandbox on the host
 async def test_the_sandbox_provider_conforms(tag: str) -> None:
     def count() -> int:
         root = _host.STATE_ROOT

@@ -52,6 +52,7 @@ async def test_a_pool_conforms(server: InProcess, nursery: trio.Nursery, tmp_pat
 
 
 @requires_sandbox
+@pytest.mark.serial  # its leak probe counts every remote- sandbox on the host, another test's too
 async def test_remote_backed_by_sandbox_conforms(nursery: trio.Nursery):
     # Skipped with the sandbox's own preflight message where this host cannot
     # create namespaces. The leak probe counts the sandbox's state directories
