@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import structlog.testing
 import trio
 
 import agentcompass.testing  # noqa: F401
@@ -32,7 +33,10 @@ async def test_plain_lines_when_not_a_tty(autojump_clock, tmp_path, capsys):
     )
     # A fake store disk: a worker thread's real time would let the mock clock
     # jump past a record's completion, and the counts below would race.
-    result = await orchestrate(Orchestration([request], task_concurrency=2), show_progress=True, disk=FakeDisk())
+    # Log events captured: whatever configured structlog last in this process
+    # (another test) must not decide where they print.
+    with structlog.testing.capture_logs():
+        result = await orchestrate(Orchestration([request], task_concurrency=2), show_progress=True, disk=FakeDisk())
     assert result.status == "succeeded"
     captured = capsys.readouterr()
     lines = captured.err.splitlines()

@@ -131,6 +131,10 @@ async def daemon_count(session: SandboxSession) -> int:
     return int(await session.read_file("/app/count"))
 
 
+async def _reads(session: SandboxSession, path: str, data: bytes) -> bool:
+    return await session.read_file(path) == data
+
+
 async def counted_past(session: SandboxSession, count: int) -> bool:
     return await daemon_count(session) > count
 
@@ -222,7 +226,9 @@ async def test_a_daemon_rewriting_the_tests_cannot_change_the_reward(provider: S
                 await poll_until(lambda n=before: counted_past(session, n), "the daemon to go on working")
             assert rewards == [b"0\n"] * 5
             # What the daemon struck is the session's own copy, which the runs never used.
-            assert await session.read_file("/tests/test.sh") == b"echo 1 > /logs/verifier/reward.txt\n"
+            # (read until whole: the daemon truncates the file before each rewrite)
+            cheat = b"echo 1 > /logs/verifier/reward.txt\n"
+            await poll_until(lambda: _reads(session, "/tests/test.sh", cheat), "the daemon's copy of test.sh")
         finally:
             await session.close()
 
