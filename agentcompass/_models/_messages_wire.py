@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from ._client import ToolCall
-from ._wire import Parsed, ReplyError, call_entry, count, error_detail, text_of
+from ._wire import Parsed, ReplyError, call_entry, error_detail, parsed, text_of
 
 __all__ = ["MessagesStream", "conversation", "parse_message"]
 
@@ -47,21 +47,7 @@ def parse_message(body: Any) -> Parsed:
                 raise ReplyError("no_valid_output", "the reply has a malformed tool call")
             arguments = json.dumps(block.get("input") if block.get("input") is not None else {})
             calls.append(ToolCall(str(block.get("id") or f"toolu_{len(calls)}"), block["name"], arguments))
-    content = "".join(text) if text else None
-    if content is None and not calls:
-        raise ReplyError("no_valid_output", "the reply has neither text nor tool calls")
-    usage: dict[str, Any] = body["usage"] if isinstance(body.get("usage"), dict) else {}
-    stop = body.get("stop_reason")
-    return Parsed(
-        content=content,
-        tool_calls=tuple(calls),
-        usage={
-            "prompt_tokens": count(usage.get("input_tokens")),
-            "completion_tokens": count(usage.get("output_tokens")),
-        },
-        finish_reason=stop if isinstance(stop, str) else None,
-        raw={"role": "assistant", "content": blocks},
-    )
+    return parsed(text, calls, body.get("usage"), body.get("stop_reason"), {"role": "assistant", "content": blocks})
 
 
 class MessagesStream:

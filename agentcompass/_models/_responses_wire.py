@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._client import ToolCall
-from ._wire import Parsed, ReplyError, arguments_text, call_entry, count, error_detail, text_of
+from ._wire import Parsed, ReplyError, arguments_text, call_entry, error_detail, parsed, text_of
 
 __all__ = ["ResponsesStream", "conversation", "parse_response"]
 
@@ -50,21 +50,7 @@ def parse_response(body: Any) -> Parsed:
                 raise ReplyError("no_valid_output", "the reply has a malformed tool call")
             call_id = item.get("call_id") or item.get("id") or f"call_{len(calls)}"
             calls.append(ToolCall(str(call_id), item["name"], arguments_text(item.get("arguments")) or "{}"))
-    content = "".join(text) if text else None
-    if content is None and not calls:
-        raise ReplyError("no_valid_output", "the reply has neither text nor tool calls")
-    usage: dict[str, Any] = body["usage"] if isinstance(body.get("usage"), dict) else {}
-    status = body.get("status")
-    return Parsed(
-        content=content,
-        tool_calls=tuple(calls),
-        usage={
-            "prompt_tokens": count(usage.get("input_tokens")),
-            "completion_tokens": count(usage.get("output_tokens")),
-        },
-        finish_reason=status if isinstance(status, str) else None,
-        raw=output,
-    )
+    return parsed(text, calls, body.get("usage"), body.get("status"), output)
 
 
 class ResponsesStream:

@@ -21,7 +21,9 @@ import attrs
 
 from ._client import ToolCall
 
-__all__ = ["Parsed", "ReplyError", "SSEReader", "arguments_text", "call_entry", "count", "events_of", "text_of"]
+__all__ = [
+    "Parsed", "ReplyError", "SSEReader", "arguments_text", "call_entry", "count", "events_of", "parsed", "text_of",
+]  # fmt: skip
 
 
 class ReplyError(Exception):
@@ -47,6 +49,23 @@ class Parsed:
     usage: dict[str, int]
     finish_reason: str | None
     raw: Any
+
+
+def parsed(text: list[str], calls: list[ToolCall], usage: Any, finish: Any, raw: Any) -> Parsed:
+    """The :class:`Parsed` reply of a Responses or Messages body's pieces
+    (both count ``input_tokens`` and ``output_tokens``); a reply with neither
+    text nor tool calls is ``no_valid_output``."""
+    content = "".join(text) if text else None
+    if content is None and not calls:
+        raise ReplyError("no_valid_output", "the reply has neither text nor tool calls")
+    usage = usage if isinstance(usage, dict) else {}
+    return Parsed(
+        content=content,
+        tool_calls=tuple(calls),
+        usage={"prompt_tokens": count(usage.get("input_tokens")), "completion_tokens": count(usage.get("output_tokens"))},
+        finish_reason=finish if isinstance(finish, str) else None,
+        raw=raw,
+    )
 
 
 def count(value: Any) -> int:
