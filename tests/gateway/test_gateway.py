@@ -11,35 +11,11 @@ import os
 import attrs
 import httpx
 import pytest
-import trio
 
-from agentcompass import ModelSpec, NetworkPolicy, Secret
-from agentcompass.environments.local import LocalEnvironment
 from agentcompass.gateway import open_gateway
-from agentcompass.models import open_model_clients
-from agentcompass.testing.model_server import ModelServer, error, text, tool_call
+from agentcompass.testing.model_server import error, text, tool_call
 
 KEY = "sk-gateway-test-REAL-KEY-9f3a"
-
-
-@pytest.fixture
-async def setup(tmp_path):
-    async def start(script, **server_options):
-        server = ModelServer(script, **server_options)
-        url = await nursery.start(server.serve)
-        model = ModelSpec(name="scripted", base_url=url, api_key=Secret(KEY))
-        env = await LocalEnvironment({"root": str(tmp_path)}).open(None, NetworkPolicy("full"), "gw-test")
-        sessions.append(env)
-        return server, model, env
-
-    sessions: list = []
-    async with trio.open_nursery() as nursery, open_model_clients(4):
-        try:
-            yield start
-        finally:
-            for env in sessions:
-                await env.close()
-            nursery.cancel_scope.cancel()
 
 
 def _client(gateway) -> httpx.AsyncClient:
