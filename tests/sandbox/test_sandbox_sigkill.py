@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 from _common import poll_until
 from _sandbox_support import census, requires_sandbox, veths
@@ -48,6 +49,7 @@ def _sessions(output_root: Path) -> list[dict]:  # type: ignore[type-arg]
     return lines
 
 
+@pytest.mark.serial  # it counts every veth and pool lease on the host, another test's too
 async def test_sigkill_during_a_run_then_reuse_leaves_nothing(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks"
     # The agent starts a daemon and holds the run: the kill lands mid-run.
