@@ -8,7 +8,8 @@ Chromium through it:
 
 - the run page, navigation start to the task table rendered and filterable:
   cold (a fresh server, nothing read yet), warm (the same server again), and
-  the static copy opened from disk; one text filter and one sort;
+  the static copy opened from disk (warm and static: the median of five
+  navigations, alternating); one text filter and one sort;
 - the long attempt: its first messages; a scroll from the first message to
   the last and back by the scrollbar (a new position every frame), with the
   longest frame, long tasks, and the renderer's memory after it; a search
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +41,7 @@ from agentcompass._view import CHUNK_STEPS, ROW_BUDGET_SECONDS, Site, find_runs,
 from agentcompass._view._browser import browser_missing, open_browser
 
 _PAD = "x" * 120  # a typical tool output's length
+_WARM_ROUNDS = 5
 
 
 def write_large_run(root: Path, tasks: int, steps: int, *, split: bool = True) -> Path:
@@ -210,16 +213,16 @@ async def measure(run_dir: Path, out_dir: Path, profile: Path, steps: int, frame
             report["run_page_ready_cold_ms"] = round(await browser.wait_for(_READY), 1)  # the server's first read included
             report["cold_pending_rows"] = await browser.execute("return document.querySelector('#live').textContent")
             await browser.wait_for("document.querySelector('#live').textContent === ''")  # every row read
-            for _ in range(2):  # the second is the warm one: the browser's cache and the server's
-                await browser.goto("about:blank")
-                await browser.goto(url + "#/run/0")
-                warm = await browser.wait_for(_READY)
-            report["run_page_ready_warm_ms"] = round(warm, 1)
-            for _ in range(2):
-                await browser.goto("about:blank")
-                await browser.goto((out_dir / "index.html").as_uri() + "#/run/0")
-                static = await browser.wait_for(_READY)
-            report["run_page_ready_static_ms"] = round(static, 1)
+            # Warm (the browser's cache and the server's) against the static
+            # copy: alternating, after one of each to warm both, the median.
+            ready: dict[str, list[float]] = {"warm": [], "static": []}
+            for _ in range(1 + _WARM_ROUNDS):
+                for name, page in (("warm", url), ("static", (out_dir / "index.html").as_uri())):
+                    await browser.goto("about:blank")
+                    await browser.goto(page + "#/run/0")
+                    ready[name].append(await browser.wait_for(_READY))
+            for name, times in ready.items():
+                report[f"run_page_ready_{name}_ms"] = round(statistics.median(times[1:]), 1)
             report["rows_in_dom"] = len(await browser.find_all("#task-table .vt-row"))
             report["filter_ms"] = round(await browser.execute("""
                 const input = document.querySelector('input[name=text]'); const t0 = performance.now();

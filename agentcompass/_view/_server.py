@@ -21,7 +21,7 @@ from urllib.parse import unquote
 import trio
 
 from .._asgi import lifespan, listen, serve_asgi
-from ._site import Site
+from ._site import Site, versioned
 
 __all__ = ["serve"]
 
@@ -72,7 +72,11 @@ async def _app(
     if scope["type"] != "http":
         return  # hypercorn refuses a WebSocket the app does not accept
     status, body, media = await _answer(site, hosts, limiter, scope)
-    headers = [(b"content-type", media.encode()), (b"cache-control", b"no-store"), (b"vary", b"accept-encoding")]
+    # Data may change between two requests; the script and style the page
+    # names by content (and only those URLs) never do.
+    keep = status == 200 and versioned(scope["path"].lstrip("/"), scope.get("query_string", b""))
+    cache = b"max-age=31536000, immutable" if keep else b"no-store"
+    headers = [(b"content-type", media.encode()), (b"cache-control", cache), (b"vary", b"accept-encoding")]
     if status == 200 and len(body) >= _GZIP_BYTES and b"gzip" in dict(scope["headers"]).get(b"accept-encoding", b""):
         # The site answers a cached run page with the same bytes object: compress it once.
         path = scope["path"]

@@ -10,7 +10,7 @@ defence in depth), and the page renders data as text, never as HTML.
 
 Paths::
 
-    index.html  app.js  app.css
+    index.html  app.js  app.css           served, the page names the last two by content (?v=...)
     data/config.js                        live (served) or static
     data/runs.js                          the list of runs
     data/<run>/run.js                     a run page: metrics, totals, task rows
@@ -31,6 +31,8 @@ trajectory chunks (:data:`STATIC_GROUP` to a file), so that ``--out`` of a
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import re
@@ -47,7 +49,7 @@ from .._redact import redact_json_text
 from ._data import RunData
 from ._trajectory import RawJSON
 
-__all__ = ["STATIC_GROUP", "TASKS_PER_BUNDLE", "Site", "write_site"]
+__all__ = ["STATIC_GROUP", "TASKS_PER_BUNDLE", "Site", "versioned", "write_site"]
 
 #: Trajectory chunks to a file in the static site.
 STATIC_GROUP = 8
@@ -58,6 +60,7 @@ _VERSIONS_KEPT = 4
 
 _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
            "app.css": "text/css; charset=utf-8"}
+_ASSETS = ("app.js", "app.css")
 _JS = "text/javascript; charset=utf-8"
 _RUN = re.compile(r"data/(\d+)/run\.js")
 _TASK = re.compile(r"data/(\d+)/task/([a-z0-9._~-]+)\.js")
@@ -115,7 +118,8 @@ class Site:
         """The content and media type at ``path`` (no leading ``/``), or None."""
         path = path or "index.html"
         if path in _STATIC:
-            return _static(path), _STATIC[path]
+            page = _served_index() if path == "index.html" and not self.static else _static(path)
+            return page, _STATIC[path]
         if m := _RUN.fullmatch(path):
             script = self._run_page(int(m.group(1)), None)
             return (script, _JS) if script is not None else None
@@ -256,8 +260,32 @@ class Site:
         return self.runs[i] if i < len(self.runs) else None
 
 
+@functools.cache
 def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+@functools.cache
+def _asset_query(name: str) -> str:
+    return "v=" + hashlib.sha256(_static(name)).hexdigest()[:16]
+
+
+def versioned(path: str, query: bytes) -> bool:
+    """Whether ``path?query`` names the page's script or style by its
+    content, as the served ``index.html`` does: the same URL, the same bytes,
+    so a browser may keep it (and its compiled script) for good."""
+    return path in _ASSETS and query.decode("latin-1") == _asset_query(path)
+
+
+@functools.cache
+def _served_index() -> bytes:
+    """``index.html`` with its script and style named by content (see :func:`versioned`)."""
+    page = _static("index.html")
+    for name in _ASSETS:
+        ref = f'"{name}"'.encode()
+        assert page.count(ref) == 1, name
+        page = page.replace(ref, f'"{name}?{_asset_query(name)}"'.encode())
+    return page
 
 
 def _script(ident: str, value: Any) -> bytes:

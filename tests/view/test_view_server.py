@@ -67,6 +67,26 @@ async def test_serves_pages_and_data_and_nothing_else(agent_run: Path, viewer) -
         assert rebound.startswith(b"HTTP/1.1 403") and b"terminal-react" not in rebound
 
 
+async def test_the_page_names_its_script_and_style_by_content_and_only_those_are_kept(agent_run: Path, viewer) -> None:
+    with trio.fail_after(30):
+        url = await viewer([agent_run])
+        async with httpx.AsyncClient(base_url=url) as client:
+            page = await client.get("/")
+            refs = dict(re.findall(r'(?:src|href)="(app\.(?:js|css))\?(v=[0-9a-f]+)"', page.text))
+            assert set(refs) == {"app.js", "app.css"} and page.headers["cache-control"] == "no-store"
+            for name, query in refs.items():
+                kept = await client.get(f"/{name}?{query}")
+                plain = await client.get(f"/{name}")
+                stale = await client.get(f"/{name}?v=0123456789abcdef")
+                assert kept.content == plain.content == stale.content and kept.status_code == 200
+                assert kept.headers["cache-control"] == "max-age=31536000, immutable"
+                assert plain.headers["cache-control"] == stale.headers["cache-control"] == "no-store"
+            assert (await client.get("/data/runs.js?v=" + refs["app.js"][2:])).headers["cache-control"] == "no-store"
+            assert (await client.get(f"/nope.js?{refs['app.js']}")).headers["cache-control"] == "no-store"
+    # The static copy opened from disk names them plainly.
+    assert b'src="app.js"' in Site(find_runs([agent_run]), live=False, static=True).get("index.html")[0]  # type: ignore[index]
+
+
 async def test_a_malformed_record_fails_its_request_not_the_server(tmp_path: Path, viewer) -> None:
     run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", [task("good", attempt())])
     (run_dir / "details" / "normal" / "bad.json").write_text(json.dumps({"task_id": "bad", "attempts": "oops"}))

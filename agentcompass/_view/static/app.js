@@ -36,8 +36,16 @@ const COMPASS = (() => {
   }
   // Loads of one id are serialized: put() resolves by id.
   const chains = new Map();
+  // Loads begun before the page asked (see prefetch), each taken once.
+  const ahead = new Map();
   function load(id, opts = {}) {
     if (early.has(id)) { const data = early.get(id); early.delete(id); return Promise.resolve(data); }
+    if (ahead.has(id)) {
+      const p = ahead.get(id);
+      ahead.delete(id);
+      if (opts.cache !== false && !opts.fresh) cache.set(id, p);
+      return p;
+    }
     if (!opts.fresh && opts.cache !== false && cache.has(id)) return cache.get(id);
     const prev = chains.get(id) || Promise.resolve();
     const p = prev.catch(() => null).then(() => fetchScript(id, !!opts.fresh));
@@ -51,7 +59,16 @@ const COMPASS = (() => {
     }
     return p;
   }
-  return { put, load, cache };
+  // The data the first view will ask for, begun while the page's other
+  // files still load (the view starts once they have).
+  function prefetch(id) {
+    const p = load(id, { cache: false });
+    p.catch(() => null);  // the view that takes it reports a failure
+    ahead.set(id, p);
+  }
+  // What the first view did not take is not kept (a run page's data is large).
+  function dropAhead() { ahead.clear(); }
+  return { put, load, prefetch, dropAhead, cache };
 })();
 window.COMPASS = COMPASS;
 
@@ -270,6 +287,7 @@ async function start() {
   }
   window.addEventListener("hashchange", route);
   route();
+  COMPASS.dropAhead();
 }
 
 function route() {
@@ -1014,4 +1032,8 @@ async function showCompare(indices) {
   ready("compare");
 }
 
+{
+  const m = /^#\/run\/(\d+)\/?$/.exec(location.hash);
+  if (m) COMPASS.prefetch(`${m[1]}/run`);
+}
 document.addEventListener("DOMContentLoaded", start);
