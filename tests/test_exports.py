@@ -15,6 +15,7 @@ import agentcompass
 import agentcompass.agents
 import agentcompass.gateway
 import agentcompass.models
+import agentcompass.netpolicy
 import agentcompass.runtime
 import agentcompass.testing
 
@@ -121,6 +122,13 @@ def test_gateway_and_agents_export_their_apis():
     }  # fmt: skip
     session = agentcompass.EnvironmentSession
     assert {"expose_directory", "expose_socket"} <= set(vars(session))
+
+
+def test_netpolicy_exports_what_namespace_providers_share():
+    # sandbox and docker build their nftables rules from it (docs/plugins.md).
+    assert set(agentcompass.netpolicy.__all__) == {
+        "TABLE", "AllowEntry", "Resolved", "hosts_file", "lookup", "parse_allow", "resolve", "ruleset",
+    }  # fmt: skip
 
 
 def test_runtime_exports_the_cleanup_deadline():

@@ -16,10 +16,10 @@ import httpx
 import structlog
 import trio
 
-from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
+from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, netpolicy, register
 from agentcompass.runtime import cleanup_deadline
 
-from . import _expose, _policy
+from . import _expose
 from ._api import Engine, EngineError, socket_path
 from ._container import ContainerSpec
 from ._images import ImageCache
@@ -140,7 +140,7 @@ class DockerEnvironment(BaseEnvironment):
 
     def resolve_host(self, host: str) -> list[str]:
         """The addresses an allowlisted ``host`` is allowed at (blocking; a seam)."""
-        return _policy.lookup(host)
+        return netpolicy.lookup(host)
 
     def preflight(self) -> None:
         """Raise :class:`ComponentError` when the daemon's socket is not there or not a unix socket path."""
@@ -292,6 +292,6 @@ def check_policy(policy: NetworkPolicy, where: str) -> None:
     if policy.mode == "allowlist":
         for entry in policy.allow:
             try:
-                _policy.parse_allow(entry)
+                netpolicy.parse_allow(entry)
             except ValueError as exc:
                 raise ComponentError(f"environment 'docker': {where}: {exc}") from None

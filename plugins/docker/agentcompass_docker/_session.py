@@ -34,7 +34,7 @@ import attrs
 import httpx
 import trio
 
-from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
+from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy, netpolicy
 from agentcompass.runtime import (
     DEFAULT_MAX_READ_BYTES,
     OutputCallback,
@@ -42,7 +42,7 @@ from agentcompass.runtime import (
     exec_keeping_tails,
 )
 
-from . import _expose, _policy
+from . import _expose
 from ._api import Engine, EngineError, demultiplex
 from ._archive import first_member
 from ._container import ContainerSpec, create_failed, storage_unsupported
@@ -54,6 +54,11 @@ CONTAINER_GONE_EXIT_CODE = 255
 #: The labels on everything a session is made of.
 SESSION_LABEL = "agentcompass.session"
 RUN_LABEL = "agentcompass.run"
+#: Docker's embedded DNS server: on the container's loopback, forwarding from
+#: the daemon outside the rules, so ``none`` and ``allowlist`` refuse it and
+#: names do not resolve inside (an allowlisted name is allowed at the
+#: addresses it had on the host when the policy was applied).
+EMBEDDED_DNS = "127.0.0.11"
 # After the command's own process exits, how long output a background process holds is still read.
 _DRAIN_SECONDS = 0.5
 # How often a long exec asks whether its own process has exited (a background child may hold the stream).
@@ -420,11 +425,11 @@ class DockerSession(EnvironmentSession):
         resolved = None
         if policy.mode == "allowlist":
             try:
-                resolved = await trio.to_thread.run_sync(_policy.resolve, policy.allow, self.lookup)
+                resolved = await trio.to_thread.run_sync(netpolicy.resolve, policy.allow, self.lookup)
             except ValueError as exc:
                 raise IssueError("fatal", "environment_failed", f"docker session {self.name}: {exc}") from None
         # Rules first when narrowing, so no moment has the new interface without them.
-        await self._install(_policy.ruleset(policy.mode if policy.mode != "none" else "none", resolved))
+        await self._install(netpolicy.ruleset(policy.mode, resolved, refuse=(EMBEDDED_DNS,)))
         if policy.mode == "none":
             await self._disconnect()
         else:

@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, register
+from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, netpolicy, register
 from agentcompass.runtime import cleanup_deadline
 
-from . import _host, _policy, _pool
+from . import _host, _pool
 from ._session import SandboxSession, fail
 
 #: Host programs the provider runs.
@@ -115,7 +115,7 @@ class SandboxEnvironment(BaseEnvironment):
     def resolve_host(self, host: str) -> list[str]:
         """The addresses an allowlisted ``host`` is allowed at (blocking;
         ``getaddrinfo`` on the host; a seam, as ``host_euid``)."""
-        return _policy.lookup(host)
+        return netpolicy.lookup(host)
 
     def preflight(self) -> None:
         """Raise :class:`ComponentError` (one line) when this host cannot run sandboxes."""
@@ -216,6 +216,6 @@ def check_policy(policy: NetworkPolicy, where: str) -> None:
     if policy.mode == "allowlist":
         for entry in policy.allow:
             try:
-                _policy.parse_allow(entry)
+                netpolicy.parse_allow(entry)
             except ValueError as exc:
                 raise ComponentError(f"environment 'sandbox': {where}: {exc}") from None

@@ -29,10 +29,10 @@ from typing import Any
 
 import trio
 
-from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
+from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy, netpolicy
 from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath, write_beneath
 
-from . import _host, _policy, _pool, _spawner
+from . import _host, _pool, _spawner
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
@@ -94,7 +94,7 @@ class SandboxSession(EnvironmentSession):
         max_output_bytes: int,
         memory_mb: int | None,
         pids_max: int | None,
-        lookup: Callable[[str], list[str]] = _policy.lookup,
+        lookup: Callable[[str], list[str]] = netpolicy.lookup,
         pool: _pool.Pool | None = None,
         recycle: bool = True,
         tmpfs_mb: int = 1024,
@@ -421,9 +421,9 @@ class SandboxSession(EnvironmentSession):
         try:
             if policy.mode not in ("none", "allowlist", "full"):
                 raise ValueError(f"unknown network policy {policy.mode!r}")
-            resolved: list[_policy.Resolved] = []
+            resolved: list[netpolicy.Resolved] = []
             if policy.mode == "allowlist":
-                resolved = await trio.to_thread.run_sync(_policy.resolve, tuple(policy.allow), self._lookup)
+                resolved = await trio.to_thread.run_sync(netpolicy.resolve, tuple(policy.allow), self._lookup)
             if resolved or self._hosts_extended:
                 await trio.to_thread.run_sync(self._write_hosts, resolved)
                 self._hosts_extended = any(r.name is not None for r in resolved)
@@ -431,13 +431,13 @@ class SandboxSession(EnvironmentSession):
             # failure part-way never leaves the sandbox with more access than asked.
             if policy.mode != "full" and (policy.mode == "allowlist" or self._lease is not None or self._ruleset):
                 self._ruleset_applied = True
-                await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset(policy.mode, resolved))
+                await trio.to_thread.run_sync(self._apply_ruleset, netpolicy.ruleset(policy.mode, resolved))
                 self._ruleset = True
             if policy.mode != "none" and self._lease is None:
                 # A pooled namespace without a veth is lent under none only.
                 await trio.to_thread.run_sync(self._make_network, self._net_fd())
             if policy.mode == "full" and self._ruleset:
-                await trio.to_thread.run_sync(self._apply_ruleset, _policy.ruleset("full"))
+                await trio.to_thread.run_sync(self._apply_ruleset, netpolicy.ruleset("full"))
                 self._ruleset = False
         except (OSError, ValueError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
@@ -455,12 +455,12 @@ class SandboxSession(EnvironmentSession):
             raise _host.HostError("the sandbox has no network namespace (it has not started)")
         return fd
 
-    def _write_hosts(self, resolved: list[_policy.Resolved]) -> None:
+    def _write_hosts(self, resolved: list[netpolicy.Resolved]) -> None:
         """Blocking: rewrite the sandbox's /etc/hosts in place (it is bind-mounted by inode)."""
         path = self._dir / "hosts"
         if not path.exists():
             return
-        text = _policy.hosts_file(_host.host_hosts(), resolved)
+        text = netpolicy.hosts_file(_host.host_hosts(), resolved)
         with open(path, "r+") as f:
             if f.read() != text:
                 f.seek(0)

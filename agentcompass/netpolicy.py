@@ -1,14 +1,20 @@
-"""Network policies as nftables rulesets inside a sandbox's network namespace.
+"""Network policies as nftables rulesets: for environment providers whose
+sessions have a network namespace of their own (the ``sandbox`` and
+``docker`` plugins use it; SPEC 3 ``NetworkPolicy``).
 
 ``none`` rejects everything but loopback; ``allowlist`` accepts only the
-listed addresses (and ports) plus replies to connections the sandbox opened;
+listed addresses (and ports) plus replies to connections the session opened;
 a forbidden connection is refused at once (TCP reset, ICMP prohibited), so
-an agent sees an error rather than a hang;
-``full`` removes the table. Host names in an allowlist are resolved once, on
-the host, when the policy is applied: a name whose addresses change later is
-not followed (switch the policy again to re-resolve). Those names are
-written into the sandbox's own ``/etc/hosts`` with the allowed addresses, so
-they resolve inside even though DNS is not reachable.
+an agent sees an error rather than a hang; ``full`` removes the table.
+
+A provider checks each ``allowlist`` entry at config time with
+:func:`parse_allow`, resolves the entries when the policy is applied with
+:func:`resolve` (blocking: call it in a worker thread; names are looked up
+once, on the host, and not followed later: switch the policy again to
+re-resolve), and installs :func:`ruleset`'s output with ``nft -f -`` inside
+the session's namespace. :func:`hosts_file` gives a session's
+``/etc/hosts`` the allowlisted names, so they resolve inside where DNS is
+not reachable.
 """
 
 from __future__ import annotations
@@ -19,11 +25,17 @@ from collections.abc import Callable
 
 import attrs
 
+#: The nftables table (family ``inet``) the rulesets install.
 TABLE = "agentcompass"
+
+
+__all__ = ["TABLE", "AllowEntry", "Resolved", "hosts_file", "lookup", "parse_allow", "resolve", "ruleset"]
 
 
 @attrs.frozen
 class AllowEntry:
+    """An ``allowlist`` entry: a host name or address, and a port or None (any)."""
+
     host: str
     port: int | None
 
@@ -45,8 +57,11 @@ def parse_allow(entry: str) -> AllowEntry:
     elif entry.count(":") == 1:
         host, raw = entry.split(":")
         port = _port(raw, entry)
-    elif entry.count(":") > 1:
-        ipaddress.IPv6Address(entry)  # a bare IPv6 address
+    elif entry.count(":") > 1:  # a bare IPv6 address
+        try:
+            ipaddress.IPv6Address(entry)
+        except ValueError as exc:
+            raise ValueError(f"allowlist entry {entry!r}: {exc}") from None
     if not host:
         raise ValueError(f"allowlist entry {entry!r} has no host")
     return AllowEntry(host, port)
@@ -69,6 +84,8 @@ def lookup(host: str) -> list[str]:
 
 @attrs.frozen
 class Resolved:
+    """An allowed address (and port, None for any)."""
+
     address: str
     port: int | None
     name: str | None  # the host name it came from (None for an address literal)
@@ -90,7 +107,7 @@ def resolve(entries: tuple[str, ...], lookup: Callable[[str], list[str]] = looku
 
 
 def hosts_file(base: str, resolved: list[Resolved]) -> str:
-    """``/etc/hosts`` for the sandbox: the host's, plus each allowlisted name
+    """``/etc/hosts`` for a session: ``base`` (the host's, say), plus each allowlisted name
     with the addresses it was allowed at, so names resolve inside without DNS."""
     lines = sorted({f"{r.address} {r.name}" for r in resolved if r.name is not None})
     if not lines:
@@ -103,8 +120,13 @@ def _header() -> str:
     return f"table inet {TABLE}\ndelete table inet {TABLE}\n"
 
 
-def ruleset(mode: str, resolved: list[Resolved] | None = None) -> str:
-    """The ``nft -f`` script that installs ``mode`` (replacing the previous one)."""
+def ruleset(mode: str, resolved: list[Resolved] | None = None, *, refuse: tuple[str, ...] = ()) -> str:
+    """The ``nft -f`` script that installs ``mode`` (``none``, ``allowlist``
+    with ``resolved``, or ``full``), replacing the previous one.
+
+    ``refuse``: addresses rejected under ``none`` and ``allowlist`` before
+    loopback is accepted, for a loopback address that forwards outside the
+    namespace (Docker's embedded DNS server at 127.0.0.11)."""
     if mode == "full":
         return _header()
     rules = []
@@ -117,7 +139,8 @@ def ruleset(mode: str, resolved: list[Resolved] | None = None) -> str:
                 rules.append(f"{family} daddr {r.address} meta l4proto {{ tcp, udp }} th dport {r.port} accept")
     # Reject rather than drop: a forbidden connection fails at once instead of hanging.
     reject = ["meta l4proto tcp reject with tcp reset", "reject with icmpx admin-prohibited"]
-    out_rules = "\n    ".join(['oif "lo" accept', *rules, *reject])
+    refused = [f"{'ip6' if ':' in a else 'ip'} daddr {a} meta l4proto {{ tcp, udp }} reject" for a in refuse]
+    out_rules = "\n    ".join([*refused, 'oif "lo" accept', *rules, *reject])
     in_rules = 'iif "lo" accept'
     if mode == "allowlist":
         in_rules += "\n    ct state established,related accept"
