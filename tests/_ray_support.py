@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -58,6 +59,12 @@ class RayCluster:
 
     netns: str
     address: str
+    temp_dir: str
+
+    def logs(self, pattern: str) -> str:
+        """The tails of the cluster's log files matching ``pattern`` (for a failure's message)."""
+        found = sorted(Path(self.temp_dir).glob(f"session_*/logs/{pattern}"))
+        return "\n".join(f"== {p.name}\n" + p.read_text(errors="replace")[-3000:] for p in found)
 
     @property
     def prefix(self) -> list[str]:
@@ -112,7 +119,7 @@ def ray_cluster() -> Iterator[RayCluster]:
             raise AssertionError("the Ray test cluster did not start:\n" + "".join(seen[-20:]))
         # Keep reading what it prints (its pipe must not fill up).
         threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()  # type: ignore[union-attr]
-        yield RayCluster(netns, "127.0.0.1:6379")
+        yield RayCluster(netns, "127.0.0.1:6379", temp_dir)
     finally:
         process.send_signal(signal.SIGTERM)
         try:

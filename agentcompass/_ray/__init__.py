@@ -10,7 +10,9 @@ exchange with the workers (its docstring describes the protocol).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import trio
 
 from .. import _registry
+from ..runtime._errors import ConfigError
 from ..runtime._values import Orchestration
 from ._cluster import SINGLE_MACHINE, local_cluster
 from ._driver import RayExecutor
@@ -27,6 +30,8 @@ __all__ = ["RayExecutor", "RaySettings", "open_ray_executor"]
 
 #: How long the workers may take to start (importing Ray and the plugins).
 WORKER_START_SECONDS = 120
+#: Connections tried through Ray Client when the cluster aborts them (see _connect).
+CLIENT_CONNECT_TRIES = 3
 
 
 @contextlib.asynccontextmanager
@@ -64,13 +69,33 @@ def _import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str) -> None:
+def _connect(ray: Any, address: str, pause: float = 1.0) -> None:
+    """Join the cluster at ``address``; a failure is a config error naming it
+    (nothing has run yet). Through Ray Client, a connection the cluster's
+    proxy aborts is tried again: the proxy starts a server per connection,
+    which a loaded head node can fail to start."""
     options: dict[str, Any] = {}
     if address.startswith("127.0.0.1:"):
         # A loopback cluster: this node is 127.0.0.1 too (Ray would otherwise
         # look for its address by connecting out).
         options["_node_ip_address"] = "127.0.0.1"
-    ray.init(address=address, logging_level="WARNING", log_to_driver=False, configure_logging=False, **options)
+    for tries in itertools.count(1):
+        try:
+            ray.init(address=address, logging_level="WARNING", log_to_driver=False, configure_logging=False, **options)
+            return
+        except ConnectionAbortedError as exc:
+            if not address.startswith("ray://") or tries == CLIENT_CONNECT_TRIES:
+                raise _not_connected(address, exc, tries) from None
+            ray.shutdown()
+            time.sleep(pause * tries)
+        except Exception as exc:  # noqa: BLE001 - whatever Ray raises, one line naming the address
+            raise _not_connected(address, exc, tries) from None
+
+
+def _not_connected(address: str, exc: BaseException, tries: int) -> ConfigError:
+    reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    after = f" ({tries} tries)" if tries > 1 else ""
+    return ConfigError(f"orchestration.executor.address: cannot connect to Ray at {address}{after}: {reason}")
 
 
 def _start_workers(

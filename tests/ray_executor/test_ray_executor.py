@@ -384,7 +384,7 @@ def test_ray_client_address_runs_the_tasks_on_the_cluster(tmp_path: Path, ray_cl
     executor = {"id": "ray", "config": {"address": ray_cluster.client_address, "workers": 2}}
     config = _config(tmp_path, [("client", 4)], executor=executor)
     proc = _start(tmp_path, config, ray_cluster.prefix)
-    assert proc.wait(timeout=HANG_GUARD) == 0, _err(tmp_path)
+    assert proc.wait(timeout=HANG_GUARD) == 0, _err(tmp_path) + ray_cluster.logs("ray_client_server*")
     run_dir = only_run_dir(tmp_path / "out", "client")
     assert read_json(run_dir / "run_info.json")["status"] == "succeeded"
     _all_closed(run_dir)
