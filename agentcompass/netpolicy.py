@@ -25,11 +25,13 @@ from collections.abc import Callable
 
 import attrs
 
+from .runtime import ComponentError, NetworkPolicy
+
 #: The nftables table (family ``inet``) the rulesets install.
 TABLE = "agentcompass"
 
 
-__all__ = ["TABLE", "AllowEntry", "Resolved", "hosts_file", "lookup", "parse_allow", "resolve", "ruleset"]
+__all__ = ["TABLE", "AllowEntry", "Resolved", "check", "hosts_file", "lookup", "parse_allow", "resolve", "ruleset"]
 
 
 @attrs.frozen
@@ -65,6 +67,20 @@ def parse_allow(entry: str) -> AllowEntry:
     if not host:
         raise ValueError(f"allowlist entry {entry!r} has no host")
     return AllowEntry(host, port)
+
+
+def check(policy: NetworkPolicy, provider: str, where: str) -> None:
+    """Config-time check of ``policy`` for environment ``provider``: a mode
+    this module enforces and allowlist entries that parse; else
+    ``ComponentError`` naming ``where`` (``"network policy"``, say)."""
+    if policy.mode not in ("none", "allowlist", "full"):
+        raise ComponentError(f"environment {provider!r} cannot enforce {where} {policy.mode!r}")
+    if policy.mode == "allowlist":
+        for entry in policy.allow:
+            try:
+                parse_allow(entry)
+            except ValueError as exc:
+                raise ComponentError(f"environment {provider!r}: {where}: {exc}") from None
 
 
 def _port(raw: str, entry: str) -> int:

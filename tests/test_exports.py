@@ -127,7 +127,7 @@ def test_gateway_and_agents_export_their_apis():
 def test_netpolicy_exports_what_namespace_providers_share():
     # sandbox and docker build their nftables rules from it (docs/plugins.md).
     assert set(agentcompass.netpolicy.__all__) == {
-        "TABLE", "AllowEntry", "Resolved", "hosts_file", "lookup", "parse_allow", "resolve", "ruleset",
+        "TABLE", "AllowEntry", "Resolved", "check", "hosts_file", "lookup", "parse_allow", "resolve", "ruleset",
     }  # fmt: skip
 
 

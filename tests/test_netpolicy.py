@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from agentcompass import netpolicy
+from agentcompass import ComponentError, NetworkPolicy, netpolicy
 
 
 @pytest.mark.parametrize(
@@ -28,6 +28,14 @@ def test_allowlist_entries_parse(entry: str, host: str, port: int | None) -> Non
 def test_bad_allowlist_entries_are_refused(entry: str) -> None:
     with pytest.raises(ValueError, match="^" + re.escape(f"allowlist entry {entry!r}")):
         netpolicy.parse_allow(entry)
+
+
+def test_check_names_the_provider_the_place_and_the_entry() -> None:
+    netpolicy.check(NetworkPolicy("allowlist", ("example.org:443", "10.0.0.1")), "sandbox", "network policy")
+    with pytest.raises(ComponentError, match=r"^environment 'docker': run network policy: allowlist entry 'a b' must be"):
+        netpolicy.check(NetworkPolicy("allowlist", ("ok.example", "a b")), "docker", "run network policy")
+    with pytest.raises(ComponentError, match=r"^environment 'sandbox' cannot enforce network policy 'proxy'$"):
+        netpolicy.check(NetworkPolicy("proxy"), "sandbox", "network policy")
 
 
 def test_resolve_keeps_literals_and_looks_names_up_once() -> None:

@@ -159,7 +159,7 @@ class DockerEnvironment(BaseEnvironment):
             ("run", plan.run_network_policy),
             ("evaluation", plan.evaluation_network_policy),
         ):
-            check_policy(policy, f"{phase} network policy of task {plan.task_id!r}")
+            netpolicy.check(policy, "docker", f"{phase} network policy of task {plan.task_id!r}")
         ruled = {
             p.mode for p in (plan.baseline_network_policy, plan.run_network_policy, plan.evaluation_network_policy)
         }
@@ -219,7 +219,7 @@ class DockerEnvironment(BaseEnvironment):
         if not NAME_RE.fullmatch(name):
             raise fail(f"docker session name {name!r} must match [a-z0-9-]{{1,40}}")
         try:
-            check_policy(policy, "network policy")
+            netpolicy.check(policy, "docker", "network policy")
         except ComponentError as exc:
             raise fail(str(exc)) from None
         try:
@@ -284,14 +284,3 @@ class DockerEnvironment(BaseEnvironment):
                 await trio.to_thread.run_sync(destroy)
             except (OSError, _expose.HostError) as exc:
                 raise IssueError("warning", "cleanup_failed", f"docker: {exc}") from None
-
-
-def check_policy(policy: NetworkPolicy, where: str) -> None:
-    if policy.mode not in ("none", "allowlist", "full"):
-        raise ComponentError(f"environment 'docker' cannot enforce {where} {policy.mode!r}")
-    if policy.mode == "allowlist":
-        for entry in policy.allow:
-            try:
-                netpolicy.parse_allow(entry)
-            except ValueError as exc:
-                raise ComponentError(f"environment 'docker': {where}: {exc}") from None

@@ -137,7 +137,7 @@ class SandboxEnvironment(BaseEnvironment):
             ("run", plan.run_network_policy),
             ("evaluation", plan.evaluation_network_policy),
         ):
-            check_policy(policy, f"{phase} network policy of task {plan.task_id!r}")
+            netpolicy.check(policy, "sandbox", f"{phase} network policy of task {plan.task_id!r}")
         spec = plan.sandbox
         if spec.workdir not in (None, "/app"):
             raise ComponentError(f"task {plan.task_id!r}: the sandbox provider starts commands in /app, not {spec.workdir!r}")
@@ -164,7 +164,7 @@ class SandboxEnvironment(BaseEnvironment):
         if not _host.NAME_RE.fullmatch(name):
             raise fail(f"sandbox name {name!r} must match [a-z0-9-]{{1,40}}")
         try:
-            check_policy(policy, "network policy")
+            netpolicy.check(policy, "sandbox", "network policy")
         except ComponentError as exc:
             raise fail(str(exc)) from None
         # Every session borrows a network namespace made ahead (see _pool):
@@ -208,14 +208,3 @@ class SandboxEnvironment(BaseEnvironment):
             _pool.reclaim_stale_leases()  # a killed runtime's pool
 
         await trio.to_thread.run_sync(sweep_all)
-
-
-def check_policy(policy: NetworkPolicy, where: str) -> None:
-    if policy.mode not in ("none", "allowlist", "full"):
-        raise ComponentError(f"environment 'sandbox' cannot enforce {where} {policy.mode!r}")
-    if policy.mode == "allowlist":
-        for entry in policy.allow:
-            try:
-                netpolicy.parse_allow(entry)
-            except ValueError as exc:
-                raise ComponentError(f"environment 'sandbox': {where}: {exc}") from None
