@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -193,14 +194,26 @@ async def test_large_task_table_renders_only_visible_rows(viewer, browser: Brows
         assert await browser.text("#task-count") == f"10 of {n:,} tasks"
 
 
-async def test_a_served_run_page_asks_for_its_data_early_once_and_keeps_its_script(viewer, browser: Browser, tmp_path: Path) -> None:
+class _SlowRunList(Site):
+    """The viewer's site, answering ``data/runs.js`` (which the page loads with
+    its script) only after a pause."""
+
+    def get(self, path: str) -> tuple[bytes, str] | None:
+        if path == "data/runs.js":
+            time.sleep(0.3)  # in the server's worker thread, as a slow read would be
+        return super().get(path)
+
+
+async def test_a_served_run_page_asks_for_its_data_early_once_and_keeps_its_script(
+    nursery: trio.Nursery, browser: Browser, tmp_path: Path
+) -> None:
     tasks = [task(f"task-{i:05d}", attempt()) for i in range(50)]
     run_dir = write_run(tmp_path / "runs", "r", "20260101T000000.000Z-0001", tasks)
     loads = """const nav = performance.getEntriesByType('navigation')[0];
       return [nav.domContentLoadedEventStart, performance.getEntriesByType('resource')
         .map(r => [new URL(r.name).pathname + new URL(r.name).search, r.startTime, r.transferSize])];"""
     with trio.fail_after(HANG_GUARD):
-        url = await viewer([run_dir])
+        url = await nursery.start(serve, _SlowRunList(find_runs([run_dir]), live=True), 0)
         for visit in range(2):
             await browser.goto("about:blank")
             await browser.goto(url + "#/run/0")
@@ -208,8 +221,9 @@ async def test_a_served_run_page_asks_for_its_data_early_once_and_keeps_its_scri
             assert await browser.text("#task-count") == "50 of 50 tasks"
             loaded, resources = await browser.execute(loads)
             run = [(start, size) for path, start, size in resources if path == "/data/0/run.js"]
-            # One request, begun while the page's own files were still loading.
-            assert len(run) == 1 and run[0][0] < loaded and run[0][1] > 0, (loaded, resources)
+            # One request, begun while the page's own files were still loading
+            # (the list of runs takes 0.3 s, and the page starts after it).
+            assert len(run) == 1 and run[0][0] < loaded - 200 and run[0][1] > 0, (loaded, resources)
             assets = {path.split("?")[0]: (path, size) for path, _, size in resources if path.split("?")[0] in ("/app.js", "/app.css")}
             assert set(assets) == {"/app.js", "/app.css"} and all("?v=" in path for path, _ in assets.values())
             if visit:  # named by content, so kept: the second visit fetches neither
