@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -95,7 +96,10 @@ async def wait_dead(pid: int, seconds: float = 20) -> None:
 def processes_marked(root: Path) -> list[int]:
     """Live processes a ``local`` sandbox at or under ``root`` started: they carry
     ``AGENTCOMPASS_SANDBOX=<their sandbox>`` in their environment (a zombie has none).
-    Read here on its own, not through the provider's scan the tests check."""
+    Read here on its own, not through the provider's scan the tests check.
+
+    A process already killed (SIGKILL pending, on a busy host it may not have
+    run its exit yet) runs no more of its code and is not counted."""
     needle = f"AGENTCOMPASS_SANDBOX={root}".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -106,9 +110,20 @@ def processes_marked(root: Path) -> list[int]:
                 items = f.read().split(b"\0")
         except OSError:
             continue
-        if any(item == needle or item.startswith(needle + b"/") for item in items):
+        if any(item == needle or item.startswith(needle + b"/") for item in items) and not _being_killed(int(entry)):
             found.append(int(entry))
     return found
+
+
+def _being_killed(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL pending (it is on its way out)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True  # gone meanwhile
+    sigkill = 1 << (signal.SIGKILL - 1)
+    return any(int(fields.get(name, "0").strip(), 16) & sigkill for name in ("SigPnd", "ShdPnd"))
 
 
 @asynccontextmanager
