@@ -36,6 +36,13 @@ class WebDriverError(RuntimeError):
     """The driver refused a command (no such element, script error, ...)."""
 
 
+class StaleElementError(WebDriverError):
+    """The element found is no longer in the page (a re-render replaced it)."""
+
+#: Finds of an element that a re-render replaced between its find and its use.
+_STALE_TRIES = 3
+
+
 def browser_missing(chromium: str = CHROMIUM, chromedriver: str = CHROMEDRIVER) -> str | None:
     """Why the browser cannot run here, or None when it can."""
     for path in (chromium, chromedriver):
@@ -57,7 +64,8 @@ class Browser:
         if response.status_code >= 400:
             message = value.get("message", "") if isinstance(value, dict) else str(value)
             error = value.get("error", "") if isinstance(value, dict) else ""
-            raise WebDriverError(f"{error}: {message.splitlines()[0] if message else ''}")
+            kind = StaleElementError if error == "stale element reference" else WebDriverError
+            raise kind(f"{error}: {message.splitlines()[0] if message else ''}")
         return value
 
     async def goto(self, url: str) -> None:
@@ -78,11 +86,22 @@ class Browser:
         found = await self._call("POST", "/elements", {"using": "css selector", "value": css})
         return [e[_ELEMENT] for e in found]
 
+    async def _on(self, css: str, method: str, command: str, body: Any = None) -> Any:
+        """``command`` on the element ``css`` finds, found again if the page
+        replaced it between the find and the command (nothing was done then)."""
+        for tries in range(1, _STALE_TRIES + 1):
+            try:
+                return await self._call(method, f"/element/{await self.find(css)}/{command}", body)
+            except StaleElementError:
+                if tries == _STALE_TRIES:
+                    raise
+        raise AssertionError("unreachable")
+
     async def click(self, css: str) -> None:
-        await self._call("POST", f"/element/{await self.find(css)}/click", {})
+        await self._on(css, "POST", "click", {})
 
     async def type(self, css: str, text: str) -> None:
-        await self._call("POST", f"/element/{await self.find(css)}/value", {"text": text})
+        await self._on(css, "POST", "value", {"text": text})
 
     async def keys(self, text: str) -> None:
         """Press the keys of ``text`` in whatever has the focus (as a person
@@ -91,7 +110,7 @@ class Browser:
         await self._call("POST", "/actions", {"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})
 
     async def text(self, css: str) -> str:
-        return str(await self._call("GET", f"/element/{await self.find(css)}/text"))
+        return str(await self._on(css, "GET", "text"))
 
     async def screenshot(self, path: Path) -> Path:
         data = base64.b64decode(await self._call("GET", "/screenshot"))
