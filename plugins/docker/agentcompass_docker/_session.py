@@ -61,6 +61,8 @@ RUN_LABEL = "agentcompass.run"
 EMBEDDED_DNS = "127.0.0.11"
 # After the command's own process exits, how long output a background process holds is still read.
 _DRAIN_SECONDS = 0.5
+#: How long a container or network create may take (it is not cut short, see DockerSession._made).
+CREATE_SECONDS = 60
 # How often a long exec asks whether its own process has exited (a background child may hold the stream).
 _POLL_SECONDS = 0.5
 # Kills the process group and the session led by pid $1 (stat fields after "comm)": state ppid pgrp session).
@@ -145,8 +147,7 @@ class DockerSession(EnvironmentSession):
                 await trio.to_thread.run_sync(_expose.destroy, self.name)
                 self._state = False
         self.network = self.name
-        created = await self.engine.request(
-            "POST",
+        created = await self._made(
             "/networks/create",
             body={"Name": self.network, "Driver": "bridge", "CheckDuplicate": True, "Labels": self.labels()},
         )
@@ -186,7 +187,18 @@ class DockerSession(EnvironmentSession):
 
     async def _create(self, image: str, spec: ContainerSpec) -> Any:
         body = spec.create_body(image, self.labels(), self.name, self.exposed)
-        return await self.engine.request("POST", "/containers/create", params={"name": self.name}, body=body)
+        return await self._made("/containers/create", params={"name": self.name}, body=body)
+
+    async def _made(self, path: str, **request: Any) -> Any:
+        """A create request, waited for to its answer even when cancelled
+        meanwhile (up to :data:`CREATE_SECONDS`; the cancellation then takes
+        effect at the next checkpoint, with the new object's id known): cut
+        short, the daemon can still make the object after close's delete by
+        name found nothing there, and nothing would remove it."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + CREATE_SECONDS) as scope:
+            return await self.engine.request("POST", path, **request)
+        assert scope.cancelled_caught
+        raise fail(f"docker session {self.name}: the daemon did not answer POST {path} within {CREATE_SECONDS}s")
 
     # -- exec --------------------------------------------------------------
 
