@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from _common import processes_marked, wait_dead
+from _common import poll_until, processes_marked, wait_dead
 
 from agentcompass.environments._procs import Marked, Scanner, scan
 from agentcompass.environments.local import MARKER_FILE, LocalEnvironment, LocalSession
@@ -469,6 +469,8 @@ async def test_a_failed_shared_scan_fails_its_caller_and_the_others_retry():
 @needs_proc
 async def test_one_proc_scan_reads_both_marks_of_a_sessions_processes(session: LocalSession):
     pid = int((await session.exec("setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!")).stdout)
+    # Scanned once it runs sleep: while a process is inside execve its environ reads empty.
+    await poll_until(lambda: Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x001000\x00", "setsid to exec sleep")
     found = {p.pid: p for p in await trio.to_thread.run_sync(scan)}
     # Its group is what it was at the scan (setsid may not have run yet): not compared.
     assert (found[pid].sandbox, found[pid].name) == (session.handle["path"], session.name)
