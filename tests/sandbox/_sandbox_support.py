@@ -91,5 +91,9 @@ async def connects(session: SandboxSession, address: str, port: int) -> bool:
 
 
 async def listening(session: SandboxSession, port: int) -> None:
-    """Wait (bounded) until a server started inside accepts on loopback."""
-    await poll_until(lambda: connects(session, "127.0.0.1", port), f"a listener on port {port} inside", 10, every=0.05)
+    """Wait until a server started inside accepts on loopback: one exec that
+    tries until it connects (a loaded host may take long to start the
+    server; the calling test's hang guard bounds the wait)."""
+    probe = f"until exec 3<>/dev/tcp/127.0.0.1/{port}; do sleep 0.05; done 2>/dev/null"
+    result = await session.exec(["bash", "-c", probe])
+    assert result.exit_code == 0, f"no listener on port {port} inside: {result}"
