@@ -13,13 +13,13 @@ import secrets
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import _hoststate
 import pytest
 import trio
-from _sandbox_support import requires_sandbox
+from _sandbox_support import docker_forward_rules, requires_sandbox
 from agentcompass_sandbox import SandboxEnvironment, _forward, _host
 
 from agentcompass import NetworkPolicy
@@ -29,38 +29,6 @@ pytestmark = [requires_sandbox, pytest.mark.serial]  # it changes the host's FOR
 FULL = NetworkPolicy("full")
 #: A name the host resolves through its resolver (not /etc/hosts) where it has one.
 DNS_NAME = "deb.debian.org"
-
-
-def _ipt(*args: str) -> None:
-    subprocess.run(["iptables", "-w", *args], check=True, capture_output=True)
-
-
-@contextmanager
-def docker_forward_rules() -> Iterator[None]:
-    """``FORWARD`` policy ``DROP`` and the ``DOCKER-USER`` chain as a Docker
-    daemon makes them; everything undone after (the ``filter`` table too
-    where the host had none)."""
-    had_table = subprocess.run(["nft", "list", "table", "ip", "filter"], capture_output=True).returncode == 0
-    had_chain = subprocess.run(["iptables", "-w", "-S", _forward.CHAIN], capture_output=True).returncode == 0
-    policy = "ACCEPT"
-    if had_table:
-        first = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
-        policy = first.split("\n")[0].split()[-1] if first.startswith("-P FORWARD") else "ACCEPT"
-    try:
-        if not had_chain:
-            _ipt("-N", _forward.CHAIN)
-            _ipt("-A", _forward.CHAIN, "-j", "RETURN")
-            _ipt("-I", "FORWARD", "-j", _forward.CHAIN)
-        _ipt("-P", "FORWARD", "DROP")
-        yield
-    finally:
-        subprocess.run(["iptables", "-w", "-P", "FORWARD", policy], capture_output=True)
-        if not had_chain:
-            subprocess.run(["iptables", "-w", "-D", "FORWARD", "-j", _forward.CHAIN], capture_output=True)
-            subprocess.run(["iptables", "-w", "-F", _forward.CHAIN], capture_output=True)
-            subprocess.run(["iptables", "-w", "-X", _forward.CHAIN], capture_output=True)
-        if not had_table:
-            subprocess.run(["nft", "delete", "table", "ip", "filter"], capture_output=True)
 
 
 _SERVER = """
