@@ -17,7 +17,9 @@ marked with a comment naming the veth's owner::
     -o <veth> -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT   (replies to them)
 
 Nothing else is accepted: Docker's rules for its own networks, and any
-other traffic's fate, are unchanged. Where ``DOCKER-USER`` does not exist
+other traffic's fate, are unchanged. Whether the chain may exist is asked
+of the kernel first (one netlink request, no process), so a host without
+Docker pays for no ``iptables`` run. Where ``DOCKER-USER`` does not exist
 nothing is added (a ``FORWARD`` policy of ``DROP`` set by the host's own
 firewall is its administrator's to open). The rules go when the veth goes:
 :func:`remove` at close (a session's own veth) or when the pool destroys a
@@ -29,7 +31,10 @@ veth was made does not see it admitted: the next namespace made is.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+
+from . import _netlink
 
 CHAIN = "DOCKER-USER"
 #: The comment of every rule added here: this prefix, then the owner's name.
@@ -56,11 +61,27 @@ def _chain_rules() -> list[str] | None:
     return listed.stdout.splitlines() if listed.returncode == 0 else None
 
 
+def _may_exist() -> bool:
+    """Whether the chain may exist, known without a process: the nftables
+    ``ip filter`` table has it (iptables-nft), or a legacy ``filter`` table
+    is there (which only ``iptables`` can look into)."""
+    try:
+        with open("/proc/net/ip_tables_names") as names:
+            if "filter" in names.read().split():
+                return True
+    except OSError:
+        pass
+    try:
+        return _netlink.nft_chain_exists(socket.AF_INET, "filter", CHAIN)
+    except OSError:
+        return True  # cannot tell: ask iptables
+
+
 def admit(veth: str, owner: str) -> bool:
     """Blocking: let ``veth``'s traffic through ``DOCKER-USER`` where that chain
     exists (idempotent); whether rules are in place. Raises ``OSError`` with
     iptables' message if an insert fails (nothing of this veth is left then)."""
-    if _chain_rules() is None:
+    if not _may_exist() or _chain_rules() is None:
         return False
     for rule in _rules(veth, owner):
         if _iptables("-C", CHAIN, *rule).returncode == 0:
