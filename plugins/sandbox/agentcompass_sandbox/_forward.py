@@ -55,7 +55,7 @@ def _rules(veth: str, owner: str) -> list[list[str]]:
 
 def _chain_rules() -> list[str] | None:
     """``iptables -S DOCKER-USER``'s lines, ``None`` where there is no such chain (or no iptables)."""
-    if shutil.which("iptables") is None:
+    if shutil.which("iptables") is None or not _may_exist():
         return None
     listed = _iptables("-S", CHAIN)
     return listed.stdout.splitlines() if listed.returncode == 0 else None
@@ -81,7 +81,7 @@ def admit(veth: str, owner: str) -> bool:
     """Blocking: let ``veth``'s traffic through ``DOCKER-USER`` where that chain
     exists (idempotent); whether rules are in place. Raises ``OSError`` with
     iptables' message if an insert fails (nothing of this veth is left then)."""
-    if not _may_exist() or _chain_rules() is None:
+    if _chain_rules() is None:
         return False
     for rule in _rules(veth, owner):
         if _iptables("-C", CHAIN, *rule).returncode == 0:
