@@ -9,7 +9,9 @@ worker. The driver sends it SIGTERM on the way out; if the driver itself
 dies (even by SIGKILL) the kernel sends it SIGTERM (``PR_SET_PDEATHSIG``),
 so a killed driver's cluster does not outlive it.
 
-Every server of the cluster listens on loopback only. ``ray start``
+Every server of the cluster listens on loopback only, and no Ray Client
+server is started (``ray start``'s default, on port 10001: the driver
+connects directly, see :data:`_START`). ``ray start``
 alone would not do it: it replaces a loopback ``--node-ip-address`` with
 the address other nodes can reach, and its GCS, raylet and workers then
 listen on every address. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's
@@ -74,6 +76,17 @@ def _temp_dir(root: str | None = None) -> str:
     return path
 
 
+#: ``ray start`` without a Ray Client server. Ray starts one on port 10001
+#: whenever its client dependencies are importable and offers no switch to
+#: leave it out; the runtime connects as a driver, never through Ray Client,
+#: so its ``ray start`` is told the dependencies are absent.
+_START = (
+    "import ray.scripts.scripts as s\n"
+    "s.get_ray_client_dependency_error = lambda: ImportError('no Ray Client server for a local cluster')\n"
+    "s.main()"
+)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -100,7 +113,7 @@ async def local_cluster(cpus: int, grace: float) -> AsyncIterator[str]:
     command = [
         sys.executable,
         "-c",
-        "from ray.scripts.scripts import main; main()",
+        _START,
         "start",
         "--head",
         "--block",

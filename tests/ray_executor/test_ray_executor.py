@@ -331,6 +331,8 @@ def test_a_killed_driver_takes_its_local_cluster_along_and_reuse_finishes_the_ru
         listening = _listening(proc.pid)
         assert {"gcs_server", "raylet"} <= {name for name, _ in listening}, listening
         assert all(_loopback(address) for _, address in listening), listening
+        # No Ray Client server (ray start's default port 10001): the driver connects directly.
+        assert not [a for _, a in listening if a.endswith(":10001")], listening
         proc.kill()
         assert proc.wait(timeout=HANG_GUARD) == -signal.SIGKILL
     finally:

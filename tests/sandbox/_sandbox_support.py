@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import trio
 from _common import poll_until
-from agentcompass_sandbox import SandboxSession, _host, host_problem
+from agentcompass_sandbox import SandboxSession, _forward, _host, host_problem
 
 PROBLEM = host_problem()
 requires_sandbox = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
@@ -91,5 +94,41 @@ async def connects(session: SandboxSession, address: str, port: int) -> bool:
 
 
 async def listening(session: SandboxSession, port: int) -> None:
-    """Wait (bounded) until a server started inside accepts on loopback."""
-    await poll_until(lambda: connects(session, "127.0.0.1", port), f"a listener on port {port} inside", 10, every=0.05)
+    """Wait until a server started inside accepts on loopback: one exec that
+    tries until it connects (a loaded host may take long to start the
+    server; the calling test's hang guard bounds the wait)."""
+    probe = f"until exec 3<>/dev/tcp/127.0.0.1/{port}; do sleep 0.05; done 2>/dev/null"
+    result = await session.exec(["bash", "-c", probe])
+    assert result.exit_code == 0, f"no listener on port {port} inside: {result}"
+
+
+def _ipt(*args: str) -> None:
+    subprocess.run(["iptables", "-w", *args], check=True, capture_output=True)
+
+
+@contextmanager
+def docker_forward_rules() -> Iterator[None]:
+    """``FORWARD`` policy ``DROP`` and the ``DOCKER-USER`` chain as a Docker
+    daemon makes them; everything undone after (the ``filter`` table too
+    where the host had none)."""
+    had_table = subprocess.run(["nft", "list", "table", "ip", "filter"], capture_output=True).returncode == 0
+    had_chain = subprocess.run(["iptables", "-w", "-S", _forward.CHAIN], capture_output=True).returncode == 0
+    policy = "ACCEPT"
+    if had_table:
+        first = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
+        policy = first.split("\n")[0].split()[-1] if first.startswith("-P FORWARD") else "ACCEPT"
+    try:
+        if not had_chain:
+            _ipt("-N", _forward.CHAIN)
+            _ipt("-A", _forward.CHAIN, "-j", "RETURN")
+            _ipt("-I", "FORWARD", "-j", _forward.CHAIN)
+        _ipt("-P", "FORWARD", "DROP")
+        yield
+    finally:
+        subprocess.run(["iptables", "-w", "-P", "FORWARD", policy], capture_output=True)
+        if not had_chain:
+            subprocess.run(["iptables", "-w", "-D", "FORWARD", "-j", _forward.CHAIN], capture_output=True)
+            subprocess.run(["iptables", "-w", "-F", _forward.CHAIN], capture_output=True)
+            subprocess.run(["iptables", "-w", "-X", _forward.CHAIN], capture_output=True)
+        if not had_table:
+            subprocess.run(["nft", "delete", "table", "ip", "filter"], capture_output=True)

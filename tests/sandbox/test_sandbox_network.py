@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from _sandbox_support import connects, listening, requires_sandbox, wait_for_file
+from _sandbox_support import connects, docker_forward_rules, listening, requires_sandbox, wait_for_file
 from agentcompass_sandbox import SandboxEnvironment
 
 from agentcompass import ComponentError, ComponentRef, ExecutionPlan, IssueError, NetworkPolicy
@@ -44,6 +44,21 @@ async def listener(address: str) -> AsyncIterator[int]:
 
 
 async def test_none_reaches_neither_the_host_nor_another_namespace(provider: SandboxEnvironment, tag: str) -> None:
+    await _none_reaches_neither(provider, tag)
+
+
+@pytest.mark.serial  # it sets the host's FORWARD policy to DROP for its duration
+async def test_none_reaches_neither_the_host_nor_another_namespace_beside_dockers_forward_drop(
+    provider: SandboxEnvironment, tag: str
+) -> None:
+    # b's server reverse-resolves its address at start (through the host's
+    # resolver: forwarded), and a reaches b through the host: both need the
+    # sandbox's DOCKER-USER rules where Docker's firewall drops what it forwards.
+    with docker_forward_rules():
+        await _none_reaches_neither(provider, tag)
+
+
+async def _none_reaches_neither(provider: SandboxEnvironment, tag: str) -> None:
     with hang_guard(60):
         a = await provider.open(None, FULL, f"{tag}-a")
         b = await provider.open(None, FULL, f"{tag}-b")

@@ -108,6 +108,7 @@ class DockerEnvironment(BaseEnvironment):
         self._exposing = self.host_euid() == 0
         # Whether the daemon may limit a container's storage (False once it said it cannot).
         self._storage = True
+        self._private_warned = False
 
     @property
     def engine(self) -> Engine:
@@ -227,6 +228,7 @@ class DockerEnvironment(BaseEnvironment):
         except (EngineError, httpx.HTTPError) as exc:
             raise IssueError("fatal", "image_build_failed", f"docker daemon: {exc}", phase="setup") from None
         session = DockerSession(self.engine, name, self.options.max_output_bytes, self.resolve_host)
+        session.on_not_private = self._not_private
         try:
             container = config.container
             if container.storage_mb is not None and not self._storage:
@@ -249,6 +251,17 @@ class DockerEnvironment(BaseEnvironment):
                 raise fail(f"docker session {name}: {exc}") from None
             raise
         return session
+
+    def _not_private(self) -> None:
+        """Say once per provider (per run) that the verifier runs beside the agent's processes."""
+        if self._private_warned:
+            return
+        self._private_warned = True
+        log.warning(
+            "verifier_not_private",
+            message="under docker the verifier runs in the container beside the processes the agent left running "
+            "(no private run): one of them can change its tests or its reward (docs/docker.md, threat model)",
+        )
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Remove the container, network and exposures ``handle`` names (idempotent)."""

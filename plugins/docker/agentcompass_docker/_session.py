@@ -27,7 +27,7 @@ import os
 import posixpath
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -108,6 +108,8 @@ class DockerSession(EnvironmentSession):
     _labels: Iterator[int] = attrs.Factory(itertools.count)
     _closed: bool = False
     _close_lock: trio.Lock = attrs.Factory(trio.Lock)
+    #: Called each time a caller asks for a private run this session cannot give (the provider says so once).
+    on_not_private: Any = None
 
     @property
     def handle(self) -> dict[str, Any]:
@@ -423,6 +425,26 @@ class DockerSession(EnvironmentSession):
                     "(it runs in another mount namespace or on another host)"
                 )
             return inside
+
+    async def exec_private(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        directory: str,
+        max_bytes: int,
+        inputs: Mapping[str, bytes] | None = None,
+    ) -> tuple[ExecResult, dict[str, bytes]]:
+        """Not offered (a Docker exec cannot get a mount or pid namespace of
+        its own): raises :exc:`NotImplementedError`, so the caller falls back
+        to :meth:`exec` and :meth:`read_file`, after the provider has said
+        once in the run's log that a process the agent left running can race
+        that verifier (docs/docker.md, "Threat model")."""
+        if self.on_not_private is not None:
+            self.on_not_private()
+        raise NotImplementedError
 
     # -- network -----------------------------------------------------------
 

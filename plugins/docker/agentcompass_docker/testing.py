@@ -2,10 +2,16 @@
 
 :class:`PrivateDaemon` starts ``dockerd`` as root with its data root, exec
 root, pid file and socket in a short temporary directory, without a default
-bridge, iptables rules or a default socket, and an address pool of its own
-(a ``10.x.0.0/16`` no route of this host uses), so it neither touches nor
-fights another daemon on the machine. :meth:`PrivateDaemon.stop` removes
-what is left in it, stops it and removes the directory.
+socket, and an address pool of its own (a ``10.x.0.0/16`` no route of this
+host uses), so it neither touches nor fights another daemon on the machine.
+It changes nothing on the host it did not make (SPEC 12 "Host safety"): its
+default bridge is a bridge of its own (``pdk`` + 8 hex digits, on another
+free ``10.x.0.0/24``), made before the daemon starts and deleted after it
+stops (``dockerd --bridge=none`` would delete an existing ``docker0``); no
+iptables or ip6tables rule, no masquerading, no forwarding sysctl
+(``--iptables=false --ip6tables=false --ip-masq=false --ip-forward=false``).
+:meth:`PrivateDaemon.stop` removes what is left in it, stops it, deletes
+its bridge and removes the directory.
 
 Installed with the plugin, this module is a pytest plugin (entry point
 ``pytest11``): the session-scoped fixture ``docker_daemon`` starts one
@@ -23,6 +29,7 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -55,16 +62,22 @@ def daemon_problem() -> str | None:
     return None
 
 
-def _free_pool() -> str:
-    """A ``10.x.0.0/16`` that no address or route of this host is in."""
+def _free_prefixes(count: int) -> list[str]:
+    """``count`` distinct ``10.x`` prefixes that no address or route of this host is in."""
     used = subprocess.run(["ip", "-o", "route"], capture_output=True, text=True).stdout
     used += subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
     candidates = list(range(160, 250))
     random.shuffle(candidates)
-    for x in candidates:
-        if f"10.{x}." not in used:
-            return f"10.{x}.0.0/16"
-    raise RuntimeError("no free 10.x.0.0/16 for a private docker daemon")
+    free = [f"10.{x}" for x in candidates if f"10.{x}." not in used]
+    if len(free) < count:
+        raise RuntimeError("no free 10.x.0.0/16 for a private docker daemon")
+    return free[:count]
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
 
 
 @attrs.define(eq=False)
@@ -73,6 +86,8 @@ class PrivateDaemon:
 
     directory: str
     process: subprocess.Popen[bytes]
+    #: The daemon's default bridge, made (and deleted) by this object.
+    bridge: str | None = None
 
     @property
     def host(self) -> str:
@@ -83,23 +98,38 @@ class PrivateDaemon:
     def start(cls) -> PrivateDaemon:
         """Start it and wait until it answers (blocking)."""
         directory = tempfile.mkdtemp(prefix="acd", dir="/tmp")
-        log = open(os.path.join(directory, "log"), "wb")  # noqa: SIM115 - the daemon writes it until stop
-        args = [
-            "dockerd",
-            f"--data-root={directory}/data",
-            f"--exec-root={directory}/exec",
-            f"--pidfile={directory}/pid",
-            f"-H=unix://{directory}/docker.sock",
-            "--bridge=none",
-            "--iptables=false",
-            "--ip-masq=false",
-            "--storage-driver=overlay2",
-            f"--default-address-pool=base={_free_pool()},size=24",
-        ]
-        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-        process = subprocess.Popen(args, stdout=log, stderr=log, env=env, start_new_session=True)
-        log.close()
-        daemon = cls(directory, process)
+        pool, own = _free_prefixes(2)
+        bridge = f"pdk{secrets.token_hex(4)}"
+        try:
+            _ip("link", "add", "name", bridge, "type", "bridge")
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        try:
+            _ip("addr", "add", f"{own}.0.1/24", "dev", bridge)
+            log = open(os.path.join(directory, "log"), "wb")  # noqa: SIM115 - the daemon writes it until stop
+            args = [
+                "dockerd",
+                f"--data-root={directory}/data",
+                f"--exec-root={directory}/exec",
+                f"--pidfile={directory}/pid",
+                f"-H=unix://{directory}/docker.sock",
+                f"--bridge={bridge}",
+                "--iptables=false",
+                "--ip6tables=false",
+                "--ip-masq=false",
+                "--ip-forward=false",
+                "--storage-driver=overlay2",
+                f"--default-address-pool=base={pool}.0.0/16,size=24",
+            ]
+            env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+            process = subprocess.Popen(args, stdout=log, stderr=log, env=env, start_new_session=True)
+            log.close()
+        except BaseException:
+            subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        daemon = cls(directory, process, bridge)
         try:
             daemon._wait_ready()
         except BaseException:
@@ -144,8 +174,8 @@ class PrivateDaemon:
 
         Built once per content and machine: the first build is saved under
         :func:`~agentcompass_docker.base.cache_dir` and loaded by later test
-        sessions' daemons. The build runs on the host's network (this daemon
-        has no bridge), so its ``RUN`` steps reach the package mirrors.
+        sessions' daemons. The build runs on the host's network (the daemon
+        neither masquerades nor forwards), so its ``RUN`` steps reach the package mirrors.
         """
 
         with tempfile.TemporaryFile() as spool:
@@ -191,6 +221,8 @@ class PrivateDaemon:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.bridge is not None:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
         # Overlay mounts a killed daemon may have left under its directory.
         with open("/proc/self/mounts") as mounts:
             points = [line.split()[1] for line in mounts if line.split()[1].startswith(self.directory + "/")]

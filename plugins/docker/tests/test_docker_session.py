@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 
 import pytest
+import structlog.testing
 import trio
 from _docker_support import labelled, provider
 
@@ -193,3 +194,19 @@ async def test_storage_the_daemon_cannot_limit_is_refused_or_run_unlimited_with_
         warnings = [entry for entry in logs if entry["event"] == "storage_not_limited"]
         assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
         assert "storage_mb is not enforced" in warnings[0]["message"]
+
+
+async def test_a_private_run_is_not_offered_and_the_run_log_says_so_once(docker_daemon):
+    env = provider(docker_daemon)
+    with hang_guard(60), structlog.testing.capture_logs() as logs:
+        sessions = [await env.open(env.build_config(plan()), FULL) for _ in range(2)]
+        try:
+            for session in sessions:
+                for _ in range(2):
+                    with pytest.raises(NotImplementedError):
+                        await session.exec_private("true", directory="/logs/verifier", max_bytes=1024)
+        finally:
+            for session in sessions:
+                await session.close()
+    said = [entry for entry in logs if entry["event"] == "verifier_not_private"]
+    assert len(said) == 1 and said[0]["log_level"] == "warning", logs

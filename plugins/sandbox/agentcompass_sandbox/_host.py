@@ -11,7 +11,9 @@ name, which is what ``close``, ``reap`` and ``sweep`` share. The one shared
 resource is the host nftables table ``agentcompass_sandbox`` (NAT and
 forwarding for every ``ac*`` veth), installed when a sandbox first needs
 egress and left in place: it carries no session and matches nothing once
-the sandboxes are gone.
+the sandboxes are gone. Where Docker's firewall drops forwarded packets,
+each veth that needs egress also has accept rules of its own in Docker's
+``DOCKER-USER`` chain (:mod:`._forward`), removed with the veth.
 
 Everything here blocks and runs in a worker thread.
 """
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import _netlink
+from . import _forward, _netlink
 
 #: Where session directories live (one per session, named after it).
 STATE_ROOT = Path("/run/agentcompass-sandbox")
@@ -566,10 +568,12 @@ def leases_with_prefix(tag: str) -> set[str]:
 
 def make_veth(name: str, netns_fd: int, index: int) -> None:
     """A veth pair: host end ``veth_name(name)``, ``eth0`` in the sandbox's
-    namespace, addresses and default route; NAT for it on the host."""
+    namespace, addresses and default route; NAT for it on the host (and
+    forwarding beside Docker's firewall, see :mod:`._forward`)."""
     host_ip, sandbox_ip = lease_addresses(index)
     ensure_nat()
     try:
+        _forward.admit(veth_name(name), name)
         _netlink.make_veth(veth_name(name), netns_fd, host_ip, sandbox_ip)
     except OSError as exc:
         raise HostError(f"could not make the sandbox's veth: {exc}") from None
@@ -618,12 +622,13 @@ def apply_ruleset_in(netns_fd: int, ruleset: str) -> None:
 def remove_network(name: str, lease: int | None) -> None:
     """Delete the veth (both ends go; the kernel would remove it with the
     namespace, but later and in the background, so close would have to
-    watch for it), then release the lease."""
+    watch for it) and its forwarding rules, then release the lease."""
     try:
         _netlink.delete_link(veth_name(name))
     except OSError as exc:
         if exc.errno != errno.ENODEV:  # gone with its namespace already
             raise HostError(f"could not delete the veth of sandbox {name}: {exc}") from None
+    _forward.remove(veth_name(name), name)
     if lease is not None:
         release_lease(name, lease)
     else:
@@ -698,4 +703,5 @@ def names_with_prefix(tag: str) -> set[str]:
         if base.is_dir():
             names.update(e for e in os.listdir(base) if e.startswith(tag) and NAME_RE.fullmatch(e))
     names.update(leases_with_prefix(tag))
+    names.update(n for n in _forward.owners() if n.startswith(tag) and NAME_RE.fullmatch(n))
     return names

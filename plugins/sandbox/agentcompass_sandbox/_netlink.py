@@ -23,6 +23,9 @@ _NFNL_SUBSYS_CTNETLINK = 1
 _NFNL_SUBSYS_NFTABLES = 10
 _IPCTNL_MSG_CT_DELETE = 2
 _NFT_MSG_GETTABLE = 1
+_NFT_MSG_GETCHAIN = 4
+_NFTA_CHAIN_TABLE = 1
+_NFTA_CHAIN_NAME = 3
 
 _NLM_F_REQUEST = 0x1
 _NLM_F_ACK = 0x4
@@ -285,6 +288,25 @@ def delete_link(name: str) -> None:
     sock = _Socket()
     try:
         sock.request(_RTM_DELLINK, 0, _ifinfo() + _name(name), f"delete {name}")
+    finally:
+        sock.close()
+
+
+def nft_chain_exists(family: int, table: str, chain: str) -> bool:
+    """Whether this namespace's nftables has ``chain`` in ``table`` of
+    ``family`` (``socket.AF_INET`` for ``ip``): one netlink request."""
+    sock = _Socket(_NETLINK_NETFILTER)
+    try:
+        body = struct.pack("=BBH", family, 0, 0)
+        body += _attr(_NFTA_CHAIN_TABLE, table.encode() + b"\0") + _attr(_NFTA_CHAIN_NAME, chain.encode() + b"\0")
+        for msg_type, data, at in sock._replies(_NFNL_SUBSYS_NFTABLES << 8 | _NFT_MSG_GETCHAIN, 0, body):
+            if msg_type == _NLMSG_ERROR:
+                (error,) = struct.unpack_from("=i", data, at)
+                if error in (-errno.ENOENT, 0):
+                    return False
+                raise NetlinkError(-error, f"nft chain {table} {chain}: {os.strerror(-error)}")
+            return True
+        return False
     finally:
         sock.close()
 

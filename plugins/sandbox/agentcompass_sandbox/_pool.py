@@ -9,7 +9,9 @@ rather than bwrap making one) and gives it back at ``close``, once every
 process of the session is dead. A namespace is made the first time none is
 free, and is reused from then on: open and close make and delete no link.
 Sessions opened under ``full`` or ``allowlist`` borrow one with a veth
-(addresses, default route, host NAT), under ``none`` one with loopback only.
+(addresses, default route, host NAT, and accept rules in Docker's
+``DOCKER-USER`` chain where it exists, see :mod:`._forward`), under
+``none`` one with loopback only.
 
 Each pooled namespace is held by a descriptor of the runtime process (opened
 close-on-exec), not by a bind mount: when the runtime exits, however it
@@ -51,7 +53,7 @@ import trio
 
 from agentcompass.runtime import cleanup_deadline
 
-from . import _host, _netlink
+from . import _forward, _host, _netlink
 
 #: Free namespaces kept for reuse at most; more are destroyed when given back.
 IDLE_MAX = 64
@@ -78,6 +80,7 @@ class Netns:
     owner: str
     lease: int | None  # None: loopback only, no veth
     links: int = 0  # interfaces it was made with (loopback, and eth0 with a veth)
+    admitted: bool = False  # whether its veth has rules in DOCKER-USER
 
     def close(self) -> None:
         """Let the namespace go (the kernel removes it once nothing else holds it)."""
@@ -99,18 +102,29 @@ def _start_time(pid: int) -> str:
     return stat[stat.rindex(b")") + 2 :].split()[19].decode()
 
 
+def _stale(owner: str) -> bool:
+    """Whether ``owner`` names a pool of a process that is gone."""
+    if not owner.startswith(LEASE_OWNER_PREFIX):
+        return False
+    pid, start, _n = owner[len(LEASE_OWNER_PREFIX) :].split("-")
+    return _start_time(int(pid)) != start
+
+
 def reclaim_stale_leases() -> None:
-    """Release the leases of pooled namespaces whose process is gone (blocking)."""
+    """Release the leases, and remove the forwarding rules, of pooled
+    namespaces whose process is gone (blocking)."""
+    for owner, veths in _forward.owners().items():
+        with contextlib.suppress(ValueError):
+            if _stale(owner):
+                for veth in veths:
+                    _forward.remove(veth, owner)
     if not _host.LEASE_DIR.is_dir():
         return
     for entry in os.scandir(_host.LEASE_DIR):
         with contextlib.suppress(OSError, ValueError):
             with open(entry.path) as f:
                 owner = f.read()
-            if not owner.startswith(LEASE_OWNER_PREFIX):
-                continue
-            pid, start, _n = owner[len(LEASE_OWNER_PREFIX) :].split("-")
-            if _start_time(int(pid)) != start:
+            if _stale(owner):
                 os.unlink(entry.path)
 
 
@@ -197,6 +211,7 @@ class Pool:
         the veth in the background; its subnet is not leased again while the
         host still routes it) and release its lease."""
         entry.close()
+        _unadmit(entry)
         if entry.lease is not None:
             _host.release_lease(entry.owner, entry.lease)
 
@@ -229,6 +244,7 @@ class Pool:
             if going:
                 time.sleep(_DRAIN_PAUSE)
         for entry in [*idle, *lent]:
+            _unadmit(entry)
             if entry.lease is not None:
                 _host.release_lease(entry.owner, entry.lease)
         if going:
@@ -239,17 +255,27 @@ def _make(owner: str) -> Netns:
     """A new namespace with its veth, addresses, default route and host NAT."""
     _host.ensure_nat()
     lease = _host.acquire_lease(owner)
+    veth = _host.veth_name(owner)
     try:
+        admitted = _forward.admit(veth, owner)
         host_ip, sandbox_ip = _host.lease_addresses(lease)
-        fd, probe = _netlink.make_namespace(_host.veth_name(owner), host_ip, sandbox_ip)
+        fd, probe = _netlink.make_namespace(veth, host_ip, sandbox_ip)
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            _netlink.delete_link(_host.veth_name(owner))
+            _netlink.delete_link(veth)
+        _forward.remove(veth, owner)
         _host.release_lease(owner, lease)
         if isinstance(exc, OSError):
             raise _host.HostError(f"could not make a pooled network namespace: {exc}") from None
         raise
-    return Netns(fd, probe, owner, lease, links=2)
+    return Netns(fd, probe, owner, lease, links=2, admitted=admitted)
+
+
+def _unadmit(entry: Netns) -> None:
+    """Remove the entry's forwarding rules, if it has any (blocking)."""
+    if entry.admitted and entry.veth is not None:
+        _forward.remove(entry.veth, entry.owner)
+        entry.admitted = False
 
 
 def _make_bare(owner: str) -> Netns:
