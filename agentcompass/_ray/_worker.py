@@ -1,9 +1,9 @@
 """The worker side of the ``ray`` executor: one Ray actor, its own ``trio.run``.
 
 A :class:`Worker` runs in a Ray worker process. Its constructor loads the
-config's plugins and starts a thread running ``trio.run``; the actor's
-methods (Ray calls them from its own threads) talk to that Trio run only
-through two thread-safe points:
+config's plugins and starts a :class:`WorkerRun`, a thread running
+``trio.run``; the actor's methods (Ray calls them from its own threads,
+several at once) talk to that Trio run only through two thread-safe points:
 
 * :meth:`Worker.deliver` hands a numbered batch of driver messages to the
   Trio thread (``trio.from_thread.run_sync``); batches are applied in their
@@ -19,8 +19,8 @@ Tasks run with the ordinary task code (the seam's ``run_job``) on a
 the driver's grant or acknowledgement where the protocol says the caller
 waits). Nothing here writes the run directory.
 
-The messages are ``_messages``' classes; :meth:`Worker._apply` dispatches
-the driver's on their class.
+The messages are ``_messages``' classes; :meth:`WorkerRun.deliver`
+dispatches the driver's on their class.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from ._messages import (
     TaskFailed,
 )
 
-__all__ = ["Worker", "WorkerGrants", "WorkerReporter"]
+__all__ = ["Worker", "WorkerGrants", "WorkerReporter", "WorkerRun"]
 
 #: Seconds without a poll after which the driver counts as gone.
 DRIVER_SILENCE = 15.0
@@ -89,7 +89,7 @@ class WorkerGrants:
     cancelled waiter tells the driver it left (the driver then gives back
     what it granted meanwhile, or stops waiting for it)."""
 
-    def __init__(self, worker: Worker):
+    def __init__(self, worker: WorkerRun):
         self._worker = worker
         self._ids = itertools.count(1)
         self._waiting: dict[int, trio.Event] = {}
@@ -130,7 +130,7 @@ class WorkerReporter(ForwardingReporter):
     returns once the driver applied it, as in process (a driver that exits
     at once, on a second signal, still has the journal line)."""
 
-    def __init__(self, worker: Worker, request_id: int, tag: str):
+    def __init__(self, worker: WorkerRun, request_id: int, tag: str):
         super().__init__(tag, lambda report: worker.post(Reported(request_id, report)), partial(worker.ask, request_id))
         self._worker = worker
         self._request_id = request_id
@@ -144,7 +144,14 @@ class WorkerReporter(ForwardingReporter):
 
 
 class Worker:
-    """One worker: a Trio run in a thread of a Ray actor (see the module docstring)."""
+    """One worker, the Ray actor: loads the plugins, then hands each call to
+    the worker's Trio run (:class:`WorkerRun`).
+
+    Its methods are all sync, and must stay so: Ray makes an actor with any
+    ``async def`` method an asyncio actor, whose sync methods run one at a
+    time on its event loop; a poll waiting for messages would then hold
+    back every delivery, each grant and acknowledgement waiting out the
+    poll (a retried try took seconds more than its backoff)."""
 
     def __init__(
         self,
@@ -163,6 +170,24 @@ class Worker:
         # component in the driver (an SDK user's own, the test fakes).
         _registry.load_plugins(list(plugins), Path(config_dir) if config_dir else None)
         _registry.import_modules(modules)
+        self._run = WorkerRun(index, grace, connections)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def deliver(self, number: int, messages: list[Any]) -> None:
+        """Apply the driver's batch ``number`` (and any later one waiting for it)."""
+        self._run.deliver(number, messages)
+
+    def poll(self, wait: float) -> list[Any]:
+        """Every message queued since the last poll (waits up to ``wait`` seconds for one)."""
+        return self._run.poll(wait)
+
+
+class WorkerRun:
+    """The worker's Trio run, in a thread of the actor's process, and its outbox."""
+
+    def __init__(self, index: int, grace: float, connections: int):
         self._index = index
         self._grace_seconds = grace
         self._connections = connections
@@ -190,10 +215,7 @@ class Worker:
         if self._failure is not None:
             raise self._failure
 
-    # -- what Ray calls ----------------------------------------------------------
-
-    def pid(self) -> int:
-        return os.getpid()
+    # -- what the actor calls, from Ray's threads ----------------------------------
 
     def deliver(self, number: int, messages: list[Any]) -> None:
         """Apply the driver's batch ``number`` (and any later one waiting for it)."""
