@@ -43,7 +43,7 @@ already checkpointed are kept): the seam's ``after_loss`` applies the
 attempt scope's rule.
 
 The messages are ``_messages``' classes, the reporter's calls the seam's
-own; :meth:`RayExecutor._apply` dispatches on their class.
+own; the pump dispatches each on its class (``RayExecutor._handlers``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ from .. import _registry
 from .._limits import provider_limits
 from .._logging import debug_enabled, get_logger
 from .._orchestration.seam import (
-    WORKER_LOST,
     Checkpoint,
     GraceClock,
     LostTry,
@@ -95,7 +94,7 @@ from ._messages import (
     TaskFailed,
 )
 
-__all__ = ["WORKER_LOST", "RayExecutor"]
+__all__ = ["RayExecutor"]
 
 log = get_logger("agentcompass.ray")
 
