@@ -11,8 +11,9 @@ attempt records to resume from) plus two narrow channels back to the driver:
   checkpoints and discarded tries. Only the driver writes the run directory.
 
 The in-process Trio executor calls the task code directly and
-short-circuits both channels; a remote executor would carry the same calls
-as request/grant messages to a worker process running its own ``trio.run``.
+short-circuits both channels; the ``ray`` executor ships the job to a
+worker process running its own ``trio.run`` and carries the channels' calls
+back and forth as messages.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class TaskJob:
     attempts whose try was lost with a worker, continuing their own budget).
     All of it pickles: a remote executor ships the job to the worker that
     runs it. The channels back to the driver (:class:`Grants`,
-    :class:`TaskReporter`) are not part of it: they are where the task runs.
+    :class:`TaskReporter`) are not part of it: they are arguments of
+    :meth:`Executor.run_task`, which a remote executor stands in for on the
+    worker.
     """
 
     request: RunRequest
