@@ -501,7 +501,9 @@ class RayExecutor(Executor):
                     env = _registry.build("environment", provider, request.request.environment.config)
                     await env.reap(handle)
                 except Exception as reap_failure:  # noqa: BLE001 - the run's reuse or reap retries it
-                    log.warning("reap_failed", session=session_id, error=f"{type(reap_failure).__name__}: {reap_failure}")
+                    log.warning(
+                        "reap_failed", session=session_id, error=f"{type(reap_failure).__name__}: {reap_failure}"
+                    )
                     continue
                 link.sessions.pop(session_id, None)
                 await request.reporter.session_closed(session_id, provider, handle)

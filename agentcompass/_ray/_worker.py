@@ -151,7 +151,7 @@ class Worker:
     ``async def`` method an asyncio actor, whose sync methods run one at a
     time on its event loop; a poll waiting for messages would then hold
     back every delivery, each grant and acknowledgement waiting out the
-    poll (a retried try took seconds more than its backoff)."""
+    poll (``tests/ray_executor/test_ray_worker_calls.py``)."""
 
     def __init__(
         self,
@@ -170,18 +170,18 @@ class Worker:
         # component in the driver (an SDK user's own, the test fakes).
         _registry.load_plugins(list(plugins), Path(config_dir) if config_dir else None)
         _registry.import_modules(modules)
-        self._run = WorkerRun(index, grace, connections)
+        self._trio = WorkerRun(index, grace, connections)
 
     def pid(self) -> int:
         return os.getpid()
 
     def deliver(self, number: int, messages: list[Any]) -> None:
         """Apply the driver's batch ``number`` (and any later one waiting for it)."""
-        self._run.deliver(number, messages)
+        self._trio.deliver(number, messages)
 
     def poll(self, wait: float) -> list[Any]:
         """Every message queued since the last poll (waits up to ``wait`` seconds for one)."""
-        return self._run.poll(wait)
+        return self._trio.poll(wait)
 
 
 class WorkerRun:
