@@ -1,67 +1,105 @@
-"""Choosing the executor an orchestration's tasks run on (SPEC section 11).
+"""The executors an orchestration's tasks may run on, by id (SPEC section 11).
 
-``orchestration.executor`` names it: ``inprocess`` (the default, the
-driver's own Trio run) or ``ray`` (a Ray cluster, ``agentcompass._ray``).
-An executor's module is imported only when a config names it, so ``ray`` is
-never imported otherwise. :func:`check_executor` is the preflight check;
-:func:`open_executor` starts the executor before the orchestration
-deadline starts and stops it after the run, within the cleanup grace.
+``orchestration.executor`` names one: ``inprocess`` (the default, the
+driver's own Trio run) or ``ray`` (a Ray cluster). An executor registers an
+:class:`ExecutorKind` under its id with :func:`register_executor`, as a
+component registers its class; a built-in one's module is imported only
+when a config names its id (:data:`BUILT_IN` names it by string, as the
+component registry names the built-in components), so ``ray`` is never
+imported otherwise, and this module stays below the orchestration and the
+executors, which import it.
+
+:func:`check_executor` is the preflight check; :func:`open_executor` starts
+the executor before the orchestration deadline starts and stops it after
+the run, within the cleanup grace. What crosses between the orchestration
+and an executor is :mod:`agentcompass._orchestration.seam`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-from collections.abc import AsyncIterator
+import importlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from .runtime._errors import ConfigError
 from .runtime._values import Orchestration
 
-__all__ = ["EXECUTORS", "check_executor", "open_executor"]
+__all__ = ["BUILT_IN", "ExecutorKind", "check_executor", "executor_ids", "open_executor", "register_executor"]
 
-#: Executor ids a config may name.
-EXECUTORS = ("inprocess", "ray")
+#: Built-in executor id -> the module that registers it (None: this one).
+BUILT_IN: dict[str, str | None] = {"inprocess": None, "ray": "agentcompass._ray"}
 
-RAY_INSTALL = "pip install 'agentcompass[ray]'"
-RAY_CLIENT_INSTALL = "pip install 'ray[client]'"
+
+@attrs.frozen
+class ExecutorKind:
+    """An executor as the orchestration knows it."""
+
+    id: str
+    #: Preflight of ``orchestration.executor``: raise :class:`ConfigError`
+    #: (one line naming the key) for its config, or for what it needs and
+    #: is not installed. Imports nothing heavy (``ray`` stays unimported).
+    check: Callable[[Orchestration], None]
+    #: ``open(orchestration, config_dir)``: an async context manager that
+    #: yields the started executor (a cluster joined, its workers up) and
+    #: stops it on the way out, within the cleanup grace; it yields None
+    #: for the in-process executor, which ``launch`` builds on its grace clock.
+    open: Callable[[Orchestration, Path | None], contextlib.AbstractAsyncContextManager[Any]]
+
+
+_kinds: dict[str, ExecutorKind] = {}
+
+
+def register_executor(kind: ExecutorKind) -> ExecutorKind:
+    """Make ``kind`` available under its id (registering the same id again replaces it)."""
+    _kinds[kind.id] = kind
+    return kind
+
+
+def executor_ids() -> list[str]:
+    """Every id a config may name."""
+    return sorted(set(BUILT_IN) | set(_kinds))
+
+
+def _kind(orchestration: Orchestration) -> ExecutorKind:
+    executor_id = orchestration.executor.id
+    kind = _kinds.get(executor_id)
+    if kind is None and BUILT_IN.get(executor_id):
+        importlib.import_module(BUILT_IN[executor_id] or "")
+        kind = _kinds.get(executor_id)
+    if kind is None:
+        raise ConfigError(
+            f"orchestration.executor: unknown executor {executor_id!r} (expected one of {', '.join(executor_ids())})"
+        )
+    return kind
 
 
 def check_executor(orchestration: Orchestration) -> None:
     """Raise :class:`ConfigError` (one line) for an unknown executor id, its
-    settings, or ``ray`` when Ray is not installed."""
-    ref = orchestration.executor
-    if ref.id not in EXECUTORS:
-        raise ConfigError(
-            f"orchestration.executor: unknown executor {ref.id!r} (expected one of {', '.join(EXECUTORS)})"
-        )
-    if ref.id == "inprocess":
-        if ref.config:
-            raise ConfigError(f"orchestration.executor: inprocess takes no config (got {sorted(ref.config)[0]!r})")
-        return
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError(f"orchestration.executor: ray is not installed here; install it with {RAY_INSTALL}")
-    from ._ray._settings import RaySettings
-
-    settings = RaySettings.parse(ref.config)
-    if settings.address.startswith("ray://") and importlib.util.find_spec("grpc") is None:
-        raise ConfigError(
-            f"orchestration.executor.config.address: {settings.address} connects through Ray Client, "
-            f"which is not installed here; install it with {RAY_CLIENT_INSTALL}"
-        )
+    settings, or what it needs and is not installed (``ray``)."""
+    _kind(orchestration).check(orchestration)
 
 
 @contextlib.asynccontextmanager
 async def open_executor(orchestration: Orchestration, config_dir: Path | None) -> AsyncIterator[Any]:
-    """The executor of ``orchestration``, ready to run tasks (a Ray cluster
-    started or joined, its workers up), stopped on the way out. Yields None
-    for ``inprocess`` (``launch`` builds it on its grace clock)."""
-    ref = orchestration.executor
-    if ref.id == "inprocess":
-        yield None
-        return
-    from ._ray import open_ray_executor
-
-    async with open_ray_executor(orchestration, config_dir) as executor:
+    """The executor of ``orchestration``, ready to run tasks, stopped on the
+    way out. Yields None for ``inprocess`` (``launch`` builds it on its grace clock)."""
+    async with _kind(orchestration).open(orchestration, config_dir) as executor:
         yield executor
+
+
+def _check_in_process(orchestration: Orchestration) -> None:
+    config = orchestration.executor.config
+    if config:
+        raise ConfigError(f"orchestration.executor: inprocess takes no config (got {sorted(config)[0]!r})")
+
+
+@contextlib.asynccontextmanager
+async def _open_in_process(orchestration: Orchestration, config_dir: Path | None) -> AsyncIterator[None]:
+    yield None
+
+
+register_executor(ExecutorKind("inprocess", _check_in_process, _open_in_process))

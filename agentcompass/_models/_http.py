@@ -33,17 +33,14 @@ after ``timeout_seconds``).
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-
-# The proxy table httpx builds from the environment for a client that has no
-# transport of its own; a client given its own transport (ours, for the
-# socket options) skips it, so it is built here from the same function.
-from httpx._utils import get_environment_proxies
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -52,6 +49,7 @@ __all__ = [
     "SHARD_CONNECTIONS",
     "auth_headers",
     "endpoint_client",
+    "environment_proxies",
 ]
 
 CONNECT_TIMEOUT_SECONDS = 10.0
@@ -198,6 +196,45 @@ def trust_store() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=True)
 
 
+def environment_proxies() -> dict[str, str | None]:
+    """The proxy table httpx builds from the environment for a client with no
+    transport of its own (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, and
+    ``NO_PROXY`` as curl reads it), mount pattern -> proxy URL, ``None``
+    going direct. A client given its own transport (ours, for the socket
+    options) skips httpx's, and httpx keeps its builder private, so the same
+    rules are applied here."""
+    found = urllib.request.getproxies()
+    mounts: dict[str, str | None] = {}
+    for scheme in ("http", "https", "all"):
+        if found.get(scheme):
+            host = found[scheme]
+            mounts[f"{scheme}://"] = host if "://" in host else f"http://{host}"
+    for host in (name.strip() for name in found.get("no", "").split(",")):
+        if host == "*":
+            return {}  # NO_PROXY=* turns every proxy off
+        if not host:
+            continue
+        if "://" in host:
+            mounts[host] = None
+        elif _is_ip(host, 4):
+            mounts[f"all://{host}"] = None
+        elif _is_ip(host, 6):
+            mounts[f"all://[{host}]"] = None
+        elif host.lower() == "localhost":
+            mounts[f"all://{host}"] = None
+        else:
+            # ``example.com`` exempts it and its subdomains, ``.example.com`` only the subdomains.
+            mounts[f"all://*{host}"] = None
+    return mounts
+
+
+def _is_ip(host: str, version: int) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("/")[0]).version == version
+    except ValueError:
+        return False
+
+
 def endpoint_client(
     key: str,
     timeout: float,
@@ -219,7 +256,7 @@ def endpoint_client(
         transport = _transport(size, verify)
         mounts = {
             pattern: None if proxy is None else _transport(size, verify, proxy)
-            for pattern, proxy in get_environment_proxies().items()
+            for pattern, proxy in environment_proxies().items()
         }
     return httpx.AsyncClient(
         # The endpoint's key is part of its identity: the header belongs to its client.

@@ -15,6 +15,11 @@ happened and on the evaluation mode:
 Backoff before the n-th retry: ``base = min(max_delay, min_delay * 2**(n-1))``,
 the delay uniform in ``[base/2, base]``. It starts after the try's cleanup,
 holds no capacity permit, and is an ordinary cancellable ``trio.sleep``.
+
+A try lost with the executor's worker (SPEC 11) is a FATAL ``worker_lost``
+retry of the whole attempt from the same budget: :func:`retry_after_loss`
+is the executor's half of that rule, the ``resume`` path of
+:func:`run_attempt` the worker's.
 """
 
 from __future__ import annotations
@@ -27,13 +32,17 @@ import trio
 
 from .._redact import redact
 from ..runtime._convert import unstructure
-from ..runtime._results import AttemptRecord, Issue, RunResult, derive_status
-from ..runtime._values import ExecutionPlan, TaskSpec
+from ..runtime._executor import TaskReporter
+from ..runtime._results import AttemptRecord, Issue, Phase, RunResult, derive_status
+from ..runtime._values import ExecutionPlan, ExecutionSpec, TaskSpec
 from ._context import RequestContext
 from ._issues import classify
 from ._try import TryOutcome, retryable_issues, run_evaluation_try, run_full_try
 
-__all__ = ["backoff_delay", "retry_scope", "run_attempt"]
+__all__ = ["WORKER_LOST", "backoff_delay", "lost_try", "retry_after_loss", "retry_scope", "run_attempt"]
+
+#: The issue code of a try lost with the worker that ran it.
+WORKER_LOST = "worker_lost"
 
 _rng = random.Random()
 
@@ -93,7 +102,7 @@ async def run_attempt(
     try_number = 0
     if resume is not None:
         retries = 1
-        if any(issue.code == "worker_lost" for issue in resume.issues):
+        if any(issue.code == WORKER_LOST for issue in resume.issues):
             # A try lost with its worker (SPEC 11) continues the attempt's own
             # budget: ``resume.retries`` were used before it, it was one more.
             retries = resume.retries + 1
@@ -120,17 +129,68 @@ async def run_attempt(
         scope = retry_scope([issue for issue, _ in retried], mode)
         delay = backoff_delay(retries, execution.retry_min_delay_seconds, execution.retry_max_delay_seconds)
         delay = _honour_retry_after(delay, retried, execution.retry_max_delay_seconds)
-        await reporter.discarded_try(
-            task.task_id, index, try_number, _discarded(outcome, plan, retries, scope, retried, delay)
-        )
-        reporter.event("attempt_retry", task=task.task_id, attempt=index, retry=retries, scope=scope)
-        reporter.event("retry_wait", task=task.task_id, attempt=index, retry=retries, delay_seconds=round(delay, 3))
-        await trio.sleep(delay)
+        discarded = _discarded(outcome, plan, retries, scope, retried, delay)
+        await _wait_to_retry(reporter, task.task_id, index, try_number, discarded)
         previous = outcome
 
     record = _record(index, outcome, plan, retries)
     record = await _analyze(ctx, task, record)
     return record
+
+
+async def _wait_to_retry(
+    reporter: TaskReporter, task_id: str, index: int, try_number: int, discarded: dict[str, Any]
+) -> None:
+    """Save the failed try as discarded (durable before the retry), say so, wait the backoff."""
+    retry, scope, delay = discarded["retry_number"], discarded["scope"], discarded["delay_seconds"]
+    await reporter.discarded_try(task_id, index, try_number, discarded)
+    reporter.event("attempt_retry", task=task_id, attempt=index, retry=retry, scope=scope)
+    reporter.event("retry_wait", task=task_id, attempt=index, retry=retry, delay_seconds=round(delay, 3))
+    await trio.sleep(delay)
+
+
+def lost_try(
+    task_id: str, index: int, try_number: int, stage: Phase, worker: str, resumed: AttemptRecord | None
+) -> AttemptRecord:
+    """The FATAL ``worker_lost`` record of attempt ``index`` of ``task_id``,
+    whose try ``try_number`` was lost in ``stage`` with ``worker`` (a name).
+    Its ``retries`` are those the attempt had used before the lost try
+    (``resumed``: the record the try resumed from, a reuse run's failed
+    attempt starting with one retry used)."""
+    retries = try_number - 1
+    if resumed is not None and not any(issue.code == WORKER_LOST for issue in resumed.issues):
+        retries += 1
+    issue = Issue("fatal", stage, WORKER_LOST, f"{worker} was lost while it ran attempt {index} of task {task_id!r}")
+    return AttemptRecord(
+        attempt=index, status=derive_status([issue]), values={}, issues=[issue], plan=None, retries=retries
+    )
+
+
+async def retry_after_loss(
+    execution: ExecutionSpec, reporter: TaskReporter, task_id: str, try_number: int, lost: AttemptRecord
+) -> bool:
+    """Whether the attempt of lost try ``try_number`` (its record: :func:`lost_try`) runs again.
+    False: its retry budget is spent and ``lost`` is its record. True: the
+    lost try was saved as discarded and the backoff waited, as for any
+    retry of the whole attempt; the executor then runs the attempt again
+    with ``lost`` as its ``resume`` record (see :func:`run_attempt`)."""
+    if lost.retries >= execution.max_retries:
+        return False
+    retry = lost.retries + 1
+    delay = backoff_delay(retry, execution.retry_min_delay_seconds, execution.retry_max_delay_seconds)
+    discarded = {
+        "retry_number": retry,
+        "stage": lost.issues[0].phase,
+        "scope": "attempt",
+        "matched_pattern": None,
+        "delay_seconds": delay,
+        "issues": unstructure(lost.issues),
+        "diagnostics": [],
+        "plan": None,
+        "timings": {},
+    }
+    await _wait_to_retry(reporter, task_id, lost.attempt, try_number, discarded)
+    return True
 
 
 def _run_result_with_diagnostics(outcome: TryOutcome) -> RunResult | None:

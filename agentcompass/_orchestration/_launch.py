@@ -35,7 +35,7 @@ from ._request import RequestRun
 from ._request_state import Stage
 from ._reuse import refuse_other_experiments
 from ._scheduler import Dispatcher
-from ._task import InProcessExecutor
+from .seam import InProcessExecutor
 
 __all__ = ["launch", "orchestrate", "run_evaluation"]
 

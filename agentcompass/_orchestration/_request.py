@@ -41,7 +41,7 @@ from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._convert import unstructure
 from ..runtime._errors import ComponentError
-from ..runtime._executor import Executor, Grants
+from ..runtime._executor import Executor, Grants, TaskJob
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
 from ..runtime._values import RunRequest, TaskSpec
 from ._context import GraceClock, Slots
@@ -236,9 +236,8 @@ class RequestRun:
         try:
             try:
                 assert tasks.reporter is not None
-                record = await executor.run_task(
-                    self.request, pending.task, attempts, pending.done or {}, pending.resume or {}, grants, tasks.reporter
-                )
+                job = TaskJob(self.request, pending.task, attempts, pending.done or {}, pending.resume or {})
+                record = await executor.run_task(job, grants, tasks.reporter)
             finally:
                 tasks.attempts_done()
                 slots.release()

@@ -12,13 +12,12 @@ from __future__ import annotations
 import trio
 
 from .._observations import is_success
-from ..runtime._executor import Executor, Grants, TaskReporter
 from ..runtime._results import AttemptRecord, TaskRecord, worst_severity
-from ..runtime._values import RunRequest, TaskSpec
+from ..runtime._values import TaskSpec
 from ._attempt import run_attempt
-from ._context import GraceClock, RequestContext
+from ._context import RequestContext
 
-__all__ = ["InProcessExecutor", "run_task"]
+__all__ = ["run_task", "task_record"]
 
 
 def _settled(records: dict[int, AttemptRecord], strategy: str, primary: str) -> bool:
@@ -59,37 +58,11 @@ async def run_task(
         # follow durability); the next attempt need not wait for the disk.
         if position < len(todo) - 1 and not _settled(records, strategy, primary):
             await ctx.reporter.checkpoint(task.task_id, records[index])
+    return task_record(task, records)
+
+
+def task_record(task: TaskSpec, records: dict[int, AttemptRecord]) -> TaskRecord:
+    """The record of ``task`` with these attempts, its severity the worst of their issues."""
     ordered = [records[i] for i in sorted(records)]
     issues = [issue for record in ordered for issue in record.issues]
     return TaskRecord(task.task_id, task.category, ordered, worst_severity(issues))
-
-
-class InProcessExecutor(Executor):
-    """Runs tasks in the driver's own Trio run (the only executor for now).
-
-    Components are built once per request, from the request's refs, the
-    first time one of its tasks runs here."""
-
-    def __init__(self, grace: GraceClock):
-        self.grace = grace
-        self._contexts: dict[int, RequestContext] = {}
-
-    async def run_task(
-        self,
-        request: RunRequest,
-        task: TaskSpec,
-        attempts: list[int],
-        done: dict[int, AttemptRecord],
-        resume: dict[int, AttemptRecord],
-        grants: Grants,
-        reporter: TaskReporter,
-    ) -> TaskRecord:
-        ctx = self._contexts.get(id(request))
-        if ctx is None:
-            ctx = RequestContext.build(request, grants, reporter, self.grace)
-            self._contexts[id(request)] = ctx
-        return await run_task(ctx, task, attempts, done, resume)
-
-    def forget(self, request: RunRequest) -> None:
-        """Drop a finished request's components."""
-        self._contexts.pop(id(request), None)

@@ -1,15 +1,19 @@
 """The ``ray`` executor: an orchestration's tasks on a Ray cluster (SPEC section 11).
 
-Imported only when a config names ``orchestration.executor: {id: ray}``;
-``ray`` itself is imported only by :func:`open_ray_executor`.
+Imported only when a config names ``orchestration.executor: {id: ray}``
+(:mod:`agentcompass._executors` imports it then, and it registers itself
+there); ``ray`` itself is imported only by :func:`open_ray_executor`.
 ``_settings`` holds the config, ``_cluster`` the ``address: local``
-cluster, ``_worker`` the worker actor and ``_driver`` the executor and its
-exchange with the workers (its docstring describes the protocol).
+cluster, ``_worker`` the worker actor, ``_driver`` the executor and its
+exchange with the workers (its docstring describes the protocol) and
+``_messages`` what that exchange carries. From the orchestration it takes
+only the executor seam, :mod:`agentcompass._orchestration.seam`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import os
 import time
@@ -20,18 +24,34 @@ from typing import Any
 import trio
 
 from .. import _registry
+from .._executors import ExecutorKind, register_executor
 from ..runtime._errors import ConfigError
 from ..runtime._values import Orchestration
 from ._cluster import SINGLE_MACHINE, local_cluster
 from ._driver import RayExecutor
 from ._settings import RaySettings
 
-__all__ = ["RayExecutor", "RaySettings", "open_ray_executor"]
+__all__ = ["RayExecutor", "RaySettings", "check_ray", "open_ray_executor"]
+
+RAY_INSTALL = "pip install 'agentcompass[ray]'"
+RAY_CLIENT_INSTALL = "pip install 'ray[client]'"
 
 #: How long the workers may take to start (importing Ray and the plugins).
 WORKER_START_SECONDS = 120
 #: Connections tried through Ray Client when the cluster aborts them (see _connect).
 CLIENT_CONNECT_TRIES = 3
+
+
+def check_ray(orchestration: Orchestration) -> None:
+    """Preflight: Ray (and Ray Client for a ``ray://`` address) installed, the settings valid."""
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"orchestration.executor: ray is not installed here; install it with {RAY_INSTALL}")
+    settings = RaySettings.parse(orchestration.executor.config)
+    if settings.address.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+        raise ConfigError(
+            f"orchestration.executor.config.address: {settings.address} connects through Ray Client, "
+            f"which is not installed here; install it with {RAY_CLIENT_INSTALL}"
+        )
 
 
 @contextlib.asynccontextmanager
@@ -142,3 +162,6 @@ async def _bounded(grace: float, fn: Any, *args: Any) -> None:
     """A blocking Ray call on the way out, given at most ``grace`` seconds."""
     with trio.move_on_after(grace, shield=True):
         await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+
+
+register_executor(ExecutorKind("ray", check_ray, open_ray_executor))

@@ -36,9 +36,14 @@ within the same deadline. ``run_task`` waits for the worker's answer until
 the grace deadline. A worker whose poll fails (its process died, its node
 was lost) fails only its tasks' running attempts: each gets FATAL
 ``worker_lost`` in the stage the worker last reported for it (each poll
-carries the latest stage of the attempts that moved since the last), its permits go back, the sessions it journalled open are
-reaped, and the attempt is retried per the retry budget on another worker
-(the attempts already checkpointed are kept).
+carries the latest stage of the attempts that moved since the last), its
+permits go back, the sessions it journalled open are reaped, and the
+attempt is retried per the retry budget on another worker (the attempts
+already checkpointed are kept): the seam's ``after_loss`` applies the
+attempt scope's rule.
+
+The messages are ``_messages``' classes, the reporter's calls the seam's
+own; the pump dispatches each on its class (``RayExecutor._handlers``).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import pickle
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -55,18 +60,43 @@ import trio
 from .. import _registry
 from .._limits import provider_limits
 from .._logging import debug_enabled, get_logger
-from .._orchestration._attempt import backoff_delay
-from .._orchestration._context import GraceClock
-from ..runtime._convert import unstructure
+from .._orchestration.seam import (
+    Checkpoint,
+    GraceClock,
+    LostTry,
+    ProgressEvent,
+    Report,
+    SessionClosed,
+    SessionOpened,
+    TaskJob,
+    after_loss,
+)
 from ..runtime._executor import Executor, Grants, TaskReporter
-from ..runtime._results import AttemptRecord, Issue, Phase, TaskRecord, derive_status, worst_severity
-from ..runtime._values import RunRequest, TaskSpec
+from ..runtime._results import AttemptRecord, Phase, TaskRecord
+from ..runtime._values import RunRequest
+from ._messages import (
+    Abandon,
+    Acked,
+    AcquireCapacity,
+    CancelTask,
+    Forget,
+    Granted,
+    OpenToken,
+    Release,
+    Reported,
+    Shutdown,
+    Stages,
+    StartTask,
+    Sweep,
+    Swept,
+    TaskCancelled,
+    TaskDone,
+    TaskFailed,
+)
 
-__all__ = ["RayExecutor", "WORKER_LOST"]
+__all__ = ["RayExecutor"]
 
 log = get_logger("agentcompass.ray")
-
-WORKER_LOST = "worker_lost"
 
 #: How long one poll of a worker's outbox waits for a message.
 POLL_WAIT = 0.5
@@ -83,7 +113,7 @@ class _Link:
     pid: int
     alive: bool = True
     tasks: set[int] = attrs.Factory(set)
-    outgoing: list[tuple[Any, ...]] = attrs.Factory(list)
+    outgoing: list[Any] = attrs.Factory(list)
     wake: trio.Event = attrs.Factory(trio.Event)
     batches: Any = attrs.Factory(itertools.count)
     known: set[int] = attrs.Factory(set)
@@ -104,7 +134,8 @@ class _Remote:
     task_id: str
     link: _Link
     finished: trio.Event = attrs.Factory(trio.Event)
-    outcome: tuple[Any, ...] | None = None
+    #: How it ended: TaskDone, TaskFailed or TaskCancelled, or _LOST with its worker.
+    outcome: Any = None
     checkpoints: dict[int, AttemptRecord] = attrs.Factory(dict)
     #: attempt -> the try number of its latest ``attempt_started``
     tries: dict[int, int] = attrs.Factory(dict)
@@ -112,10 +143,14 @@ class _Remote:
     stages: dict[int, Phase] = attrs.Factory(dict)
     current: int | None = None
 
-    def end(self, *outcome: Any) -> None:
+    def end(self, outcome: Any) -> None:
         if self.outcome is None:
             self.outcome = outcome
             self.finished.set()
+
+
+#: The outcome of a task whose worker was lost.
+_LOST = "lost"
 
 
 @attrs.define(eq=False)
@@ -145,6 +180,25 @@ class RayExecutor(Executor):
         self._nursery: trio.Nursery | None = None
         self._sweeps: dict[int, tuple[int, trio.Event, list[str]]] = {}
         self._closing = False
+        self._handlers: dict[type, Callable[[_Link, Any], Awaitable[None]]] = {
+            Reported: self._on_reported,
+            Stages: self._on_stages,
+            AcquireCapacity: self._on_ask,
+            OpenToken: self._on_ask,
+            Abandon: self._on_abandon,
+            Release: self._on_release,
+            TaskDone: self._on_end,
+            TaskFailed: self._on_end,
+            TaskCancelled: self._on_end,
+            Swept: self._on_swept,
+        }
+        # The driver's bookkeeping of a report, before it reaches the request's reporter.
+        self._observers: dict[type, Callable[[_Link, int, _Request, Any], Report]] = {
+            ProgressEvent: self._saw_event,
+            SessionOpened: self._saw_opened,
+            SessionClosed: self._saw_closed,
+            Checkpoint: self._saw_checkpoint,
+        }
 
     # -- lifetime -------------------------------------------------------------------
 
@@ -168,53 +222,39 @@ class RayExecutor(Executor):
 
     # -- Executor -----------------------------------------------------------------
 
-    async def run_task(
-        self,
-        request: RunRequest,
-        task: TaskSpec,
-        attempts: list[int],
-        done: dict[int, AttemptRecord],
-        resume: dict[int, AttemptRecord],
-        grants: Grants,
-        reporter: TaskReporter,
-    ) -> TaskRecord:
+    async def run_task(self, job: TaskJob, grants: Grants, reporter: TaskReporter) -> TaskRecord:
         assert self._grace is not None, "RayExecutor.running() is not entered"
         self._grants = grants
-        request_id = self._request_ids.get(id(request))
+        request_id = self._request_ids.get(id(job.request))
         if request_id is None:
-            request_id = self._request_ids[id(request)] = next(self._request_numbers)
-            self._requests[request_id] = _Request(request, reporter)
-        done, resume, todo = dict(done), dict(resume), sorted(attempts)
+            request_id = self._request_ids[id(job.request)] = next(self._request_numbers)
+            self._requests[request_id] = _Request(job.request, reporter)
         while True:
             # No attempt starts again once the run is stopping.
             await trio.lowlevel.checkpoint_if_cancelled()
             link = await self._pick()
             if link is None:
                 raise RuntimeError("every Ray worker of the run was lost")
-            remote = self._start(link, request_id, request, task, todo, done, resume, reporter.tag)
+            remote = self._start(link, request_id, job, reporter.tag)
             try:
                 outcome = await self._outcome(remote)
             finally:
                 self._drop(remote)
-            kind = outcome[0]
-            if kind == "done":
-                return outcome[1]  # type: ignore[no-any-return]
-            if kind == "failed":
-                raise pickle.loads(outcome[1])
-            # The worker was lost: keep what it checkpointed, fail the attempt it ran.
-            done.update(remote.checkpoints)
-            todo = [i for i in todo if i not in done]
+            if isinstance(outcome, TaskDone):
+                return outcome.record
+            if isinstance(outcome, TaskFailed):
+                raise pickle.loads(outcome.error)
             index = remote.current
-            if index is None or index in done:
-                continue
-            lost = self._lost_record(request, index, remote, resume.get(index))
-            if lost.retries >= request.execution.max_retries:
-                records = {**done, index: lost}
-                ordered = [records[i] for i in sorted(records)]
-                issues = [issue for record in ordered for issue in record.issues]
-                return TaskRecord(task.task_id, task.category, ordered, worst_severity(issues))
-            resume[index] = lost
-            await self._retry_wait(request, reporter, task.task_id, index, remote.tries.get(index, 1), lost)
+            lost = LostTry(
+                index,
+                remote.tries.get(index, 1) if index is not None else 1,
+                remote.stages.get(index, "setup") if index is not None else "setup",
+                f"Ray worker {link.index} (pid {link.pid})",
+            )
+            after = await after_loss(job, reporter, remote.checkpoints, lost)
+            if isinstance(after, TaskRecord):
+                return after
+            job = after
 
     def forget(self, request: RunRequest) -> None:
         request_id = self._request_ids.pop(id(request), None)
@@ -223,7 +263,7 @@ class RayExecutor(Executor):
         for link in self.links:
             if request_id in link.known:
                 link.known.discard(request_id)
-                self._send(link, ("forget", request_id))
+                self._send(link, Forget(request_id))
 
     # -- running one task ------------------------------------------------------------
 
@@ -238,40 +278,29 @@ class RayExecutor(Executor):
                 return link
             await self._room.park()
 
-    def _start(
-        self,
-        link: _Link,
-        request_id: int,
-        request: RunRequest,
-        task: TaskSpec,
-        todo: list[int],
-        done: dict[int, AttemptRecord],
-        resume: dict[int, AttemptRecord],
-        tag: str,
-    ) -> _Remote:
+    def _start(self, link: _Link, request_id: int, job: TaskJob, tag: str) -> _Remote:
         key = next(self._keys)
-        remote = _Remote(key, request_id, task.task_id, link)
+        remote = _Remote(key, request_id, job.task.task_id, link)
         self._remotes[key] = remote
-        self._requests[request_id].tasks[task.task_id] = remote
+        self._requests[request_id].tasks[job.task.task_id] = remote
         link.tasks.add(key)
-        sent = None if request_id in link.known else request
         link.known.add(request_id)
-        self._send(link, ("start", key, request_id, sent, task, todo, done, resume, tag))
+        self._send(link, StartTask(key, request_id, tag, job))
         return remote
 
-    async def _outcome(self, remote: _Remote) -> tuple[Any, ...]:
+    async def _outcome(self, remote: _Remote) -> Any:
         try:
             await remote.finished.wait()
         except trio.Cancelled:
             assert self._grace is not None
             deadline = self._grace.deadline()
             if remote.link.alive:
-                self._send(remote.link, ("cancel", remote.key, max(0.0, deadline - trio.current_time())))
+                self._send(remote.link, CancelTask(remote.key, max(0.0, deadline - trio.current_time())))
             # The worker closes the task's sessions within the grace; an
             # attempt finished in that cleanup is a result all the same.
             with trio.move_on_at(deadline, shield=True):
                 await remote.finished.wait()
-            if remote.outcome is not None and remote.outcome[0] == "done":
+            if isinstance(remote.outcome, TaskDone):
                 return remote.outcome
             raise
         assert remote.outcome is not None
@@ -285,53 +314,9 @@ class RayExecutor(Executor):
         remote.link.tasks.discard(remote.key)
         self._room.unpark_all()
 
-    def _lost_record(
-        self, request: RunRequest, index: int, remote: _Remote, resumed: AttemptRecord | None
-    ) -> AttemptRecord:
-        """The FATAL ``worker_lost`` record of the attempt a lost worker was running,
-        in the stage the worker last reported for it. Its ``retries`` are the
-        retries the attempt had used before the lost try."""
-        try_number = remote.tries.get(index, 1)
-        retries = try_number - 1
-        if resumed is not None and not any(issue.code == WORKER_LOST for issue in resumed.issues):
-            retries += 1  # a reuse run's resumed attempt starts with one retry used
-        link = remote.link
-        issue = Issue(
-            "fatal",
-            remote.stages.get(index, "setup"),
-            WORKER_LOST,
-            f"Ray worker {link.index} (pid {link.pid}) was lost while it ran attempt {index} of task {remote.task_id!r}",
-        )
-        return AttemptRecord(
-            attempt=index, status=derive_status([issue]), values={}, issues=[issue], plan=None, retries=retries
-        )
-
-    async def _retry_wait(
-        self, request: RunRequest, reporter: TaskReporter, task_id: str, index: int, try_number: int, lost: AttemptRecord
-    ) -> None:
-        """Save the lost try as a discarded one and wait the backoff, as the attempt code does."""
-        execution = request.execution
-        retry = lost.retries + 1
-        delay = backoff_delay(retry, execution.retry_min_delay_seconds, execution.retry_max_delay_seconds)
-        data = {
-            "retry_number": retry,
-            "stage": lost.issues[0].phase,
-            "scope": "attempt",
-            "matched_pattern": None,
-            "delay_seconds": delay,
-            "issues": unstructure(lost.issues),
-            "diagnostics": [],
-            "plan": None,
-            "timings": {},
-        }
-        await reporter.discarded_try(task_id, index, try_number, data)
-        reporter.event("attempt_retry", task=task_id, attempt=index, retry=retry, scope="attempt")
-        reporter.event("retry_wait", task=task_id, attempt=index, retry=retry, delay_seconds=round(delay, 3))
-        await trio.sleep(delay)
-
     # -- the exchange --------------------------------------------------------------------
 
-    def _send(self, link: _Link, message: tuple[Any, ...]) -> None:
+    def _send(self, link: _Link, message: Any) -> None:
         link.outgoing.append(message)
         link.wake.set()
 
@@ -359,108 +344,120 @@ class RayExecutor(Executor):
                 await self._lost(link, exc)
                 return
             for message in batch:
-                await self._apply(link, message)
+                await self._handlers[type(message)](link, message)
 
-    async def _apply(self, link: _Link, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        assert self._nursery is not None
-        if kind == "event":
-            _, request_id, event, fields = message
-            request = self._requests.get(request_id)
-            if request is None:
+    async def _on_reported(self, link: _Link, message: Reported) -> None:
+        """A reporter call: the driver's bookkeeping, then the same call on the
+        request's reporter, then the answer if the worker waits for one."""
+        request = self._requests.get(message.request_id)
+        report = message.report
+        if request is not None:
+            observe = self._observers.get(type(report))
+            if observe is not None:
+                report = observe(link, message.request_id, request, report)
+            if report.durable:
+                # Its answer waits for the disk: the messages behind it do not.
+                assert self._nursery is not None
+                self._nursery.start_soon(self._report, link, request, report, message.ack)
                 return
-            if event == "attempt_started":
-                remote = request.tasks.get(fields.get("task"))
-                if remote is not None:
-                    remote.current = fields["attempt"]
-                    remote.tries[fields["attempt"]] = fields.get("attempt_try", 1)
-            request.reporter.event(event, **fields)
-        elif kind == "stages":
-            for (request_id, task_id, attempt), stage in message[1].items():
-                request = self._requests.get(request_id)
-                remote = request.tasks.get(task_id) if request is not None else None
-                if remote is not None:
-                    self._stage(link, remote, attempt, stage)
-        elif kind == "opened":
-            _, request_id, session_id, provider, handle, name, ack = message
-            session_id = f"w{link.index}.{session_id}"
-            link.sessions[session_id] = (request_id, provider, handle)
-            try:
-                await self._requests[request_id].reporter.session_opened(session_id, provider, handle, name)
-            finally:
-                self._send(link, ("ack", ack))
-        elif kind == "closed":
-            _, request_id, session_id, provider, handle = message
-            session_id = f"w{link.index}.{session_id}"
-            link.sessions.pop(session_id, None)
-            await self._requests[request_id].reporter.session_closed(session_id, provider, handle)
-        elif kind == "checkpoint":
-            _, request_id, task_id, record = message
-            request = self._requests[request_id]
-            remote = request.tasks.get(task_id)
+        await self._report(link, request, report, message.ack)
+
+    async def _report(self, link: _Link, request: _Request | None, report: Report, ack: int | None) -> None:
+        try:
+            if request is not None:
+                await report.apply(request.reporter)
+        finally:
+            if ack is not None and link.alive:
+                self._send(link, Acked(ack))
+
+    def _saw_event(self, link: _Link, request_id: int, request: _Request, report: ProgressEvent) -> Report:
+        if report.kind == "attempt_started":
+            remote = request.tasks.get(report.fields.get("task"))  # type: ignore[arg-type]
             if remote is not None:
-                remote.checkpoints[record.attempt] = record
-            await request.reporter.checkpoint(task_id, record)
-        elif kind == "discarded":
-            self._nursery.start_soon(self._discarded, link, message)
-        elif kind in ("acquire", "token"):
-            if not self._grant_now(link, kind, message[1], message[2]):
-                self._nursery.start_soon(self._grant, link, kind, message[1], message[2])
-        elif kind == "abandon":
-            grant = message[1]
-            if grant in link.granting:
-                link.granting[grant].cancel()
-            else:
-                self._give_back(link, grant)
-        elif kind == "release":
-            self._give_back(link, message[1])
-        elif kind in ("done", "failed", "cancelled"):
-            remote = self._remotes.get(message[1])
+                remote.current = report.fields["attempt"]
+                remote.tries[report.fields["attempt"]] = report.fields.get("attempt_try", 1)
+        return report
+
+    def _saw_opened(self, link: _Link, request_id: int, request: _Request, report: SessionOpened) -> Report:
+        # Session ids are unique per worker: the journal names the worker too.
+        report = attrs.evolve(report, session_id=f"w{link.index}.{report.session_id}")
+        link.sessions[report.session_id] = (request_id, report.provider, report.handle)
+        return report
+
+    def _saw_closed(self, link: _Link, request_id: int, request: _Request, report: SessionClosed) -> Report:
+        report = attrs.evolve(report, session_id=f"w{link.index}.{report.session_id}")
+        link.sessions.pop(report.session_id, None)
+        return report
+
+    def _saw_checkpoint(self, link: _Link, request_id: int, request: _Request, report: Checkpoint) -> Report:
+        remote = request.tasks.get(report.task_id)
+        if remote is not None:
+            remote.checkpoints[report.record.attempt] = report.record
+        return report
+
+    async def _on_stages(self, link: _Link, message: Stages) -> None:
+        for (request_id, task_id, attempt), stage in message.stages.items():
+            request = self._requests.get(request_id)
+            remote = request.tasks.get(task_id) if request is not None else None
             if remote is not None:
-                remote.end(*((kind,) + message[2:]))
-        elif kind == "swept":
-            entry = self._sweeps.get(message[1])
-            if entry is not None:
-                entry[2].extend(message[2])
-                entry[1].set()
+                self._stage(link, remote, attempt, stage)  # type: ignore[arg-type]
+
+    async def _on_ask(self, link: _Link, message: AcquireCapacity | OpenToken) -> None:
+        if not self._grant_now(link, message):
+            assert self._nursery is not None
+            self._nursery.start_soon(self._grant, link, message)
+
+    async def _on_abandon(self, link: _Link, message: Abandon) -> None:
+        if message.grant in link.granting:
+            link.granting[message.grant].cancel()
+        else:
+            self._give_back(link, message.grant)
+
+    async def _on_release(self, link: _Link, message: Release) -> None:
+        self._give_back(link, message.grant)
+
+    async def _on_end(self, link: _Link, message: TaskDone | TaskFailed | TaskCancelled) -> None:
+        remote = self._remotes.get(message.key)
+        if remote is not None:
+            remote.end(message)
+
+    async def _on_swept(self, link: _Link, message: Swept) -> None:
+        entry = self._sweeps.get(message.number)
+        if entry is not None:
+            entry[2].extend(message.notes)
+            entry[1].set()
 
     def _stage(self, link: _Link, remote: _Remote, attempt: int, stage: Phase) -> None:
         remote.stages[attempt] = stage
         if debug_enabled():
             log.debug("attempt_stage", worker=link.index, task_id=remote.task_id, attempt=attempt, stage=stage)
 
-    async def _discarded(self, link: _Link, message: tuple[Any, ...]) -> None:
-        _, request_id, task_id, attempt, try_number, data, ack = message
-        try:
-            await self._requests[request_id].reporter.discarded_try(task_id, attempt, try_number, data)
-        finally:
-            if link.alive:
-                self._send(link, ("ack", ack))
-
-    async def _grant(self, link: _Link, kind: str, grant: int, provider: str) -> None:
+    async def _grant(self, link: _Link, message: AcquireCapacity | OpenToken) -> None:
         grants = self._grants
         assert grants is not None
+        grant = message.grant
         holder = (link.index, grant)
         with trio.CancelScope() as scope:
             link.granting[grant] = scope
             try:
-                if kind == "acquire":
-                    await grants.acquire_capacity(provider, holder)
-                    link.held[grant] = (provider, holder)
+                if isinstance(message, AcquireCapacity):
+                    await grants.acquire_capacity(message.provider, holder)
+                    link.held[grant] = (message.provider, holder)
                 else:
-                    await grants.open_token(provider)
+                    await grants.open_token(message.provider)
             finally:
                 link.granting.pop(grant, None)
             if link.alive:
-                self._send(link, ("grant", grant))
+                self._send(link, Granted(grant))
             else:
                 self._give_back(link, grant)
 
-    def _grant_now(self, link: _Link, kind: str, grant: int, provider: str) -> bool:
+    def _grant_now(self, link: _Link, message: AcquireCapacity | OpenToken) -> bool:
         """Grant at once what is free (a permit nobody queues for, a token of
         an unlimited open rate), without a task per grant; False: wait for it."""
         registry = provider_limits()
-        if kind == "acquire":
+        grant, provider = message.grant, message.provider
+        if isinstance(message, AcquireCapacity):
             holder = (link.index, grant)
             try:
                 registry.capacity(provider).acquire_on_behalf_of_nowait(holder)
@@ -469,7 +466,7 @@ class RayExecutor(Executor):
             link.held[grant] = (provider, holder)
         elif registry.open_rate_bucket(provider) is not None:
             return False
-        self._send(link, ("grant", grant))
+        self._send(link, Granted(grant))
         return True
 
     def _give_back(self, link: _Link, grant: int) -> None:
@@ -492,7 +489,7 @@ class RayExecutor(Executor):
         for key in list(link.tasks):
             remote = self._remotes.get(key)
             if remote is not None:
-                remote.end("lost")
+                remote.end(_LOST)
         self._room.unpark_all()
         assert self._grace is not None
         with trio.move_on_at(self._grace.deadline(), shield=True):
@@ -504,7 +501,9 @@ class RayExecutor(Executor):
                     env = _registry.build("environment", provider, request.request.environment.config)
                     await env.reap(handle)
                 except Exception as reap_failure:  # noqa: BLE001 - the run's reuse or reap retries it
-                    log.warning("reap_failed", session=session_id, error=f"{type(reap_failure).__name__}: {reap_failure}")
+                    log.warning(
+                        "reap_failed", session=session_id, error=f"{type(reap_failure).__name__}: {reap_failure}"
+                    )
                     continue
                 link.sessions.pop(session_id, None)
                 await request.reporter.session_closed(session_id, provider, handle)
@@ -528,12 +527,11 @@ class RayExecutor(Executor):
                 number = len(self._sweeps) + 1
                 swept = trio.Event()
                 self._sweeps[number] = (number, swept, [])
-                self._send(link, ("shutdown", 0.0))
-                self._send(link, ("sweep", number, items))
+                self._send(link, Shutdown(0.0))
+                self._send(link, Sweep(number, items))
                 waits.append(swept)
         for swept in waits:
             await swept.wait()
         for _, _, notes in self._sweeps.values():
             for note in notes:
                 log.warning("sweep_failed", note=note)
-

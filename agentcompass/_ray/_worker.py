@@ -1,9 +1,9 @@
 """The worker side of the ``ray`` executor: one Ray actor, its own ``trio.run``.
 
 A :class:`Worker` runs in a Ray worker process. Its constructor loads the
-config's plugins and starts a thread running ``trio.run``; the actor's
-methods (Ray calls them from its own threads) talk to that Trio run only
-through two thread-safe points:
+config's plugins and starts a :class:`WorkerRun`, a thread running
+``trio.run``; the actor's methods (Ray calls them from its own threads,
+several at once) talk to that Trio run only through two thread-safe points:
 
 * :meth:`Worker.deliver` hands a numbered batch of driver messages to the
   Trio thread (``trio.from_thread.run_sync``); batches are applied in their
@@ -12,18 +12,15 @@ through two thread-safe points:
   every message queued since the last poll, or waits up to ``wait`` seconds
   for one.
 
-Tasks run with the ordinary task code (``_orchestration._task.run_task``)
-on a :class:`RequestContext` built here from the request's refs, with a
+Tasks run with the ordinary task code (the seam's ``run_job``) on a
+:class:`RequestContext` built here from the request's refs, with a
 :class:`WorkerGrants` and a :class:`WorkerReporter` that turn the
 ``Grants`` and ``TaskReporter`` calls into outbox messages (and wait for
 the driver's grant or acknowledgement where the protocol says the caller
 waits). Nothing here writes the run directory.
 
-Messages are tuples, ``(kind, ...)``. Driver to worker: ``start``,
-``grant``, ``ack``, ``cancel``, ``shutdown``, ``forget``, ``sweep``.
-Worker to driver: ``event``, ``stages``, ``opened``, ``closed``, ``checkpoint``,
-``discarded``, ``acquire``, ``token``, ``abandon``, ``release``, ``done``,
-``failed``, ``cancelled``, ``swept``.
+The messages are ``_messages``' classes; :meth:`WorkerRun.deliver`
+dispatches the driver's on their class.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,13 +41,30 @@ import trio
 
 from .. import _registry
 from .._models import open_model_clients
-from .._orchestration._context import GraceClock, RequestContext
-from .._orchestration._task import run_task
+from .._orchestration.seam import ForwardingReporter, GraceClock, Report, RequestContext, run_job
 from ..runtime._cleanup import using_cleanup_clock
-from ..runtime._results import AttemptRecord
-from ..runtime._values import RunRequest, TaskSpec
+from ..runtime._values import RunRequest
+from ._messages import (
+    Abandon,
+    Acked,
+    AcquireCapacity,
+    CancelTask,
+    Forget,
+    Granted,
+    OpenToken,
+    Release,
+    Reported,
+    Shutdown,
+    Stages,
+    StartTask,
+    Sweep,
+    Swept,
+    TaskCancelled,
+    TaskDone,
+    TaskFailed,
+)
 
-__all__ = ["Worker", "WorkerGrants", "WorkerReporter"]
+__all__ = ["Worker", "WorkerGrants", "WorkerReporter", "WorkerRun"]
 
 #: Seconds without a poll after which the driver counts as gone.
 DRIVER_SILENCE = 15.0
@@ -74,21 +89,21 @@ class WorkerGrants:
     cancelled waiter tells the driver it left (the driver then gives back
     what it granted meanwhile, or stops waiting for it)."""
 
-    def __init__(self, worker: Worker):
+    def __init__(self, worker: WorkerRun):
         self._worker = worker
         self._ids = itertools.count(1)
         self._waiting: dict[int, trio.Event] = {}
         self._held: dict[int, int] = {}
 
-    async def _ask(self, kind: str, provider: str) -> int:
+    async def _ask(self, message: type[AcquireCapacity | OpenToken], provider: str) -> int:
         grant = next(self._ids)
         granted = self._waiting[grant] = trio.Event()
-        self._worker.post((kind, grant, provider))
+        self._worker.post(message(grant, provider))
         try:
             await granted.wait()
         except BaseException:
             self._waiting.pop(grant, None)
-            self._worker.post(("abandon", grant))
+            self._worker.post(Abandon(grant))
             raise
         return grant
 
@@ -98,52 +113,45 @@ class WorkerGrants:
             event.set()
 
     async def acquire_capacity(self, provider: str, holder: object) -> None:
-        self._held[id(holder)] = await self._ask("acquire", provider)
+        self._held[id(holder)] = await self._ask(AcquireCapacity, provider)
 
     def release_capacity(self, provider: str, holder: object) -> None:
         grant = self._held.pop(id(holder), None)
         if grant is not None:
-            self._worker.post(("release", grant))
+            self._worker.post(Release(grant))
 
     async def open_token(self, provider: str) -> None:
-        await self._ask("token", provider)
+        await self._ask(OpenToken, provider)
 
 
-class WorkerReporter:
-    """``TaskReporter`` over the driver exchange, for one request."""
+class WorkerReporter(ForwardingReporter):
+    """``TaskReporter`` over the driver exchange, for one request: each call
+    goes as the seam's message in a :class:`Reported`; an answered one
+    returns once the driver applied it, as in process (a driver that exits
+    at once, on a second signal, still has the journal line)."""
 
-    def __init__(self, worker: Worker, request_id: int, tag: str):
+    def __init__(self, worker: WorkerRun, request_id: int, tag: str):
+        super().__init__(tag, lambda report: worker.post(Reported(request_id, report)), partial(worker.ask, request_id))
         self._worker = worker
         self._request_id = request_id
-        self.tag = tag
 
     def event(self, kind: str, **fields: Any) -> None:
         if kind == "attempt_started":
             # A full try starts with setup; an evaluation-only one evaluates.
             stage = "setup" if fields.get("scope") == "attempt" else "evaluate"
             self._worker.stage(self._request_id, fields["task"], fields["attempt"], stage)
-        self._worker.post(("event", self._request_id, kind, fields))
-
-    async def session_opened(self, session_id: str, provider: str, handle: dict[str, Any], name: str) -> None:
-        # Returns once the driver queued the line, as in process: a driver
-        # that exits at once (a second signal) still writes it.
-        await self._worker.ask(("opened", self._request_id, session_id, provider, handle, name))
-
-    async def session_closed(self, session_id: str, provider: str, handle: dict[str, Any]) -> None:
-        self._worker.post(("closed", self._request_id, session_id, provider, handle))
-        await trio.lowlevel.checkpoint()
-
-    async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
-        self._worker.post(("checkpoint", self._request_id, task_id, record))
-        await trio.lowlevel.checkpoint()
-
-    async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
-        # Returns once the driver made it durable, as in process.
-        await self._worker.ask(("discarded", self._request_id, task_id, attempt, try_number, data))
+        super().event(kind, **fields)
 
 
 class Worker:
-    """One worker: a Trio run in a thread of a Ray actor (see the module docstring)."""
+    """One worker, the Ray actor: loads the plugins, then hands each call to
+    the worker's Trio run (:class:`WorkerRun`).
+
+    Its methods are all sync, and must stay so: Ray makes an actor with any
+    ``async def`` method an asyncio actor, whose sync methods run one at a
+    time on its event loop; a poll waiting for messages would then hold
+    back every delivery, each grant and acknowledgement waiting out the
+    poll (``tests/ray_executor/test_ray_worker_calls.py``)."""
 
     def __init__(
         self,
@@ -162,15 +170,42 @@ class Worker:
         # component in the driver (an SDK user's own, the test fakes).
         _registry.load_plugins(list(plugins), Path(config_dir) if config_dir else None)
         _registry.import_modules(modules)
+        self._trio = WorkerRun(index, grace, connections)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def deliver(self, number: int, messages: list[Any]) -> None:
+        """Apply the driver's batch ``number`` (and any later one waiting for it)."""
+        self._trio.deliver(number, messages)
+
+    def poll(self, wait: float) -> list[Any]:
+        """Every message queued since the last poll (waits up to ``wait`` seconds for one)."""
+        return self._trio.poll(wait)
+
+
+class WorkerRun:
+    """The worker's Trio run, in a thread of the actor's process, and its outbox."""
+
+    def __init__(self, index: int, grace: float, connections: int):
         self._index = index
         self._grace_seconds = grace
         self._connections = connections
-        self._outbox: list[tuple[Any, ...]] = []
+        self._outbox: list[Any] = []
         #: (request id, task, attempt) -> the stage it entered since the last poll
         self._stages: dict[tuple[int, str, int], str] = {}
         self._changed = threading.Condition()
         self._next_batch = 0
-        self._early: dict[int, list[tuple[Any, ...]]] = {}
+        self._early: dict[int, list[Any]] = {}
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            StartTask: self._start,
+            Granted: lambda message: self.grants.granted(message.grant),
+            Acked: self._acked,
+            Shutdown: lambda message: self._shut_down(message.remaining),
+            CancelTask: self._cancel,
+            Forget: self._forget,
+            Sweep: lambda message: self._nursery.start_soon(self._sweep, message),
+        }
         self._ready = threading.Event()
         self._polled = time.monotonic()
         self._failure: BaseException | None = None
@@ -180,16 +215,13 @@ class Worker:
         if self._failure is not None:
             raise self._failure
 
-    # -- what Ray calls ----------------------------------------------------------
+    # -- what the actor calls, from Ray's threads ----------------------------------
 
-    def pid(self) -> int:
-        return os.getpid()
-
-    def deliver(self, number: int, messages: list[tuple[Any, ...]]) -> None:
+    def deliver(self, number: int, messages: list[Any]) -> None:
         """Apply the driver's batch ``number`` (and any later one waiting for it)."""
         trio.from_thread.run_sync(self._inbox.send_nowait, (number, messages), trio_token=self._token)
 
-    def poll(self, wait: float) -> list[tuple[Any, ...]]:
+    def poll(self, wait: float) -> list[Any]:
         """Every message queued since the last poll (waits up to ``wait`` seconds for one)."""
         self._polled = time.monotonic()
         with self._changed:
@@ -204,7 +236,7 @@ class Worker:
                 # The latest stage of each attempt, once per poll however
                 # many it went through: the driver needs it only if this
                 # worker is lost.
-                out.append(("stages", self._stages))
+                out.append(Stages(self._stages))
                 self._stages = {}
         return out
 
@@ -215,16 +247,16 @@ class Worker:
         with self._changed:
             self._stages[(request_id, task_id, attempt)] = stage
 
-    def post(self, message: tuple[Any, ...]) -> None:
+    def post(self, message: Any) -> None:
         with self._changed:
             self._outbox.append(message)
             self._changed.notify()
 
-    async def ask(self, message: tuple[Any, ...]) -> None:
-        """Post ``message`` with an acknowledgement number; wait for the driver's ack."""
+    async def ask(self, request_id: int, report: Report) -> None:
+        """Post ``report`` with an acknowledgement number; wait for the driver's ack."""
         number = next(self._acks)
         acked = self._waiting_acks[number] = trio.Event()
-        self.post((*message, number))
+        self.post(Reported(request_id, report, number))
         try:
             await acked.wait()
         finally:
@@ -246,7 +278,7 @@ class Worker:
         self._contexts: dict[int, RequestContext] = {}
         self._requests: dict[int, RunRequest] = {}
         self._scopes: dict[int, trio.CancelScope] = {}
-        self._inbox, inbox = trio.open_memory_channel[tuple[int, list[tuple[Any, ...]]]](math.inf)
+        self._inbox, inbox = trio.open_memory_channel[tuple[int, list[Any]]](math.inf)
         with using_cleanup_clock(self.grace):
             async with open_model_clients(self._connections, close_deadline=self.grace.deadline):
                 async with trio.open_nursery() as nursery:
@@ -270,38 +302,31 @@ class Worker:
                 for scope in self._scopes.values():
                     scope.cancel()
 
-    def _deliver(self, number: int, messages: list[tuple[Any, ...]]) -> None:
+    def _deliver(self, number: int, messages: list[Any]) -> None:
         self._early[number] = messages
         while self._next_batch in self._early:
             for message in self._early.pop(self._next_batch):
-                self._apply(message)
+                self._handlers[type(message)](message)
             self._next_batch += 1
 
-    def _apply(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "start":
-            _, key, request_id, request, task, attempts, done, resume, tag = message
-            if request is not None:
-                self._requests[request_id] = request
-            self._nursery.start_soon(self._run, key, request_id, tag, task, attempts, done, resume)
-        elif kind == "grant":
-            self.grants.granted(message[1])
-        elif kind == "ack":
-            event = self._waiting_acks.get(message[1])
-            if event is not None:
-                event.set()
-        elif kind == "shutdown":
-            self._shut_down(message[1])
-        elif kind == "cancel":
-            self._shut_down(message[2])
-            scope = self._scopes.get(message[1])
-            if scope is not None:
-                scope.cancel()
-        elif kind == "forget":
-            self._contexts.pop(message[1], None)
-            self._requests.pop(message[1], None)
-        elif kind == "sweep":
-            self._nursery.start_soon(self._sweep, message[1], message[2])
+    def _start(self, message: StartTask) -> None:
+        self._requests.setdefault(message.request_id, message.job.request)
+        self._nursery.start_soon(self._run, message)
+
+    def _acked(self, message: Acked) -> None:
+        event = self._waiting_acks.get(message.number)
+        if event is not None:
+            event.set()
+
+    def _cancel(self, message: CancelTask) -> None:
+        self._shut_down(message.remaining)
+        scope = self._scopes.get(message.key)
+        if scope is not None:
+            scope.cancel()
+
+    def _forget(self, message: Forget) -> None:
+        self._contexts.pop(message.request_id, None)
+        self._requests.pop(message.request_id, None)
 
     def _shut_down(self, remaining: float) -> None:
         """The driver's shutdown began: every cleanup here ends within ``remaining`` seconds."""
@@ -309,44 +334,37 @@ class Worker:
             self.grace.hard_deadline = min(self.grace.hard_deadline, trio.current_time() + remaining)
             self.grace.begin()
 
-    async def _run(
-        self,
-        key: int,
-        request_id: int,
-        tag: str,
-        task: TaskSpec,
-        attempts: list[int],
-        done: dict[int, AttemptRecord],
-        resume: dict[int, AttemptRecord],
-    ) -> None:
+    async def _run(self, message: StartTask) -> None:
+        key, request_id = message.key, message.request_id
         with trio.CancelScope() as scope:
             self._scopes[key] = scope
             try:
                 ctx = self._contexts.get(request_id)
                 if ctx is None:
                     request = self._requests[request_id]
-                    ctx = RequestContext.build(request, self.grants, WorkerReporter(self, request_id, tag), self.grace)
+                    reporter = WorkerReporter(self, request_id, message.tag)
+                    ctx = RequestContext.build(request, self.grants, reporter, self.grace)
                     # Session names are unique across the run's workers.
                     ctx.name_prefix = f"w{self._index}-"
                     ctx.on_stage = partial(self.stage, request_id)
                     self._contexts[request_id] = ctx
-                record = await run_task(ctx, task, attempts, done, resume)
+                record = await run_job(ctx, message.job)
             except Exception as exc:  # noqa: BLE001 - the driver's run_task raises it
-                self.post(("failed", key, portable_error(exc)))
+                self.post(TaskFailed(key, portable_error(exc)))
             else:
-                self.post(("done", key, record))
+                self.post(TaskDone(key, record))
             finally:
                 self._scopes.pop(key, None)
             return
-        self.post(("cancelled", key))
+        self.post(TaskCancelled(key))
 
-    async def _sweep(self, number: int, targets: list[tuple[str, dict[str, Any], str]]) -> None:
+    async def _sweep(self, message: Sweep) -> None:
         """Sweep each ``(provider, config, tag)`` on this node; report notes."""
         notes = []
-        for provider, config, tag in targets:
+        for provider, config, tag in message.targets:
             try:
                 env = _registry.build("environment", provider, config)
                 await env.sweep(tag)
             except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the others
                 notes.append(f"sweep of {provider} sandboxes tagged {tag} failed: {type(exc).__name__}: {exc}")
-        self.post(("swept", number, notes))
+        self.post(Swept(message.number, notes))

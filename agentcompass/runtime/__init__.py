@@ -23,6 +23,7 @@ from ._errors import IssueError as IssueError
 from ._errors import RunFailedError as RunFailedError
 from ._executor import Executor as Executor
 from ._executor import Grants as Grants
+from ._executor import TaskJob as TaskJob
 from ._executor import TaskReporter as TaskReporter
 from ._files import DEFAULT_MAX_READ_BYTES as DEFAULT_MAX_READ_BYTES
 from ._files import read_beneath as read_beneath

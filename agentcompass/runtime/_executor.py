@@ -1,9 +1,9 @@
 """Where a task runs (SPEC section 11).
 
-The scheduler hands each task to an :class:`Executor`. Running one task
-depends only on serializable inputs (the ``RunRequest``, the ``TaskSpec``,
-the attempt indices still missing, earlier attempt records to resume from)
-plus two narrow channels back to the driver:
+The scheduler hands each task to an :class:`Executor` as a :class:`TaskJob`.
+Running one task depends only on that serializable value (the
+``RunRequest``, the ``TaskSpec``, the attempt indices still missing, earlier
+attempt records to resume from) plus two narrow channels back to the driver:
 
 * :class:`Grants` -- capacity permits and open-rate tokens. Only the driver
   grants them, so limits hold across every worker.
@@ -11,19 +11,43 @@ plus two narrow channels back to the driver:
   checkpoints and discarded tries. Only the driver writes the run directory.
 
 The in-process Trio executor calls the task code directly and
-short-circuits both channels; a remote executor would carry the same calls
-as request/grant messages to a worker process running its own ``trio.run``.
+short-circuits both channels; the ``ray`` executor ships the job to a
+worker process running its own ``trio.run`` and carries the channels' calls
+back and forth as messages.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ._results import AttemptRecord, TaskRecord
-    from ._values import RunRequest, TaskSpec
+import attrs
 
-__all__ = ["Executor", "Grants", "TaskReporter"]
+from ._results import AttemptRecord, TaskRecord
+from ._values import RunRequest, TaskSpec
+
+__all__ = ["Executor", "Grants", "TaskJob", "TaskReporter"]
+
+
+@attrs.frozen
+class TaskJob:
+    """One task handed to an executor: everything running it depends on.
+
+    ``attempts`` are the attempt indices still to run; ``done`` are attempt
+    records already final (resumed from checkpoints); ``resume`` are failed
+    attempts a reuse run continues with one retry of the current budget (or
+    attempts whose try was lost with a worker, continuing their own budget).
+    All of it pickles: a remote executor ships the job to the worker that
+    runs it. The channels back to the driver (:class:`Grants`,
+    :class:`TaskReporter`) are not part of it: they are arguments of
+    :meth:`Executor.run_task`, which a remote executor stands in for on the
+    worker.
+    """
+
+    request: RunRequest
+    task: TaskSpec
+    attempts: list[int]
+    done: dict[int, AttemptRecord] = attrs.Factory(dict)
+    resume: dict[int, AttemptRecord] = attrs.Factory(dict)
 
 
 class Grants(Protocol):
@@ -67,21 +91,14 @@ class TaskReporter(Protocol):
 class Executor:
     """Runs one task (its attempts, tries, retries and cleanup) to a ``TaskRecord``.
 
-    ``attempts`` are the attempt indices still to run; ``done`` are attempt
-    records already final (resumed from checkpoints); ``resume`` are failed
-    attempts a reuse run continues with one retry of the current budget.
+    ``run_task`` runs ``job`` with the driver's ``grants`` and reports
+    through ``reporter``; it returns the task's record, raises what the task
+    code raised, and propagates cancellation once the task's sessions are
+    closed (within the cleanup grace). Executors are chosen by
+    ``orchestration.executor``'s id (SPEC section 11).
     """
 
-    async def run_task(
-        self,
-        request: RunRequest,
-        task: TaskSpec,
-        attempts: list[int],
-        done: dict[int, AttemptRecord],
-        resume: dict[int, AttemptRecord],
-        grants: Grants,
-        reporter: TaskReporter,
-    ) -> TaskRecord:
+    async def run_task(self, job: TaskJob, grants: Grants, reporter: TaskReporter) -> TaskRecord:
         raise NotImplementedError
 
     def forget(self, request: RunRequest) -> None:
