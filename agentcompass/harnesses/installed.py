@@ -62,7 +62,7 @@ from agentcompass import (
 )
 from agentcompass.gateway import open_gateway
 
-from . import _agents  # noqa: F401  (registers the built-in agents)
+from . import _agents, _agents_more  # noqa: F401  (register the built-in agents)
 from ._agent_cache import ensure_installed
 from ._agent_table import AgentRun, InstalledAgent, agent_table
 
