@@ -314,8 +314,15 @@ class QwenCode(_NodeAgent):
         return setup + "\n" + " ".join([*env, node, *qwen]) + f" > {run.logs}/qwen.jsonl < /dev/null"
 
     def outcome(self, logs: dict[str, bytes], exit_code: int) -> AgentOutcome:
-        read = ClaudeCode().outcome({"claude.jsonl": logs.get("qwen.jsonl", b"")}, exit_code)
+        data = logs.get("qwen.jsonl", b"")
+        read = ClaudeCode().outcome({"claude.jsonl": data}, exit_code)
         failure = read.failure
         if failure is not None:
-            failure = attrs.evolve(failure, message=failure.message.replace("claude-code", "qwen-code", 1))
+            # Its result line names the error where Claude Code's quotes it as the result.
+            errors = [e.get("error") for e in json_lines(data) if e.get("type") == "result"]
+            reason = clip(errors[-1].get("message")) if errors and isinstance(errors[-1], dict) else None
+            message = failure.message.replace("claude-code", "qwen-code", 1)
+            if reason:
+                message = f"qwen-code stopped: {reason[:_REASON_CHARS]}"
+            failure = attrs.evolve(failure, message=message)
         return AgentOutcome(output=read.output, trajectory=read.trajectory, failure=failure)
