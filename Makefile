@@ -33,7 +33,7 @@ demo-agent: $(STAMP)
 # mini-swe-agent and aider from PyPI (about a minute and 700 MB each), Claude Code and
 # Codex from npm (native executables, 235 and 424 MB, about 15 s each; needs npm).
 agents: $(STAMP)
-	$(BIN)/python -m agentcompass.agents install mini-swe-agent aider claude-code codex
+	$(BIN)/python -m agentcompass.agents install mini-swe-agent aider claude-code codex opencode qwen-code gemini-cli
 
 # mini-swe-agent on two terminal smoke tasks and Claude Code on a third, in sandboxes with
 # no network, reaching the scripted model server only through the attempt's model gateway

@@ -163,7 +163,7 @@ def _check_selection(request: RunRequest) -> None:
         _check_int(request.limit, "limit", minimum=0)
 
 
-_APIS = ("openai-chat", "openai-responses", "anthropic-messages", "none")
+_APIS = ("openai-chat", "openai-responses", "anthropic-messages", "google-generate-content", "none")
 
 
 def _check_model(model: ModelSpec) -> None:

@@ -103,6 +103,7 @@ def test_run_failed_error_is_a_runtime_error():
 MODEL_NAMES = {
     "ChatClient", "ChatReply", "ModelError", "ModelUsage", "ToolCall", "chat_client", "open_model_clients",
     "MessagesClient", "ModelReply", "ResponsesClient", "messages_client", "model_client", "responses_client",
+    "GeminiClient", "gemini_client",
 }  # fmt: skip
 
 

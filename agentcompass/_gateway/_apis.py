@@ -2,7 +2,8 @@
 forwards, how its conversations and replies are read, and its error body.
 
 Reading is the wire modules' (``_chat`` here, ``_models._responses_wire``,
-``_models._messages_wire``); the app never branches on the API.
+``_models._messages_wire``, ``_models._gemini_wire``); the app never
+branches on the API.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 import attrs
 
-from .._models import _messages_wire, _responses_wire
+from .._models import _gemini_wire, _messages_wire, _responses_wire
 from .._models._wire import Parsed, ReplyError, events_of
-from . import _chat
+from . import _chat, _gemini
 
 __all__ = ["API_OF", "Api"]
 
@@ -24,20 +25,29 @@ __all__ = ["API_OF", "Api"]
 class Api:
     """How the gateway serves one ``ModelSpec.api``.
 
-    ``route``: the path the agent posts to (any prefix before it);
+    ``route``: the path the agent posts to (any prefix before it), or several;
     ``forward``: prefixes of (lower-case) request header names passed upstream as sent
     (never a credential: the upstream's key is the shared client's own);
     ``conversation(body)``: the request's conversation as trajectory entries;
     ``reply(data)`` / ``stream(data)``: a complete / streamed reply, raising
-    ``ReplyError``; ``error(message, kind)``: an error body in the API's shape.
+    ``ReplyError``; ``error(message, kind)``: an error body in the API's shape;
+    ``key_header`` / ``key_query``: where else than ``Authorization`` and
+    ``x-api-key`` the agent may send its token;
+    ``upstream(client, path, query)``: the upstream URL and whether the call
+    streams, for an API whose route names the model and the streaming (by
+    default: the client's URL with the query as sent, streamed when the
+    body says ``"stream": true``).
     """
 
-    route: str
+    route: str | tuple[str, ...]
     forward: tuple[bytes, ...]
     conversation: Callable[[Any], list[dict[str, Any]]]
     reply: Callable[[bytes], Parsed]
     stream: Callable[[bytes], Parsed]
     error: Callable[[str, str], dict[str, Any]]
+    key_header: bytes | None = None
+    key_query: str | None = None
+    upstream: Callable[[Any, str, bytes], tuple[Any, bool]] | None = None
 
 
 def _openai_error(message: str, kind: str) -> dict[str, Any]:
@@ -89,5 +99,16 @@ API_OF: dict[str, Api] = {
         _json(_messages_wire.parse_message),
         _events(_messages_wire.MessagesStream),
         _anthropic_error,
+    ),
+    "google-generate-content": Api(
+        (":generateContent", ":streamGenerateContent"),
+        (),
+        _gemini_wire.conversation,
+        _json(_gemini_wire.parse_reply),
+        _events(_gemini_wire.GeminiStream),
+        _gemini.error,
+        key_header=b"x-goog-api-key",
+        key_query="key",
+        upstream=_gemini.upstream,
     ),
 }

@@ -1,8 +1,9 @@
 """The gateway's ASGI app: check the token, forward the call unchanged, record it.
 
 Routes (any prefix, so ``base_url`` may or may not end in ``/v1``): the
-model's API route (``POST .../chat/completions``, ``.../responses`` or
-``.../messages``, see ``_apis``) is forwarded to the model's endpoint with
+model's API route (``POST .../chat/completions``, ``.../responses``,
+``.../messages`` or ``.../models/NAME:generateContent`` and
+``:streamGenerateContent``, see ``_apis``) is forwarded to the model's endpoint with
 the body exactly as the agent sent it (unknown fields kept; a streamed
 request is relayed event by event as the upstream sends them), its query
 string (Claude Code's ``?beta=true``) and the API's own request headers
@@ -11,7 +12,8 @@ upstream's status, body, ``Content-Type`` and ``Retry-After`` come back
 unchanged (but for the real key, masked in an error body should the
 upstream echo its request's headers); ``GET .../models`` lists the one model; ``HEAD`` of any path
 (Claude Code's connectivity probe) is 200 with no body and is not recorded.
-The token is accepted as ``Authorization: Bearer`` or ``x-api-key``; a
+The token is accepted as ``Authorization: Bearer`` or ``x-api-key`` (for
+Gemini also ``x-goog-api-key`` or ``?key=``, which is not forwarded); a
 request without it gets 401 and is not recorded; a body over
 :data:`MAX_BODY_BYTES` gets 413. Upstream failures are classified as the
 model client classifies them (``agentcompass._models._client``; an error
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hmac
 import json
 from typing import Any
+from urllib.parse import parse_qs
 
 import trio
 
@@ -88,8 +91,11 @@ class GatewayApp:
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 return hmac.compare_digest(value[7:].strip(), self.token)
-            if name == b"x-api-key":
+            if name == b"x-api-key" or (name == self.api.key_header and self.api.key_header):
                 return hmac.compare_digest(value.strip(), self.token)
+        if self.api.key_query and scope.get("query_string"):
+            given = parse_qs(scope["query_string"].decode("latin-1")).get(self.api.key_query)
+            return given is not None and hmac.compare_digest(given[-1].encode("latin-1"), self.token)
         return False
 
     async def _forward(self, body: bytes, scope: dict[str, Any], send: Any) -> None:
@@ -113,7 +119,9 @@ class GatewayApp:
         client = self.client
         assert client.url is not None
         url = client.url
-        if scope.get("query_string"):
+        if api.upstream is not None:
+            url, streamed = api.upstream(client, scope["path"].rstrip("/"), scope.get("query_string") or b"")
+        elif scope.get("query_string"):
             url = url.copy_with(query=scope["query_string"])
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if streamed else "application/json"}
         for name, value in scope["headers"]:

@@ -3,7 +3,7 @@
 :func:`open_gateway` serves, for the body of an ``async with``, an
 OpenAI-compatible endpoint that an agent running inside the attempt's
 session uses instead of the real model, in the model's own API (chat
-completions, Responses or Messages): it checks the attempt's own token,
+completions, Responses, Messages or Gemini): it checks the attempt's own token,
 forwards each call through the orchestration's shared model client (the
 real key is that client's header and never leaves the runtime), records it
 into a :class:`GatewayRecord` and classifies its failures as the model
@@ -67,9 +67,11 @@ class Gateway:
     Bearer`` or ``x-api-key``); ``socket_path`` and ``forwarder`` are paths
     inside the session; ``record`` fills as calls go through; ``model`` is
     the name the agent should ask for (the request model's) and ``api`` its
-    API (``openai-chat``, ``openai-responses``, ``anthropic-messages``),
-    which decides the route served: ``/v1/chat/completions`` (and
-    ``/v1/models``), ``/v1/responses`` or ``/v1/messages``.
+    API (``openai-chat``, ``openai-responses``, ``anthropic-messages``,
+    ``google-generate-content``), which decides the route served:
+    ``/v1/chat/completions`` (and ``/v1/models``), ``/v1/responses``,
+    ``/v1/messages`` or ``/v1beta/models/NAME:generateContent`` (and
+    ``:streamGenerateContent``).
     """
 
     token: str
@@ -103,8 +105,9 @@ async def open_gateway(
 
     ``model``'s ``api`` decides what is served: ``openai-chat``
     ``/v1/chat/completions`` (and ``/v1/models``), ``openai-responses``
-    ``/v1/responses``, ``anthropic-messages`` ``/v1/messages`` (any prefix
-    before the route; Anthropic's SDKs append ``/v1/messages`` to their base
+    ``/v1/responses``, ``anthropic-messages`` ``/v1/messages``,
+    ``google-generate-content`` ``/v1beta/models/NAME:generateContent`` and
+    ``:streamGenerateContent`` (any prefix before the route; Anthropic's SDKs append ``/v1/messages`` to their base
     URL, so give them the URL without ``/v1``). The calls go through the
     orchestration's shared client for it
     (:func:`agentcompass.models.model_client`), so this needs a running

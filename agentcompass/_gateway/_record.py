@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import trio
 
 from .._models import ModelUsage
 from .._models._wire import Parsed
@@ -45,9 +46,14 @@ class GatewayRecord:
     _seen: dict[str, int] = attrs.Factory(dict)
     _current: str = ""
 
+    #: Set once a FATAL issue is recorded (a harness may stop its agent then).
+    failed: trio.Event = attrs.Factory(trio.Event)
+
     def add_issue(self, issue: Issue) -> None:
         if all(i.code != issue.code for i in self.issues):
             self.issues.append(issue)
+        if issue.severity == "fatal":
+            self.failed.set()
 
     @property
     def fatal(self) -> Issue | None:

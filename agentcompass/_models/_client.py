@@ -150,15 +150,19 @@ class EndpointClient:
         stream: bool,
         read: Callable[[httpx.Response], Any],
         read_stream: Callable[[httpx.Response], Awaitable[Any]],
+        url: httpx.URL | None = None,
     ) -> Any:
-        """Post ``body`` once; ``read`` a complete reply, ``read_stream`` an
-        event stream (when ``stream`` and the server streams). Every failure
-        is raised as a classified :class:`ModelError`."""
+        """Post ``body`` once (to ``url``, else the client's own); ``read`` a
+        complete reply, ``read_stream`` an event stream (when ``stream`` and
+        the server streams). Every failure is raised as a classified
+        :class:`ModelError`."""
         import httpx  # loaded by the pool already; imported here so the contracts load without it
 
         # As httpx's ``json=`` encodes it, with one encoder for every call.
         assert self.url is not None
-        request = self.http.build_request("POST", self.url, content=_JSON.encode(body).encode(), headers=_HEADERS)
+        request = self.http.build_request(
+            "POST", url or self.url, content=_JSON.encode(body).encode(), headers=_HEADERS
+        )
         try:
             response = await self.http.send(request, stream=True)
             try:

@@ -182,10 +182,13 @@ ANTHROPIC_VERSION = "2023-06-01"
 
 def auth_headers(api: str, key: str) -> dict[str, str]:
     """The headers that carry ``key`` for ``api``: ``x-api-key`` (with
-    ``anthropic-version``) for ``anthropic-messages``, else ``Authorization:
+    ``anthropic-version``) for ``anthropic-messages``, ``x-goog-api-key``
+    for ``google-generate-content``, else ``Authorization:
     Bearer``; none for an empty key (a local server)."""
     if api == "anthropic-messages":
         return {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION} if key else {"anthropic-version": ANTHROPIC_VERSION}
+    if api == "google-generate-content":
+        return {"x-goog-api-key": key} if key else {}
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

@@ -4,7 +4,7 @@
 it within the cleanup grace on the way out; every task of the orchestration
 sees it through a context variable (Trio tasks inherit the context of the
 nursery that started them, so two concurrent ``launch`` calls each see
-their own). :func:`chat_client` (and :func:`responses_client`, :func:`messages_client`,
+their own). :func:`chat_client` (and :func:`responses_client`, :func:`messages_client`, :func:`gemini_client`,
 :func:`model_client` for the other APIs) is how harnesses and harness-free
 benchmarks get a client: the first call for an endpoint creates its
 ``httpx.AsyncClient``, every later one shares it.
@@ -35,6 +35,7 @@ from .._redact import register_secret
 from ..runtime._errors import ConfigError
 from ..runtime._values import ModelSpec
 from ._client import ChatClient, EndpointClient
+from ._gemini import GeminiClient
 from ._native import MessagesClient, ResponsesClient
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
     "ModelClients",
     "chat_client",
+    "gemini_client",
     "messages_client",
     "model_client",
     "open_model_clients",
@@ -191,9 +193,16 @@ def messages_client(model: ModelSpec) -> MessagesClient:
     return client
 
 
-def model_client(model: ModelSpec) -> ChatClient | ResponsesClient | MessagesClient:
+def gemini_client(model: ModelSpec) -> GeminiClient:
+    """The :class:`GeminiClient` for a ``model`` with ``api:
+    google-generate-content``, shared as :func:`chat_client`'s is (same errors)."""
+    client: GeminiClient = _typed(model, "google-generate-content", "gemini_client")
+    return client
+
+
+def model_client(model: ModelSpec) -> ChatClient | ResponsesClient | MessagesClient | GeminiClient:
     """The client of ``model``'s own API: a :class:`ChatClient`,
-    :class:`ResponsesClient` or :class:`MessagesClient` (``api: none`` or no
+    :class:`ResponsesClient`, :class:`MessagesClient` or :class:`GeminiClient` (``api: none`` or no
     ``base_url``: :class:`ConfigError`). The model gateway forwards through it."""
     client: Any = _pool("model_client").client(model)
     return client
@@ -203,4 +212,5 @@ _CLIENTS: dict[str, type[EndpointClient]] = {
     "openai-chat": ChatClient,
     "openai-responses": ResponsesClient,
     "anthropic-messages": MessagesClient,
+    "google-generate-content": GeminiClient,
 }

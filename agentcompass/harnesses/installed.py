@@ -14,7 +14,10 @@ Per attempt:
    (:func:`agentcompass.gateway.open_gateway`, ``max_model_calls``), the
    entry's files are written into a fresh agent home, and one ``exec``
    runs the entry's command under the run budget, in the task's working
-   directory, its output kept in ``/logs/agent/agent.log``.
+   directory, its output kept in ``/logs/agent/agent.log``. Once the
+   gateway has recorded a FATAL model failure the agent gets
+   :data:`FATAL_GRACE_SECONDS` (its one retry, its logs) and is then stopped:
+   some agents' own retries cannot be turned off.
 3. The outcome, in order: the run budget expired: ERROR ``harness_timeout``;
    the gateway recorded a classified model failure: that issue (an
    upstream 5xx is FATAL ``model_server_error`` whatever the agent's exit
@@ -51,6 +54,7 @@ from agentcompass import (
     BaseHarness,
     ConfigError,
     EnvironmentSession,
+    ExecResult,
     ExecutionPlan,
     Issue,
     IssueError,
@@ -62,7 +66,7 @@ from agentcompass import (
 )
 from agentcompass.gateway import open_gateway
 
-from . import _agents  # noqa: F401  (registers the built-in agents)
+from . import _agents, _agents_more  # noqa: F401  (register the built-in agents)
 from ._agent_cache import ensure_installed
 from ._agent_table import AgentRun, InstalledAgent, agent_table
 
@@ -72,6 +76,9 @@ _LOG_BYTES = 16 * 1024 * 1024
 _OUTPUT_TAIL = 2000
 #: The exit status of the gateway's wrapper when its forwarder could not start.
 _NO_FORWARDER = 97
+#: How long an agent may go on after the gateway recorded a FATAL model failure
+#: (time for its one retry and its logs), before it is stopped.
+FATAL_GRACE_SECONDS = 10.0
 
 
 @attrs.define(eq=False)
@@ -148,8 +155,12 @@ class InstalledHarness(BaseHarness):
         start = time.monotonic()
         async with open_gateway(env, session.model, max_model_calls=self.options.max_model_calls) as gateway:
             script = gateway.command(_prologue(agent.files(run)) + agent.command(run))
-            result = await env.exec(script, timeout=budget.timeout_seconds)
             record = gateway.record
+            result = ExecResult(exit_code=-1, stderr=f"stopped {FATAL_GRACE_SECONDS:g}s after a fatal model failure")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_after_failure, record.failed, nursery.cancel_scope)
+                result = await env.exec(script, timeout=budget.timeout_seconds)
+                nursery.cancel_scope.cancel()
         took = time.monotonic() - start
         logs = await _read_logs(env, agent.log_files)
         await _save_output(env, result.stdout, result.stderr)
@@ -257,6 +268,16 @@ def _with_calls(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> lis
     for index, reply in zip(mine, replies, strict=True):
         steps[index] = {**steps[index], **{k: reply[k] for k in ("call", "status", "usage", "duration_seconds") if k in reply}}
     return steps
+
+
+async def _stop_after_failure(failed: trio.Event, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` (the agent's exec) :data:`FATAL_GRACE_SECONDS` after the
+    gateway recorded a FATAL model failure: the attempt's outcome is decided,
+    and an agent whose own retries cannot be turned off would spend minutes on
+    them before the runtime's retry starts afresh."""
+    await failed.wait()
+    await trio.sleep(FATAL_GRACE_SECONDS)
+    scope.cancel()
 
 
 def _instruction(prepared: PreparedTask) -> str:

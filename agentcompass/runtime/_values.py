@@ -88,11 +88,15 @@ class ModelSpec:
     server: vLLM, SGLang, Ollama, LiteLLM), ``"openai-responses"`` (the
     OpenAI Responses API, ``/responses``), ``"anthropic-messages"`` (the
     Anthropic Messages API, ``/messages``; ``base_url`` ends in ``/v1`` as
-    for the others) or ``"none"``.
+    for the others), ``"google-generate-content"`` (Google's Gemini API,
+    ``/models/{name}:generateContent``; ``base_url`` is its version root,
+    e.g. ``https://generativelanguage.googleapis.com/v1beta``) or ``"none"``.
     """
 
     name: str
-    api: Literal["openai-chat", "openai-responses", "anthropic-messages", "none"] = "openai-chat"
+    api: Literal["openai-chat", "openai-responses", "anthropic-messages", "google-generate-content", "none"] = (
+        "openai-chat"
+    )
     base_url: str | None = None
     api_key: Secret | None = None
     params: dict[str, Any] = attrs.Factory(dict)

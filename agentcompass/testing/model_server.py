@@ -1,8 +1,8 @@
-"""A real model server on 127.0.0.1 (chat completions, Responses, Messages), scripted per request.
+"""A real model server on 127.0.0.1 (chat completions, Responses, Messages, Gemini), scripted per request.
 
 For tests, demos and benchmarks that need a model without an API key. It is
 a plain ASGI app served by hypercorn's Trio worker (HTTP/1.1, keep-alive)
-answering three APIs by route (any prefix, any query string):
+answering four APIs by route (any prefix, any query string):
 
 - ``POST .../chat/completions``: OpenAI chat completions;
 - ``POST .../responses``: the OpenAI Responses API (``_responses_render``:
@@ -11,6 +11,11 @@ answering three APIs by route (any prefix, any query string):
 - ``POST .../messages``: the Anthropic Messages API (``_messages_render``: a
   ``message`` with ``text`` and ``tool_use`` content blocks; an error is
   Anthropic's error object, 529 ``overloaded_error``);
+- ``POST .../models/NAME:generateContent`` and ``:streamGenerateContent``:
+  Google's Gemini API (``_gemini_render``: a ``GenerateContentResponse``
+  with ``text`` and ``functionCall`` parts; the route, not the body, asks
+  for a stream, always answered as server-sent events; an error is
+  Google's error object);
 
 ``HEAD`` of any path is 200 and is neither recorded nor a step (Claude
 Code's probe); every other route is 404. Every request is recorded in
@@ -34,7 +39,9 @@ parts, ``function_call_output`` items as tool messages, and each run of
 assistant ``message``, ``reasoning`` and ``function_call`` items as *one*
 assistant turn; ``instructions`` apart, as a system message); Messages'
 ``messages`` (``tool_result`` blocks of a user message as tool messages,
-its ``text`` blocks as the user message; ``system`` apart).
+its ``text`` blocks as the user message; ``system`` apart); Gemini's
+``contents`` (``functionResponse`` parts of a user turn as tool messages, a
+``model`` turn as the assistant's; ``systemInstruction`` apart).
 
 ``ModelServer(script, fail_after=N)`` answers HTTP 500 (``fail_status``) to
 every request after N successful replies: an upstream that breaks mid-episode.
@@ -102,7 +109,8 @@ each optionally with ``"delay"`` (seconds before the reply; the file's
 
 A Responses or Messages request with ``"stream": true`` gets its API's
 events (see ``_responses_render`` and ``_messages_render``: text and tool
-arguments in pieces of ``Reply.chunk_chars``, usage in the closing events).
+arguments in pieces of ``Reply.chunk_chars``, usage in the closing events),
+as does a Gemini ``:streamGenerateContent`` request (``_gemini_render``).
 A chat request with ``"stream": true`` gets a 200 reply whose body has
 ``choices`` as server-sent events in the chat-completions chunk format:
 ``data: {chunk}`` events (the role first; the content in pieces of
@@ -130,8 +138,8 @@ import attrs
 import trio
 
 from .._asgi import lifespan, listen, serve_asgi
-from .._models import _messages_wire, _responses_wire
-from . import _messages_render, _responses_render
+from .._models import _gemini_wire, _messages_wire, _responses_wire
+from . import _gemini_render, _messages_render, _responses_render
 from ._chat_stream import sse_events
 
 __all__ = [
@@ -303,11 +311,13 @@ class _Api:
     conversation (as chat-like messages, see ``_models._wire``), and how a
     scripted chat completion, its stream and an error body are rendered."""
 
-    route: str
+    route: str | tuple[str, ...]
     conversation: Callable[[Any], list[Any]]
     body: Callable[[Any], Any]
     events: Callable[[Any, int, bool, str | None], list[bytes]]
     error: Callable[[int, str], Any]
+    #: Whether a request (its path, its JSON body) asks for a stream.
+    streams: Callable[[str, Any], bool] = lambda _path, body: isinstance(body, dict) and body.get("stream") is True
 
 
 def _openai_error(status: int, message: str) -> Any:
@@ -329,6 +339,14 @@ _APIS = (
         _messages_render.message_body,
         lambda body, size, _usage, failure: _messages_render.message_events(body, size, failure),
         _messages_render.error_body,
+    ),
+    _Api(
+        (":generateContent", ":streamGenerateContent"),
+        _gemini_wire.conversation,
+        _gemini_render.generate_body,
+        lambda body, size, _usage, failure: _gemini_render.generate_events(body, size, failure),
+        _gemini_render.error_body,
+        _gemini_render.streams,
     ),
 )
 
@@ -497,7 +515,7 @@ class ModelServer:
             return
         asked = request.json if isinstance(request.json, dict) else {}
         api = _api(request.path) or _APIS[0]
-        if asked.get("stream") is True and reply.status == 200 and not reply.echo_headers:
+        if api.streams(request.path, asked) and reply.status == 200 and not reply.echo_headers:
             options = asked.get("stream_options")
             usage = isinstance(options, dict) and options.get("include_usage") is True
             if await _stream(send, receive, reply, api, usage):
