@@ -382,6 +382,10 @@ class RequestRun:
             "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
         }
         info["prepared"] = self.prepared is not None
+        # Datasets (SPEC 12): the registry, name@version and resolved commits the tasks came from.
+        source = self.benchmark.task_source() if self.benchmark is not None and self.prepared is not None else None
+        if source:
+            info["task_source"] = source
         if self.prepared is not None:
             info["tasks"] = self.total  # selected: what an interrupted run left unfinished is counted from it
         if status != "running":

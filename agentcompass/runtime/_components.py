@@ -117,6 +117,14 @@ class BaseBenchmark(Component):
         any task runs. An exception here fails the request, not a task."""
         raise NotImplementedError
 
+    def task_source(self) -> dict[str, Any] | None:
+        """Where the tasks :meth:`load_tasks` returned came from, for the
+        record (sync): ``run_info.json`` keeps it under ``task_source``
+        (the ``terminal`` benchmark: the registry, ``name@version`` and each
+        task's resolved commit). Called after ``load_tasks``; JSON data; the
+        default is None (nothing recorded)."""
+        return None
+
     def select_tasks(self, tasks: list[TaskSpec], request: RunRequest) -> list[TaskSpec]:
         """Pick the tasks to run (sync). Default: ``request.task_ids`` (in the
         order given; unknown ids are a :class:`ComponentError`), then ``request.limit``."""
