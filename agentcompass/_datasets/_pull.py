@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
+from ..runtime import ComponentError
 from ._git import GitPath, cache_root, fetch_task, resolve_ref
 from ._known import known_benchmark
-from ..runtime import ComponentError
 from ._registry_file import (
     Dataset,
     DatasetTask,

@@ -120,9 +120,9 @@ from agentcompass import (
     RunRequest,
     RunResult,
     TaskSpec,
+    datasets,
     register,
 )
-from agentcompass import datasets
 from agentcompass.runtime import command_output
 
 from ._terminal_tasks import IMAGE_FILES, link_inside, load_task_dirs, load_tasks
