@@ -283,9 +283,10 @@ class TerminalBenchmark(BaseBenchmark):
             plan["evaluation_timeout_seconds"] = eval_timeout
         sandbox = dict(data.get("sandbox") or {})
         if not self.options.host_userland:
+            # Both when the task has both: the provider's image_source chooses (SPEC 12 "Image source").
             if data.get("image"):
                 sandbox["image"] = data["image"]
-            elif data.get("build_context"):
+            if data.get("build_context"):
                 sandbox["build_context"] = data["build_context"]
         if sandbox:
             plan["sandbox"] = sandbox

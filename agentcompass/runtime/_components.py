@@ -17,13 +17,14 @@ raise :class:`IssueError` or return issues in the result. Never swallow
 from __future__ import annotations
 
 import posixpath
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from ._convert import structure_config
 from ._errors import ComponentError
-from ._results import Evaluation, ExecResult, RunBudget, RunResult, TaskRecord
+from ._results import Evaluation, ExecResult, Issue, RunBudget, RunResult, TaskRecord
 from ._values import (
     ExecutionPlan,
     ModelSpec,
@@ -289,6 +290,15 @@ class EnvironmentSession:
     session by something its processes cannot make refer to another
     session (a pidfd, a cgroup, a container id), never a pid number.
     """
+
+    #: What opening the session produced that belongs to the attempt's
+    #: record, set by the provider in ``open`` (default: nothing): issues
+    #: (a WARNING such as ``image_built_instead``), log files (relative path
+    #: -> bytes, kept in the attempt's ``logs/``, e.g. ``build.log``) and
+    #: timings (name -> seconds, e.g. ``image_build``).
+    open_issues: Sequence[Issue] = ()
+    open_logs: Mapping[str, bytes] = MappingProxyType({})
+    open_timings: Mapping[str, float] = MappingProxyType({})
 
     @property
     def handle(self) -> dict[str, Any]:
