@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from _common import read_json
 from _docker_support import provider
+from agentcompass_docker.base import BASE_IMAGE
 
 import agentcompass
 from agentcompass import ComponentRef, ExecutionPlan, NetworkPolicy, SandboxSpec
 from agentcompass.testing import hang_guard
-from agentcompass_docker.base import BASE_IMAGE
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="docker on Linux")
 
