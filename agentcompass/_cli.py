@@ -560,7 +560,9 @@ def _print_result(result: Any) -> None:
 
 @cli.group()
 def datasets() -> None:
-    """Datasets of a registry in Harbor's registry.json format (see docs/datasets.md)."""
+    """List and fetch the datasets of a registry.
+
+    The registry is a file or URL in Harbor's registry.json format (see docs/datasets.md)."""
 
 
 @datasets.command("list")

@@ -17,6 +17,7 @@ raise :class:`IssueError` or return issues in the result. Never swallow
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping, Sequence  # at run time: get_type_hints resolves the session's open_* hints
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,8 +36,6 @@ from ._values import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-
     from ._output import OutputCallback
 
 __all__ = [
