@@ -225,7 +225,7 @@ def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="With --reuse: reuse the source run even if it is another experiment (recorded in run_info.json).",
         ),
         click.option("--timeout-seconds", type=float, help="Overall deadline of the orchestration."),
-        click.option("--task-concurrency", type=int, help="Number of tasks run at once."),
+        click.option("-n", "--task-concurrency", type=int, help="Number of tasks run at once."),
         click.option("--output-root", type=click.Path(path_type=Path), help="Where run directories go."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value."),
     ]
