@@ -1,7 +1,10 @@
 """The ``terminal`` benchmark: Harbor / Terminal-Bench task directories.
 
 Config: ``path`` (a directory of task directories; written in a config
-file, a relative path resolves against the file's directory), ``eval_mode``
+file, a relative path resolves against the file's directory; or
+``git+URL@REF#SUBDIR``, a directory of a git repository at a commit, tag or
+branch) or ``dataset`` (``NAME@VERSION`` of the registry ``registry``: see
+``docs/datasets.md`` and :mod:`agentcompass.datasets`), ``eval_mode``
 (``reuse``, ``none`` or ``fresh``; default ``reuse``) and ``host_userland``
 (false). Each task is one directory, whose name is the task id::
 
@@ -189,7 +192,10 @@ class TerminalBenchmark(BaseBenchmark):
         )
         registry: str | None = attrs.field(
             default=None,
-            metadata={"doc": "registry.json file or URL (default: $AGENTCOMPASS_REGISTRY, else Harbor's public one)"},
+            metadata={
+                "path": True,
+                "doc": "registry.json file or URL (default: $AGENTCOMPASS_REGISTRY, else Harbor's public one)",
+            },
         )
         eval_mode: Literal["reuse", "none", "fresh"] = attrs.field(
             default="reuse", metadata={"doc": "where test.sh runs: the task sandbox, a new one, or nowhere"}

@@ -251,7 +251,8 @@ def resolve_paths(config: Any, cls: Any, base_dir: Path) -> Any:
 
 def _resolve_value(value: Any, type_: Any, base_dir: Path) -> Any:
     if type_ is Path:
-        if isinstance(value, str) and value and not Path(value).is_absolute() and not value.startswith("git+"):
+        # A URL (``https://...``, ``git+file://...``) is never joined to the config's directory.
+        if isinstance(value, str) and value and not Path(value).is_absolute() and not _is_url(value):
             return os.path.abspath(base_dir / value)
         return value
     origin = typing.get_origin(type_)
@@ -265,6 +266,10 @@ def _resolve_value(value: Any, type_: Any, base_dir: Path) -> Any:
     if attrs.has(type_):
         return resolve_paths(value, type_, base_dir)
     return value
+
+
+def _is_url(value: str) -> bool:
+    return value.startswith("git+") or "://" in value
 
 
 def error_line(exc: BaseException, root: str = "$") -> str:
