@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="do
 REPO = Path(agentcompass.__file__).resolve().parents[1]
 #: A registry nothing listens on: the pull fails at once, as behind a firewall.
 UNREACHABLE = "127.0.0.1:9/nowhere/task:20251031"
-TEST_SH = 'test -f /opt/from-dockerfile && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n'
+TEST_SH = "test -f /opt/from-dockerfile && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
 _GIT = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 
@@ -73,7 +73,9 @@ def dataset(tmp_path: Path) -> dict[str, str]:
     return {"AGENTCOMPASS_REGISTRY": str(registry), "AGENTCOMPASS_DATASET_CACHE": str(tmp_path / "cache")}
 
 
-def _run(tmp_path: Path, env: dict[str, str], daemon: Any, source: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _run(
+    tmp_path: Path, env: dict[str, str], daemon: Any, source: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     config = json.dumps({"host": daemon.host, "pull": "missing", "image_source": source})
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
@@ -155,3 +157,28 @@ async def test_a_rebuilt_from_image_is_built_on_again(docker_daemon: Any, tmp_pa
         assert await open_once() == (0, "one")  # unchanged: found by its tag
         await make_base("two")
         assert await open_once() == (1, "two")
+
+
+def test_a_failed_build_keeps_its_log_without_escapes(docker_daemon: Any, tmp_path: Path) -> None:
+    task = _task(tmp_path / "tasks", f"broken-{uuid.uuid4().hex[:8]}")
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN printf '\\033[1;31mboom-in-red\\033[0m\\n' && exit 3\n"
+    )
+    config = json.dumps({"host": docker_daemon.host, "pull": "never", "image_source": "build"})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "agentcompass._cli", "run", "-p", str(tmp_path / "tasks"), "-e", "docker",
+         "--environment-config", config, "-a", "oracle", "--name", "broken", "--output-root", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=600, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    [run] = (tmp_path / "runs" / "broken").iterdir()
+    [record] = _records(run)
+    [attempt] = record["attempts"]
+    assert attempt["issues"][0]["code"] == "image_build_failed"
+    [build_log] = run.glob("tasks/*/attempt-0/logs/build.log")
+    text = build_log.read_bytes()
+    assert b"boom-in-red" in text and b"\x1b" not in text
+    diagnostics = json.dumps(attempt["run_result"]["artifacts"]["execution_diagnostics"])
+    assert "boom-in-red" in diagnostics and "\\u001b" not in diagnostics
+    assert "setup" in attempt["timings"]
