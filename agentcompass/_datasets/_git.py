@@ -4,16 +4,20 @@ content-addressed cache reused offline.
 Layout under the cache root (``~/.cache/agentcompass/datasets``, or
 ``AGENTCOMPASS_DATASET_CACHE``)::
 
-    repos/<hash of the URL>.git        a bare repository: shallow fetches of single commits
+    repos/<hash of the URL>.git        a bare partial clone: shallow fetches of single commits
     tasks/<hash of commit and path>/<task name>/   one task directory, as the commit holds it
     registries/<hash of the URL>.json  the last good copy of a registry URL
 
 A task directory's key is its commit id and its path in the repository, so
 it names content, not a location: once fetched, a task runs with no git
 call and no network, wherever its repository has moved. A fetch asks for
-the one commit at depth 1 (``git fetch --depth=1 URL COMMIT``); a server
-that refuses to serve a commit by id gets one full fetch instead. The
-directory is extracted with ``git archive COMMIT:PATH`` through tarfile's
+the one commit at depth 1 and without file contents (``git fetch
+--depth=1 --filter=blob:none origin COMMIT``, the repository a partial
+clone of the URL); extracting a task then fetches only its own files, so
+one task of a large repository costs its tree and its files, not the whole
+checkout (a server without filters sends the whole commit instead). A
+server that refuses to serve a commit by id gets one full fetch instead.
+The directory is extracted with ``git archive COMMIT:PATH`` through tarfile's
 ``data`` filter (no link or path leaves it) into a temporary directory
 renamed into place, so a killed fetch leaves nothing that looks complete.
 
@@ -127,11 +131,15 @@ def fetch_task(task: DatasetTask, root: Path | None = None) -> tuple[Path, str]:
     where = f"task {task.name!r}: {task.git_url}"
     if not _has_commit(repo, commit):
         try:
-            _git(repo, "fetch", "--quiet", "--depth=1", "--", task.git_url, commit, what=f"fetching {commit}")
+            _git(
+                repo, "fetch", "--quiet", "--depth=1", "--filter=blob:none", "origin", commit, what=f"fetching {commit}"
+            )
         except ComponentError:
             # A server that serves no commit by id (or an abbreviated id): fetch everything once.
             try:
-                _git(repo, "fetch", "--quiet", "--", task.git_url, "+refs/*:refs/fetched/*", what="fetching")
+                _git(
+                    repo, "fetch", "--quiet", "--filter=blob:none", "origin", "+refs/*:refs/fetched/*", what="fetching"
+                )
             except ComponentError as exc:
                 raise ComponentError(f"{where}: {exc}") from None
         if not _has_commit(repo, commit):
@@ -147,6 +155,13 @@ def _repository(root: Path, url: str) -> Path:
         repo.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".init-", dir=repo.parent))
         _git(None, "init", "--quiet", "--bare", str(tmp), what="creating the cache repository")
+        # A partial clone of the URL: file contents are fetched when a task is extracted.
+        for key, value in (
+            ("remote.origin.url", url),
+            ("remote.origin.promisor", "true"),
+            ("remote.origin.partialclonefilter", "blob:none"),
+        ):
+            _git(tmp, "config", key, value, what="configuring the cache repository")
         try:
             os.rename(tmp, repo)
         except OSError:  # another process made it first

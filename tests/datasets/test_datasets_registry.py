@@ -103,3 +103,20 @@ def test_an_abbreviated_commit_is_fetched_and_recorded_in_full(tmp_path: Path) -
     directory, recorded = fetch_task(DatasetTask("one", repo.as_uri(), pinned[:10], "tasks/one"), tmp_path / "c")
     assert recorded == pinned
     assert (directory / "instruction.md").read_text() == "Do one.\n"
+
+
+def test_a_task_fetch_brings_its_own_files_not_the_repositorys(tmp_path: Path) -> None:
+    from _dataset_support import git
+
+    repo = new_repo(tmp_path / "repo")
+    make_task(repo / "tasks", "small")
+    make_task(repo / "tasks", "other", env_files={"big.bin": "x" * 100_000})
+    git(repo, "config", "uploadpack.allowFilter", "true")  # as GitHub and most servers do
+    pinned = commit(repo)
+    cache = tmp_path / "c"
+    fetch_task(DatasetTask("small", repo.as_uri(), pinned, "tasks/small"), cache)
+    [mirror] = (cache / "repos").iterdir()
+    big = git(repo, "rev-parse", f"{pinned}:tasks/other/environment/big.bin").strip()
+    mine = git(repo, "rev-parse", f"{pinned}:tasks/small/instruction.md").strip()
+    missing = git(mirror, "rev-list", "--objects", "--missing=print", pinned).split()
+    assert f"?{big}" in missing and f"?{mine}" not in missing
