@@ -177,9 +177,15 @@ def _dataset(entry: Any, where: str) -> Dataset:
         if not isinstance(path, str) or ".." in path.split("/") or path.startswith(("/", "-")):
             raise ComponentError(f"{where}: task {task_name!r} path {path!r} is not a path inside its repository")
         parsed.append(DatasetTask(task_name, url, commit, path.strip("/")))
-    metadata = entry.get("metadata") if isinstance(entry.get("metadata"), dict) else {}
-    description = entry.get("description") if isinstance(entry.get("description"), str) else ""
-    return Dataset(name, version, description, tuple(parsed), dict(metadata))
+    metadata = entry.get("metadata")
+    description = entry.get("description")
+    return Dataset(
+        name,
+        version,
+        description if isinstance(description, str) else "",
+        tuple(parsed),
+        dict(metadata) if isinstance(metadata, dict) else {},
+    )
 
 
 def registry_copy(url: str, cache: Path) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _dataset_support import commit, entry, make_task, new_repo, write_registry
 
-from agentcompass import ComponentError, build_component
+from agentcompass import ComponentError, ConfigError, build_component
 from agentcompass.datasets import DatasetTask, GitPath, fetch_task, find_dataset, read_registry, split_spec
 
 
@@ -120,3 +120,55 @@ def test_a_task_fetch_brings_its_own_files_not_the_repositorys(tmp_path: Path) -
     mine = git(repo, "rev-parse", f"{pinned}:tasks/small/instruction.md").strip()
     missing = git(mirror, "rev-list", "--objects", "--missing=print", pinned).split()
     assert f"?{big}" in missing and f"?{mine}" not in missing
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            {"dataset": "terminal-bench@2.0", "agent": "oracle"},
+            {"benchmark": "terminal", "harness": "oracle", "name": "terminal-bench-2.0-oracle",
+             "benchmark_config": {"dataset": "terminal-bench@2.0"}, "harness_config": {}},
+        ),
+        (
+            {"dataset": "swe-bench-verified@1.0", "agent": "claude-code", "registry": "r.json"},
+            {"benchmark": "terminal", "harness": "installed", "name": "swe-bench-verified-1.0-claude-code",
+             "benchmark_config": {"dataset": "swe-bench-verified@1.0", "registry": "r.json"},
+             "harness_config": {"agent": "claude-code"}},
+        ),
+        (
+            {"path": "git+file:///r@main#tasks", "harness": "react"},
+            {"benchmark": "terminal", "harness": "react", "name": None,
+             "benchmark_config": {"path": "git+file:///r@main#tasks"}, "harness_config": {}},
+        ),
+    ],
+)  # fmt: skip
+def test_run_flags_as_harbor_users_write_them(flags: dict[str, str], expected: dict[str, object]) -> None:
+    from agentcompass._cli import _dataset_flags
+
+    options = {"benchmark": None, "benchmark_config": "{}", "harness": None, "harness_config": "{}", "name": None}
+    options.update({k: None for k in ("dataset", "path", "registry", "agent")})
+    options.update(flags)
+    _dataset_flags(options)
+    options["benchmark_config"] = json.loads(options["benchmark_config"])  # type: ignore[arg-type]
+    options["harness_config"] = json.loads(options["harness_config"])  # type: ignore[arg-type]
+    assert options == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"dataset": "d@1", "path": "p"}, "not both"),
+        ({"registry": "r.json"}, "--registry needs --dataset"),
+        ({}, "give --benchmark, --dataset or --path"),
+        ({"dataset": "d@1", "agent": "codex", "harness": "oracle"}, "disagree"),
+    ],
+)
+def test_run_flags_that_contradict_each_other_are_usage_errors(flags: dict[str, str], message: str) -> None:
+    from agentcompass._cli import _dataset_flags
+
+    options = {"benchmark": None, "benchmark_config": "{}", "harness": None, "harness_config": "{}", "name": None}
+    options.update({k: None for k in ("dataset", "path", "registry", "agent")})
+    options.update(flags)
+    with pytest.raises(ConfigError, match=message):
+        _dataset_flags(options)
