@@ -576,7 +576,8 @@ def datasets_list(registry: str | None) -> None:
     click.echo(f"registry: {source}")
     for entry in sorted(entries, key=lambda d: (d.name, d.version)):
         description = " ".join(entry.description.split())
-        click.echo(f"{entry.spec:<36} {len(entry.tasks):>5} tasks  {description[:80]}".rstrip())
+        tasks = f"{len(entry.tasks)} task{'s' if len(entry.tasks) != 1 else ''}"
+        click.echo(f"{entry.spec:<36} {tasks:>11}  {description[:80]}".rstrip())
 
 
 @datasets.command("pull")
@@ -588,7 +589,7 @@ def datasets_pull(spec: str, registry: str | None) -> None:
 
     pulled = pull_dataset(spec, registry)
     commits = sorted(set(pulled.commits.values()))
-    click.echo(f"{pulled.dataset.spec}: {len(pulled.directories)} tasks at {len(commits)} commit(s)")
+    click.echo(f"{pulled.dataset.spec}: {len(pulled.directories)} task(s) at {len(commits)} commit(s)")
     for directory in pulled.directories:
         click.echo(f"  {directory.name}: {directory}")
 

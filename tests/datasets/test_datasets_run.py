@@ -133,6 +133,6 @@ def test_datasets_list_and_pull(project: Project) -> None:
     assert "tb-mini@1.0" in listed.stdout and "3 tasks" in listed.stdout
     pulled = compass(work, "datasets", "pull", "tb-mini@1.0", env=project.env)
     assert pulled.returncode == 0, pulled.stderr
-    assert "3 tasks at 1 commit(s)" in pulled.stdout
+    assert "3 task(s) at 1 commit(s)" in pulled.stdout
     cache = Path(project.env["AGENTCOMPASS_DATASET_CACHE"])
     assert sorted(p.name for p in cache.glob("tasks/*/*")) == ["alpha", "beta", "swe-one"]
