@@ -136,3 +136,19 @@ def test_datasets_list_and_pull(project: Project) -> None:
     assert "3 task(s) at 1 commit(s)" in pulled.stdout
     cache = Path(project.env["AGENTCOMPASS_DATASET_CACHE"])
     assert sorted(p.name for p in cache.glob("tasks/*/*")) == ["alpha", "beta", "swe-one"]
+
+
+def test_a_config_names_the_dataset_and_its_registry_relative_to_itself(project: Project) -> None:
+    (project.root / "config.yaml").write_text(
+        "requests:\n"
+        "  - name: from-config\n"
+        "    benchmark: {id: terminal, config: {dataset: tb-mini@1.0, registry: registry.json}}\n"
+        "    harness: oracle\n"
+        "    environment: local\n"
+        "    output_root: out\n"
+    )
+    env = {**project.env, "AGENTCOMPASS_REGISTRY": str(project.root / "elsewhere.json")}  # the config's wins
+    proc = compass(project.root / "work", "launch", str(project.root / "config.yaml"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(project.root / "out", "from-config")
+    assert read_json(run_dir / "run_info.json")["task_source"]["registry"] == str(project.registry)
