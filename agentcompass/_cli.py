@@ -585,9 +585,11 @@ def datasets_list(registry: str | None) -> None:
 @click.option("--registry", metavar="FILE|URL", help="Registry (default $AGENTCOMPASS_REGISTRY or Harbor's).")
 def datasets_pull(spec: str, registry: str | None) -> None:
     """Fetch every task of a dataset at its pinned commit into the cache."""
+    import trio
+
     from .datasets import pull_dataset
 
-    pulled = pull_dataset(spec, registry)
+    pulled = trio.run(pull_dataset, spec, registry)
     commits = sorted(set(pulled.commits.values()))
     click.echo(f"{pulled.dataset.spec}: {len(pulled.directories)} task(s) at {len(commits)} commit(s)")
     for directory in pulled.directories:

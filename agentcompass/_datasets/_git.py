@@ -21,8 +21,10 @@ The directory is extracted with ``git archive COMMIT:PATH`` through tarfile's
 ``data`` filter (no link or path leaves it) into a temporary directory
 renamed into place, so a killed fetch leaves nothing that looks complete.
 
-Everything here blocks (it runs ``git`` processes): call it from a worker
-thread inside a Trio run (``trio.to_thread.run_sync``).
+The functions are Trio's: every ``git`` is a ``trio.run_process`` child,
+killed when the caller's scope is cancelled, and each is bounded by
+:data:`GIT_TIMEOUT_SECONDS`; file work runs in worker threads. Outside a
+Trio run, call them through ``trio.run``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import attrs
+import trio
 
 from ..runtime import ComponentError
 from ._registry_file import DatasetTask, check_name
@@ -93,13 +97,13 @@ class GitPath:
         return cls(url, ref, subdir)
 
 
-def resolve_ref(url: str, ref: str) -> str:
+async def resolve_ref(url: str, ref: str) -> str:
     """The commit id ``ref`` names in ``url``: a full commit id as given,
     else asked of the repository (``git ls-remote``; a tag is peeled to its
     commit). :class:`ComponentError` when it names nothing there."""
     if _FULL_COMMIT.fullmatch(ref.lower()):
         return ref.lower()
-    out = _git(None, "ls-remote", "--", url, ref, f"refs/tags/{ref}^{{}}", what=f"resolving {ref!r} in {url}")
+    out = await _git(None, "ls-remote", "--", url, ref, f"refs/tags/{ref}^{{}}", what=f"resolving {ref!r} in {url}")
     found: dict[str, str] = {}
     for line in out.splitlines():
         sha, _, name = line.partition("\t")
@@ -112,7 +116,7 @@ def resolve_ref(url: str, ref: str) -> str:
     raise ComponentError(f"{url}: no branch, tag or commit {ref!r}")
 
 
-def fetch_task(task: DatasetTask, root: Path | None = None) -> tuple[Path, str]:
+async def fetch_task(task: DatasetTask, root: Path | None = None) -> tuple[Path, str]:
     """The task directory of ``task`` in the cache (fetched on first use)
     and the commit it was taken at. The cache is read first: a task fetched
     before needs no git and no network. :class:`ComponentError` (one line)
@@ -121,118 +125,140 @@ def fetch_task(task: DatasetTask, root: Path | None = None) -> tuple[Path, str]:
     root = cache_root() if root is None else root
     commit = task.git_commit_id
     if commit == "HEAD":
-        commit = resolve_ref(task.git_url, "HEAD")
+        commit = await resolve_ref(task.git_url, "HEAD")
     commit = commit.lower()
     key = hashlib.sha256(f"{commit}\0{task.path}".encode()).hexdigest()[:32]
     final = root / "tasks" / key / task.name
-    if final.is_dir():
+    if await trio.to_thread.run_sync(final.is_dir):
         return final, commit
-    repo = _repository(root, task.git_url)
+    repo = await _repository(root, task.git_url)
     where = f"task {task.name!r}: {task.git_url}"
-    if not _has_commit(repo, commit):
+    if not await _has_commit(repo, commit):
         try:
-            _git(
+            await _git(
                 repo, "fetch", "--quiet", "--depth=1", "--filter=blob:none", "origin", commit, what=f"fetching {commit}"
             )
         except ComponentError:
             # A server that serves no commit by id (or an abbreviated id): fetch everything once.
             try:
-                _git(
-                    repo, "fetch", "--quiet", "--filter=blob:none", "origin", "+refs/*:refs/fetched/*", what="fetching"
+                await _git(
+                    repo,
+                    "fetch",
+                    "--quiet",
+                    "--filter=blob:none",
+                    "origin",
+                    "+refs/*:refs/fetched/*",
+                    what=f"fetching {commit}",
                 )
             except ComponentError as exc:
                 raise ComponentError(f"{where}: {exc}") from None
-        if not _has_commit(repo, commit):
+        if not await _has_commit(repo, commit):
             raise ComponentError(f"{where}: commit {commit} cannot be had (not in the repository)")
-    full = _git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", what="reading").strip()
-    _extract(repo, full, task.path, final, where)
+    full = (await _git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", what="reading")).strip()
+    await _extract(repo, full, task.path, final, where)
     return final, full if len(commit) < 40 else commit
 
 
-def _repository(root: Path, url: str) -> Path:
+async def _repository(root: Path, url: str) -> Path:
     repo = root / "repos" / (hashlib.sha256(url.encode()).hexdigest()[:32] + ".git")
-    if not (repo / "HEAD").is_file():
+    if await trio.to_thread.run_sync((repo / "HEAD").is_file):
+        return repo
+
+    def make_temporary() -> Path:
         repo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".init-", dir=repo.parent))
-        _git(None, "init", "--quiet", "--bare", str(tmp), what="creating the cache repository")
+        return Path(tempfile.mkdtemp(prefix=".init-", dir=repo.parent))
+
+    tmp = await trio.to_thread.run_sync(make_temporary)
+    try:
+        await _git(None, "init", "--quiet", "--bare", str(tmp), what="creating the cache repository")
         # A partial clone of the URL: file contents are fetched when a task is extracted.
         for key, value in (
             ("remote.origin.url", url),
             ("remote.origin.promisor", "true"),
             ("remote.origin.partialclonefilter", "blob:none"),
         ):
-            _git(tmp, "config", key, value, what="configuring the cache repository")
-        try:
-            os.rename(tmp, repo)
-        except OSError:  # another process made it first
-            shutil.rmtree(tmp, ignore_errors=True)
+            await _git(tmp, "config", key, value, what="configuring the cache repository")
+        await trio.to_thread.run_sync(_move_into_place, tmp, repo)
+    finally:
+        await trio.to_thread.run_sync(_rmtree, tmp)
     return repo
 
 
-def _has_commit(repo: Path, commit: str) -> bool:
-    result = subprocess.run(
-        ["git", "-C", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"],
-        env={**os.environ, **_GIT_ENV},
-        capture_output=True,
-        timeout=GIT_TIMEOUT_SECONDS,
-        check=False,
-    )
+def _move_into_place(tmp: Path, final: Path) -> None:
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.exists():  # else another process put it there first
+            raise
+
+
+def _rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def _has_commit(repo: Path, commit: str) -> bool:
+    result = await _run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"], "reading")
     return result.returncode == 0
 
 
-def _extract(repo: Path, commit: str, path: str, final: Path, where: str) -> None:
+async def _extract(repo: Path, commit: str, path: str, final: Path, where: str) -> None:
     """``path`` of ``commit`` as the directory ``final`` (atomically)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
+
+    def make_temporary() -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
+
+    tmp = await trio.to_thread.run_sync(make_temporary)
     try:
-        with tempfile.TemporaryFile(dir=tmp) as archive:
+        archive = await trio.to_thread.run_sync(lambda: open(tmp / "tree.tar", "w+b"))  # noqa: SIM115
+        try:
             treeish = f"{commit}:{path}" if path else commit
-            result = subprocess.run(
-                ["git", "-C", str(repo), "archive", "--format=tar", treeish],
-                env={**os.environ, **_GIT_ENV},
-                stdout=archive,
-                stderr=subprocess.PIPE,
-                timeout=GIT_TIMEOUT_SECONDS,
-                check=False,
+            result = await _run(
+                ["git", "-C", str(repo), "archive", "--format=tar", treeish], "archiving", stdout=archive
             )
             if result.returncode != 0:
                 raise ComponentError(f"{where}: path {path!r} is not a directory at commit {commit}")
-            archive.seek(0)
-            out = tmp / "tree"
-            out.mkdir()
-            try:
-                with tarfile.open(fileobj=archive, mode="r:") as tar:
-                    tar.extractall(out, filter="data")
-            except (tarfile.TarError, OSError) as exc:
-                raise ComponentError(f"{where}: cannot extract {path!r} at {commit}: {exc}") from None
-        try:
-            os.rename(out, final)
-        except OSError:
-            if not final.is_dir():  # else another process put it there first
-                raise
+            await trio.to_thread.run_sync(
+                _untar, archive, tmp / "tree", f"{where}: cannot extract {path!r} at {commit}"
+            )
+        finally:
+            archive.close()
+        await trio.to_thread.run_sync(_move_into_place, tmp / "tree", final)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        await trio.to_thread.run_sync(_rmtree, tmp)
 
 
-def _git(repo: Path | None, *args: str, what: str) -> str:
-    """Run ``git`` (in ``repo``); its stdout, or :class:`ComponentError` with its last error line."""
-    command = ["git", *(["-C", str(repo)] if repo is not None else []), *args]
+def _untar(archive: Any, out: Path, what: str) -> None:
+    """Blocking: the tar ``archive`` into the new directory ``out``; no member leaves it."""
+    archive.seek(0)
+    out.mkdir()
     try:
-        result = subprocess.run(
-            command,
-            env={**os.environ, **_GIT_ENV},
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=GIT_TIMEOUT_SECONDS,
-            check=False,
-        )
+        with tarfile.open(fileobj=archive, mode="r:") as tar:
+            tar.extractall(out, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise ComponentError(f"{what}: {exc}") from None
+
+
+async def _run(command: list[str], what: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    """``command`` as a Trio child (killed if the caller is cancelled), within :data:`GIT_TIMEOUT_SECONDS`."""
+    if "stdout" not in kwargs:
+        kwargs["capture_stdout"] = True
+    try:
+        with trio.fail_after(GIT_TIMEOUT_SECONDS):
+            return await trio.run_process(
+                command, env={**os.environ, **_GIT_ENV}, capture_stderr=True, check=False, **kwargs
+            )
     except FileNotFoundError:
         raise ComponentError("datasets need the git program, which is not installed") from None
-    except subprocess.TimeoutExpired:
+    except trio.TooSlowError:
         raise ComponentError(f"{what}: git took over {GIT_TIMEOUT_SECONDS:.0f}s") from None
+
+
+async def _git(repo: Path | None, *args: str, what: str) -> str:
+    """Run ``git`` (in ``repo``); its stdout, or :class:`ComponentError` with its last error line."""
+    result = await _run(["git", *(["-C", str(repo)] if repo is not None else []), *args], what)
     if result.returncode != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        lines = [line for line in result.stderr.decode(errors="replace").splitlines() if line.strip()]
         detail = lines[-1].strip()[:300] if lines else f"git exited {result.returncode}"
         raise ComponentError(f"{what}: {detail}")
-    return result.stdout
+    return result.stdout.decode(errors="replace")

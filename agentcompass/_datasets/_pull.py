@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
 from ..runtime import ComponentError
 from ._git import GitPath, cache_root, fetch_task, resolve_ref
@@ -66,28 +67,30 @@ class PulledDataset:
         }
 
 
-def pull_dataset(spec: str, registry: str | None = None, root: Path | None = None) -> PulledDataset:
+async def pull_dataset(spec: str, registry: str | None = None, root: Path | None = None) -> PulledDataset:
     """Resolve ``NAME@VERSION`` through ``registry`` (see
     :func:`~agentcompass.datasets.registry_source`) and fetch every task at
-    its pinned commit into the cache (blocking). :class:`ComponentError`
+    its pinned commit into the cache (Trio; cancellable). :class:`ComponentError`
     (one line) when the dataset or a commit cannot be had."""
     root = cache_root() if root is None else root
     source = registry_source(registry)
-    dataset = find_dataset(read_registry(source, root), spec, source)
+    datasets = await trio.to_thread.run_sync(read_registry, source, root)
+    dataset = find_dataset(datasets, spec, source)
     directories, commits = [], {}
     for task in dataset.tasks:
-        directory, commit = fetch_task(task, root)
+        directory, commit = await fetch_task(task, root)
         directories.append(directory)
         commits[task.name] = commit
     return PulledDataset(dataset, source, tuple(directories), commits)
 
 
-def pull_git_path(text: str, root: Path | None = None) -> tuple[Path, dict[str, Any]]:
-    """The directory ``git+URL@REF#SUBDIR`` names, fetched into the cache,
-    and its record for ``run_info.json`` (the ref resolved to its commit)."""
+async def pull_git_path(text: str, root: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The directory ``git+URL@REF#SUBDIR`` names, fetched into the cache
+    (Trio; cancellable), and its record for ``run_info.json`` (the ref
+    resolved to its commit)."""
     where = GitPath.parse(text)
-    commit = resolve_ref(where.url, where.ref)
-    directory, commit = fetch_task(DatasetTask("tree", where.url, commit, where.subdir), root)
+    commit = await resolve_ref(where.url, where.ref)
+    directory, commit = await fetch_task(DatasetTask("tree", where.url, commit, where.subdir), root)
     return directory, {"git_url": where.url, "ref": where.ref, "path": where.subdir, "commit": commit}
 
 

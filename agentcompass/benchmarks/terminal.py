@@ -225,7 +225,12 @@ class TerminalBenchmark(BaseBenchmark):
     def preflight(self, request: RunRequest) -> None:
         """Resolve and fetch the dataset or git path, load every task
         directory (layout, ``task.toml``, links) and check ``task_ids``."""
-        tasks = self._tasks()
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            tasks = trio.run(self._tasks)  # git runs as Trio children (see agentcompass.datasets)
+        else:
+            raise ComponentError("benchmark 'terminal': preflight blocks; call it outside the Trio run's thread")
         known = {task.task_id for task in tasks}
         where = self.options.dataset or self.options.path
         for task_id in request.task_ids or ():
@@ -236,19 +241,19 @@ class TerminalBenchmark(BaseBenchmark):
         """The registry, ``name@version`` and each task's commit, or the git path and its commit."""
         return self._source
 
-    def _tasks(self) -> list[TaskSpec]:
-        """The tasks of ``dataset`` or ``path`` (blocking: may run git)."""
+    async def _tasks(self) -> list[TaskSpec]:
+        """The tasks of ``dataset`` or ``path`` (fetched with git where they name it)."""
         options = self.options
         if options.dataset is not None:
-            pulled = datasets.pull_dataset(options.dataset, options.registry)
+            pulled = await datasets.pull_dataset(options.dataset, options.registry)
             self._source = pulled.record()
-            return load_task_dirs(pulled.directories)
+            return await trio.to_thread.run_sync(load_task_dirs, pulled.directories)
         assert options.path is not None
         if options.path.startswith("git+"):
-            directory, record = datasets.pull_git_path(options.path)
+            directory, record = await datasets.pull_git_path(options.path)
             self._source = {"path": options.path, **record}
-            return load_tasks(directory)
-        return load_tasks(options.path)
+            return await trio.to_thread.run_sync(load_tasks, directory)
+        return await trio.to_thread.run_sync(load_tasks, options.path)
 
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         """Every task directory under ``path``, sorted by id. A directory
@@ -258,7 +263,7 @@ class TerminalBenchmark(BaseBenchmark):
         link). ``task.toml`` keys the benchmark does not use are listed once,
         in one WARNING log line."""
         try:
-            tasks = await trio.to_thread.run_sync(self._tasks)
+            tasks = await self._tasks()
         except ComponentError as exc:
             raise ComponentError(f"benchmark 'terminal': {exc}") from None
         unknown: dict[str, list[str]] = {}

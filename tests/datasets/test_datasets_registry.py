@@ -96,16 +96,16 @@ def test_a_registry_url_is_read_and_its_copy_serves_when_it_is_gone(served: tupl
         read_registry(url, tmp_path / "empty-cache")
 
 
-def test_an_abbreviated_commit_is_fetched_and_recorded_in_full(tmp_path: Path) -> None:
+async def test_an_abbreviated_commit_is_fetched_and_recorded_in_full(tmp_path: Path) -> None:
     repo = new_repo(tmp_path / "repo")
     make_task(repo / "tasks", "one")
     pinned = commit(repo)
-    directory, recorded = fetch_task(DatasetTask("one", repo.as_uri(), pinned[:10], "tasks/one"), tmp_path / "c")
+    directory, recorded = await fetch_task(DatasetTask("one", repo.as_uri(), pinned[:10], "tasks/one"), tmp_path / "c")
     assert recorded == pinned
     assert (directory / "instruction.md").read_text() == "Do one.\n"
 
 
-def test_a_task_fetch_brings_its_own_files_not_the_repositorys(tmp_path: Path) -> None:
+async def test_a_task_fetch_brings_its_own_files_not_the_repositorys(tmp_path: Path) -> None:
     from _dataset_support import git
 
     repo = new_repo(tmp_path / "repo")
@@ -114,7 +114,7 @@ def test_a_task_fetch_brings_its_own_files_not_the_repositorys(tmp_path: Path) -
     git(repo, "config", "uploadpack.allowFilter", "true")  # as GitHub and most servers do
     pinned = commit(repo)
     cache = tmp_path / "c"
-    fetch_task(DatasetTask("small", repo.as_uri(), pinned, "tasks/small"), cache)
+    await fetch_task(DatasetTask("small", repo.as_uri(), pinned, "tasks/small"), cache)
     [mirror] = (cache / "repos").iterdir()
     big = git(repo, "rev-parse", f"{pinned}:tasks/other/environment/big.bin").strip()
     mine = git(repo, "rev-parse", f"{pinned}:tasks/small/instruction.md").strip()
