@@ -172,3 +172,29 @@ def test_run_flags_that_contradict_each_other_are_usage_errors(flags: dict[str, 
     options.update(flags)
     with pytest.raises(ConfigError, match=message):
         _dataset_flags(options)
+
+
+async def test_a_trio_application_launches_a_dataset(tmp_path: Path) -> None:
+    import agentcompass
+    from agentcompass import ComponentRef, Orchestration, RunRequest
+
+    repo = new_repo(tmp_path / "repo")
+    make_task(repo / "tasks", "one")
+    pinned = commit(repo)
+    registry = write_registry(tmp_path / "registry.json", [entry("d", "1.0", repo, pinned, ["one"])])
+    request = RunRequest(
+        name="sdk",
+        benchmark=ComponentRef("terminal", {"dataset": "d@1.0", "registry": str(registry)}),
+        harness=ComponentRef("oracle"),
+        environment=ComponentRef("local"),
+        output_root=tmp_path / "runs",
+    )
+    env = {"AGENTCOMPASS_DATASET_CACHE": str(tmp_path / "cache")}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        result = await agentcompass.launch(Orchestration([request]))
+    assert result.status == "succeeded"
+    [run] = result.requests
+    info = json.loads((Path(run.run_dir) / "run_info.json").read_text())
+    assert info["task_source"]["tasks"]["one"]["commit"] == pinned
