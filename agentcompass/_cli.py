@@ -225,7 +225,7 @@ def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="With --reuse: reuse the source run even if it is another experiment (recorded in run_info.json).",
         ),
         click.option("--timeout-seconds", type=float, help="Overall deadline of the orchestration."),
-        click.option("--task-concurrency", type=int, help="Number of tasks run at once."),
+        click.option("-n", "--task-concurrency", type=int, help="Number of tasks run at once."),
         click.option("--output-root", type=click.Path(path_type=Path), help="Where run directories go."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config value."),
     ]
@@ -279,17 +279,21 @@ def launch(ctx: click.Context, config: Path, overrides: Sequence[str], **flags: 
 
 
 @cli.command()
-@click.option("--benchmark", required=True, help="Benchmark id.")
+@click.option("--benchmark", help="Benchmark id ('terminal' with --dataset or --path).")
 @click.option("--benchmark-config", default="{}", metavar="JSON", help="Benchmark config as a JSON object.")
-@click.option("--environment", required=True, help="Environment id.")
+@click.option("-d", "--dataset", metavar="NAME@VERSION", help="Run this dataset of the registry (terminal).")
+@click.option("-p", "--path", metavar="PATH", help="Run the task directories here, or at git+URL@REF#SUBDIR (terminal).")
+@click.option("--registry", metavar="FILE|URL", help="Registry of --dataset (default $AGENTCOMPASS_REGISTRY or Harbor's).")
+@click.option("-e", "--environment", default="docker", show_default=True, help="Environment id.")
 @click.option("--environment-config", default="{}", metavar="JSON", help="Environment config as a JSON object.")
-@click.option("--harness", default="none", show_default=True, help="Harness id ('none' for a harness-free benchmark).")
+@click.option("--harness", help="Harness id ('none' for a harness-free benchmark; default none, or from --agent).")
 @click.option("--harness-config", default="{}", metavar="JSON", help="Harness config as a JSON object.")
-@click.option("--model", help="Model name.")
+@click.option("-a", "--agent", help="Agent: 'oracle', or an installed agent id (harness 'installed').")
+@click.option("-m", "--model", help="Model name.")
 @click.option("--base-url", help="Model endpoint (OpenAI-compatible).")
 @click.option("--api-key-env", metavar="VAR", help="Environment variable holding the model API key.")
 @click.option("--name", help="Request name (default: <benchmark>-<harness>).")
-@click.option("--k", type=int, help="Attempts per task.")
+@click.option("-k", "--k", "--n-attempts", "k", type=int, help="Attempts per task.")
 @click.option("--max-retries", type=int, help="Extra tries per attempt.")
 @click.option("--task-id", "task_ids", multiple=True, help="Run only this task (repeatable).")
 @click.option("--limit", type=int, help="Run at most this many tasks.")
@@ -304,11 +308,50 @@ def run(ctx: click.Context, overrides: Sequence[str], **options: Any) -> None:
     flags = {
         k: options.pop(k) for k in ("reuse", "reuse_anyway", "timeout_seconds", "task_concurrency", "output_root")
     }
+    _dataset_flags(options)
     data = {"plugins": list(options.pop("plugins")), "requests": [_request_from_flags(**options)]}
     orchestration = _apply_cli(build_orchestration(data, overrides, base_dir=Path.cwd()), **flags)
     preflight(orchestration, Path.cwd())
     _refuse_live_reuse(orchestration)
     ctx.exit(_execute(orchestration, Path.cwd(), _resume_args(ctx)))
+
+
+def _dataset_flags(options: dict[str, Any]) -> None:
+    """``--dataset``, ``--path``, ``--registry`` and ``--agent`` as Harbor
+    users write them: the ``terminal`` benchmark's config and the harness."""
+    from .runtime._errors import ConfigError
+
+    dataset, path, registry, agent = (options.pop(k) for k in ("dataset", "path", "registry", "agent"))
+    if dataset and path:
+        raise ConfigError("give --dataset or --path, not both")
+    if dataset:
+        from .datasets import split_spec
+
+        split_spec(dataset)  # a name that is no path component, before it names the request
+    if dataset or path:
+        options["benchmark"] = options["benchmark"] or "terminal"
+        config = _json_object(options["benchmark_config"], "--benchmark-config")
+        config.update({"dataset": dataset} if dataset else {"path": path})
+        if registry:
+            config["registry"] = registry
+        options["benchmark_config"] = json.dumps(config)
+    elif registry:
+        raise ConfigError("--registry needs --dataset")
+    if options["benchmark"] is None:
+        raise ConfigError("give --benchmark, --dataset or --path")
+    if agent:
+        if options["harness"] not in (None, "installed" if agent != "oracle" else "oracle"):
+            raise ConfigError(f"--agent {agent} and --harness {options['harness']} disagree")
+        if agent == "oracle":
+            options["harness"] = "oracle"
+        else:
+            options["harness"] = "installed"
+            config = _json_object(options["harness_config"], "--harness-config")
+            options["harness_config"] = json.dumps({**config, "agent": agent})
+    options["harness"] = options["harness"] or "none"
+    if options["name"] is None and dataset:
+        label = agent or options["harness"]
+        options["name"] = dataset.replace("@", "-") + ("" if label == "none" else f"-{label}")
 
 
 def _request_from_flags(
@@ -510,6 +553,47 @@ def _print_result(result: Any) -> None:
         click.echo(render_request_report(request.name, request.status, request.run_dir, request.metrics, tty))
         click.echo("")
     click.echo(f"{result.status} (exit {result.exit_code})")
+
+
+# ---------------------------------------------------------------- datasets
+
+
+@cli.group()
+def datasets() -> None:
+    """List and fetch the datasets of a registry.
+
+    The registry is a file or URL in Harbor's registry.json format (see docs/datasets.md)."""
+
+
+@datasets.command("list")
+@click.option("--registry", metavar="FILE|URL", help="Registry (default $AGENTCOMPASS_REGISTRY or Harbor's).")
+def datasets_list(registry: str | None) -> None:
+    """List the registry's datasets: NAME@VERSION, tasks, description."""
+    from .datasets import cache_root, read_registry, registry_source
+
+    source = registry_source(registry)
+    entries = read_registry(source, cache_root())
+    click.echo(f"registry: {source}")
+    for entry in sorted(entries, key=lambda d: (d.name, d.version)):
+        description = " ".join(entry.description.split())
+        tasks = f"{len(entry.tasks)} task{'s' if len(entry.tasks) != 1 else ''}"
+        click.echo(f"{entry.spec:<36} {tasks:>11}  {description[:80]}".rstrip())
+
+
+@datasets.command("pull")
+@click.argument("spec", metavar="NAME@VERSION")
+@click.option("--registry", metavar="FILE|URL", help="Registry (default $AGENTCOMPASS_REGISTRY or Harbor's).")
+def datasets_pull(spec: str, registry: str | None) -> None:
+    """Fetch every task of a dataset at its pinned commit into the cache."""
+    import trio
+
+    from .datasets import pull_dataset
+
+    pulled = trio.run(pull_dataset, spec, registry)
+    commits = sorted(set(pulled.commits.values()))
+    click.echo(f"{pulled.dataset.spec}: {len(pulled.directories)} task(s) at {len(commits)} commit(s)")
+    for directory in pulled.directories:
+        click.echo(f"  {directory.name}: {directory}")
 
 
 # ---------------------------------------------------------------- show / reap

@@ -110,7 +110,9 @@ def _keys(
             rows.append((f"{prefix}{field.name}", f"dict[str, {args[1].__name__}]", _default(field), doc))
             rows += _keys(args[1], f"{prefix}{field.name}.<id>.")
         else:
-            rows.append((f"{prefix}{field.name}", _type_name(type_), _default(field), doc))
+            # A str field marked as a path (it may also hold a git+URL) reads as one.
+            name = _type_name(type_).replace("str", "path", 1) if field.metadata.get("path") else _type_name(type_)
+            rows.append((f"{prefix}{field.name}", name, _default(field), doc))
     return rows
 
 

@@ -4,7 +4,10 @@ On a TTY a live ``rich`` table (one row per request: tasks done / total,
 active (``act``), retries, errors (``err``: tasks with an ERROR left),
 invalidated (``invalid``: tasks with a FATAL left), rate, ETA), redrawn a
 few times a second. Rate and ETA count
-only the tasks run in this process, not results a ``--reuse`` copied. Anywhere
+only the tasks run in this process, not results a ``--reuse`` copied. The
+ETA comes from the tasks themselves (:func:`eta_seconds`): what the finished
+ones took, else each task's own timeouts, and how long each running one has
+run; never a fixed figure. Anywhere
 else, one plain line per request every ``interval`` seconds on stderr, so
 logs and CI output stay readable and stdout keeps only the results.
 
@@ -21,7 +24,64 @@ from typing import Any, TextIO
 
 import trio
 
-__all__ = ["ProgressDisplay", "progress_line"]
+__all__ = ["ProgressDisplay", "eta_seconds", "progress_line", "task_budget"]
+
+
+def task_budget(request: Any, task: Any) -> float | None:
+    """The most a task may take by its own timeouts: ``k`` times its run and
+    evaluation timeouts (the request's, else the task's ``agent_timeout_sec``
+    / ``verifier_timeout_sec`` metadata, as ``terminal`` loads them); None
+    when neither is known."""
+    execution = request.execution
+    metadata = task.metadata or {}
+    parts = [
+        execution.run_timeout_seconds or metadata.get("agent_timeout_sec"),
+        execution.evaluation_timeout_seconds or metadata.get("verifier_timeout_sec"),
+    ]
+    known = [float(p) for p in parts if isinstance(p, int | float) and not isinstance(p, bool) and p > 0]
+    return sum(known) * execution.attempts.k if known else None
+
+
+def eta_seconds(
+    now: float,
+    running: dict[str, tuple[float, float | None]],
+    pending: Sequence[float | None],
+    durations: Sequence[float],
+    width: int,
+) -> float | None:
+    """Seconds until a request's tasks are done, or None when nothing says.
+
+    A task is expected to take the mean of the finished ones' durations, or
+    before any finished, its own budget (:func:`task_budget`). A running
+    task has what it is expected to take left, less what it has run; one
+    that ran past that has half of what its budget still allows (its own
+    timeouts end it). The work left is spread over ``width`` slots (the
+    tasks running now), and is at least the longest running task's rest.
+    """
+    mean = sum(durations) / len(durations) if durations else None
+    rests = []
+    for start, budget in running.values():
+        ran = max(0.0, now - start)
+        expected = mean if mean is not None else budget
+        if expected is None:
+            return None
+        if ran < expected:
+            rests.append(expected - ran)
+        else:
+            rests.append((budget - ran) / 2 if budget is not None and budget > ran else 0.0)
+    queued = 0.0
+    for budget in pending:
+        expected = mean if mean is not None else budget
+        if expected is None:
+            return None
+        queued += expected
+    return max(max(rests, default=0.0), (sum(rests) + queued) / max(width, 1))
+
+
+def _format(remaining: float) -> str:
+    if remaining >= 3600:
+        return f"{remaining / 3600:.1f}h"
+    return f"{remaining / 60:.0f}m" if remaining >= 120 else f"{remaining:.0f}s"
 
 
 def _eta(ran: int, left: int, elapsed: float) -> str:
@@ -29,10 +89,18 @@ def _eta(ran: int, left: int, elapsed: float) -> str:
         return "0s"
     if ran == 0 or elapsed <= 0:
         return "?"
-    remaining = left * elapsed / ran
-    if remaining >= 3600:
-        return f"{remaining / 3600:.1f}h"
-    return f"{remaining / 60:.0f}m" if remaining >= 120 else f"{remaining:.0f}s"
+    return _format(left * elapsed / ran)
+
+
+def _task_eta(run: Any, now: float) -> str | None:
+    """The ETA from the tasks' own durations and timeouts (:func:`eta_seconds`), when known."""
+    tasks = run.tasks
+    running = getattr(tasks, "running", None)
+    if running is None or (not running and not tasks.pending):
+        return None
+    pending = [task_budget(run.request, p.task) for p in tasks.pending]
+    seconds = eta_seconds(now, running, pending, tasks.durations, tasks.active)
+    return None if seconds is None else _format(seconds)
 
 
 def _fields(run: Any, now: float) -> dict[str, Any]:
@@ -51,7 +119,7 @@ def _fields(run: Any, now: float) -> dict[str, Any]:
         "errors": tally.counts["error"],
         "invalidated": tally.counts["fatal"],
         "rate": ran / elapsed if elapsed > 0 else 0.0,
-        "eta": _eta(ran, run.total - done, elapsed),
+        "eta": (run.total > done and _task_eta(run, now)) or _eta(ran, run.total - done, elapsed),
         "status": tally.status or ("running" if run.life.ready else "waiting"),
     }
 

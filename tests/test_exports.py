@@ -13,6 +13,7 @@ import attrs
 
 import agentcompass
 import agentcompass.agents
+import agentcompass.datasets
 import agentcompass.gateway
 import agentcompass.models
 import agentcompass.netpolicy
@@ -132,6 +133,16 @@ def test_netpolicy_exports_what_namespace_providers_share():
     }  # fmt: skip
 
 
+def test_datasets_exports_the_registry_and_cache_api():
+    # compass datasets, the terminal benchmark and users' scripts resolve and fetch datasets through it.
+    assert _public(agentcompass.datasets) == {
+        "CACHE_VARIABLE", "DEFAULT_REGISTRY", "KNOWN_BENCHMARKS", "REGISTRY_VARIABLE", "Dataset", "DatasetTask",
+        "GitPath", "KnownBenchmark", "PulledDataset", "cache_root", "declared", "fetch_task", "find_dataset",
+        "known_benchmark", "pull_dataset", "pull_git_path", "read_registry", "registry_source", "resolve_ref",
+        "split_spec",
+    }  # fmt: skip
+
+
 def test_runtime_exports_the_cleanup_deadline():
     # Providers (plugins included) bound their own shielded cleanup by it.
     assert {"cleanup_deadline", "DEFAULT_CLEANUP_GRACE_SECONDS"} <= _public(agentcompass.runtime)
@@ -213,6 +224,7 @@ PUBLIC_MODULES = (
     agentcompass.models,
     agentcompass.gateway,
     agentcompass.agents,
+    agentcompass.datasets,
     agentcompass.testing,
 )
 

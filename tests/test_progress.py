@@ -8,7 +8,7 @@ import structlog.testing
 import trio
 
 import agentcompass.testing  # noqa: F401
-from agentcompass import ComponentRef, Orchestration, RunRequest, TaskSpec
+from agentcompass import ComponentRef, ExecutionSpec, Orchestration, RunRequest, TaskSpec
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._progress import ProgressDisplay
 from agentcompass.testing._fake_disk import FakeDisk
@@ -116,3 +116,37 @@ async def test_live_table_and_report_fit_80_columns(tmp_path, monkeypatch):
     plain = re.sub(r"\x1b\[[0-9;]*m", "", report)
     assert plain.splitlines()[0] == "terminal-smoke-oracle: succeeded"
     assert all(len(line.rstrip()) <= 80 for line in plain.splitlines())
+
+
+def test_the_eta_comes_from_the_tasks_own_timeouts_then_their_durations():
+    from agentcompass._progress import eta_seconds
+
+    # Before any task finished: each task's own budget (600 s), spread over the 2 running.
+    running = {"a": (0.0, 600.0), "b": (0.0, 600.0)}
+    assert eta_seconds(100.0, running, [600.0] * 4, [], 2) == (500 + 500 + 4 * 600) / 2
+    # Finished tasks took 60 s: the rest is expected to take as long.
+    assert eta_seconds(100.0, {"a": (90.0, 600.0)}, [600.0, 600.0], [60.0, 60.0], 1) == 50 + 120
+    # A verifier that has run 27 minutes of a 60-minute budget is not "2m away".
+    assert eta_seconds(1620.0, {"a": (0.0, 3600.0)}, [], [60.0], 1) == (3600 - 1620) / 2
+    # Nothing known (no timeouts, nothing finished): no figure at all.
+    assert eta_seconds(10.0, {"a": (0.0, None)}, [], [], 1) is None
+
+
+async def test_the_plain_lines_eta_follows_the_tasks(autojump_clock, tmp_path, capsys):
+    request = RunRequest(
+        name="eta",
+        benchmark=ComponentRef("fake-bench", {"tasks": 4, "log": "eta"}),
+        environment=ComponentRef("fake-env", {"log": "eta"}),
+        harness=ComponentRef("fake-harness", {"log": "eta", "script": {"*": {"run": ["sleep:30"]}}}),
+        execution=ExecutionSpec(run_timeout_seconds=100),
+        output_root=tmp_path,
+    )
+    with structlog.testing.capture_logs():
+        result = await orchestrate(Orchestration([request], task_concurrency=2), show_progress=True, disk=FakeDisk())
+    assert result.status == "succeeded"
+    lines = capsys.readouterr().err.splitlines()
+    # Before any finished: two tasks into their 100 s and two queued, over 2 slots, (90 + 90 + 200) / 2
+    # at 10 s (a rate-based figure would have nothing to say yet).
+    assert any(line.startswith("[eta] 0/4 done, 2 active") and "ETA 3m" in line for line in lines), lines
+    # Once two finished in 30 s, the others are expected to take as long.
+    assert any(line.startswith("[eta] 2/4 done, 2 active") and "ETA 20s" in line for line in lines), lines

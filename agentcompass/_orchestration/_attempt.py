@@ -195,11 +195,14 @@ async def retry_after_loss(
 
 def _run_result_with_diagnostics(outcome: TryOutcome) -> RunResult | None:
     result = outcome.run_result
-    if not outcome.diagnostics:
+    if not outcome.diagnostics and not outcome.logs:
         return result
     result = result or RunResult()
     artifacts = dict(result.artifacts)
-    artifacts["execution_diagnostics"] = list(artifacts.get("execution_diagnostics", [])) + outcome.diagnostics
+    if outcome.diagnostics:
+        artifacts["execution_diagnostics"] = list(artifacts.get("execution_diagnostics", [])) + outcome.diagnostics
+    if outcome.logs:  # the Environment's own (build.log), beside what the benchmark kept
+        artifacts["logs"] = {**outcome.logs, **(artifacts.get("logs") or {})}
     return RunResult(result.output, result.trajectory, result.usage, artifacts, result.issues, result.timings)
 
 

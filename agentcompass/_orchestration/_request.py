@@ -33,6 +33,7 @@ import trio
 
 from .. import _registry
 from .._logging import add_json_log, get_logger, remove_json_log
+from .._progress import task_budget
 from .._redact import redact
 from .._report import render_summary
 from .._store import Disk, compute_metrics
@@ -218,7 +219,7 @@ class RequestRun:
         attempts = list(range(k)) if pending.attempts is None else list(pending.attempts)
         self.store.event("task_started", task=pending.task.task_id, attempts=attempts)
         assert tasks.nursery is not None
-        landing = tasks.start(pending.task.task_id)
+        landing = tasks.start(pending.task.task_id, task_budget(self.request, pending.task))
         tasks.nursery.start_soon(self.run_task, pending, attempts, landing, slots, executor, grants)
 
     async def run_task(
@@ -381,6 +382,10 @@ class RequestRun:
             "versions": {"agentcompass": __version__, "python": platform.python_version(), "trio": trio.__version__},
         }
         info["prepared"] = self.prepared is not None
+        # Datasets (SPEC 12): the registry, name@version and resolved commits the tasks came from.
+        source = self.benchmark.task_source() if self.benchmark is not None and self.prepared is not None else None
+        if source:
+            info["task_source"] = source
         if self.prepared is not None:
             info["tasks"] = self.total  # selected: what an interrupted run left unfinished is counted from it
         if status != "running":

@@ -160,13 +160,18 @@ class Tasks:
     #: task id -> its checkpoints on their way.
     landing: dict[str, Landing] = attrs.Factory(dict)
     saving: dict[str, TaskRecord] = attrs.Factory(dict)
+    #: task id -> (Trio time it started, its time budget or None), while it runs: the ETA's inputs.
+    running: dict[str, tuple[float, float | None]] = attrs.Factory(dict)
+    #: Seconds each task run in this process took, start to settled (the ETA's other input).
+    durations: list[float] = attrs.Factory(list)
     #: Woken when ``unsettled`` or ``saving`` drops to none.
     _quiet: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
 
-    def start(self, task_id: str) -> Landing:
+    def start(self, task_id: str, budget: float | None = None) -> Landing:
         """A task starts, holding a slot; undone by :meth:`attempts_done` and :meth:`settle`."""
         self.active += 1
         self.unsettled += 1
+        self.running[task_id] = (trio.current_time(), budget)
         landing = self.landing[task_id] = Landing()
         return landing
 
@@ -177,6 +182,9 @@ class Tasks:
         """The task's record is durable or given up: it no longer holds back its request."""
         del self.landing[task_id]
         self.unsettled -= 1
+        started = self.running.pop(task_id, None)
+        if started is not None:
+            self.durations.append(trio.current_time() - started[0])
         if not self.unsettled:
             self._quiet.unpark_all()
 

@@ -149,7 +149,7 @@ class TrackedSession:
     the per-attempt overhead. The caller holds the capacity permit.
     """
 
-    __slots__ = ("ctx", "diagnostics", "grace", "handle", "issues", "phase", "raw", "session_id")
+    __slots__ = ("ctx", "diagnostics", "grace", "handle", "issues", "logs", "phase", "raw", "session_id", "timings")
 
     def __init__(
         self,
@@ -168,6 +168,9 @@ class TrackedSession:
         self.raw: EnvironmentSession | None = None
         self.session_id = ""
         self.handle: dict[str, Any] = {}
+        #: What opening produced for the attempt's record besides the session (SPEC 12 "Image source").
+        self.logs: dict[str, bytes] = {}
+        self.timings: dict[str, float] = {}
 
     async def open(self, config: Any, policy: NetworkPolicy) -> GuardedSession:
         ctx, phase = self.ctx, self.phase
@@ -179,6 +182,7 @@ class TrackedSession:
             raw = await ctx.environment.open(config, policy, name)
         except IssueError as exc:
             exc.phase = exc.phase or phase
+            self.logs.update(exc.logs)
             raise
         except Exception as exc:
             issue = classify(exc, "environment", phase, self.diagnostics)
@@ -186,6 +190,9 @@ class TrackedSession:
         # Installed before the next checkpoint: from here on the caller's
         # ``finally`` closes it.
         self.raw = raw
+        self.issues.extend(raw.open_issues)
+        self.logs.update(raw.open_logs)
+        self.timings.update(raw.open_timings)
         self.session_id = f"s{next(_session_ids)}"
         self.handle = raw.handle
         await ctx.reporter.session_opened(self.session_id, ctx.provider, self.handle, name)

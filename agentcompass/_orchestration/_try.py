@@ -75,6 +75,8 @@ class TryOutcome:
     values: dict[str, Any] = attrs.Factory(dict)
     evaluated: bool = False
     timings: dict[str, float] = attrs.Factory(dict)
+    #: Log files opening an Environment produced (``build.log``), kept in the attempt's ``logs/``.
+    logs: dict[str, bytes] = attrs.Factory(dict)
 
     @property
     def issues(self) -> list[Issue]:
@@ -260,13 +262,20 @@ class _Try:
         except IssueError as exc:
             issues.append(classify(exc, "environment", session.phase, self.out.diagnostics))
             raise _Stop from None
+        finally:
+            self.out.logs.update(session.logs)
+            self.out.timings.update(session.timings)
 
     async def _open_and_prepare(self, session: TrackedSession, config: Any) -> GuardedSession:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = self.now()
         with _deadline_scope(self.setup_deadline) as scope:
-            env = await self._open(session, config, issues)
+            try:
+                env = await self._open(session, config, issues)
+            except _Stop:
+                self._mark("setup", start)  # an attempt that failed to open keeps its setup seconds
+                raise
             opened = self.now()
             if debug_enabled():
                 self._trace("open", start, session=session.session_id, handle=session.handle)

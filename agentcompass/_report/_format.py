@@ -125,17 +125,34 @@ def issue_code(issue: Issue | None) -> str:
 def causes(records: Sequence[TaskRecord]) -> list[tuple[str, int]]:
     """Each distinct worst issue of ``records`` as its whole one-line text
     (:func:`issue_text` uncut) and the number of tasks it is the worst issue
-    of: most frequent first, then the most severe, then in report order."""
+    of: most frequent first, then the most severe, then in report order.
+    Texts that differ only in the task's own name (a pull of
+    ``org/<task>:tag`` failing for every task) are one cause, the name
+    shown as ``<task>``; a cause of one task keeps its text as it is."""
     counts: Counter[str] = Counter()
     rank: dict[str, int] = {}
+    first: dict[str, str] = {}
     for record in sorted_for_report(records):
         issue = worst_issue(record)
         if issue is not None:
             text = issue_text(issue, limit=None)
-            counts[text] += 1
-            rank.setdefault(text, SEVERITY_RANK[issue.severity])
-    order = {text: i for i, text in enumerate(counts)}
-    return sorted(counts.items(), key=lambda item: (-item[1], -rank[item[0]], order[item[0]]))
+            key = _without_task(text, record.task_id)
+            counts[key] += 1
+            rank.setdefault(key, SEVERITY_RANK[issue.severity])
+            first.setdefault(key, text)
+    order = {key: i for i, key in enumerate(counts)}
+    found = sorted(counts.items(), key=lambda item: (-item[1], -rank[item[0]], order[item[0]]))
+    return [(key if n > 1 else first[key], n) for key, n in found]
+
+
+def _without_task(text: str, task_id: str) -> str:
+    """``text`` with the task's id, as written and as an image or file name
+    would spell it (lowercase, ``-`` for other characters), as ``<task>``."""
+    spellings = {task_id, task_id.lower(), re.sub(r"[^a-z0-9._-]+", "-", task_id.lower()).strip("._-")}
+    for spelling in sorted(spellings, key=len, reverse=True):
+        if len(spelling) >= 3:
+            text = text.replace(spelling, "<task>")
+    return text
 
 
 def sorted_for_report(records: Sequence[TaskRecord]) -> list[TaskRecord]:

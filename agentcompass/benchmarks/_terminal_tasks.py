@@ -26,6 +26,7 @@ import os
 import re
 import stat
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ import yaml
 from agentcompass import ComponentError, TaskSpec
 from agentcompass.runtime import read_beneath
 
-__all__ = ["IMAGE_FILES", "link_inside", "load_tasks"]
+__all__ = ["IMAGE_FILES", "link_inside", "load_task_dirs", "load_tasks"]
 
 #: Files of a task that describe a container image rather than its contents.
 IMAGE_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml"})
@@ -82,6 +83,13 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
     if not tasks:
         raise ComponentError(f"path: no task directories in {str(root)!r}")
     return tasks
+
+
+def load_task_dirs(directories: Sequence[Path]) -> list[TaskSpec]:
+    """The tasks of these task directories (a dataset's), sorted by id (blocking)."""
+    if not directories:
+        raise ComponentError("dataset: it lists no tasks")
+    return sorted((_load_task(Path(d)) for d in directories), key=lambda t: t.task_id)
 
 
 def _load_task(directory: Path) -> TaskSpec:

@@ -1,7 +1,10 @@
 """The ``terminal`` benchmark: Harbor / Terminal-Bench task directories.
 
 Config: ``path`` (a directory of task directories; written in a config
-file, a relative path resolves against the file's directory), ``eval_mode``
+file, a relative path resolves against the file's directory; or
+``git+URL@REF#SUBDIR``, a directory of a git repository at a commit, tag or
+branch) or ``dataset`` (``NAME@VERSION`` of the registry ``registry``: see
+``docs/datasets.md`` and :mod:`agentcompass.datasets`), ``eval_mode``
 (``reuse``, ``none`` or ``fresh``; default ``reuse``) and ``host_userland``
 (false). Each task is one directory, whose name is the task id::
 
@@ -120,11 +123,12 @@ from agentcompass import (
     RunRequest,
     RunResult,
     TaskSpec,
+    datasets,
     register,
 )
 from agentcompass.runtime import command_output
 
-from ._terminal_tasks import IMAGE_FILES, link_inside, load_tasks
+from ._terminal_tasks import IMAGE_FILES, link_inside, load_task_dirs, load_tasks
 
 __all__ = ["TerminalBenchmark"]
 
@@ -176,7 +180,23 @@ class TerminalBenchmark(BaseBenchmark):
 
     @attrs.frozen
     class Config:
-        path: Path = attrs.field(metadata={"doc": "directory of task directories (task id = directory name)"})
+        path: str | None = attrs.field(
+            default=None,
+            metadata={
+                "path": True,
+                "doc": "directory of task directories (task id = directory name), or git+URL@REF#SUBDIR",
+            },
+        )
+        dataset: str | None = attrs.field(
+            default=None, metadata={"doc": "NAME@VERSION of a dataset in the registry (instead of path)"}
+        )
+        registry: str | None = attrs.field(
+            default=None,
+            metadata={
+                "path": True,
+                "doc": "registry.json file or URL (default: $AGENTCOMPASS_REGISTRY, else Harbor's public one)",
+            },
+        )
         eval_mode: Literal["reuse", "none", "fresh"] = attrs.field(
             default="reuse", metadata={"doc": "where test.sh runs: the task sandbox, a new one, or nowhere"}
         )
@@ -188,13 +208,52 @@ class TerminalBenchmark(BaseBenchmark):
             },
         )
 
+    def __init__(self, config: dict[str, Any] | None = None):
+        super().__init__(config)
+        options = self.options
+        if (options.path is None) == (options.dataset is None):
+            raise ComponentError("benchmark 'terminal': set exactly one of path and dataset")
+        self._source: dict[str, Any] | None = None
+        if options.dataset is not None:
+            # Known here, where every process builds the benchmark (series and timeout values).
+            series, values = datasets.declared(options.dataset, options.registry)
+            if series:
+                self.metrics = series  # type: ignore[misc]
+            if values is not None:
+                self.evaluation_timeout_values = values  # type: ignore[misc]
+
     def preflight(self, request: RunRequest) -> None:
-        """Load every task directory (layout, ``task.toml``, links) and check ``task_ids``."""
-        tasks = load_tasks(self.options.path)
+        """Resolve and fetch the dataset or git path, load every task
+        directory (layout, ``task.toml``, links) and check ``task_ids``."""
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            tasks = trio.run(self._tasks)  # git runs as Trio children (see agentcompass.datasets)
+        else:
+            raise ComponentError("benchmark 'terminal': preflight blocks; call it outside the Trio run's thread")
         known = {task.task_id for task in tasks}
+        where = self.options.dataset or self.options.path
         for task_id in request.task_ids or ():
             if task_id not in known:
-                raise ComponentError(f"task_ids: no task {task_id!r} in {str(Path(self.options.path).absolute())!r}")
+                raise ComponentError(f"task_ids: no task {task_id!r} in {where!r}")
+
+    def task_source(self) -> dict[str, Any] | None:
+        """The registry, ``name@version`` and each task's commit, or the git path and its commit."""
+        return self._source
+
+    async def _tasks(self) -> list[TaskSpec]:
+        """The tasks of ``dataset`` or ``path`` (fetched with git where they name it)."""
+        options = self.options
+        if options.dataset is not None:
+            pulled = await datasets.pull_dataset(options.dataset, options.registry)
+            self._source = pulled.record()
+            return await trio.to_thread.run_sync(load_task_dirs, pulled.directories)
+        assert options.path is not None
+        if options.path.startswith("git+"):
+            directory, record = await datasets.pull_git_path(options.path)
+            self._source = {"path": options.path, **record}
+            return await trio.to_thread.run_sync(load_tasks, directory)
+        return await trio.to_thread.run_sync(load_tasks, options.path)
 
     async def load_tasks(self, request: RunRequest) -> list[TaskSpec]:
         """Every task directory under ``path``, sorted by id. A directory
@@ -204,7 +263,7 @@ class TerminalBenchmark(BaseBenchmark):
         link). ``task.toml`` keys the benchmark does not use are listed once,
         in one WARNING log line."""
         try:
-            tasks = await trio.to_thread.run_sync(load_tasks, self.options.path)
+            tasks = await self._tasks()
         except ComponentError as exc:
             raise ComponentError(f"benchmark 'terminal': {exc}") from None
         unknown: dict[str, list[str]] = {}
@@ -235,9 +294,10 @@ class TerminalBenchmark(BaseBenchmark):
             plan["evaluation_timeout_seconds"] = eval_timeout
         sandbox = dict(data.get("sandbox") or {})
         if not self.options.host_userland:
+            # Both when the task has both: the provider's image_source chooses (SPEC 12 "Image source").
             if data.get("image"):
                 sandbox["image"] = data["image"]
-            elif data.get("build_context"):
+            if data.get("build_context"):
                 sandbox["build_context"] = data["build_context"]
         if sandbox:
             plan["sandbox"] = sandbox
@@ -302,7 +362,24 @@ class TerminalBenchmark(BaseBenchmark):
         env: EnvironmentSession | None,
         request: RunRequest,
     ) -> Evaluation:
-        """Run the verifier and read its reward (see the module docstring)."""
+        """Run the verifier and read its reward (see the module docstring);
+        a dataset's own series (``correct``, ``score``, ``correctness``) are
+        derived from the reward."""
+        evaluation = await self._evaluate(prepared, run_result, env, request)
+        reward = evaluation.values.get("reward")
+        if not isinstance(reward, float):
+            return evaluation
+        derived = {"correct": reward >= 1, "passed": reward >= 1, "score": reward, "correctness": reward}
+        extra = {k: v for k, v in derived.items() if k in self.metrics and k not in evaluation.values}
+        return attrs.evolve(evaluation, values={**evaluation.values, **extra}) if extra else evaluation
+
+    async def _evaluate(
+        self,
+        prepared: PreparedTask,
+        run_result: RunResult,
+        env: EnvironmentSession | None,
+        request: RunRequest,
+    ) -> Evaluation:
         if env is None:
             raise IssueError(
                 "error",

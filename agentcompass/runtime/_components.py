@@ -17,13 +17,15 @@ raise :class:`IssueError` or return issues in the result. Never swallow
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping, Sequence  # at run time: get_type_hints resolves the session's open_* hints
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from ._convert import structure_config
 from ._errors import ComponentError
-from ._results import Evaluation, ExecResult, RunBudget, RunResult, TaskRecord
+from ._results import Evaluation, ExecResult, Issue, RunBudget, RunResult, TaskRecord
 from ._values import (
     ExecutionPlan,
     ModelSpec,
@@ -34,8 +36,6 @@ from ._values import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-
     from ._output import OutputCallback
 
 __all__ = [
@@ -116,6 +116,14 @@ class BaseBenchmark(Component):
         """Return every task of the benchmark. Called once per request, before
         any task runs. An exception here fails the request, not a task."""
         raise NotImplementedError
+
+    def task_source(self) -> dict[str, Any] | None:
+        """Where the tasks :meth:`load_tasks` returned came from, for the
+        record (sync): ``run_info.json`` keeps it under ``task_source``
+        (the ``terminal`` benchmark: the registry, ``name@version`` and each
+        task's resolved commit). Called after ``load_tasks``; JSON data; the
+        default is None (nothing recorded)."""
+        return None
 
     def select_tasks(self, tasks: list[TaskSpec], request: RunRequest) -> list[TaskSpec]:
         """Pick the tasks to run (sync). Default: ``request.task_ids`` (in the
@@ -281,6 +289,15 @@ class EnvironmentSession:
     session by something its processes cannot make refer to another
     session (a pidfd, a cgroup, a container id), never a pid number.
     """
+
+    #: What opening the session produced that belongs to the attempt's
+    #: record, set by the provider in ``open`` (default: nothing): issues
+    #: (a WARNING such as ``image_built_instead``), log files (relative path
+    #: -> bytes, kept in the attempt's ``logs/``, e.g. ``build.log``) and
+    #: timings (name -> seconds, e.g. ``image_build``).
+    open_issues: Sequence[Issue] = ()
+    open_logs: Mapping[str, bytes] = MappingProxyType({})
+    open_timings: Mapping[str, float] = MappingProxyType({})
 
     @property
     def handle(self) -> dict[str, Any]:

@@ -242,13 +242,17 @@ def resolve_paths(config: Any, cls: Any, base_dir: Path) -> Any:
     out = dict(config)
     for field in attrs.fields(cls):
         if field.name in out:
-            out[field.name] = _resolve_value(out[field.name], hints.get(field.name), base_dir)
+            # A field marked ``metadata={"path": True}`` is a path too (typed ``str``
+            # where it may also hold a ``git+URL``, which is never joined).
+            type_ = Path if field.metadata.get("path") else hints.get(field.name)
+            out[field.name] = _resolve_value(out[field.name], type_, base_dir)
     return out
 
 
 def _resolve_value(value: Any, type_: Any, base_dir: Path) -> Any:
     if type_ is Path:
-        if isinstance(value, str) and value and not Path(value).is_absolute():
+        # A URL (``https://...``, ``git+file://...``) is never joined to the config's directory.
+        if isinstance(value, str) and value and not Path(value).is_absolute() and not _is_url(value):
             return os.path.abspath(base_dir / value)
         return value
     origin = typing.get_origin(type_)
@@ -262,6 +266,10 @@ def _resolve_value(value: Any, type_: Any, base_dir: Path) -> Any:
     if attrs.has(type_):
         return resolve_paths(value, type_, base_dir)
     return value
+
+
+def _is_url(value: str) -> bool:
+    return value.startswith("git+") or "://" in value
 
 
 def error_line(exc: BaseException, root: str = "$") -> str:

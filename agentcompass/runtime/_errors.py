@@ -36,6 +36,9 @@ class IssueError(CompassError):
     """Raised by a component to report a classified failure.
 
     ``phase`` defaults to the phase the runtime was in when it caught the error.
+    ``logs`` (relative path -> bytes) are kept with the attempt in its
+    ``logs/`` directory when the error is raised while its Environment
+    opens (a provider's ``build.log``).
     """
 
     def __init__(self, severity: Severity, code: str, message: str = "", phase: Phase | None = None):
@@ -44,6 +47,7 @@ class IssueError(CompassError):
         self.code = code
         self.message = message or code
         self.phase = phase
+        self.logs: dict[str, bytes] = {}
 
     def to_issue(self, phase: Phase) -> Issue:
         return Issue(self.severity, self.phase or phase, self.code, self.message)

@@ -55,7 +55,8 @@ def test_describe_one_component(tmp_path: Path) -> None:
     proc = compass(tmp_path, "describe", "terminal")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "benchmark 'terminal' from agentcompass.benchmarks.terminal"
-    assert "    path: path (required)" in proc.stdout.splitlines()
+    assert "    path: path | null (default None)" in proc.stdout.splitlines()
+    assert "    dataset: str | null (default None)" in proc.stdout.splitlines()
     oracle = compass(tmp_path, "describe", "oracle")
     assert "  config: no keys" in oracle.stdout.splitlines()
 

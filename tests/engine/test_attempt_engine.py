@@ -402,3 +402,10 @@ async def test_a_plan_that_cannot_be_made_fails_the_attempt_not_the_run(autojump
     assert (issue.severity, issue.phase, issue.code) == ("fatal", "setup", "setup_failed")
     assert record.attempts[0].plan is None and not reporter.discarded
     assert call_log("t").count("open") == 0
+
+
+async def test_an_attempt_that_failed_to_open_keeps_its_setup_timing(autojump_clock):
+    record, *_ = await run_one(make_request(env={"script": {"*": {"open": ["fatal"]}}}))
+    [attempt] = record.attempts
+    assert record.severity == "fatal"
+    assert "setup" in attempt.timings  # an invalidated task still says how long its setup ran

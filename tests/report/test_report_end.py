@@ -113,3 +113,22 @@ def test_a_terminal_gets_the_causes_whole_too(tmp_path: Path) -> None:
     text = _squeezed("\n".join(block))
     assert text.index(_squeezed(cause["q2"])) < text.index(_squeezed(cause["q1"])), raw
     assert block[0].startswith("2 tasks  FATAL model_server_error: "), block
+
+
+def test_causes_that_differ_only_in_the_task_name_are_one():
+    from agentcompass import AttemptRecord, Issue, TaskRecord
+    from agentcompass._report._format import causes
+
+    def record(task_id: str, message: str) -> TaskRecord:
+        issue = Issue("fatal", "setup", "image_build_failed", message)
+        return TaskRecord(task_id, None, [AttemptRecord(0, "run_error", {}, [issue])], "fatal")
+
+    records = [
+        record(name, f"pulling 'alexgshaw/{name.lower()}:20251031' failed: connection refused")
+        for name in ("Fix-Git", "build-cython", "chess-best-move")
+    ]
+    records.append(record("other", "pulling 'debian:13' failed: no such host"))
+    assert causes(records) == [
+        ("FATAL image_build_failed: pulling 'alexgshaw/<task>:20251031' failed: connection refused", 3),
+        ("FATAL image_build_failed: pulling 'debian:13' failed: no such host", 1),
+    ]

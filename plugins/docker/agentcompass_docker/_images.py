@@ -1,9 +1,13 @@
 """Images: pull what a task names, build what it ships, each at most once.
 
 A task's ``build_context`` is built under ``agentcompass/<task id>:<hash>``,
-the hash covering every file's path, mode and bytes, so a changed context is
-a new image and an unchanged one is found by name on the daemon and reused
-(by later attempts, requests and runs). Concurrent opens of one image wait on
+the hash covering every file's path, mode and bytes and the image ids the
+daemon holds for the Dockerfile's ``FROM`` images, so a changed context or a
+rebuilt or retagged base is a new image, and an unchanged one is found by
+name on the daemon and reused (by later attempts, requests and runs). A
+build's output, without terminal escapes, is kept whole (up to
+:data:`MAX_BUILD_LOG_BYTES`) for the attempt's ``logs/build.log``; a failure's
+issue carries only its tail. Concurrent opens of one image wait on
 one lock per tag: the first builds, the others find it built. The context is
 sent as a tar made without following links (links are sent as links, as the
 ``docker`` CLI does) and bounded in size.
@@ -33,14 +37,44 @@ from ._api import Engine, EngineError, read_json_lines
 MAX_CONTEXT_BYTES = 4 << 30
 #: How much of a failed build's or pull's log the FATAL issue carries.
 LOG_TAIL_BYTES = 4096
-#: The label every image the provider builds carries (the context hash).
+#: The label every image the provider builds carries (the hash of its context and bases).
 CONTEXT_LABEL = "agentcompass.context"
+#: How much of one build's output is kept for ``logs/build.log``.
+MAX_BUILD_LOG_BYTES = 4 << 20
+#: Terminal escapes (CSI, OSC and two-character ones) and carriage returns, dropped from build output.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|\r(?!\n)")
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", re.IGNORECASE | re.MULTILINE)
 
 
-def image_failed(message: str, log: str = "") -> IssueError:
-    """FATAL ``image_build_failed``: one line, then the log's tail on the next lines (diagnostics)."""
-    text = message if not log else f"{message}\n{log.rstrip()}"
-    return IssueError("fatal", "image_build_failed", text, phase="setup")
+def plain(text: str) -> str:
+    """``text`` without terminal escapes (colours, cursor moves, carriage returns)."""
+    return _ESCAPES.sub("", text)
+
+
+def image_failed(message: str, log: str = "", build_log: bytes | None = None) -> IssueError:
+    """FATAL ``image_build_failed``: one line, then the log's tail (without
+    terminal escapes) on the next lines (diagnostics); ``build_log`` is kept
+    as the attempt's ``logs/build.log`` (``IssueError.logs``)."""
+    tail = plain(log).rstrip()
+    text = message if not tail else f"{message}\n{tail}"
+    error = IssueError("fatal", "image_build_failed", text, phase="setup")
+    if build_log:
+        error.logs = {"build.log": build_log}
+    return error
+
+
+def from_images(dockerfile: str) -> list[str]:
+    """The images a Dockerfile's ``FROM`` lines name (not its own stages,
+    not ``scratch``), in order; one with a build argument is left out."""
+    stages: set[str] = set()
+    images: list[str] = []
+    for match in _FROM.finditer(dockerfile):
+        image, stage = match.group(1), match.group(2)
+        if image.lower() not in stages and image != "scratch" and "$" not in image and image not in images:
+            images.append(image)
+        if stage:
+            stages.add(stage.lower())
+    return images
 
 
 def repository_name(task_id: str) -> str:
@@ -140,7 +174,9 @@ class ImageCache:
     pulls: int = 0
     _locks: dict[str, trio.Lock] = attrs.Factory(dict)
     _ready: set[str] = attrs.Factory(set)
-    _contexts: dict[tuple[str, str], tuple[str, str]] = attrs.Factory(dict)
+    _contexts: dict[tuple[str, str], tuple[str, str, str]] = attrs.Factory(dict)
+    #: The output of the builds this provider ran, by tag (for the attempt that ran each).
+    build_logs: dict[str, bytes] = attrs.Factory(dict)
 
     async def exists(self, image: str) -> bool:
         try:
@@ -187,24 +223,41 @@ class ImageCache:
             if key not in self._contexts:
                 try:
                     digest = await trio.to_thread.run_sync(context_tar, context, _Discard())
+                    dockerfile = await trio.to_thread.run_sync(_read_dockerfile, context)
                 except OSError as exc:
                     raise image_failed(f"reading build context {context}: {exc}") from None
-                self._contexts[key] = (f"agentcompass/{repository_name(task_id)}:{digest[:20]}", digest)
-            tag, digest = self._contexts[key]
+                # The base images as the daemon holds them now: a rebuilt base is a new tag.
+                bases = hashlib.sha256(digest.encode())
+                for base in from_images(dockerfile):
+                    bases.update(f"\0{base}\0{await self._image_id(base)}".encode())
+                image_key = bases.hexdigest()
+                self._contexts[key] = (f"agentcompass/{repository_name(task_id)}:{image_key[:20]}", digest, image_key)
+            tag, digest, image_key = self._contexts[key]
         async with self._lock(tag):
             if tag in self._ready:
                 return tag
             try:
                 if not await self.exists(tag):
-                    await self._build(tag, digest, context)
+                    await self._build(tag, digest, image_key, context)
             except (EngineError, OSError) as exc:
                 raise image_failed(f"building {tag} from {context} failed: {exc}") from None
             self._ready.add(tag)
             return tag
 
-    async def _build(self, tag: str, digest: str, context: Path) -> None:
+    async def _image_id(self, image: str) -> str:
+        """The id the daemon holds for ``image`` ("" when it has none: the build pulls it)."""
+        try:
+            found = await self.engine.request("GET", f"/images/{image}/json")
+        except EngineError as exc:
+            if exc.status == 404:
+                return ""
+            raise
+        return str((found or {}).get("Id", ""))
+
+    async def _build(self, tag: str, digest: str, image_key: str, context: Path) -> None:
         self.builds += 1
         spool = await trio.to_thread.run_sync(tempfile.TemporaryFile)
+        whole = OutputTail(MAX_BUILD_LOG_BYTES)
         try:
             got = await trio.to_thread.run_sync(context_tar, context, spool)
             if got != digest:
@@ -212,16 +265,38 @@ class ImageCache:
             spool.seek(0)
             log = OutputTail(LOG_TAIL_BYTES)
             errors: list[str] = []
-            params = {"t": tag, "rm": True, "forcerm": True, "labels": {CONTEXT_LABEL: digest}}
+            params = {"t": tag, "rm": True, "forcerm": True, "labels": {CONTEXT_LABEL: image_key}}
             headers = {"Content-Type": "application/x-tar"}
-            async with self.engine.stream(
-                "POST", "/build", params=params, content=_chunks(spool), headers=headers
-            ) as r:
-                await read_json_lines(r, lambda item: _log_line(item, log, errors))
+
+            def line(item: dict[str, Any]) -> None:
+                _log_line(item, log, errors)
+                _log_line(item, whole, [])
+
+            try:
+                async with self.engine.stream(
+                    "POST", "/build", params=params, content=_chunks(spool), headers=headers
+                ) as r:
+                    await read_json_lines(r, line)
+            except EngineError as exc:
+                raise image_failed(
+                    f"building {tag} from {context} failed: {exc}", log.text(), _log_bytes(whole)
+                ) from None
             if errors:
-                raise image_failed(f"building {tag} from {context} failed: {errors[-1][:500]}", log.text())
+                raise image_failed(
+                    f"building {tag} from {context} failed: {plain(errors[-1])[:500]}", log.text(), _log_bytes(whole)
+                )
+            self.build_logs[tag] = _log_bytes(whole)
         finally:
             spool.close()
+
+
+def _read_dockerfile(context: Path) -> str:
+    with open(os.path.join(context, "Dockerfile"), "rb") as f:
+        return f.read(1 << 20).decode(errors="replace")
+
+
+def _log_bytes(log: OutputTail) -> bytes:
+    return plain(log.text()).encode()
 
 
 async def _chunks(spool: IO[bytes]) -> Any:

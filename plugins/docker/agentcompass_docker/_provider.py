@@ -16,7 +16,16 @@ import httpx
 import structlog
 import trio
 
-from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, netpolicy, register
+from agentcompass import (
+    BaseEnvironment,
+    ComponentError,
+    ExecutionPlan,
+    Issue,
+    IssueError,
+    NetworkPolicy,
+    netpolicy,
+    register,
+)
 from agentcompass.runtime import cleanup_deadline
 
 from . import _expose
@@ -29,6 +38,7 @@ log = structlog.get_logger("agentcompass_docker")
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 _PULL = ("always", "missing", "never")
+_IMAGE_SOURCES = ("prebuilt", "build", "prebuilt_else_build")
 
 
 def _default_host() -> str:
@@ -51,6 +61,16 @@ class OpenConfig:
     container: ContainerSpec
 
 
+@attrs.frozen
+class ImageReport:
+    """The image a session runs and what getting it produced for the attempt."""
+
+    image: str
+    issues: tuple[Issue, ...] = ()
+    logs: dict[str, bytes] = attrs.field(factory=dict)
+    timings: dict[str, float] = attrs.field(factory=dict)
+
+
 @register
 class DockerEnvironment(BaseEnvironment):
     """Provider ``docker``: one container per session through the Docker Engine API.
@@ -58,7 +78,11 @@ class DockerEnvironment(BaseEnvironment):
     Config: ``host`` (the daemon's unix socket; ``DOCKER_HOST``, else
     ``unix:///var/run/docker.sock``), ``default_image`` (for a task that
     names no image and ships no build context), ``pull`` (``always``,
-    ``missing`` or ``never``; ``missing``), ``cpus``, ``memory_mb`` and
+    ``missing`` or ``never``; ``missing``), ``image_source`` (for a task
+    that names an image and ships a Dockerfile: ``prebuilt`` pulls the
+    image, ``build`` builds the Dockerfile, ``prebuilt_else_build`` builds
+    when the pull fails, with one WARNING ``image_built_instead`` per
+    request; ``prebuilt``), ``cpus``, ``memory_mb`` and
     ``pids_max`` (limits for tasks that set none), ``max_output_bytes`` (per
     stream of one ``exec``; 1 MiB). The plan's ``SandboxSpec`` gives the
     image or build context, ``workdir``, ``env``, ``user`` and limits. One
@@ -78,6 +102,14 @@ class DockerEnvironment(BaseEnvironment):
             default="missing",
             validator=attrs.validators.in_(_PULL),
             metadata={"doc": "when to pull a named image: always, missing, never"},
+        )
+        image_source: str = attrs.field(
+            default="prebuilt",
+            validator=attrs.validators.in_(_IMAGE_SOURCES),
+            metadata={
+                "doc": "a task with an image and a Dockerfile: prebuilt (pull the image), build (the Dockerfile), "
+                "prebuilt_else_build (build when the pull fails, one WARNING image_built_instead)"
+            },
         )
         cpus: float | None = attrs.field(default=None, validator=_positive, metadata={"doc": "default CPU limit"})
         memory_mb: int | None = attrs.field(
@@ -109,6 +141,8 @@ class DockerEnvironment(BaseEnvironment):
         # Whether the daemon may limit a container's storage (False once it said it cannot).
         self._storage = True
         self._private_warned = False
+        # Whether this request was told once that an image was built instead of pulled.
+        self._built_instead = False
 
     @property
     def engine(self) -> Engine:
@@ -175,7 +209,7 @@ class DockerEnvironment(BaseEnvironment):
         spec = plan.sandbox
         options = self.options
         image = spec.image
-        context = os.fspath(spec.build_context) if spec.build_context is not None and image is None else None
+        context = os.fspath(spec.build_context) if spec.build_context is not None else None
         if image is None and context is None:
             image = options.default_image
             if image is None:
@@ -194,16 +228,34 @@ class DockerEnvironment(BaseEnvironment):
         )
         return OpenConfig(plan.task_id, image, context, spec.build_timeout_seconds, container)
 
-    async def image_for(self, config: OpenConfig) -> str:
-        """The image a session of ``config`` runs: pulled or built (once) as needed.
-        A build or pull failure is FATAL ``image_build_failed``; one longer than
+    async def image_for(self, config: OpenConfig) -> ImageReport:
+        """The image a session of ``config`` runs, pulled or built (once) as
+        ``image_source`` says, and what building it produced (its log, its
+        seconds, a WARNING ``image_built_instead``). A build or pull failure
+        is FATAL ``image_build_failed``; one longer than
         ``build_timeout_seconds`` is FATAL ``setup_timeout``."""
         bound = config.build_timeout_seconds
+        source = self.options.image_source
         with trio.move_on_after(bound if bound is not None else float("inf")) as scope:
-            if config.image is not None:
-                return await self.images.pulled(config.image, self.options.pull)
-            assert config.build_context is not None
-            return await self.images.built(config.task_id, Path(config.build_context))
+            if config.image is None or (source == "build" and config.build_context is not None):
+                return await self._built(config)
+            try:
+                return ImageReport(await self.images.pulled(config.image, self.options.pull))
+            except IssueError as exc:
+                if source != "prebuilt_else_build" or config.build_context is None:
+                    raise
+                reason = exc.message.splitlines()[0]
+            report = await self._built(config)
+            if self._built_instead:
+                return report
+            self._built_instead = True
+            warning = Issue(
+                "warning",
+                "setup",
+                "image_built_instead",
+                f"{reason}; built the task's Dockerfile instead (image_source prebuilt_else_build)",
+            )
+            return attrs.evolve(report, issues=(warning,))
         assert scope.cancelled_caught
         what = config.image or config.build_context
         raise IssueError("fatal", "setup_timeout", f"preparing the image of {what} took over {bound}s", phase="setup")
@@ -224,11 +276,13 @@ class DockerEnvironment(BaseEnvironment):
         except ComponentError as exc:
             raise fail(str(exc)) from None
         try:
-            image = await self.image_for(config)
+            report = await self.image_for(config)
         except (EngineError, httpx.HTTPError) as exc:
             raise IssueError("fatal", "image_build_failed", f"docker daemon: {exc}", phase="setup") from None
+        image = report.image
         session = DockerSession(self.engine, name, self.options.max_output_bytes, self.resolve_host)
         session.on_not_private = self._not_private
+        session.open_issues, session.open_logs, session.open_timings = report.issues, report.logs, report.timings
         try:
             container = config.container
             if container.storage_mb is not None and not self._storage:
@@ -262,6 +316,16 @@ class DockerEnvironment(BaseEnvironment):
             message="under docker the verifier runs in the container beside the processes the agent left running "
             "(no private run): one of them can change its tests or its reward (docs/docker.md, threat model)",
         )
+
+    async def _built(self, config: OpenConfig) -> ImageReport:
+        """The image of the task's Dockerfile; its log and seconds when this open built it."""
+        assert config.build_context is not None
+        start = trio.current_time()
+        tag = await self.images.built(config.task_id, Path(config.build_context))
+        log = self.images.build_logs.pop(tag, None)  # there only for the open that built it
+        if log is None:
+            return ImageReport(tag)
+        return ImageReport(tag, logs={"build.log": log}, timings={"image_build": trio.current_time() - start})
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Remove the container, network and exposures ``handle`` names (idempotent)."""

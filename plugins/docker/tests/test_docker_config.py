@@ -43,9 +43,14 @@ def test_plan_fields_override_provider_defaults(tmp_path: Path):
     assert (config.image, config.build_context) == (None, os.fspath(tmp_path))
     assert (config.container.memory_mb, config.container.cpus, config.container.pids_max) == (128, 2, 64)
     assert config.container.user == "root"
-    # A named image wins over a build context.
+    # A named image and a build context are both kept: image_source chooses when the session opens.
     named = env.build_config(plan(sandbox=SandboxSpec(image="img:1", build_context=tmp_path)))
-    assert (named.image, named.build_context) == ("img:1", None)
+    assert (named.image, named.build_context) == ("img:1", os.fspath(tmp_path))
+
+
+def test_image_source_is_one_of_three():
+    with pytest.raises(ComponentError, match="image_source"):
+        DockerEnvironment({"image_source": "force"})
 
 
 def test_rule_based_policies_need_root_and_are_refused_otherwise():
