@@ -26,6 +26,7 @@ from .._logging import get_logger, launch_logging
 from .._models import open_model_clients
 from .._preflight import check_data, has_data_checks, preflight
 from .._store import Disk, open_run_store
+from .._store._layout import RunLayout
 from ..runtime._cleanup import using_cleanup_clock
 from ..runtime._errors import RunFailedError
 from ..runtime._results import OrchestrationResult, RequestResult
@@ -277,9 +278,10 @@ async def run_evaluation(
     request_result = result.requests[0]
     if request_result.status != "succeeded":
         where = request_result.run_dir or str(request.output_root)
+        layout = RunLayout(where)
         raise RunFailedError(
             f"request {request.name!r} {request_result.status}; results in {where} "
-            f"(see {Path(where) / 'summary.md'} and {Path(where) / 'details'})"
+            f"(see {layout.summary} and {layout.details})"
         )
     return request_result
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -149,7 +150,7 @@ class RequestRun:
         request, store = self.request, self.store
         self.life.advance(Stage.PREPARING)
         self.begin()
-        add_json_log(store.run_dir / "log.jsonl", request=request.name)
+        add_json_log(Path(store.layout.log), request=request.name)
         await store.write_run_info(self.run_info("running"))
         store.event("run_started", request=request.name, run_dir=str(store.run_dir))
         try:
@@ -432,7 +433,7 @@ class RequestRun:
     def close_log(self) -> None:
         """Detach the run's JSON log from the process-wide logger (idempotent)."""
         if self.store is not None:
-            remove_json_log(self.store.run_dir / "log.jsonl")
+            remove_json_log(Path(self.store.layout.log))
 
     async def recount_late(self) -> None:
         """After a deadline or cancellation, once the request's tasks have
@@ -490,8 +491,8 @@ class RequestRun:
         # Metrics and summary share a commit round; the terminal status comes
         # only once both are durable.
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.store.write_json, "metrics.json", metrics)
-            nursery.start_soon(self.store.write_text, "summary.md", summary)
+            nursery.start_soon(self.store.write_metrics, metrics)
+            nursery.start_soon(self.store.write_summary, summary)
         await self.store.write_run_info(self.run_info(status, notes))
 
     def release(self) -> None:

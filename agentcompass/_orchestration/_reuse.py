@@ -56,6 +56,7 @@ from .._observations import is_success
 from .._redact import redact_json_text
 from .._report import display_path
 from .._store import Disk, LoadedRun, latest_run, load_run
+from .._store._layout import RunLayout
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._components import BaseEnvironment
 from ..runtime._convert import unstructure
@@ -139,7 +140,7 @@ def refuse_other_experiments(requests: Sequence[RunRequest]) -> None:
         if source is None:
             continue
         try:
-            info = json.loads((source / "run_info.json").read_bytes())
+            info = json.loads(Path(RunLayout(source).run_info).read_bytes())
         except (OSError, ValueError):
             continue
         old = info.get("request") if isinstance(info, dict) else None
@@ -392,7 +393,7 @@ def _was_prepared(run_dir: Path) -> bool:
     """Whether the run got as far as queuing its tasks. A run written before
     runs recorded this (no ``prepared`` key) counts if it finished."""
     try:
-        info = json.loads((run_dir / "run_info.json").read_bytes())
+        info = json.loads(Path(RunLayout(run_dir).run_info).read_bytes())
     except (OSError, ValueError):
         return False
     if not isinstance(info, dict):

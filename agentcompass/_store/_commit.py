@@ -24,10 +24,9 @@ import attrs
 import trio
 
 from ._disk import Disk, temp_name
+from ._layout import RunLayout
 
-__all__ = ["CHECKPOINT", "Write", "commit", "link"]
-
-CHECKPOINT = "checkpoint.json"
+__all__ = ["Write", "commit", "link"]
 
 
 @attrs.define(eq=False, slots=True)
@@ -39,8 +38,8 @@ class Write:
     append: bool = False
     #: Files to remove once this write is durable.
     remove: tuple[str, ...] = ()
-    #: A task directory whose checkpoints to remove then (found by listing it).
-    sweep: str | None = None
+    #: A task (its run's layout, its key) whose checkpoints to remove then (found by listing its directory).
+    sweep: tuple[RunLayout, str] | None = None
     #: Set once the write is done, for a caller that waits (None: nobody does).
     done: trio.Event | None = None
     error: Exception | None = None
@@ -113,11 +112,8 @@ def remove_superseded(disk: Disk, renamed: list[Write]) -> list[str]:
     for write in renamed:
         paths = list(write.remove)
         if write.sweep is not None:
-            paths += [
-                os.path.join(write.sweep, name, CHECKPOINT)
-                for name in disk.listdir(write.sweep)
-                if name.startswith("attempt-")
-            ]
+            layout, key = write.sweep
+            paths += layout.checkpoints_in(disk.listdir(layout.task_dir(key)), key)
         for path in paths:
             try:
                 disk.unlink(path)

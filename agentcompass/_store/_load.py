@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,11 @@ from ..runtime._convert import converter, error_line
 from ..runtime._results import AttemptRecord, TaskRecord
 from ._disk import is_temp_name
 from ._keys import task_key
-from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
+from ._layout import SEVERITIES, RunLayout, attempt_number, record_key
+from ._run_store import RUN_ID_PATTERN
 from ._trajectories import join_trajectories
 
 __all__ = ["LoadedRun", "latest_run", "load_run"]
-
-_ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 
 
 @attrs.frozen
@@ -83,16 +81,17 @@ def load_run(run_dir: Path, *, keep_files: bool = False, records: bool = True) -
     (``details`` and ``checkpoints`` stay empty): what ``compass reap``
     needs, without reading thousands of record files."""
     run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
     notes: list[str] = []
-    run_info = _load_run_info(run_dir, notes)
+    run_info = _load_run_info(layout, notes)
     files: dict[str, tuple[str, bytes]] = {}
     details: dict[str, TaskRecord] = {}
     checkpoints: dict[str, dict[int, AttemptRecord]] = {}
     if records:
-        details = _load_details(run_dir, notes, files if keep_files else None)
-        checkpoints = _load_checkpoints(run_dir, details, notes)
+        details = _load_details(layout, notes, files if keep_files else None)
+        checkpoints = _load_checkpoints(layout, details, notes)
     providers: set[str] = set()
-    open_sessions = _load_sessions(run_dir, notes, providers)
+    open_sessions = _load_sessions(layout, notes, providers)
     return LoadedRun(run_dir, run_info, details, checkpoints, open_sessions, notes, files, frozenset(providers))
 
 
@@ -134,31 +133,31 @@ def _read_bytes(path: Path | str) -> bytes:
         return file.read()
 
 
-def _json_files(directory: Path) -> list[os.DirEntry[str]]:
+def _json_files(directory: str) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as entries:
-            return [e for e in entries if e.name.endswith(".json") and not is_temp_name(e.name)]
+            return [e for e in entries if record_key(e.name) is not None and not is_temp_name(e.name)]
     except FileNotFoundError:
         return []
 
 
-def _load_run_info(run_dir: Path, notes: list[str]) -> dict[str, Any]:
-    path = run_dir / "run_info.json"
+def _load_run_info(layout: RunLayout, notes: list[str]) -> dict[str, Any]:
+    where = layout.relative(layout.run_info)
     try:
-        info = _loads(_read_bytes(path))
+        info = _loads(_read_bytes(layout.run_info))
     except FileNotFoundError:
-        notes.append("run_info.json is missing")
+        notes.append(f"{where} is missing")
         return {}
     except (OSError, ValueError) as exc:
-        notes.append(f"run_info.json is unreadable: {exc}")
+        notes.append(f"{where} is unreadable: {exc}")
         return {}
     if not isinstance(info, dict):
-        notes.append("run_info.json is not a JSON object")
+        notes.append(f"{where} is not a JSON object")
         return {}
     return info
 
 
-def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, bytes]] | None) -> dict[str, TaskRecord]:
+def _load_details(layout: RunLayout, notes: list[str], files: dict[str, tuple[str, bytes]] | None) -> dict[str, TaskRecord]:
     """The records (task id -> record); their files and contents go to
     ``files`` if it is given. A file's mtime is only read when its task id was seen
     before (a crash left the task under two severities): the newest wins."""
@@ -166,13 +165,13 @@ def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, b
     kept: dict[str, tuple[str, bytes, bool]] = {}  # task id -> (path, content, trajectory beside it)
     structure = converter.get_structure_hook(TaskRecord)  # once, not a dispatch per record
     for severity in SEVERITIES:
-        for entry in _json_files(run_dir / "details" / severity):
-            where = f"details/{severity}/{entry.name}"
+        for entry in _json_files(layout.severity_dir(severity)):
+            where = layout.relative(entry.path)
             try:
                 content = _read_bytes(entry.path)
                 raw = _loads(content)
                 split = isinstance(raw, dict) and join_trajectories(
-                    raw.get("attempts"), str(run_dir / "tasks" / task_key(str(raw.get("task_id")))), _read_json)
+                    raw.get("attempts"), layout, task_key(str(raw.get("task_id"))), _read_json)
                 record = structure(raw, TaskRecord)
             except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
                 notes.append(f"skipped unreadable record {where}: {_short(exc)}")
@@ -199,26 +198,26 @@ def _mtime_ns(path: str) -> int:
 
 
 def _load_checkpoints(
-    run_dir: Path, details: dict[str, TaskRecord], notes: list[str]
+    layout: RunLayout, details: dict[str, TaskRecord], notes: list[str]
 ) -> dict[str, dict[int, AttemptRecord]]:
     checkpoints: dict[str, dict[int, AttemptRecord]] = {}
     structure = converter.get_structure_hook(AttemptRecord)
     try:
-        task_dirs = [e.path for e in os.scandir(run_dir / "tasks") if e.is_dir()]
+        keys = [e.name for e in os.scandir(layout.tasks) if e.is_dir()]
     except FileNotFoundError:
         return checkpoints
-    for task_dir in sorted(task_dirs):
-        with os.scandir(task_dir) as entries:
-            attempt_dirs = sorted(e.name for e in entries if _ATTEMPT_DIR.fullmatch(e.name))
-        for attempt_name in attempt_dirs:
-            path = Path(task_dir) / attempt_name / CHECKPOINT
-            where = f"tasks/{Path(task_dir).name}/{attempt_name}/{CHECKPOINT}"
+    for key in sorted(keys):
+        with os.scandir(layout.task_dir(key)) as entries:
+            attempts = sorted(n for n in (attempt_number(e.name) for e in entries) if n is not None)
+        for attempt in attempts:
+            path = layout.checkpoint(key, attempt)
+            where = layout.relative(path)
             try:
                 data = _loads(_read_bytes(path))
                 task_id = data["task_id"]
                 if not isinstance(task_id, str):
                     raise TypeError("task_id is not a string")
-                join_trajectories([data["record"]], task_dir, _read_json)
+                join_trajectories([data["record"]], layout, key, _read_json)
                 record = structure(data["record"], AttemptRecord)
             except FileNotFoundError:
                 continue  # an attempt with only discarded tries
@@ -230,10 +229,9 @@ def _load_checkpoints(
     return checkpoints
 
 
-def _load_sessions(run_dir: Path, notes: list[str], providers: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
-    path = run_dir / "sessions.jsonl"
+def _load_sessions(layout: RunLayout, notes: list[str], providers: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
     try:
-        lines = _read_bytes(path).split(b"\n")
+        lines = _read_bytes(layout.sessions).split(b"\n")
     except FileNotFoundError:
         return []
     opened: dict[str, tuple[str, str, dict[str, Any]]] = {}  # insertion-ordered
@@ -250,7 +248,7 @@ def _load_sessions(run_dir: Path, notes: list[str], providers: set[str]) -> list
             if not isinstance(session, str) or not isinstance(provider, str):
                 raise TypeError("session and provider must be strings")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            notes.append(f"skipped unreadable line {number} of sessions.jsonl: {_short(exc)}")
+            notes.append(f"skipped unreadable line {number} of {layout.relative(layout.sessions)}: {_short(exc)}")
             continue
         providers.add(provider)
         if event == "opened":
