@@ -123,8 +123,11 @@ async def run_attempt(
         await reporter.discarded_try(
             task.task_id, index, try_number, _discarded(outcome, plan, retries, scope, retried, delay)
         )
-        reporter.event("attempt_retry", task=task.task_id, attempt=index, retry=retries, scope=scope)
-        reporter.event("retry_wait", task=task.task_id, attempt=index, retry=retries, delay_seconds=round(delay, 3))
+        waited = round(delay, 3)
+        reporter.event(
+            "attempt_retry", task=task.task_id, attempt=index, retry=retries, scope=scope, retry_delay_seconds=waited
+        )
+        reporter.event("retry_wait", task=task.task_id, attempt=index, retry=retries, retry_delay_seconds=waited)
         await trio.sleep(delay)
         previous = outcome
 
@@ -173,7 +176,7 @@ def _discarded(
         "stage": first.phase,
         "scope": scope,
         "matched_pattern": pattern,
-        "delay_seconds": delay,
+        "retry_delay_seconds": delay,
         "issues": unstructure(outcome.issues),
         "diagnostics": outcome.diagnostics,
         "plan": unstructure(plan),

@@ -318,15 +318,16 @@ class RayExecutor(Executor):
             "stage": lost.issues[0].phase,
             "scope": "attempt",
             "matched_pattern": None,
-            "delay_seconds": delay,
+            "retry_delay_seconds": delay,
             "issues": unstructure(lost.issues),
             "diagnostics": [],
             "plan": None,
             "timings": {},
         }
         await reporter.discarded_try(task_id, index, try_number, data)
-        reporter.event("attempt_retry", task=task_id, attempt=index, retry=retry, scope="attempt")
-        reporter.event("retry_wait", task=task_id, attempt=index, retry=retry, delay_seconds=round(delay, 3))
+        waited = round(delay, 3)
+        reporter.event("attempt_retry", task=task_id, attempt=index, retry=retry, scope="attempt", retry_delay_seconds=waited)
+        reporter.event("retry_wait", task=task_id, attempt=index, retry=retry, retry_delay_seconds=waited)
         await trio.sleep(delay)
 
     # -- the exchange --------------------------------------------------------------------
