@@ -52,6 +52,7 @@ import attrs
 import trio
 
 from .. import _registry
+from .._logging import get_logger
 from .._observations import is_success
 from .._redact import redact_json_text
 from .._report import display_path
@@ -93,6 +94,8 @@ class ReusePlan:
     notes: list[str] = attrs.Factory(list)
     source: Path | None = None
 
+
+log = get_logger(__name__)
 
 #: What makes two runs the same experiment (SPEC section 8): request fields,
 #: then the keys compared inside them (None: the whole value).
@@ -282,6 +285,15 @@ async def plan_reuse(
     ignored = sum(1 for task_id in loaded.details if task_id not in selected)
     if ignored:
         plan.notes.append(f"reuse: {ignored} task(s) of {source} are not selected now and were ignored")
+    for where in loaded.unreadable:
+        log.warning("reuse_unreadable_file", file=str(Path(source) / where))
+    undetermined = [reason for task_id, reason in loaded.undetermined.items() if task_id in selected]
+    if undetermined:
+        plan.notes.append(
+            f"reuse: {len(undetermined)} task(s) run again: the severity of their earlier record cannot be "
+            f"determined (e.g. {undetermined[0]})"
+        )
+    store.carry(loaded.unknown)
     verbatim: dict[str, tuple[str, bytes]] = {}  # task id -> its record file in the source, content
     for task in tasks:
         record = loaded.details.get(task.task_id)

@@ -45,6 +45,7 @@ from ..runtime._results import AttemptRecord, TaskRecord
 from . import _commit
 from ._commit import Write
 from ._disk import Disk, RunLockedError, timed_out
+from ._formats import FORMAT, Overlay, merge, stamp
 from ._index import task_row
 from ._keys import task_key
 from ._layout import SEVERITIES, RunLayout
@@ -207,6 +208,8 @@ class RunStore:
     # that a record's clean-up knows its targets without listing directories
     # (complete only in a run directory it created).
     _written: dict[str, set[str]] = attrs.Factory(dict)
+    # Keys this version does not know, to write again with values read back (see carry).
+    _carried: dict[int, tuple[Any, Overlay]] = attrs.Factory(dict)
 
     @property
     def failure(self) -> str | None:
@@ -260,8 +263,8 @@ class RunStore:
     # -- durable writes -------------------------------------------------------
 
     async def write_run_info(self, info: dict[str, Any]) -> None:
-        """Write ``run_info.json`` (the caller redacts the request)."""
-        await self.write_json(self.layout.run_info, info)
+        """Write ``run_info.json`` (the caller redacts the request), with its results ``format``."""
+        await self.write_json(self.layout.run_info, stamp(dict(info)))
 
     async def write_metrics(self, metrics: dict[str, Any]) -> None:
         """Write ``metrics.json``."""
@@ -286,9 +289,11 @@ class RunStore:
         attempt: ``{"task_id": ..., "record": <AttemptRecord>}``, ``n`` being
         ``record.attempt``."""
         attempt = unstructure(record)
+        if self._carried:
+            self._put_back(record, attempt)
         key = task_key(task_id)
         chunks = self._chunk_writes(key, [attempt])
-        data = _mask(_compact({"task_id": task_id, "record": attempt}))
+        data = _mask(_compact({"task_id": task_id, "record": attempt, "format": FORMAT}))
         path = self.layout.checkpoint(key, record.attempt)
         self._written.setdefault(task_id, set()).add(path)
         await self._write([*chunks, Write(path, data.encode())])
@@ -296,10 +301,11 @@ class RunStore:
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
 
-        ``data`` is free-form (diagnostics, stage, matched pattern, delay,
-        redacted plan); the task id is added to it.
+        ``data`` is free-form (diagnostics, stage, matched pattern,
+        ``retry_delay_seconds``, redacted plan); the task id and the results
+        ``format`` are added to it.
         """
-        payload = _mask(_compact({"task_id": task_id, **unstructure(data)}))
+        payload = _mask(_compact({"task_id": task_id, **unstructure(data), "format": FORMAT}))
         path = self.layout.retry(task_key(task_id), attempt, try_number)
         await self._write([Write(path, payload.encode())])
 
@@ -414,7 +420,10 @@ class RunStore:
             task_id = record.task_id
             if data is None:
                 unstructured = unstructure(record)
+                if self._carried:
+                    self._put_back(record, unstructured)
                 chunks += self._chunk_writes(task_key(task_id), unstructured["attempts"])
+                unstructured["format"] = FORMAT
                 data = _mask(_compact(unstructured)).encode()
             else:
                 unstructured = None
@@ -440,6 +449,24 @@ class RunStore:
             for write, (record, _) in zip(writes, records, strict=True):
                 if write.error is not None:  # maybe not written: a later save still cleans up all
                     self._written.setdefault(record.task_id, set()).update(write.remove)
+
+    def carry(self, unknown: list[tuple[Any, Overlay]]) -> None:
+        """Write with each value of ``unknown`` (a record or an attempt read
+        back, see ``LoadedRun.unknown``) the keys it held that this version
+        does not know, whenever it is saved (e.g. copied by ``--reuse``)."""
+        for value, overlay in unknown:
+            self._carried[id(value)] = (value, overlay)
+
+    def _put_back(self, record: TaskRecord | AttemptRecord, unstructured: dict[str, Any]) -> None:
+        """Merge the carried keys of ``record`` (and of its attempts) into its JSON form."""
+        found = self._carried.get(id(record))
+        if found is not None and found[0] is record:
+            merge(unstructured, found[1])
+        if isinstance(record, TaskRecord):
+            for attempt, data in zip(record.attempts, unstructured["attempts"], strict=True):
+                found = self._carried.get(id(attempt))
+                if found is not None and found[0] is attempt:
+                    merge(data, found[1])
 
     def _index_line(self, record: TaskRecord, unstructured: Any, data: bytes) -> Write:
         """The ``index.jsonl`` line of a record saved as ``data`` (see

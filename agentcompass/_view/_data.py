@@ -26,11 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from .._store._index import task_row, valid_row
+from .._store._index import task_row
 from .._store._keys import task_key
-from .._store._layout import SEVERITIES, RunLayout, attempt_number, has_run_info, is_run_dir, record_key
+from .._store._layout import SEVERITIES, RunLayout, has_run_info, is_run_dir
+from .._store._load import IndexReader, attempt_numbers, list_records, read_retries, stat_key
 from .._store._metrics import reduce_attempt_values
 from ._logs import list_logs, read_log
 from ._trajectory import CHUNK_STEPS, LARGE_RECORD, RawJSON, Trajectory, read_record
@@ -73,12 +72,7 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
-def _stat_key(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
+_stat_key = stat_key
 
 
 def _read_json(path: str | Path) -> Any:
@@ -103,9 +97,7 @@ class RunData:
         self.records_read = 0
         self._progress: tuple[tuple[int, int], dict[str, Any]] | None = None
         self._files: tuple[tuple[tuple[int, int] | None, ...], dict[str, tuple[str, str, tuple[int, int]]]] | None = None
-        # index.jsonl as read so far: (inode, bytes read), key -> its last valid line.
-        self._index_at: tuple[int, int] = (0, 0)
-        self._index: dict[str, dict[str, Any]] = {}
+        self._index = IndexReader(self.layout)
 
     # ------------------------------------------------------------ run page
 
@@ -243,23 +235,7 @@ class RunData:
         return files
 
     def _scan_details(self) -> dict[str, tuple[str, str, tuple[int, int]]]:
-        files: dict[str, tuple[str, str, tuple[int, int]]] = {}
-        for severity in SEVERITIES:
-            try:
-                entries = list(os.scandir(self.layout.severity_dir(severity)))
-            except OSError:
-                continue
-            for entry in entries:
-                key = record_key(entry.name)
-                if key is not None and not entry.name.startswith("."):
-                    try:
-                        st = entry.stat()
-                    except OSError:
-                        continue
-                    stat = (st.st_mtime_ns, st.st_size)
-                    if key not in files or stat > files[key][2]:
-                        files[key] = (entry.path, severity, stat)
-        return files
+        return list_records(self.layout)
 
     def _task_rows(self, budget: float | None) -> tuple[list[dict[str, Any]], int]:
         files = self._detail_files()
@@ -291,30 +267,9 @@ class RunData:
         return rows, pending
 
     def _read_index(self) -> dict[str, dict[str, Any]]:
-        """``index.jsonl``'s last valid line per task key (see ``_store._index``),
-        read on from where the last call stopped while the file only grows."""
-        path = self.layout.index
+        """``index.jsonl``'s last valid line per task key (see ``_store._index``)."""
         with self._lock:
-            try:
-                with open(path, "rb") as f:
-                    inode = os.fstat(f.fileno()).st_ino
-                    if inode != self._index_at[0]:
-                        self._index_at, self._index = (inode, 0), {}
-                    f.seek(self._index_at[1])
-                    data = f.read()
-            except OSError:
-                return self._index
-            end = data.rfind(b"\n") + 1  # a line being appended is read next time
-            for raw in data[:end].splitlines():
-                try:
-                    line = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue  # cut short by a crash
-                if valid_row(line):
-                    line["key"] = task_key(line["task_id"])
-                    self._index[line["key"]] = line
-            self._index_at = (inode, self._index_at[1] + end)
-            return self._index
+            return dict(self._index.read())
 
     def _row_of(self, key: str, path: str, stat: tuple[int, int]) -> dict[str, Any] | None:
         with self._lock:
@@ -385,12 +340,9 @@ class RunData:
     def _checkpoints(self, key: str) -> list[dict[str, Any]]:
         """The attempt records checkpointed under ``tasks/<key>``, in order."""
         found = []
-        for attempt_dir in _subdirs(Path(self.layout.task_dir(key))):
-            number = attempt_number(attempt_dir.name)
-            if number is None:
-                continue
+        for number in attempt_numbers(self.layout, key):
             path = self.layout.checkpoint(key, number)
-            stat = _stat_key(path)
+            stat = stat_key(path)
             if stat is None:
                 continue
             try:
@@ -527,20 +479,7 @@ class RunData:
 
     def _discarded(self, key: str) -> list[dict[str, Any]]:
         """Discarded tries of every attempt, in attempt then try order."""
-        tries: list[dict[str, Any]] = []
-        for attempt_dir in _subdirs(Path(self.layout.task_dir(key))):
-            number = attempt_number(attempt_dir.name)
-            if number is None:
-                continue
-            retries_dir = Path(self.layout.retries(key, number))
-            names = [p.name for p in _files(retries_dir) if record_key(p.name) is not None and not p.name.startswith(".")]
-            for name in sorted(names, key=lambda n: (len(n), n)):
-                try:
-                    data = _read_json(retries_dir / name)
-                except (OSError, ValueError):
-                    continue
-                tries.append({"attempt": number, "try": record_key(name), "data": data})
-        return tries
+        return read_retries(self.layout, key)
 
 
 def _task_id_of(attempts: list[dict[str, Any]]) -> str | None:
@@ -571,13 +510,6 @@ def writer_alive(run_dir: Path) -> bool | None:
     ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == ident
                for fields in (line.split() for line in lines))
-
-
-def _files(path: Path) -> list[Path]:
-    try:
-        return [Path(e.path) for e in os.scandir(path) if e.is_file()]
-    except OSError:
-        return []
 
 
 def _ref_id(ref: Any) -> str | None:
