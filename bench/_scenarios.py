@@ -315,6 +315,9 @@ class _DropReporter:
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         pass
 
+    async def attempt_plan(self, task_id: str, attempt: int, plan: Any) -> None:
+        pass
+
 
 async def _engine_only(root: Path, tasks: int, concurrency: int, latency: float) -> tuple[float, float]:
     """The attempt engine alone (``run_task`` of the task scope: plan, try,

@@ -44,7 +44,7 @@ from ..runtime._convert import unstructure
 from ..runtime._errors import ComponentError
 from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
-from ..runtime._values import RunRequest, TaskSpec
+from ..runtime._values import ExecutionPlan, RunRequest, TaskSpec
 from ._context import GraceClock, Slots
 from ._request_state import Landing, Life, Prepared, Stage, Tally, Tasks
 from ._reuse import PendingTask, plan_reuse
@@ -92,6 +92,9 @@ class Reporter:
         record, logs = take_logs(record)
         tasks.nursery.start_soon(self.run.save_checkpoint, task_id, record, landing, logs)
         await trio.lowlevel.checkpoint()
+
+    async def attempt_plan(self, task_id: str, attempt: int, plan: ExecutionPlan) -> None:
+        await self.store.save_plan(task_id, attempt, plan)
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         self.run.tally.retries += 1

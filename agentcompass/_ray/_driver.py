@@ -404,6 +404,8 @@ class RayExecutor(Executor):
             await request.reporter.checkpoint(task_id, record)
         elif kind == "discarded":
             self._nursery.start_soon(self._discarded, link, message)
+        elif kind == "plan":
+            self._nursery.start_soon(self._plan, link, message)
         elif kind in ("acquire", "token"):
             if not self._grant_now(link, kind, message[1], message[2]):
                 self._nursery.start_soon(self._grant, link, kind, message[1], message[2])
@@ -434,6 +436,14 @@ class RayExecutor(Executor):
         _, request_id, task_id, attempt, try_number, data, ack = message
         try:
             await self._requests[request_id].reporter.discarded_try(task_id, attempt, try_number, data)
+        finally:
+            if link.alive:
+                self._send(link, ("ack", ack))
+
+    async def _plan(self, link: _Link, message: tuple[Any, ...]) -> None:
+        _, request_id, task_id, attempt, plan, ack = message
+        try:
+            await self._requests[request_id].reporter.attempt_plan(task_id, attempt, plan)
         finally:
             if link.alive:
                 self._send(link, ("ack", ack))

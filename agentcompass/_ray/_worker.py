@@ -137,6 +137,10 @@ class WorkerReporter:
         self._worker.post(("checkpoint", self._request_id, task_id, record))
         await trio.lowlevel.checkpoint()
 
+    async def attempt_plan(self, task_id: str, attempt: int, plan: Any) -> None:
+        # Returns once the driver made it durable, as in process.
+        await self._worker.ask(("plan", self._request_id, task_id, attempt, plan))
+
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         # Returns once the driver made it durable, as in process.
         await self._worker.ask(("discarded", self._request_id, task_id, attempt, try_number, data))

@@ -298,6 +298,14 @@ class RunStore:
         self._written.setdefault(task_id, set()).add(path)
         await self._write([*chunks, Write(path, data.encode())])
 
+    async def save_plan(self, task_id: str, attempt: int, plan: Any) -> None:
+        """Write ``tasks/<key>/attempt-<n>/plan.json`` (``{"task_id", "attempt",
+        "plan", "format"}``, the plan unstructured and masked as in records);
+        returns once it is durable, so the caller opens the attempt's
+        environment only then."""
+        data = _compact({"task_id": task_id, "attempt": attempt, "plan": unstructure(plan), "format": FORMAT})
+        await self._write([Write(self.layout.plan(task_key(task_id), attempt), _mask(data).encode())])
+
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ._results import AttemptRecord, TaskRecord
-    from ._values import RunRequest, TaskSpec
+    from ._values import ExecutionPlan, RunRequest, TaskSpec
 
 __all__ = ["Executor", "Grants", "TaskReporter"]
 
@@ -62,6 +62,10 @@ class TaskReporter(Protocol):
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None: ...
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None: ...
+
+    async def attempt_plan(self, task_id: str, attempt: int, plan: ExecutionPlan) -> None:
+        """Record the attempt's plan (redacted as in records); returns once
+        the driver made it durable, before the attempt opens its environment."""
 
 
 class Executor:
