@@ -218,12 +218,15 @@ async def _launch(
         finished = True
         display_nursery.cancel_scope.cancel()
     results = [run.result() for run in runs]
+    config_error = any(run.tally.config_error for run in runs)
     for run in runs:
         run.release()
     if stop is not None and stop.is_set() and not timed_out:
         status, exit_code = "cancelled", 130
     else:
         status, exit_code = _overall(results, timed_out and (work_scope.cancelled_caught or shield.cancelled_caught))
+        if config_error and exit_code == 1:
+            exit_code = 2  # bad input found while preparing (SPEC 9 exit codes)
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
 
 

@@ -41,13 +41,14 @@ from .._store._logs import take_logs, take_task_logs
 from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._convert import unstructure
-from ..runtime._errors import ComponentError
+from ..runtime._errors import ComponentError, ConfigError
 from ..runtime._executor import Executor, Grants
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
 from ..runtime._values import ExecutionPlan, RunRequest, TaskSpec
 from ._context import GraceClock, Slots
 from ._request_state import Landing, Life, Prepared, Stage, Tally, Tasks
 from ._reuse import PendingTask, plan_reuse
+from ._task_ids import check_task_ids
 
 __all__ = ["PendingTask", "Reporter", "RequestRun", "failure_line", "request_scope"]
 
@@ -158,18 +159,20 @@ class RequestRun:
         store.event("run_started", request=request.name, run_dir=str(store.run_dir))
         try:
             self.benchmark = _registry.build("benchmark", request.benchmark.id, request.benchmark.config)
-            tasks = await self.benchmark.load_tasks(request)
-            tasks = self.benchmark.select_tasks(list(tasks), request)
+            tasks = list(await self.benchmark.load_tasks(request))
+            check_task_ids(tasks, f"benchmark {request.benchmark.id!r}")
+            tasks = self.benchmark.select_tasks(tasks, request)
             seen: set[str] = set()
             for task in tasks:
                 if not isinstance(task, TaskSpec):
-                    raise ComponentError(f"benchmark {request.benchmark.id!r}: load_tasks() must return TaskSpec values")
+                    raise ComponentError(f"benchmark {request.benchmark.id!r}: select_tasks() must return TaskSpec values")
                 if task.task_id in seen:
-                    raise ComponentError(f"benchmark {request.benchmark.id!r}: duplicate task id {task.task_id!r}")
+                    raise ComponentError(f"benchmark {request.benchmark.id!r}: select_tasks() repeated task id {task.task_id!r}")
                 seen.add(task.task_id)
             primary = self.benchmark.metrics[0] if self.benchmark.metrics else ""
             reuse = await plan_reuse(request, primary, store, tasks, self.disk)
         except Exception as exc:  # noqa: BLE001 - the request fails, the orchestration goes on
+            self.tally.config_error = isinstance(exc, ConfigError)
             self.fail_with(f"{type(exc).__name__}: {exc}".splitlines()[0], note=False)
             return []
         self.prepared = Prepared.of(tasks, reuse.reused)
