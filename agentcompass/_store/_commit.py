@@ -65,7 +65,7 @@ def commit(disk: Disk, writes: list[Write], known_dirs: set[str]) -> list[str]:
                 write.written = True
             synced.append(path)
     dirs: dict[str, None] = {}  # an ordered set: directories to sync
-    new_dirs: list[str] = []
+    new_dirs: set[str] = set()  # a set: a batch of new attempts makes two directories each
     temps: list[tuple[Write, str, str]] = []
     for write in writes:
         if write.append:
@@ -138,7 +138,7 @@ def link(disk: Disk, targets: list[tuple[str, str]]) -> set[int]:
     return failed
 
 
-def _make_dirs(disk: Disk, path: str, known: set[str], dirs: dict[str, None], new_dirs: list[str]) -> None:
+def _make_dirs(disk: Disk, path: str, known: set[str], dirs: dict[str, None], new_dirs: set[str]) -> None:
     """Create ``path`` and its missing parents; each one's parent needs a sync."""
     parent = os.path.dirname(path)
     if path in known or path in new_dirs or parent == path:
@@ -146,7 +146,7 @@ def _make_dirs(disk: Disk, path: str, known: set[str], dirs: dict[str, None], ne
     _make_dirs(disk, parent, known, dirs, new_dirs)
     disk.mkdir(path)  # one that exists is not known durable: sync its parent anyway
     dirs[parent] = None
-    new_dirs.append(path)
+    new_dirs.add(path)
 
 
 def _fail(writes: list[Write], exc: Exception) -> None:

@@ -269,7 +269,7 @@ class RunData:
     def _read_index(self) -> dict[str, dict[str, Any]]:
         """``index.jsonl``'s last valid line per task key (see ``_store._index``)."""
         with self._lock:
-            return dict(self._index.read())
+            return self._index.read()
 
     def _row_of(self, key: str, path: str, stat: tuple[int, int]) -> dict[str, Any] | None:
         with self._lock:
