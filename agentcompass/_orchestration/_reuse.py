@@ -289,10 +289,12 @@ async def plan_reuse(
         log.warning("reuse_unreadable_file", file=str(Path(source) / where))
     undetermined = [reason for task_id, reason in loaded.undetermined.items() if task_id in selected]
     if undetermined:
-        plan.notes.append(
+        line = (
             f"reuse: {len(undetermined)} task(s) run again: the severity of their earlier record cannot be "
             f"determined (e.g. {undetermined[0]})"
         )
+        plan.notes.append(line)
+        log.warning("reuse_undetermined_records", request=request.name, note=line)
     store.carry(loaded.unknown)
     verbatim: dict[str, tuple[str, bytes]] = {}  # task id -> its record file in the source, content
     for task in tasks:
