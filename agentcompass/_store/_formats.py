@@ -80,7 +80,9 @@ def _detecting_factory(cls: Any, conv: cattrs.Converter) -> Callable[[Any, Any],
 
 _converter = make_results_converter()
 _converter.register_structure_hook_factory(attrs.has, _detecting_factory)
-_HOOKS = {cls: _converter.get_structure_hook(cls) for cls in (TaskRecord, AttemptRecord)}
+_HOOKS: dict[type, Callable[[Any, Any], Any]] = {
+    cls: _converter.get_structure_hook(cls) for cls in (TaskRecord, AttemptRecord)
+}
 
 
 def stamp(data: dict[str, Any]) -> dict[str, Any]:
@@ -134,8 +136,10 @@ def structure(data: dict[str, Any], cls: type[T]) -> tuple[T, list[tuple[Any, Ov
         return value, []
     if isinstance(value, TaskRecord):
         attempts = data.get("attempts") or []
-        pairs = [(value, _diff({k: v for k, v in data.items() if k != "attempts"},
-                               {k: v for k, v in unstructure(value).items() if k != "attempts"}))]
+        known = {k: v for k, v in unstructure(value).items() if k != "attempts"}
+        pairs: list[tuple[Any, Overlay | None]] = [
+            (value, _diff({k: v for k, v in data.items() if k != "attempts"}, known))
+        ]
         pairs += [(a, _diff(raw, unstructure(a))) for a, raw in zip(value.attempts, attempts, strict=False)]
     else:
         pairs = [(value, _diff(data, unstructure(value)))]

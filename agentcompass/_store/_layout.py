@@ -65,11 +65,15 @@ def has_run_info(path: Path | str) -> bool:
     return os.path.isfile(os.path.join(path, _RUN_INFO))
 
 
+def _text(path: str | os.PathLike[str]) -> str:
+    return os.fspath(path)
+
+
 @attrs.frozen
 class RunLayout:
     """Every path of the run directory ``root`` (see the module doc)."""
 
-    root: str = attrs.field(converter=os.fspath)
+    root: str = attrs.field(converter=_text)
 
     @property
     def run_dir(self) -> Path:

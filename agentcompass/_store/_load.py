@@ -208,8 +208,8 @@ def _load_details(layout: RunLayout, run: _Reading, files: dict[str, tuple[str, 
                     raise ValueError("not a task record: no task_id")
                 data = upgrade(raw, "record")
                 split = join_trajectories(data.get("attempts"), layout, task_key(task_id), _read_json)
-            except Undetermined as exc:
-                run.undetermined[task_id] = f"{where}: {_short(exc)}"
+            except Undetermined as exc:  # raised once task_id is known to be a string
+                run.undetermined[str(task_id)] = f"{where}: {_short(exc)}"
                 continue
             except Exception as exc:  # noqa: BLE001 - any malformed file is reported, not fatal
                 run.unreadable(where, exc)
