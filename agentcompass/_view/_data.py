@@ -72,9 +72,6 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
-_stat_key = stat_key
-
-
 def _read_json(path: str | Path) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
@@ -131,7 +128,7 @@ class RunData:
         a placeholder and the run is not live."""
         layout = self.layout
         files = (layout.run_info, layout.metrics, layout.progress, layout.progress_lines)
-        return (*(_stat_key(f) for f in files), *(_stat_key(layout.severity_dir(s)) for s in SEVERITIES))
+        return (*(stat_key(f) for f in files), *(stat_key(layout.severity_dir(s)) for s in SEVERITIES))
 
     def run(self, budget: float | None = None) -> dict[str, Any]:
         """Everything the run page shows, with one compact row per task.
@@ -225,7 +222,7 @@ class RunData:
 
         Cached until one of the ``details/<severity>`` directories changes
         (the store renames records into them, which updates their mtime)."""
-        stamp = tuple(_stat_key(self.layout.severity_dir(s)) for s in SEVERITIES)
+        stamp = tuple(stat_key(self.layout.severity_dir(s)) for s in SEVERITIES)
         with self._lock:
             if self._files is not None and self._files[0] == stamp:
                 return self._files[1]
@@ -291,7 +288,7 @@ class RunData:
     def _live(self) -> dict[str, Any]:
         """Active tasks and the last event, from ``progress.jsonl``."""
         path = self.layout.progress_lines
-        stat = _stat_key(path)
+        stat = stat_key(path)
         if stat is None:
             return {"running": False, "active": [], "events": 0, "last": None}
         with self._lock:
