@@ -442,11 +442,14 @@ class RayExecutor(Executor):
 
     async def _plan(self, link: _Link, message: tuple[Any, ...]) -> None:
         _, request_id, task_id, attempt, plan, ack = message
+        failed: str | None = None
         try:
             await self._requests[request_id].reporter.attempt_plan(task_id, attempt, plan)
+        except OSError as exc:  # the attempt fails on it in the worker, as in process
+            failed = str(exc)
         finally:
             if link.alive:
-                self._send(link, ("ack", ack))
+                self._send(link, ("ack", ack) if failed is None else ("ack", ack, failed))
 
     async def _grant(self, link: _Link, kind: str, grant: int, provider: str) -> None:
         grants = self._grants

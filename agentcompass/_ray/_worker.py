@@ -20,9 +20,10 @@ the driver's grant or acknowledgement where the protocol says the caller
 waits). Nothing here writes the run directory.
 
 Messages are tuples, ``(kind, ...)``. Driver to worker: ``start``,
-``grant``, ``ack``, ``cancel``, ``shutdown``, ``forget``, ``sweep``.
+``grant``, ``ack`` (with an error line when a ``plan`` could not be written), ``cancel``,
+``shutdown``, ``forget``, ``sweep``.
 Worker to driver: ``event``, ``stages``, ``opened``, ``closed``, ``checkpoint``,
-``discarded``, ``acquire``, ``token``, ``abandon``, ``release``, ``done``,
+``discarded``, ``plan``, ``acquire``, ``token``, ``abandon``, ``release``, ``done``,
 ``failed``, ``cancelled``, ``swept``.
 """
 
@@ -225,7 +226,8 @@ class Worker:
             self._changed.notify()
 
     async def ask(self, message: tuple[Any, ...]) -> None:
-        """Post ``message`` with an acknowledgement number; wait for the driver's ack."""
+        """Post ``message`` with an acknowledgement number; wait for the
+        driver's ack (``OSError`` when the driver says it failed)."""
         number = next(self._acks)
         acked = self._waiting_acks[number] = trio.Event()
         self.post((*message, number))
@@ -233,6 +235,9 @@ class Worker:
             await acked.wait()
         finally:
             self._waiting_acks.pop(number, None)
+        failed = self._failed_acks.pop(number, None)
+        if failed is not None:
+            raise OSError(failed)
 
     def _main(self) -> None:
         try:
@@ -247,6 +252,8 @@ class Worker:
         self.grants = WorkerGrants(self)
         self._acks = itertools.count(1)
         self._waiting_acks: dict[int, trio.Event] = {}
+        #: Acks that carried the driver's failure (the plan could not be written).
+        self._failed_acks: dict[int, str] = {}
         self._contexts: dict[int, RequestContext] = {}
         self._requests: dict[int, RunRequest] = {}
         self._scopes: dict[int, trio.CancelScope] = {}
@@ -293,6 +300,8 @@ class Worker:
         elif kind == "ack":
             event = self._waiting_acks.get(message[1])
             if event is not None:
+                if len(message) > 2:
+                    self._failed_acks[message[1]] = message[2]
                 event.set()
         elif kind == "shutdown":
             self._shut_down(message[1])
