@@ -61,6 +61,8 @@ if _typing.TYPE_CHECKING:
     from ._planner import Planner as Planner
     from ._registry import build_component as build_component
     from ._registry import register as register
+    from ._stored import StoredRun as StoredRun
+    from ._stored import read_run as read_run
 
 # name -> the private module that defines it
 _ENGINE = {
@@ -70,6 +72,8 @@ _ENGINE = {
     "Planner": "._planner",
     "build_component": "._registry",
     "register": "._registry",
+    "read_run": "._stored",
+    "StoredRun": "._stored",
 }
 
 

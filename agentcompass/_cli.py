@@ -612,8 +612,8 @@ def show(run_dir: Path | None, output_root: Path, as_json: bool) -> None:
     RUN_DIR may also be a request directory (OUTPUT_ROOT/NAME): its runs are
     listed; any other directory shows the latest run under it.
     """
-    from ._report._runs import is_run_dir
     from ._report._show import render_overview, render_run_list, run_overview
+    from ._store._layout import is_run_dir
     from .runtime._errors import ConfigError
 
     if run_dir is None:
@@ -743,6 +743,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
     import trio
 
     from ._report._runs import find_run_dirs
+    from ._store._layout import is_run_dir
     from ._view import ROW_BUDGET_SECONDS, Site, find_runs, serve, write_site
     from .runtime._errors import ConfigError
 
@@ -761,7 +762,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
                 raise ConfigError(f"--out {out} is inside the run directory {run}; the viewer never writes there")
             if target in run.parents:
                 raise ConfigError(f"--out {out} holds the run directory {run}; write the pages elsewhere")
-        if (target / "run_info.json").exists() or (target / "progress.jsonl").exists():
+        if is_run_dir(target):
             raise ConfigError(f"--out {out} is a run directory; the viewer never writes there")
         count = write_site(Site(runs, live=False, static=True), target)
         click.echo(f"wrote {count} file(s) for {len(runs)} run(s); open {target / 'index.html'}")

@@ -37,6 +37,7 @@ import trio
 import agentcompass
 import agentcompass._gc
 from agentcompass import ComponentRef, Orchestration, RunRequest
+from agentcompass._store._layout import RunLayout
 
 from ._agent import _request as agent_request
 from ._agent import start_model_server
@@ -51,7 +52,7 @@ def _cpu() -> float:
 
 def _work_seconds(run_dir: str) -> float:
     times = {"task_started": [], "task_finished": []}  # type: dict[str, list[float]]
-    with open(os.path.join(run_dir, "progress.jsonl"), encoding="utf-8") as f:
+    with open(RunLayout(run_dir).progress_lines, encoding="utf-8") as f:
         for line in f:
             event = json.loads(line)
             if event["event"] in times:

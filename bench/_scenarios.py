@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import resource
 import sys
 import time
@@ -35,6 +34,7 @@ from agentcompass import (
     ProviderLimits,
     RunRequest,
 )
+from agentcompass._store._layout import RunLayout
 
 from ._agent import agent_bound
 from ._docker import docker_open_close as docker_open_close
@@ -99,7 +99,7 @@ def _maxrss_bytes() -> int:
 
 def _events(run_dir: str, kind: str) -> list[dict[str, Any]]:
     out = []
-    with open(os.path.join(run_dir, "progress.jsonl"), encoding="utf-8") as f:
+    with open(RunLayout(run_dir).progress_lines, encoding="utf-8") as f:
         for line in f:
             if f'"event":"{kind}"' in line:
                 out.append(json.loads(line))
@@ -315,6 +315,9 @@ class _DropReporter:
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         pass
 
+    async def attempt_plan(self, task_id: str, attempt: int, plan: Any) -> None:
+        pass
+
 
 async def _engine_only(root: Path, tasks: int, concurrency: int, latency: float) -> tuple[float, float]:
     """The attempt engine alone (``run_task`` of the task scope: plan, try,
@@ -398,7 +401,7 @@ def shutdown_child(root: Path, active: int = 500, hold: float = 2.0, grace: floa
 def _unclosed_in_journal(run_dir: str) -> int:
     opened: set[str] = set()
     closed: set[str] = set()
-    with open(os.path.join(run_dir, "sessions.jsonl"), encoding="utf-8") as f:
+    with open(RunLayout(run_dir).sessions, encoding="utf-8") as f:
         for line in f:
             entry = json.loads(line)
             (opened if entry["event"] == "opened" else closed).add(entry["session"])

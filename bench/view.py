@@ -35,7 +35,8 @@ from typing import Any
 import httpx
 import trio
 
-from agentcompass._store._index import INDEX, task_row
+from agentcompass._store._index import task_row
+from agentcompass._store._layout import SEVERITIES, RunLayout
 from agentcompass._store._trajectories import split_trajectories
 from agentcompass._view import CHUNK_STEPS, ROW_BUDGET_SECONDS, Site, find_runs, serve, write_site
 from agentcompass._view._browser import browser_missing, open_browser
@@ -50,8 +51,9 @@ def write_large_run(root: Path, tasks: int, steps: int, *, split: bool = True) -
     the store writes it (``split``, with the store's ``index.jsonl``) or
     inline as records of earlier versions (no index)."""
     run_dir = root / "large" / "20260101T000000.000Z-bench"
-    for severity in ("fatal", "error", "normal"):
-        (run_dir / "details" / severity).mkdir(parents=True, exist_ok=True)
+    layout = RunLayout(run_dir)
+    for severity in SEVERITIES:
+        os.makedirs(layout.severity_dir(severity), exist_ok=True)
     categories = ["math", "code", "files", "web", "data"]
     index: list[str] = []
     codes = [None, None, None, ("error", "harness_timeout"), ("warning", "reward_missing"), ("fatal", "model_server_error")]
@@ -76,25 +78,25 @@ def write_large_run(root: Path, tasks: int, steps: int, *, split: bool = True) -
             }],
         }
         if split:  # as the store writes a long trajectory: beside the record, 500 messages a file
-            for path, messages in split_trajectories(record["attempts"], str(run_dir / "tasks" / task_id)):
+            for path, messages in split_trajectories(record["attempts"], layout, task_id):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 Path(path).write_text(json.dumps(messages, separators=(",", ":")), encoding="utf-8")
         data = json.dumps(record).encode()
-        (run_dir / "details" / severity / f"{task_id}.json").write_bytes(data)
+        Path(layout.record(severity, task_id)).write_bytes(data)
         if split:  # and its index line, as the store appends it
             index.append(json.dumps({"bytes": len(data), **task_row(record)}, separators=(",", ":")))
     scored = [v for v in values if v is not None]
     series = {"value": None, "reference_value": sum(scored) / max(1, len(scored)), "evaluated": len(scored),
               "unavailable": 0, "invalidated": tasks - len(scored), "error": tasks // 6, "total": tasks}
-    (run_dir / "metrics.json").write_text(json.dumps({"evaluation_failed": True, "series": {"reward": series}, "categories": {}}))
-    (run_dir / "run_info.json").write_text(json.dumps({
+    Path(layout.metrics).write_text(json.dumps({"evaluation_failed": True, "series": {"reward": series}, "categories": {}}))
+    Path(layout.run_info).write_text(json.dumps({
         "request": {"name": "large", "benchmark": {"id": "terminal", "config": {}}, "harness": {"id": "react", "config": {}},
                     "environment": {"id": "local", "config": {}}, "execution": {"attempts": {"k": 1, "strategy": "avg"}}},
         "status": "failed", "started_at": 1_790_000_000.0, "ended_at": 1_790_003_600.0,
     }))
     if index:
-        (run_dir / INDEX).write_text("\n".join(index) + "\n")
-    (run_dir / "progress.jsonl").write_text('{"event":"run_started","t":1}\n{"event":"run_finished","t":2}\n')
+        Path(layout.index).write_text("\n".join(index) + "\n")
+    Path(layout.progress_lines).write_text('{"event":"run_started","t":1}\n{"event":"run_finished","t":2}\n')
     return run_dir
 
 
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         report = trio.run(measure, run_dir, root / "site", root / "profile", args.steps, args.frames)
         report = {"tasks": args.tasks, "steps": args.steps, "fixture_write_s": round(written, 2),
                   "layout": "inline" if args.inline else "split",
-                  "huge_task_mb": round(_bytes_under(run_dir / "tasks" / "huge") / 1e6 + os.path.getsize(run_dir / "details" / "normal" / "huge.json") / 1e6, 1), **report}
+                  "huge_task_mb": round(_bytes_under(Path(RunLayout(run_dir).task_dir("huge"))) / 1e6 + os.path.getsize(RunLayout(run_dir).record("normal", "huge")) / 1e6, 1), **report}
     print(f"viewer bench: {args.tasks:,} tasks, a {args.steps:,}-step trajectory")
     for key, value in report.items():
         print(f"  {key:30} {value}")

@@ -73,6 +73,9 @@ EXTRA_NAMES = {
     "RunFailedError",
     "FileRefusedError",
     "build_component",
+    # The SDK reads a run directory back, leniently and by format (SPEC 12).
+    "read_run",
+    "StoredRun",
 }
 
 

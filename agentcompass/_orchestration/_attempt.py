@@ -95,6 +95,13 @@ async def run_attempt(
         outcome = TryOutcome()
         outcome.task_issues.append(classify(exc, "prepare_task", "setup", outcome.diagnostics))
         return _record(index, outcome, None, 0)
+    # SPEC 5 step 1: the plan is durable in the attempt's directory before its environment opens.
+    try:
+        await reporter.attempt_plan(task.task_id, index, plan)
+    except Exception as exc:
+        outcome = TryOutcome()
+        outcome.task_issues.append(classify(exc, "prepare_task", "setup", outcome.diagnostics))
+        return _record(index, outcome, plan, 0)
     mode = plan.evaluation_environment_mode
     retries = 0
     scope = "attempt"
@@ -142,10 +149,11 @@ async def _wait_to_retry(
     reporter: TaskReporter, task_id: str, index: int, try_number: int, discarded: dict[str, Any]
 ) -> None:
     """Save the failed try as discarded (durable before the retry), say so, wait the backoff."""
-    retry, scope, delay = discarded["retry_number"], discarded["scope"], discarded["delay_seconds"]
+    retry, scope, delay = discarded["retry_number"], discarded["scope"], discarded["retry_delay_seconds"]
+    waited = round(delay, 3)
     await reporter.discarded_try(task_id, index, try_number, discarded)
-    reporter.event("attempt_retry", task=task_id, attempt=index, retry=retry, scope=scope)
-    reporter.event("retry_wait", task=task_id, attempt=index, retry=retry, delay_seconds=round(delay, 3))
+    reporter.event("attempt_retry", task=task_id, attempt=index, retry=retry, scope=scope, retry_delay_seconds=waited)
+    reporter.event("retry_wait", task=task_id, attempt=index, retry=retry, retry_delay_seconds=waited)
     await trio.sleep(delay)
 
 
@@ -183,7 +191,7 @@ async def retry_after_loss(
         "stage": lost.issues[0].phase,
         "scope": "attempt",
         "matched_pattern": None,
-        "delay_seconds": delay,
+        "retry_delay_seconds": delay,
         "issues": unstructure(lost.issues),
         "diagnostics": [],
         "plan": None,
@@ -236,7 +244,7 @@ def _discarded(
         "stage": first.phase,
         "scope": scope,
         "matched_pattern": pattern,
-        "delay_seconds": delay,
+        "retry_delay_seconds": delay,
         "issues": unstructure(outcome.issues),
         "diagnostics": outcome.diagnostics,
         "plan": unstructure(plan),

@@ -26,6 +26,7 @@ from .._logging import get_logger, launch_logging
 from .._models import open_model_clients
 from .._preflight import check_data, has_data_checks, preflight
 from .._store import Disk, open_run_store
+from .._store._layout import RunLayout
 from ..runtime._cleanup import using_cleanup_clock
 from ..runtime._errors import RunFailedError
 from ..runtime._results import OrchestrationResult, RequestResult
@@ -217,12 +218,15 @@ async def _launch(
         finished = True
         display_nursery.cancel_scope.cancel()
     results = [run.result() for run in runs]
+    config_error = any(run.tally.config_error for run in runs)
     for run in runs:
         run.release()
     if stop is not None and stop.is_set() and not timed_out:
         status, exit_code = "cancelled", 130
     else:
         status, exit_code = _overall(results, timed_out and (work_scope.cancelled_caught or shield.cancelled_caught))
+        if config_error and exit_code == 1:
+            exit_code = 2  # bad input found while preparing (SPEC 9 exit codes)
     return OrchestrationResult(status, results, exit_code)  # type: ignore[arg-type]
 
 
@@ -277,9 +281,10 @@ async def run_evaluation(
     request_result = result.requests[0]
     if request_result.status != "succeeded":
         where = request_result.run_dir or str(request.output_root)
+        layout = RunLayout(where)
         raise RunFailedError(
             f"request {request.name!r} {request_result.status}; results in {where} "
-            f"(see {Path(where) / 'summary.md'} and {Path(where) / 'details'})"
+            f"(see {layout.summary} and {layout.details})"
         )
     return request_result
 

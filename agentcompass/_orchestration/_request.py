@@ -26,6 +26,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -41,13 +42,14 @@ from .._store._logs import take_logs, take_task_logs
 from .._store._run_store import new_run_tag
 from ..runtime._components import BaseBenchmark
 from ..runtime._convert import unstructure
-from ..runtime._errors import ComponentError
+from ..runtime._errors import ComponentError, ConfigError
 from ..runtime._executor import Executor, Grants, TaskJob
 from ..runtime._results import AttemptRecord, RequestResult, TaskRecord
-from ..runtime._values import RunRequest, TaskSpec
+from ..runtime._values import ExecutionPlan, RunRequest, TaskSpec
 from ._context import GraceClock, Slots
 from ._request_state import Landing, Life, Prepared, Stage, Tally, Tasks
 from ._reuse import PendingTask, plan_reuse
+from ._task_ids import check_task_ids
 
 __all__ = ["PendingTask", "Reporter", "RequestRun", "failure_line", "request_scope"]
 
@@ -92,6 +94,9 @@ class Reporter:
         record, logs = take_logs(record)
         tasks.nursery.start_soon(self.run.save_checkpoint, task_id, record, landing, logs)
         await trio.lowlevel.checkpoint()
+
+    async def attempt_plan(self, task_id: str, attempt: int, plan: ExecutionPlan) -> None:
+        await self.store.save_plan(task_id, attempt, plan)
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         self.run.tally.retries += 1
@@ -150,23 +155,25 @@ class RequestRun:
         request, store = self.request, self.store
         self.life.advance(Stage.PREPARING)
         self.begin()
-        add_json_log(store.run_dir / "log.jsonl", request=request.name)
+        add_json_log(Path(store.layout.log), request=request.name)
         await store.write_run_info(self.run_info("running"))
         store.event("run_started", request=request.name, run_dir=str(store.run_dir))
         try:
             self.benchmark = _registry.build("benchmark", request.benchmark.id, request.benchmark.config)
-            tasks = await self.benchmark.load_tasks(request)
-            tasks = self.benchmark.select_tasks(list(tasks), request)
+            tasks = list(await self.benchmark.load_tasks(request))
+            check_task_ids(tasks, f"benchmark {request.benchmark.id!r}")
+            tasks = self.benchmark.select_tasks(tasks, request)
             seen: set[str] = set()
             for task in tasks:
                 if not isinstance(task, TaskSpec):
-                    raise ComponentError(f"benchmark {request.benchmark.id!r}: load_tasks() must return TaskSpec values")
+                    raise ComponentError(f"benchmark {request.benchmark.id!r}: select_tasks() must return TaskSpec values")
                 if task.task_id in seen:
-                    raise ComponentError(f"benchmark {request.benchmark.id!r}: duplicate task id {task.task_id!r}")
+                    raise ComponentError(f"benchmark {request.benchmark.id!r}: select_tasks() repeated task id {task.task_id!r}")
                 seen.add(task.task_id)
             primary = self.benchmark.metrics[0] if self.benchmark.metrics else ""
             reuse = await plan_reuse(request, primary, store, tasks, self.disk)
         except Exception as exc:  # noqa: BLE001 - the request fails, the orchestration goes on
+            self.tally.config_error = isinstance(exc, ConfigError)
             self.fail_with(f"{type(exc).__name__}: {exc}".splitlines()[0], note=False)
             return []
         self.prepared = Prepared.of(tasks, reuse.reused)
@@ -436,7 +443,7 @@ class RequestRun:
     def close_log(self) -> None:
         """Detach the run's JSON log from the process-wide logger (idempotent)."""
         if self.store is not None:
-            remove_json_log(self.store.run_dir / "log.jsonl")
+            remove_json_log(Path(self.store.layout.log))
 
     async def recount_late(self) -> None:
         """After a deadline or cancellation, once the request's tasks have
@@ -494,8 +501,8 @@ class RequestRun:
         # Metrics and summary share a commit round; the terminal status comes
         # only once both are durable.
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.store.write_json, "metrics.json", metrics)
-            nursery.start_soon(self.store.write_text, "summary.md", summary)
+            nursery.start_soon(self.store.write_metrics, metrics)
+            nursery.start_soon(self.store.write_summary, summary)
         await self.store.write_run_info(self.run_info(status, notes))
 
     def release(self) -> None:

@@ -222,6 +222,8 @@ class Tally:
     error: str | None = None
     #: Unclassified failures so far (see :meth:`RequestRun.fail`).
     failures: int = 0
+    #: It failed on bad input found while preparing (a task ID): the CLI exits 2.
+    config_error: bool = False
     notes: list[str] = attrs.Factory(list)
     retries: int = 0
     records: list[TaskRecord] = attrs.Factory(list)

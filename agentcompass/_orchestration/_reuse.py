@@ -52,10 +52,12 @@ import attrs
 import trio
 
 from .. import _registry
+from .._logging import get_logger
 from .._observations import is_success
 from .._redact import redact_json_text
 from .._report import display_path
 from .._store import Disk, LoadedRun, latest_run, load_run
+from .._store._layout import RunLayout
 from .._store._run_store import RUN_ID_PATTERN, run_dir_lock
 from ..runtime._components import BaseEnvironment
 from ..runtime._convert import unstructure
@@ -92,6 +94,8 @@ class ReusePlan:
     notes: list[str] = attrs.Factory(list)
     source: Path | None = None
 
+
+log = get_logger(__name__)
 
 #: What makes two runs the same experiment (SPEC section 8): request fields,
 #: then the keys compared inside them (None: the whole value).
@@ -139,7 +143,7 @@ def refuse_other_experiments(requests: Sequence[RunRequest]) -> None:
         if source is None:
             continue
         try:
-            info = json.loads((source / "run_info.json").read_bytes())
+            info = json.loads(Path(RunLayout(source).run_info).read_bytes())
         except (OSError, ValueError):
             continue
         old = info.get("request") if isinstance(info, dict) else None
@@ -281,6 +285,17 @@ async def plan_reuse(
     ignored = sum(1 for task_id in loaded.details if task_id not in selected)
     if ignored:
         plan.notes.append(f"reuse: {ignored} task(s) of {source} are not selected now and were ignored")
+    for where in loaded.unreadable:
+        log.warning("reuse_unreadable_file", file=str(Path(source) / where))
+    undetermined = [reason for task_id, reason in loaded.undetermined.items() if task_id in selected]
+    if undetermined:
+        line = (
+            f"reuse: {len(undetermined)} task(s) run again: the severity of their earlier record cannot be "
+            f"determined (e.g. {undetermined[0]})"
+        )
+        plan.notes.append(line)
+        log.warning("reuse_undetermined_records", request=request.name, note=line)
+    store.carry(loaded.unknown)
     verbatim: dict[str, tuple[str, bytes]] = {}  # task id -> its record file in the source, content
     for task in tasks:
         record = loaded.details.get(task.task_id)
@@ -392,7 +407,7 @@ def _was_prepared(run_dir: Path) -> bool:
     """Whether the run got as far as queuing its tasks. A run written before
     runs recorded this (no ``prepared`` key) counts if it finished."""
     try:
-        info = json.loads((run_dir / "run_info.json").read_bytes())
+        info = json.loads(Path(RunLayout(run_dir).run_info).read_bytes())
     except (OSError, ValueError):
         return False
     if not isinstance(info, dict):

@@ -5,7 +5,7 @@ as one :class:`~agentcompass.runtime.TaskJob` value (the request, the task,
 the attempts still missing, the records to resume from) with two channels
 back to the driver: :class:`~agentcompass.runtime.Grants` (capacity permits
 and open-rate tokens) and :class:`~agentcompass.runtime.TaskReporter`
-(progress, session journal lines, checkpoints, discarded tries). This module
+(progress, session journal lines, checkpoints, discarded tries, plans). This module
 is everything an executor takes from the orchestration; an executor package
 (``agentcompass._ray``) imports this and no other module of it.
 
@@ -15,7 +15,8 @@ is everything an executor takes from the orchestration; an executor package
   is exactly that, in the driver's own Trio run.
 * Carrying the reporter across a process boundary: one frozen message class
   per ``TaskReporter`` method (:class:`ProgressEvent`, :class:`SessionOpened`,
-  :class:`SessionClosed`, :class:`Checkpoint`, :class:`DiscardedTry`), all
+  :class:`SessionClosed`, :class:`Checkpoint`, :class:`DiscardedTry`,
+  :class:`AttemptPlan`), all
   pickling. Where the task runs, :class:`ForwardingReporter` turns each call
   into its message; on the driver, ``await message.apply(reporter)`` makes
   the same call on the request's reporter. :attr:`Report.answered` says
@@ -40,13 +41,14 @@ import trio
 
 from ..runtime._executor import Executor, Grants, TaskJob, TaskReporter
 from ..runtime._results import AttemptRecord, Phase, TaskRecord
-from ..runtime._values import RunRequest
+from ..runtime._values import ExecutionPlan, RunRequest
 from ._attempt import WORKER_LOST, lost_try, retry_after_loss
 from ._context import GraceClock, RequestContext
 from ._task import run_task, task_record
 
 __all__ = [
     "WORKER_LOST",
+    "AttemptPlan",
     "Checkpoint",
     "DiscardedTry",
     "ForwardingReporter",
@@ -208,6 +210,25 @@ class ForwardingReporter:
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         await self._report(DiscardedTry(task_id, attempt, try_number, data))
+
+    async def attempt_plan(self, task_id: str, attempt: int, plan: ExecutionPlan) -> None:
+        await self._report(AttemptPlan(task_id, attempt, plan))
+
+
+@attrs.frozen
+class AttemptPlan(Report):
+    """``reporter.attempt_plan(...)``: answered once the driver made it durable
+    (an ``OSError`` writing it is raised where the attempt runs)."""
+
+    answered: ClassVar[bool] = True
+    durable: ClassVar[bool] = True
+
+    task_id: str
+    attempt: int
+    plan: ExecutionPlan
+
+    async def apply(self, reporter: TaskReporter) -> None:
+        await reporter.attempt_plan(self.task_id, self.attempt, self.plan)
 
 
 # -- a try lost with its worker ----------------------------------------------------------

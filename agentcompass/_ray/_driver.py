@@ -363,12 +363,17 @@ class RayExecutor(Executor):
         await self._report(link, request, report, message.ack)
 
     async def _report(self, link: _Link, request: _Request | None, report: Report, ack: int | None) -> None:
+        error: str | None = None
         try:
             if request is not None:
                 await report.apply(request.reporter)
+        except OSError as exc:  # the attempt fails on it in the worker, as in process
+            if ack is None:
+                raise
+            error = str(exc)
         finally:
             if ack is not None and link.alive:
-                self._send(link, Acked(ack))
+                self._send(link, Acked(ack, error))
 
     def _saw_event(self, link: _Link, request_id: int, request: _Request, report: ProgressEvent) -> Report:
         if report.kind == "attempt_started":

@@ -57,9 +57,11 @@ class Granted:
 
 @attrs.frozen
 class Acked:
-    """The driver applied the answered report ``number``."""
+    """The driver applied the answered report ``number``; ``error``: the line of
+    the ``OSError`` that applying it raised (a plan the driver could not write)."""
 
     number: int
+    error: str | None = None
 
 
 @attrs.frozen

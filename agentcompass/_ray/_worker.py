@@ -253,7 +253,8 @@ class WorkerRun:
             self._changed.notify()
 
     async def ask(self, request_id: int, report: Report) -> None:
-        """Post ``report`` with an acknowledgement number; wait for the driver's ack."""
+        """Post ``report`` with an acknowledgement number; wait for the driver's
+        ack (``OSError`` when the driver says applying it failed)."""
         number = next(self._acks)
         acked = self._waiting_acks[number] = trio.Event()
         self.post(Reported(request_id, report, number))
@@ -261,6 +262,9 @@ class WorkerRun:
             await acked.wait()
         finally:
             self._waiting_acks.pop(number, None)
+        failed = self._failed_acks.pop(number, None)
+        if failed is not None:
+            raise OSError(failed)
 
     def _main(self) -> None:
         try:
@@ -275,6 +279,8 @@ class WorkerRun:
         self.grants = WorkerGrants(self)
         self._acks = itertools.count(1)
         self._waiting_acks: dict[int, trio.Event] = {}
+        #: Acks that carried the driver's failure (the plan could not be written).
+        self._failed_acks: dict[int, str] = {}
         self._contexts: dict[int, RequestContext] = {}
         self._requests: dict[int, RunRequest] = {}
         self._scopes: dict[int, trio.CancelScope] = {}
@@ -316,6 +322,8 @@ class WorkerRun:
     def _acked(self, message: Acked) -> None:
         event = self._waiting_acks.get(message.number)
         if event is not None:
+            if message.error is not None:
+                self._failed_acks[message.number] = message.error
             event.set()
 
     def _cancel(self, message: CancelTask) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .._observations import is_success
 from .._store import load_run
+from .._store._layout import RunLayout
 from ._format import (
     causes,
     fmt_metric,
@@ -58,7 +59,7 @@ def read_json(path: Path) -> Any:
 def render_request_report(name: str, status: str, run_dir: str, metrics: dict[str, Any] | None, tty: bool) -> str:
     """The end-of-run report of one request (``tty``: a rich table)."""
     directory = Path(run_dir)
-    metrics = metrics if metrics and "series" in metrics else read_json(directory / "metrics.json")
+    metrics = metrics if metrics and "series" in metrics else read_json(Path(RunLayout(directory).metrics))
     series: dict[str, Any] = (metrics or {}).get("series", {})
     primary = next(iter(series), None)
     records: list[Any] = []

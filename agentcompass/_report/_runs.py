@@ -13,11 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .._store._layout import is_run_dir
+
 __all__ = ["find_run_dirs", "is_run_dir", "latest_run"]
-
-
-def is_run_dir(path: Path) -> bool:
-    return (path / "run_info.json").is_file() or (path / "progress.jsonl").is_file()
 
 
 def find_run_dirs(root: Path) -> list[Path]:

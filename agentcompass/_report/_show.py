@@ -8,11 +8,13 @@ open, and what the loader had to skip.
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 from .._store import LoadedRun, load_run
+from .._store._layout import RunLayout, has_run_info
 from .._store._run_store import run_is_live
 from ._end import display_path, read_json
 from ._format import (
@@ -59,7 +61,7 @@ def run_overview(run_dir: Path) -> tuple[LoadedRun, dict[str, Any]]:
     """What ``compass show`` says of ``run_dir``, read from its files: the
     loaded run and the document ``compass show --json`` prints (see
     :func:`overview`)."""
-    metrics = read_json(run_dir / "metrics.json")
+    metrics = read_json(Path(RunLayout(run_dir).metrics))
     loaded = load_run(run_dir)
     info = loaded.run_info if isinstance(loaded.run_info, dict) else {}
     total = info.get("tasks")
@@ -117,9 +119,9 @@ def overview(
         "open_sessions": len(loaded.open_sessions),
         "resume": resume,
         "paths": {
-            name.split(".")[0]: str(shown / name)
-            for name in ("run_info.json", "metrics.json", "summary.md", "progress.json", "log.jsonl", "details")
-            if (loaded.run_dir / name).exists()
+            name: str(shown / RunLayout(loaded.run_dir).relative(path))
+            for name, path in RunLayout(loaded.run_dir).shown().items()
+            if os.path.exists(path)
         },
         "notes": list(loaded.notes),
     }
@@ -193,9 +195,10 @@ def render_overview(loaded: LoadedRun, view: dict[str, Any]) -> str:
 def render_run_list(request_dir: Path) -> str:
     """The runs of one request directory, oldest first: id, status, tasks, primary value."""
     rows = []
-    for run_dir in sorted(p for p in request_dir.iterdir() if (p / "run_info.json").is_file()):
-        info = read_json(run_dir / "run_info.json") or {}
-        metrics = read_json(run_dir / "metrics.json") or {}
+    for run_dir in sorted(p for p in request_dir.iterdir() if has_run_info(p)):
+        layout = RunLayout(run_dir)
+        info = read_json(Path(layout.run_info)) or {}
+        metrics = read_json(Path(layout.metrics)) or {}
         series = metrics.get("series", {})
         primary = next(iter(series), None)
         value = fmt_metric(series[primary].get("value")) if primary else "-"

@@ -1,5 +1,7 @@
-"""The results store (SPEC 8): run directories, durable writes, task keys,
-reading runs back and metrics.
+"""The results store (SPEC 8, 12): the run directory's layout (``_layout``,
+the one place its names are spelled), durable writes, task keys, the one
+reader of run directories (``_load``), results formats (``_formats``) and
+metrics.
 
 Private package: the runtime imports these names; users see only the files.
 """

@@ -24,10 +24,9 @@ import attrs
 import trio
 
 from ._disk import Disk, temp_name
+from ._layout import RunLayout
 
-__all__ = ["CHECKPOINT", "Write", "commit", "link"]
-
-CHECKPOINT = "checkpoint.json"
+__all__ = ["Write", "commit", "link"]
 
 
 @attrs.define(eq=False, slots=True)
@@ -39,8 +38,8 @@ class Write:
     append: bool = False
     #: Files to remove once this write is durable.
     remove: tuple[str, ...] = ()
-    #: A task directory whose checkpoints to remove then (found by listing it).
-    sweep: str | None = None
+    #: A task (its run's layout, its key) whose checkpoints to remove then (found by listing its directory).
+    sweep: tuple[RunLayout, str] | None = None
     #: Set once the write is done, for a caller that waits (None: nobody does).
     done: trio.Event | None = None
     error: Exception | None = None
@@ -66,7 +65,7 @@ def commit(disk: Disk, writes: list[Write], known_dirs: set[str]) -> list[str]:
                 write.written = True
             synced.append(path)
     dirs: dict[str, None] = {}  # an ordered set: directories to sync
-    new_dirs: list[str] = []
+    new_dirs: set[str] = set()  # a set: a batch of new attempts makes two directories each
     temps: list[tuple[Write, str, str]] = []
     for write in writes:
         if write.append:
@@ -113,11 +112,8 @@ def remove_superseded(disk: Disk, renamed: list[Write]) -> list[str]:
     for write in renamed:
         paths = list(write.remove)
         if write.sweep is not None:
-            paths += [
-                os.path.join(write.sweep, name, CHECKPOINT)
-                for name in disk.listdir(write.sweep)
-                if name.startswith("attempt-")
-            ]
+            layout, key = write.sweep
+            paths += layout.checkpoints_in(disk.listdir(layout.task_dir(key)), key)
         for path in paths:
             try:
                 disk.unlink(path)
@@ -142,7 +138,7 @@ def link(disk: Disk, targets: list[tuple[str, str]]) -> set[int]:
     return failed
 
 
-def _make_dirs(disk: Disk, path: str, known: set[str], dirs: dict[str, None], new_dirs: list[str]) -> None:
+def _make_dirs(disk: Disk, path: str, known: set[str], dirs: dict[str, None], new_dirs: set[str]) -> None:
     """Create ``path`` and its missing parents; each one's parent needs a sync."""
     parent = os.path.dirname(path)
     if path in known or path in new_dirs or parent == path:
@@ -150,7 +146,7 @@ def _make_dirs(disk: Disk, path: str, known: set[str], dirs: dict[str, None], ne
     _make_dirs(disk, parent, known, dirs, new_dirs)
     disk.mkdir(path)  # one that exists is not known durable: sync its parent anyway
     dirs[parent] = None
-    new_dirs.append(path)
+    new_dirs.add(path)
 
 
 def _fail(writes: list[Write], exc: Exception) -> None:

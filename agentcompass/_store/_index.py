@@ -1,4 +1,4 @@
-"""The run's task index (``index.jsonl``): one line per record the store saved.
+"""The run's task index (``RunLayout.index``): one line per record the store saved.
 
 A line is the task table's summary of the record (:func:`task_row`) plus
 ``bytes``, the size of the record file it summarizes; its task key is the
@@ -16,9 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-__all__ = ["INDEX", "task_row", "valid_row"]
-
-INDEX = "index.jsonl"
+__all__ = ["task_row", "valid_row"]
 
 _ROW_TYPES: dict[str, type | tuple[type, ...]] = {
     "task_id": str, "severity": str, "statuses": list, "codes": list, "values": list,

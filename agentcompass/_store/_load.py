@@ -1,32 +1,38 @@
-"""Reading a run directory back, for reuse, reaping and ``compass show``.
+"""The reader of run directories: reuse, reaping, ``compass show``, the
+end-of-run report, the SDK and (for its primitives) the viewer read runs here.
 
 Written for directories a SIGKILL may have interrupted at any instant: hidden
 temporary files are skipped, a cut-short line in a ``.jsonl`` journal is
-skipped, an unreadable record is skipped with a note. The loader never
-decodes task keys; every file carries its task id.
+skipped. Files are read by format (``._formats``): a key this version does
+not know is kept, never a reason to skip; a file that cannot be read at all
+is named in :attr:`LoadedRun.unreadable`, a record whose severity cannot be
+determined in :attr:`LoadedRun.undetermined`. The loader never decodes task
+keys; every file carries its task id.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 import attrs
 import orjson
 
-from ..runtime._convert import converter, error_line
+from ..runtime._convert import error_line
 from ..runtime._results import AttemptRecord, TaskRecord
 from ._disk import is_temp_name
+from ._formats import Overlay, Undetermined, structure, upgrade
+from ._index import valid_row
 from ._keys import task_key
-from ._run_store import CHECKPOINT, RUN_ID_PATTERN, SEVERITIES
+from ._layout import SEVERITIES, RunLayout, attempt_number, record_key
+from ._run_store import RUN_ID_PATTERN
 from ._trajectories import join_trajectories
 
-__all__ = ["LoadedRun", "latest_run", "load_run"]
-
-_ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
+__all__ = [
+    "IndexReader", "LoadedRun", "attempt_numbers", "latest_run", "list_records", "load_run", "read_retries", "stat_key",
+]  # fmt: skip
 
 
 @attrs.frozen
@@ -56,6 +62,15 @@ class LoadedRun:
     files: dict[str, tuple[str, bytes]] = attrs.Factory(dict)
     #: Every provider ``sessions.jsonl`` names (opened or closed).
     providers: frozenset[str] = frozenset()
+    #: Files that could not be read at all (relative paths; each also a note).
+    unreadable: list[str] = attrs.Factory(list)
+    #: Tasks whose record was read but whose severity cannot be determined
+    #: (task id -> file and why): not in ``details``, never reused.
+    undetermined: dict[str, str] = attrs.Factory(dict)
+    #: What records and checkpoints held that this version does not know,
+    #: as ``(value, overlay)`` (see ``_formats.structure``): a copy of the
+    #: value keeps it (``RunStore.carry``).
+    unknown: list[tuple[Any, Overlay]] = attrs.Factory(list)
 
     @property
     def tag(self) -> str | None:
@@ -83,17 +98,35 @@ def load_run(run_dir: Path, *, keep_files: bool = False, records: bool = True) -
     (``details`` and ``checkpoints`` stay empty): what ``compass reap``
     needs, without reading thousands of record files."""
     run_dir = Path(run_dir)
-    notes: list[str] = []
-    run_info = _load_run_info(run_dir, notes)
+    layout = RunLayout(run_dir)
+    run = _Reading()
+    run_info = _load_run_info(layout, run.notes)
     files: dict[str, tuple[str, bytes]] = {}
     details: dict[str, TaskRecord] = {}
     checkpoints: dict[str, dict[int, AttemptRecord]] = {}
     if records:
-        details = _load_details(run_dir, notes, files if keep_files else None)
-        checkpoints = _load_checkpoints(run_dir, details, notes)
+        details = _load_details(layout, run, files if keep_files else None)
+        checkpoints = _load_checkpoints(layout, details, run)
     providers: set[str] = set()
-    open_sessions = _load_sessions(run_dir, notes, providers)
-    return LoadedRun(run_dir, run_info, details, checkpoints, open_sessions, notes, files, frozenset(providers))
+    open_sessions = _load_sessions(layout, run.notes, providers)
+    return LoadedRun(
+        run_dir, run_info, details, checkpoints, open_sessions, run.notes, files, frozenset(providers),
+        unreadable=run.files, undetermined=run.undetermined, unknown=run.unknown,
+    )  # fmt: skip
+
+
+@attrs.define
+class _Reading:
+    """What reading a run found besides its records."""
+
+    notes: list[str] = attrs.Factory(list)
+    files: list[str] = attrs.Factory(list)
+    undetermined: dict[str, str] = attrs.Factory(dict)
+    unknown: list[tuple[Any, Overlay]] = attrs.Factory(list)
+
+    def unreadable(self, where: str, exc: BaseException) -> None:
+        self.files.append(where)
+        self.notes.append(f"skipped unreadable {where}: {_short(exc)}")
 
 
 def latest_run(output_root: Path, request_name: str, exclude: Path | None = None) -> Path | None:
@@ -134,58 +167,70 @@ def _read_bytes(path: Path | str) -> bytes:
         return file.read()
 
 
-def _json_files(directory: Path) -> list[os.DirEntry[str]]:
+def _json_files(directory: str) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as entries:
-            return [e for e in entries if e.name.endswith(".json") and not is_temp_name(e.name)]
+            return [e for e in entries if record_key(e.name) is not None and not is_temp_name(e.name)]
     except FileNotFoundError:
         return []
 
 
-def _load_run_info(run_dir: Path, notes: list[str]) -> dict[str, Any]:
-    path = run_dir / "run_info.json"
+def _load_run_info(layout: RunLayout, notes: list[str]) -> dict[str, Any]:
+    where = layout.relative(layout.run_info)
     try:
-        info = _loads(_read_bytes(path))
+        info = _loads(_read_bytes(layout.run_info))
     except FileNotFoundError:
-        notes.append("run_info.json is missing")
+        notes.append(f"{where} is missing")
         return {}
     except (OSError, ValueError) as exc:
-        notes.append(f"run_info.json is unreadable: {exc}")
+        notes.append(f"{where} is unreadable: {exc}")
         return {}
     if not isinstance(info, dict):
-        notes.append("run_info.json is not a JSON object")
+        notes.append(f"{where} is not a JSON object")
         return {}
     return info
 
 
-def _load_details(run_dir: Path, notes: list[str], files: dict[str, tuple[str, bytes]] | None) -> dict[str, TaskRecord]:
+def _load_details(layout: RunLayout, run: _Reading, files: dict[str, tuple[str, bytes]] | None) -> dict[str, TaskRecord]:
     """The records (task id -> record); their files and contents go to
     ``files`` if it is given. A file's mtime is only read when its task id was seen
     before (a crash left the task under two severities): the newest wins."""
     details: dict[str, TaskRecord] = {}
     kept: dict[str, tuple[str, bytes, bool]] = {}  # task id -> (path, content, trajectory beside it)
-    structure = converter.get_structure_hook(TaskRecord)  # once, not a dispatch per record
     for severity in SEVERITIES:
-        for entry in _json_files(run_dir / "details" / severity):
-            where = f"details/{severity}/{entry.name}"
+        for entry in _json_files(layout.severity_dir(severity)):
+            where = layout.relative(entry.path)
             try:
                 content = _read_bytes(entry.path)
                 raw = _loads(content)
-                split = isinstance(raw, dict) and join_trajectories(
-                    raw.get("attempts"), str(run_dir / "tasks" / task_key(str(raw.get("task_id")))), _read_json)
-                record = structure(raw, TaskRecord)
-            except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
-                notes.append(f"skipped unreadable record {where}: {_short(exc)}")
+                task_id = raw.get("task_id") if isinstance(raw, dict) else None
+                if not isinstance(task_id, str):
+                    raise ValueError("not a task record: no task_id")
+                data = upgrade(raw, "record")
+                split = join_trajectories(data.get("attempts"), layout, task_key(task_id), _read_json)
+            except Undetermined as exc:  # raised once task_id is known to be a string
+                run.undetermined[str(task_id)] = f"{where}: {_short(exc)}"
+                continue
+            except Exception as exc:  # noqa: BLE001 - any malformed file is reported, not fatal
+                run.unreadable(where, exc)
+                continue
+            try:
+                record, unknown = structure(data, TaskRecord)
+            except Undetermined as exc:
+                run.undetermined[task_id] = f"{where}: {_short(exc)}"
                 continue
             if record.severity != severity:
-                notes.append(f"{where} says severity {record.severity!r}; kept as written")
+                run.notes.append(f"{where} says severity {record.severity!r}; kept as written")
             previous = kept.get(record.task_id)
             if previous is not None:
-                notes.append(f"task {record.task_id!r} has records under two severities; kept the newest")
+                run.notes.append(f"task {record.task_id!r} has records under two severities; kept the newest")
                 if _mtime_ns(previous[0]) > _mtime_ns(entry.path):
                     continue
             details[record.task_id] = record
+            run.unknown.extend(unknown)
             kept[record.task_id] = (entry.path, content, bool(split))
+    for task_id in details:
+        run.undetermined.pop(task_id, None)
     if files is not None:
         files.update((task_id, (path, content)) for task_id, (path, content, split) in kept.items() if not split)
     return details
@@ -199,41 +244,44 @@ def _mtime_ns(path: str) -> int:
 
 
 def _load_checkpoints(
-    run_dir: Path, details: dict[str, TaskRecord], notes: list[str]
+    layout: RunLayout, details: dict[str, TaskRecord], run: _Reading
 ) -> dict[str, dict[int, AttemptRecord]]:
     checkpoints: dict[str, dict[int, AttemptRecord]] = {}
-    structure = converter.get_structure_hook(AttemptRecord)
     try:
-        task_dirs = [e.path for e in os.scandir(run_dir / "tasks") if e.is_dir()]
+        keys = [e.name for e in os.scandir(layout.tasks) if e.is_dir()]
     except FileNotFoundError:
         return checkpoints
-    for task_dir in sorted(task_dirs):
-        with os.scandir(task_dir) as entries:
-            attempt_dirs = sorted(e.name for e in entries if _ATTEMPT_DIR.fullmatch(e.name))
-        for attempt_name in attempt_dirs:
-            path = Path(task_dir) / attempt_name / CHECKPOINT
-            where = f"tasks/{Path(task_dir).name}/{attempt_name}/{CHECKPOINT}"
+    for key in sorted(keys):
+        with os.scandir(layout.task_dir(key)) as entries:
+            attempts = sorted(n for n in (attempt_number(e.name) for e in entries) if n is not None)
+        for attempt in attempts:
+            path = layout.checkpoint(key, attempt)
+            where = layout.relative(path)
             try:
-                data = _loads(_read_bytes(path))
+                data = upgrade(_loads(_read_bytes(path)), "checkpoint")
                 task_id = data["task_id"]
                 if not isinstance(task_id, str):
                     raise TypeError("task_id is not a string")
-                join_trajectories([data["record"]], task_dir, _read_json)
-                record = structure(data["record"], AttemptRecord)
+                raw = data["record"]
+                if not isinstance(raw, dict):
+                    raise TypeError("record is not an object")
+                join_trajectories([raw], layout, key, _read_json)
+                record, unknown = structure(raw, AttemptRecord)
             except FileNotFoundError:
                 continue  # an attempt with only discarded tries
-            except Exception as exc:  # noqa: BLE001 - any malformed file is skipped, not fatal
-                notes.append(f"skipped unreadable checkpoint {where}: {_short(exc)}")
+            except Exception as exc:  # noqa: BLE001 - any malformed file is reported, not fatal
+                # An attempt not read runs again: the task is not finished, so no record is lost.
+                run.unreadable(where, exc)
                 continue
             if task_id not in details:
                 checkpoints.setdefault(task_id, {})[record.attempt] = record
+                run.unknown.extend(unknown)
     return checkpoints
 
 
-def _load_sessions(run_dir: Path, notes: list[str], providers: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
-    path = run_dir / "sessions.jsonl"
+def _load_sessions(layout: RunLayout, notes: list[str], providers: set[str]) -> list[tuple[str, str, dict[str, Any]]]:
     try:
-        lines = _read_bytes(path).split(b"\n")
+        lines = _read_bytes(layout.sessions).split(b"\n")
     except FileNotFoundError:
         return []
     opened: dict[str, tuple[str, str, dict[str, Any]]] = {}  # insertion-ordered
@@ -250,7 +298,7 @@ def _load_sessions(run_dir: Path, notes: list[str], providers: set[str]) -> list
             if not isinstance(session, str) or not isinstance(provider, str):
                 raise TypeError("session and provider must be strings")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            notes.append(f"skipped unreadable line {number} of sessions.jsonl: {_short(exc)}")
+            notes.append(f"skipped unreadable line {number} of {layout.relative(layout.sessions)}: {_short(exc)}")
             continue
         providers.add(provider)
         if event == "opened":
@@ -262,3 +310,89 @@ def _load_sessions(run_dir: Path, notes: list[str], providers: set[str]) -> list
 
 def _short(exc: BaseException) -> str:
     return (error_line(exc) or type(exc).__name__).splitlines()[0][:200]
+
+
+# -- primitives for readers that keep their own caches (the viewer) ---------------------
+
+
+def stat_key(path: str) -> tuple[int, int] | None:
+    """``(mtime_ns, size)`` of ``path``, None if it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def list_records(layout: RunLayout) -> dict[str, tuple[str, str, tuple[int, int]]]:
+    """Task key -> (path, severity, (mtime_ns, size)) of each countable record
+    on disk, the newest of two; nothing is read but the listings."""
+    files: dict[str, tuple[str, str, tuple[int, int]]] = {}
+    for severity in SEVERITIES:
+        for entry in _json_files(layout.severity_dir(severity)):
+            key = record_key(entry.name)
+            try:
+                st = entry.stat()
+            except OSError:
+                continue
+            stat = (st.st_mtime_ns, st.st_size)
+            if key is not None and (key not in files or stat > files[key][2]):
+                files[key] = (entry.path, severity, stat)
+    return files
+
+
+def attempt_numbers(layout: RunLayout, key: str) -> list[int]:
+    """The attempts that have a directory under ``tasks/<key>``, in order."""
+    try:
+        with os.scandir(layout.task_dir(key)) as entries:
+            return sorted(n for n in (attempt_number(e.name) for e in entries if e.is_dir()) if n is not None)
+    except OSError:
+        return []
+
+
+def read_retries(layout: RunLayout, key: str) -> list[dict[str, Any]]:
+    """The discarded tries of a task, in attempt then try order:
+    ``{"attempt", "try", "data"}``, ``data`` in the current format's shape
+    (a file that cannot be read is left out)."""
+    tries: list[dict[str, Any]] = []
+    for attempt in attempt_numbers(layout, key):
+        entries = _json_files(layout.retries(key, attempt))
+        for name in sorted((e.name for e in entries), key=lambda n: (len(n), n)):
+            try:
+                data = upgrade(_read_json(os.path.join(layout.retries(key, attempt), name)), "retry")
+            except (OSError, ValueError):
+                continue
+            tries.append({"attempt": attempt, "try": record_key(name), "data": data})
+    return tries
+
+
+@attrs.define(eq=False)
+class IndexReader:
+    """``index.jsonl`` (see ``._index``) read on from where the last call
+    stopped while the file only grows: the last valid line per task key."""
+
+    layout: RunLayout
+    rows: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    _at: tuple[int, int] = (0, 0)  # (inode, bytes read)
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        try:
+            with open(self.layout.index, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                if inode != self._at[0]:
+                    self._at, self.rows = (inode, 0), {}
+                f.seek(self._at[1])
+                data = f.read()
+        except OSError:
+            return self.rows
+        end = data.rfind(b"\n") + 1  # a line being appended is read next time
+        for raw in data[:end].splitlines():
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue  # cut short by a crash
+            if valid_row(line):
+                line["key"] = task_key(line["task_id"])
+                self.rows[line["key"]] = line
+        self._at = (inode, self._at[1] + end)
+        return self.rows

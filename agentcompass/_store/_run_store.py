@@ -1,14 +1,4 @@
-"""The writer of one run directory (SPEC 8).
-
-::
-
-    <output_root>/<request name>/<run id>/
-      run_info.json  progress.jsonl  progress.json  sessions.jsonl
-      details/{fatal,error,normal}/<task key>.json
-      tasks/<task key>/attempt-<n>/checkpoint.json
-      tasks/<task key>/attempt-<n>/retries/<try>.json
-      tasks/<task key>/attempt-<n>/trajectory/<i>.json   a long trajectory, see ._trajectories
-      metrics.json  summary.md
+"""The writer of one run directory (SPEC 8), at the paths ``._layout`` names.
 
 A :class:`RunStore` (made by :func:`open_run_store`) owns one *committer*
 task. Every write is queued; the committer takes what is queued as a batch
@@ -53,10 +43,12 @@ from ..runtime._cleanup import cleanup_deadline
 from ..runtime._convert import unstructure
 from ..runtime._results import AttemptRecord, TaskRecord
 from . import _commit
-from ._commit import CHECKPOINT, Write
+from ._commit import Write
 from ._disk import Disk, RunLockedError, timed_out
-from ._index import INDEX, task_row
+from ._formats import FORMAT, Overlay, merge, stamp
+from ._index import task_row
 from ._keys import task_key
+from ._layout import SEVERITIES, RunLayout
 from ._trajectories import split_trajectories
 
 __all__ = [
@@ -78,8 +70,6 @@ __all__ = [
 PROGRESS_INTERVAL = 0.5
 #: How long progress lines and snapshots wait for a batch to ride with.
 PROGRESS_BATCH_SECONDS = 0.05
-
-SEVERITIES = ("fatal", "error", "normal")
 
 
 def _json_default(value: Any) -> Any:
@@ -196,13 +186,11 @@ class RunStore:
     _fresh: bool
     _lock: contextlib.ExitStack
     _known_dirs: set[str]
-    _sessions: str = attrs.field(
-        init=False, default=attrs.Factory(lambda self: str(self.run_dir / "sessions.jsonl"), takes_self=True)
+    layout: RunLayout = attrs.field(
+        init=False, default=attrs.Factory(lambda self: RunLayout(self.run_dir), takes_self=True)
     )
-    _root: str = attrs.field(init=False, default=attrs.Factory(lambda self: str(self.run_dir), takes_self=True))
-    _index: str = attrs.field(
-        init=False, default=attrs.Factory(lambda self: str(self.run_dir / INDEX), takes_self=True)
-    )
+    _sessions: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.layout.sessions, takes_self=True))
+    _index: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.layout.index, takes_self=True))
     _pending: list[Write] = attrs.Factory(list)
     _in_flight: list[Write] = attrs.Factory(list)
     _wake: trio.Event = attrs.Factory(trio.Event)
@@ -220,6 +208,8 @@ class RunStore:
     # that a record's clean-up knows its targets without listing directories
     # (complete only in a run directory it created).
     _written: dict[str, set[str]] = attrs.Factory(dict)
+    # Keys this version does not know, to write again with values read back (see carry).
+    _carried: dict[int, tuple[Any, Overlay]] = attrs.Factory(dict)
 
     @property
     def failure(self) -> str | None:
@@ -273,8 +263,16 @@ class RunStore:
     # -- durable writes -------------------------------------------------------
 
     async def write_run_info(self, info: dict[str, Any]) -> None:
-        """Write ``run_info.json`` (the caller redacts the request)."""
-        await self.write_json("run_info.json", info)
+        """Write ``run_info.json`` (the caller redacts the request), with its results ``format``."""
+        await self.write_json(self.layout.run_info, stamp(dict(info)))
+
+    async def write_metrics(self, metrics: dict[str, Any]) -> None:
+        """Write ``metrics.json``."""
+        await self.write_json(self.layout.metrics, metrics)
+
+    async def write_summary(self, text: str) -> None:
+        """Write ``summary.md``."""
+        await self.write_text(self.layout.summary, text)
 
     async def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` as indented JSON to ``name`` (relative to the run directory)."""
@@ -291,26 +289,38 @@ class RunStore:
         attempt: ``{"task_id": ..., "record": <AttemptRecord>}``, ``n`` being
         ``record.attempt``."""
         attempt = unstructure(record)
-        chunks = self._chunk_writes(task_id, [attempt])
-        data = _mask(_compact({"task_id": task_id, "record": attempt}))
-        path = os.path.join(self._task_dir(task_id), f"attempt-{record.attempt}", CHECKPOINT)
+        if self._carried:
+            self._put_back(record, attempt)
+        key = task_key(task_id)
+        chunks = self._chunk_writes(key, [attempt])
+        data = _mask(_compact({"task_id": task_id, "record": attempt, "format": FORMAT}))
+        path = self.layout.checkpoint(key, record.attempt)
         self._written.setdefault(task_id, set()).add(path)
         await self._write([*chunks, Write(path, data.encode())])
+
+    async def save_plan(self, task_id: str, attempt: int, plan: Any) -> None:
+        """Write ``tasks/<key>/attempt-<n>/plan.json`` (``{"task_id", "attempt",
+        "plan", "format"}``, the plan unstructured and masked as in records);
+        returns once it is durable, so the caller opens the attempt's
+        environment only then."""
+        data = _compact({"task_id": task_id, "attempt": attempt, "plan": unstructure(plan), "format": FORMAT})
+        await self._write([Write(self.layout.plan(task_key(task_id), attempt), _mask(data).encode())])
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
 
-        ``data`` is free-form (diagnostics, stage, matched pattern, delay,
-        redacted plan); the task id is added to it.
+        ``data`` is free-form (diagnostics, stage, matched pattern,
+        ``retry_delay_seconds``, redacted plan); the task id and the results
+        ``format`` are added to it.
         """
-        payload = _mask(_compact({"task_id": task_id, **unstructure(data)}))
-        path = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "retries", f"{try_number}.json")
+        payload = _mask(_compact({"task_id": task_id, **unstructure(data), "format": FORMAT}))
+        path = self.layout.retry(task_key(task_id), attempt, try_number)
         await self._write([Write(path, payload.encode())])
 
     async def save_logs(self, task_id: str, attempt: int, files: dict[str, bytes]) -> None:
         """Write an attempt's kept logs under ``tasks/<key>/attempt-<n>/logs/``
         (``files``: safe relative path -> bytes, see ``_logs.take_logs``)."""
-        top = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "logs")
+        top = self.layout.logs(task_key(task_id), attempt)
         await self._write([Write(os.path.join(top, *rel.split("/")), data) for rel, data in files.items()])
 
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
@@ -393,13 +403,13 @@ class RunStore:
         if self._closed:
             raise StoreClosedError("the run store is closed")
 
-    def _task_dir(self, task_id: str) -> str:
-        return f"{self._root}{os.sep}tasks{os.sep}{task_key(task_id)}"
-
     def _record_path(self, severity: str, task_id: str) -> str:
-        return f"{self._root}{os.sep}details{os.sep}{severity}{os.sep}{task_key(task_id)}.json"
+        return self.layout.record(severity, task_key(task_id))
 
     def _path(self, name: str) -> str:
+        """``name``: a path of :attr:`layout`, or one relative to the run directory."""
+        if name.startswith(self.layout.root + "/"):
+            name = self.layout.relative(name)
         relative = Path(name)
         if not name or relative.is_absolute() or ".." in relative.parts:
             raise ValueError(f"{name!r} is not a path inside the run directory")
@@ -418,7 +428,10 @@ class RunStore:
             task_id = record.task_id
             if data is None:
                 unstructured = unstructure(record)
-                chunks += self._chunk_writes(task_id, unstructured["attempts"])
+                if self._carried:
+                    self._put_back(record, unstructured)
+                chunks += self._chunk_writes(task_key(task_id), unstructured["attempts"])
+                unstructured["format"] = FORMAT
                 data = _mask(_compact(unstructured)).encode()
             else:
                 unstructured = None
@@ -431,7 +444,7 @@ class RunStore:
                 write = Write(path, data, remove=tuple(sorted(older)))
             else:  # files of an earlier writer may be anywhere
                 others = tuple(self._record_path(s, task_id) for s in SEVERITIES if s != record.severity)
-                write = Write(path, data, remove=others, sweep=self._task_dir(task_id))
+                write = Write(path, data, remove=others, sweep=(self.layout, task_key(task_id)))
             self._written[task_id] = {path}
             writes.append(write)
         try:
@@ -445,6 +458,24 @@ class RunStore:
                 if write.error is not None:  # maybe not written: a later save still cleans up all
                     self._written.setdefault(record.task_id, set()).update(write.remove)
 
+    def carry(self, unknown: list[tuple[Any, Overlay]]) -> None:
+        """Write with each value of ``unknown`` (a record or an attempt read
+        back, see ``LoadedRun.unknown``) the keys it held that this version
+        does not know, whenever it is saved (e.g. copied by ``--reuse``)."""
+        for value, overlay in unknown:
+            self._carried[id(value)] = (value, overlay)
+
+    def _put_back(self, record: TaskRecord | AttemptRecord, unstructured: dict[str, Any]) -> None:
+        """Merge the carried keys of ``record`` (and of its attempts) into its JSON form."""
+        found = self._carried.get(id(record))
+        if found is not None and found[0] is record:
+            merge(unstructured, found[1])
+        if isinstance(record, TaskRecord):
+            for attempt, data in zip(record.attempts, unstructured["attempts"], strict=True):
+                found = self._carried.get(id(attempt))
+                if found is not None and found[0] is attempt:
+                    merge(data, found[1])
+
     def _index_line(self, record: TaskRecord, unstructured: Any, data: bytes) -> Write:
         """The ``index.jsonl`` line of a record saved as ``data`` (see
         ``_index``); ``unstructured`` is its JSON form, None to parse ``data``."""
@@ -456,11 +487,11 @@ class RunStore:
         line = {"bytes": len(data), **task_row(unstructured)}
         return Write(self._index, (_mask(_compact(line)) + "\n").encode(), append=True)
 
-    def _chunk_writes(self, task_id: str, attempts: list[Any]) -> list[Write]:
+    def _chunk_writes(self, key: str, attempts: list[Any]) -> list[Write]:
         """The files of the long trajectories of ``attempts`` (unstructured,
         each replaced by its reference), each masked on its own."""
         return [Write(path, _mask(_compact(messages)).encode())
-                for path, messages in split_trajectories(attempts, self._task_dir(task_id))]
+                for path, messages in split_trajectories(attempts, self.layout, key)]
 
     def _queue(self, write: Write) -> None:
         self._check_open()
@@ -528,9 +559,9 @@ class RunStore:
             return
         unattended = []  # writes nobody waits for
         if lines:
-            unattended.append(Write(str(self.run_dir / "progress.jsonl"), _encode_lines(lines), append=True))
+            unattended.append(Write(self.layout.progress_lines, _encode_lines(lines), append=True))
         if snapshot is not None:
-            unattended.append(Write(str(self.run_dir / "progress.json"), (_PRETTY.encode(snapshot) + "\n").encode()))
+            unattended.append(Write(self.layout.progress, (_PRETTY.encode(snapshot) + "\n").encode()))
         self._in_flight = batch
         try:
             self._notes.extend(await self._run(_commit.commit, self._disk, batch + unattended, self._known_dirs))
@@ -559,18 +590,15 @@ class RunStore:
             while not disk.mkdir(str(run_dir := request_dir / new_run_id())):
                 pass
             fresh = True
-        subdirs = [
-            str(run_dir / "details"),
-            *(str(run_dir / "details" / s) for s in SEVERITIES),
-            str(run_dir / "tasks"),
-        ]
+        layout = RunLayout(run_dir)
+        subdirs = [layout.details, *(layout.severity_dir(s) for s in SEVERITIES), layout.tasks]
         for path in subdirs:
             disk.mkdir(path)
         lock = contextlib.ExitStack()
         lock.enter_context(disk.lock(str(run_dir)))
         try:
-            for name in ("progress.jsonl", "sessions.jsonl"):  # exist from the start; a cut line is ended
-                disk.append(str(run_dir / name), b"")
+            for path in (layout.progress_lines, layout.sessions):  # exist from the start; a cut line is ended
+                disk.append(path, b"")
             # The new tree itself must survive a crash.
             disk.sync([str(run_dir), *subdirs, str(request_dir), str(request_dir.parent)])
         except BaseException:

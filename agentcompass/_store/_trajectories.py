@@ -2,7 +2,7 @@
 
 An attempt whose trajectory has more than :data:`TRAJECTORY_CHUNK` messages
 is written with its messages in files of :data:`TRAJECTORY_CHUNK` each,
-``tasks/<task key>/attempt-<n>/trajectory/<i>.json`` (a JSON array each),
+``RunLayout.chunk`` (``tasks/<task key>/attempt-<n>/trajectory/<i>.json``, a JSON array each),
 and its ``run_result.trajectory`` in the record (and in the checkpoint) is a
 reference::
 
@@ -21,22 +21,18 @@ attempt; the record rewrites them (same paths, same content).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TRAJECTORY_CHUNK", "join_trajectories", "split_reference", "split_trajectories", "trajectory_dir"]
+from ._layout import RunLayout
+
+__all__ = ["TRAJECTORY_CHUNK", "join_trajectories", "split_reference", "split_trajectories"]
 
 #: Messages per trajectory file; a trajectory this long or shorter stays in its record.
 TRAJECTORY_CHUNK = 500
 
 
-def trajectory_dir(task_dir: str, attempt: Any) -> str:
-    """Where the chunks of attempt ``attempt`` of the task at ``task_dir`` are."""
-    return os.path.join(task_dir, f"attempt-{int(attempt)}", "trajectory")
-
-
-def split_trajectories(attempts: list[Any], task_dir: str) -> list[tuple[str, list[Any]]]:
+def split_trajectories(attempts: list[Any], layout: RunLayout, key: str) -> list[tuple[str, list[Any]]]:
     """Replace each long trajectory in ``attempts`` (unstructured attempt
     records, changed in place) by its reference; the chunk files to write,
     as (path, messages), in order."""
@@ -48,9 +44,9 @@ def split_trajectories(attempts: list[Any], task_dir: str) -> list[tuple[str, li
         trajectory = run_result.get("trajectory")
         if not isinstance(trajectory, list) or len(trajectory) <= TRAJECTORY_CHUNK:
             continue
-        directory = trajectory_dir(task_dir, attempt["attempt"])
+        number = int(attempt["attempt"])
         for index, start in enumerate(range(0, len(trajectory), TRAJECTORY_CHUNK)):
-            chunks.append((os.path.join(directory, f"{index}.json"), trajectory[start : start + TRAJECTORY_CHUNK]))
+            chunks.append((layout.chunk(key, number, index), trajectory[start : start + TRAJECTORY_CHUNK]))
         calls = sum(len(m.get("tool_calls") or ()) for m in trajectory if isinstance(m, dict))
         run_result["trajectory"] = {"split": TRAJECTORY_CHUNK, "messages": len(trajectory), "tool_calls": calls}
     return chunks
@@ -66,7 +62,7 @@ def split_reference(trajectory: Any) -> tuple[int, int, int] | None:
     return int(numbers[0]), int(numbers[1]), int(numbers[2])  # type: ignore[arg-type]
 
 
-def join_trajectories(attempts: Any, task_dir: str, read: Callable[[str], list[Any]]) -> bool:
+def join_trajectories(attempts: Any, layout: RunLayout, key: str, read: Callable[[str], list[Any]]) -> bool:
     """Replace each reference in ``attempts`` (changed in place) by the
     messages its chunk files hold (``read``: path -> the array in it);
     whether there was any. Raises ``OSError`` or ``ValueError`` when a chunk
@@ -80,10 +76,10 @@ def join_trajectories(attempts: Any, task_dir: str, read: Callable[[str], list[A
         if reference is None:
             continue
         split, count, _ = reference
-        directory = trajectory_dir(task_dir, attempt.get("attempt"))
+        number = int(attempt.get("attempt"))  # type: ignore[arg-type]
         messages: list[Any] = []
         for index in range(-(-count // split)):
-            chunk = read(os.path.join(directory, f"{index}.json"))
+            chunk = read(layout.chunk(key, number, index))
             if not isinstance(chunk, list):
                 raise ValueError(f"trajectory chunk {index} is not a JSON array")
             messages.extend(chunk)

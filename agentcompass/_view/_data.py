@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -27,23 +26,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from .._store._index import INDEX, task_row, valid_row
+from .._store._index import task_row
 from .._store._keys import task_key
+from .._store._layout import SEVERITIES, RunLayout, has_run_info, is_run_dir
+from .._store._load import IndexReader, attempt_numbers, list_records, read_retries, stat_key
 from .._store._metrics import reduce_attempt_values
 from ._logs import list_logs, read_log
 from ._trajectory import CHUNK_STEPS, LARGE_RECORD, RawJSON, Trajectory, read_record
 
 __all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
 
-_SEVERITIES = ("fatal", "error", "normal")
-_ATTEMPT_DIR = re.compile(r"attempt-(\d+)")
 #: Characters of parsed records (trajectory chunks as JSON text) kept per run.
 RECORD_CACHE_CHARS = 256 * 1024 * 1024
 #: How long a run page request reads rows before answering with placeholders.
 ROW_BUDGET_SECONDS = 0.3
-_CHECKPOINT = "checkpoint.json"
 _PRIMARY_FALLBACK = ("reward", "passed", "correct", "score", "accuracy")
 
 
@@ -53,15 +49,15 @@ def find_runs(paths: list[Path]) -> list[Path]:
     within each."""
     found: list[Path] = []
     for path in paths:
-        if (path / "run_info.json").is_file() or (path / "progress.jsonl").is_file():
+        if is_run_dir(path):
             found.append(path)
             continue
         below: list[Path] = []
         for child in _subdirs(path):
-            if (child / "run_info.json").is_file():
+            if has_run_info(child):
                 below.append(child)
             else:
-                below.extend(g for g in _subdirs(child) if (g / "run_info.json").is_file())
+                below.extend(g for g in _subdirs(child) if has_run_info(g))
         found.extend(sorted(below, key=lambda p: (p.parent.name, p.name), reverse=True))
     unique: dict[Path, None] = {}
     for path in found:
@@ -76,14 +72,6 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
-def _stat_key(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
-
-
 def _read_json(path: str | Path) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
@@ -95,6 +83,7 @@ class RunData:
 
     def __init__(self, run_dir: Path, *, record_cache_chars: int = RECORD_CACHE_CHARS) -> None:
         self.run_dir = Path(run_dir)
+        self.layout = RunLayout(self.run_dir)
         self._lock = threading.Lock()
         self._rows: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # file -> (stat, row)
         self._records: OrderedDict[str, tuple[tuple[int, int], Any, int]] = OrderedDict()  # file -> (stat, value, chars)
@@ -105,9 +94,7 @@ class RunData:
         self.records_read = 0
         self._progress: tuple[tuple[int, int], dict[str, Any]] | None = None
         self._files: tuple[tuple[tuple[int, int] | None, ...], dict[str, tuple[str, str, tuple[int, int]]]] | None = None
-        # index.jsonl as read so far: (inode, bytes read), key -> its last valid line.
-        self._index_at: tuple[int, int] = (0, 0)
-        self._index: dict[str, dict[str, Any]] = {}
+        self._index = IndexReader(self.layout)
 
     # ------------------------------------------------------------ run page
 
@@ -139,9 +126,9 @@ class RunData:
         sizes, and those of the ``details/`` directories, which every record
         written renames into): equal signatures, equal pages, once no row is
         a placeholder and the run is not live."""
-        names = ("run_info.json", "metrics.json", "progress.json", "progress.jsonl")
-        return (*(_stat_key(str(self.run_dir / n)) for n in names),
-                *(_stat_key(str(self.run_dir / "details" / s)) for s in _SEVERITIES))
+        layout = self.layout
+        files = (layout.run_info, layout.metrics, layout.progress, layout.progress_lines)
+        return (*(stat_key(f) for f in files), *(stat_key(layout.severity_dir(s)) for s in SEVERITIES))
 
     def run(self, budget: float | None = None) -> dict[str, Any]:
         """Everything the run page shows, with one compact row per task.
@@ -150,8 +137,8 @@ class RunData:
         rows of large records, are placeholders from the listing (task key
         and severity) and ``pending`` counts them; None reads everything."""
         info = self._run_info()
-        metrics = self._optional_json("metrics.json")
-        progress = self._optional_json("progress.json")
+        metrics = self._optional_json(self.layout.metrics)
+        progress = self._optional_json(self.layout.progress)
         series = list(((metrics or {}).get("series") or {}).keys())
         rows, pending = self._task_rows(budget)
         if not series:
@@ -220,12 +207,12 @@ class RunData:
             self._row_of(key, path, stat)
 
     def _run_info(self) -> dict[str, Any]:
-        info = self._optional_json("run_info.json")
+        info = self._optional_json(self.layout.run_info)
         return info if isinstance(info, dict) else {}
 
-    def _optional_json(self, name: str) -> Any:
+    def _optional_json(self, path: str) -> Any:
         try:
-            return _read_json(self.run_dir / name)
+            return _read_json(path)
         except (OSError, ValueError):
             return None
 
@@ -235,7 +222,7 @@ class RunData:
 
         Cached until one of the ``details/<severity>`` directories changes
         (the store renames records into them, which updates their mtime)."""
-        stamp = tuple(_stat_key(str(self.run_dir / "details" / s)) for s in _SEVERITIES)
+        stamp = tuple(stat_key(self.layout.severity_dir(s)) for s in SEVERITIES)
         with self._lock:
             if self._files is not None and self._files[0] == stamp:
                 return self._files[1]
@@ -245,23 +232,7 @@ class RunData:
         return files
 
     def _scan_details(self) -> dict[str, tuple[str, str, tuple[int, int]]]:
-        files: dict[str, tuple[str, str, tuple[int, int]]] = {}
-        for severity in _SEVERITIES:
-            try:
-                entries = list(os.scandir(self.run_dir / "details" / severity))
-            except OSError:
-                continue
-            for entry in entries:
-                if entry.name.endswith(".json") and not entry.name.startswith("."):
-                    key = entry.name[: -len(".json")]
-                    try:
-                        st = entry.stat()
-                    except OSError:
-                        continue
-                    stat = (st.st_mtime_ns, st.st_size)
-                    if key not in files or stat > files[key][2]:
-                        files[key] = (entry.path, severity, stat)
-        return files
+        return list_records(self.layout)
 
     def _task_rows(self, budget: float | None) -> tuple[list[dict[str, Any]], int]:
         files = self._detail_files()
@@ -293,30 +264,9 @@ class RunData:
         return rows, pending
 
     def _read_index(self) -> dict[str, dict[str, Any]]:
-        """``index.jsonl``'s last valid line per task key (see ``_store._index``),
-        read on from where the last call stopped while the file only grows."""
-        path = self.run_dir / INDEX
+        """``index.jsonl``'s last valid line per task key (see ``_store._index``)."""
         with self._lock:
-            try:
-                with open(path, "rb") as f:
-                    inode = os.fstat(f.fileno()).st_ino
-                    if inode != self._index_at[0]:
-                        self._index_at, self._index = (inode, 0), {}
-                    f.seek(self._index_at[1])
-                    data = f.read()
-            except OSError:
-                return self._index
-            end = data.rfind(b"\n") + 1  # a line being appended is read next time
-            for raw in data[:end].splitlines():
-                try:
-                    line = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue  # cut short by a crash
-                if valid_row(line):
-                    line["key"] = task_key(line["task_id"])
-                    self._index[line["key"]] = line
-            self._index_at = (inode, self._index_at[1] + end)
-            return self._index
+            return self._index.read()
 
     def _row_of(self, key: str, path: str, stat: tuple[int, int]) -> dict[str, Any] | None:
         with self._lock:
@@ -337,8 +287,8 @@ class RunData:
 
     def _live(self) -> dict[str, Any]:
         """Active tasks and the last event, from ``progress.jsonl``."""
-        path = str(self.run_dir / "progress.jsonl")
-        stat = _stat_key(path)
+        path = self.layout.progress_lines
+        stat = stat_key(path)
         if stat is None:
             return {"running": False, "active": [], "events": 0, "last": None}
         with self._lock:
@@ -387,20 +337,19 @@ class RunData:
     def _checkpoints(self, key: str) -> list[dict[str, Any]]:
         """The attempt records checkpointed under ``tasks/<key>``, in order."""
         found = []
-        for attempt_dir in _subdirs(self.run_dir / "tasks" / key):
-            match = _ATTEMPT_DIR.fullmatch(attempt_dir.name)
-            path = attempt_dir / _CHECKPOINT
-            stat = _stat_key(str(path))
-            if not match or stat is None:
+        for number in attempt_numbers(self.layout, key):
+            path = self.layout.checkpoint(key, number)
+            stat = stat_key(path)
+            if stat is None:
                 continue
             try:
-                attempt = self._load(str(path), stat, key)
+                attempt = self._load(path, stat, key)
             except (OSError, ValueError):
                 continue  # being replaced right now: the next refresh shows it
             if isinstance(attempt, dict) and isinstance(attempt.get("record"), dict):
                 attempt = attempt["record"]  # the store's form: {"task_id", "record"}
             if isinstance(attempt, dict):
-                found.append((int(match.group(1)), attempt))
+                found.append((number, attempt))
         return [a for _, a in sorted(found, key=lambda x: x[0])]
 
     # ------------------------------------------------------------ attempt page
@@ -469,9 +418,9 @@ class RunData:
         return read_log(self._logs_dir(key, attempt_index), index)
 
     def _logs_dir(self, key: str, attempt_index: Any) -> Path:
-        """``tasks/<key>/attempt-<n>/logs``: what the attempt's verifier and agent left in ``/logs``."""
+        """What the attempt's verifier and agent left in ``/logs`` (``RunLayout.logs``)."""
         n = attempt_index if isinstance(attempt_index, int) and not isinstance(attempt_index, bool) else -1
-        return self.run_dir / "tasks" / key / f"attempt-{n}" / "logs"
+        return Path(self.layout.logs(key, n))
 
     def task_keys(self) -> list[str]:
         return sorted(self._detail_files())
@@ -508,7 +457,7 @@ class RunData:
                     self._records.move_to_end(path)
                     return cached[1]
             try:
-                value, chars = read_record(path, str(self.run_dir / "tasks" / key))
+                value, chars = read_record(path, lambda attempt, index: self.layout.chunk(key, attempt, index))
                 with self._lock:
                     self.records_read += 1
             finally:
@@ -527,21 +476,7 @@ class RunData:
 
     def _discarded(self, key: str) -> list[dict[str, Any]]:
         """Discarded tries of every attempt, in attempt then try order."""
-        task_dir = self.run_dir / "tasks" / key
-        tries: list[dict[str, Any]] = []
-        for attempt_dir in _subdirs(task_dir):
-            match = _ATTEMPT_DIR.fullmatch(attempt_dir.name)
-            if not match:
-                continue
-            retries_dir = attempt_dir / "retries"
-            names = [p.name for p in _files(retries_dir) if p.name.endswith(".json") and not p.name.startswith(".")]
-            for name in sorted(names, key=lambda n: (len(n), n)):
-                try:
-                    data = _read_json(retries_dir / name)
-                except (OSError, ValueError):
-                    continue
-                tries.append({"attempt": int(match.group(1)), "try": name[: -len(".json")], "data": data})
-        return tries
+        return read_retries(self.layout, key)
 
 
 def _task_id_of(attempts: list[dict[str, Any]]) -> str | None:
@@ -572,13 +507,6 @@ def writer_alive(run_dir: Path) -> bool | None:
     ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == ident
                for fields in (line.split() for line in lines))
-
-
-def _files(path: Path) -> list[Path]:
-    try:
-        return [Path(e.path) for e in os.scandir(path) if e.is_file()]
-    except OSError:
-        return []
 
 
 def _ref_id(ref: Any) -> str | None:

@@ -11,12 +11,14 @@ loop, run between messages instead of waiting for one 50 MB parse.
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
-from .._store._trajectories import TRAJECTORY_CHUNK, split_reference, trajectory_dir
+from .._store._trajectories import TRAJECTORY_CHUNK, split_reference
+
+#: Where chunk ``index`` of attempt ``attempt``'s trajectory is (the run's layout, for one task).
+ChunkPath = Callable[[int, int], str]
 
 __all__ = ["CHUNK_STEPS", "LARGE_RECORD", "FileChunks", "RawJSON", "Trajectory", "read_record"]
 
@@ -37,10 +39,10 @@ class RawJSON(str):
 
 class FileChunks(Sequence[str]):
     """The chunk files of a trajectory the store wrote beside its record
-    (``<directory>/<i>.json``), read when asked for: nothing is held."""
+    (``path(i)``, see ``RunLayout.chunk``), read when asked for: nothing is held."""
 
-    def __init__(self, directory: str, count: int) -> None:
-        self.directory = directory
+    def __init__(self, path: Callable[[int], str], count: int) -> None:
+        self.path = path
         self.count = count
 
     def __len__(self) -> int:
@@ -55,7 +57,7 @@ class FileChunks(Sequence[str]):
             return [self[i] for i in range(*index.indices(self.count))]
         if not -self.count <= index < self.count:
             raise IndexError(index)
-        with open(os.path.join(self.directory, f"{index % self.count}.json"), "rb") as f:
+        with open(self.path(index % self.count), "rb") as f:
             return f.read().decode("utf-8")
 
     def __iter__(self) -> Iterator[str]:
@@ -75,10 +77,10 @@ class Trajectory:
         self.tool_calls = tool_calls
 
     @classmethod
-    def beside(cls, directory: str, split: int, steps: int, tool_calls: int) -> Trajectory:
-        """The trajectory in the chunk files at ``directory`` (``split``
+    def beside(cls, path: Callable[[int], str], split: int, steps: int, tool_calls: int) -> Trajectory:
+        """The trajectory in the chunk files ``path(i)`` (``split``
         messages each): served file by file when its chunks are the viewer's."""
-        files = FileChunks(directory, -(-steps // split))
+        files = FileChunks(path, -(-steps // split))
         if split == CHUNK_STEPS:
             return cls(files, steps, tool_calls)
         return cls.of([m for text in files for m in json.loads(text)])
@@ -116,11 +118,11 @@ class Trajectory:
         return [n for n, chunk in enumerate(self.chunks) if any(needle in chunk.lower() for needle in needles)]
 
 
-def read_record(path: str, task_dir: str | None = None) -> tuple[Any, int]:
+def read_record(path: str, chunk_path: ChunkPath | None = None) -> tuple[Any, int]:
     """A record or checkpoint with every ``run_result.trajectory`` as a
     :class:`Trajectory`, and the characters it holds (for the cache bound).
     A trajectory the store wrote beside the record is read from its chunk
-    files under ``task_dir`` (the task's ``tasks/<key>``) when asked for.
+    files (``chunk_path(attempt, i)``) when asked for.
 
     A large file's trajectories are located and scanned one message at a time
     (the rest of the file is parsed with them cut out), so the interpreter
@@ -130,24 +132,25 @@ def read_record(path: str, task_dir: str | None = None) -> tuple[Any, int]:
         text = f.read().decode("utf-8")
     if len(text) >= LARGE_RECORD:
         try:
-            return _read_split(text, task_dir), len(text)
+            return _read_split(text, chunk_path), len(text)
         except (ValueError, IndexError, StopIteration):
             pass
     value = json.loads(text)
     for attempt, run_result in _attempt_results(value):
-        run_result["trajectory"] = _trajectory(run_result.get("trajectory"), attempt, task_dir)
+        run_result["trajectory"] = _trajectory(run_result.get("trajectory"), attempt, chunk_path)
     return value, len(text)
 
 
-def _trajectory(value: Any, attempt: dict[str, Any], task_dir: str | None) -> Trajectory:
+def _trajectory(value: Any, attempt: dict[str, Any], chunk_path: ChunkPath | None) -> Trajectory:
     """A run result's ``trajectory`` (messages, or a reference to chunk files) as a :class:`Trajectory`."""
     reference = split_reference(value)
-    if reference is None or task_dir is None:
+    if reference is None or chunk_path is None:
         return Trajectory.of(value)
-    return Trajectory.beside(trajectory_dir(task_dir, attempt.get("attempt")), *reference)
+    number = int(attempt.get("attempt"))  # type: ignore[arg-type]
+    return Trajectory.beside(lambda index: chunk_path(number, index), *reference)
 
 
-def _read_split(text: str, task_dir: str | None) -> Any:
+def _read_split(text: str, chunk_path: ChunkPath | None) -> Any:
     pieces: list[str] = []
     trajectories: list[Trajectory] = []
     pos = 0
@@ -166,7 +169,7 @@ def _read_split(text: str, task_dir: str | None) -> Any:
             run_result["trajectory"] = trajectories[int(mark[len(_MARK):])]
             placed += 1
         elif "trajectory" in run_result:
-            run_result["trajectory"] = _trajectory(mark, attempt, task_dir)
+            run_result["trajectory"] = _trajectory(mark, attempt, chunk_path)
     if placed != len(trajectories):
         raise ValueError("a trajectory key outside a run result")
     return value

@@ -1,9 +1,14 @@
-"""The one cattrs converter: config in, JSON out.
+"""The cattrs converters: config in, JSON out, results read back.
 
-Values never know how they are serialized; this module does. Unknown keys
-are errors (``forbid_extra_keys``), and structuring errors are turned into
-one line naming the key path, e.g. ``unknown key 'max_retriez' @
-$.requests[0].execution``.
+Values never know how they are serialized; this module does. Two
+converters share every hook, one per direction of trust: config in
+(:data:`converter`) is strict, unknown keys are errors
+(``forbid_extra_keys``), and structuring errors are turned into one line
+naming the key path, e.g. ``unknown key 'max_retriez' @
+$.requests[0].execution``; results on disk are read with
+:func:`make_results_converter`'s, which ignores a key it does not know (a
+newer version wrote it; the results store keeps it, see
+``agentcompass._store._formats``).
 
 Structuring is strict where YAML would otherwise be silently misread: a
 string is not a list of characters, ``"3"`` is not a number, a literal
@@ -50,6 +55,7 @@ __all__ = [
     "SECRET_CONFIG_KEYS",
     "converter",
     "error_line",
+    "make_results_converter",
     "resolve_paths",
     "structure",
     "structure_config",
@@ -63,8 +69,6 @@ _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 #: Keys of a component config (at any depth) whose string values are secrets.
 SECRET_CONFIG_KEYS = frozenset({"token", "api_key", "password", "secret"})
 
-converter = cattrs.Converter(forbid_extra_keys=True)
-
 
 def _structure_secret(value: Any, _: type) -> Secret:
     if isinstance(value, Secret):
@@ -77,28 +81,14 @@ def _structure_secret(value: Any, _: type) -> Secret:
     return Secret(value)
 
 
-converter.register_structure_hook(Secret, _structure_secret)
-converter.register_unstructure_hook(Secret, str)
-
-
 def _structure_path(value: Any, _: type) -> Path:
     if not isinstance(value, (str, Path)) or not str(value):
         raise TypeError(f"expected a path, got {_short(value)}")
     return Path(value)
 
 
-converter.register_structure_hook(Path, _structure_path)
-# A policy is written as a mode string or {mode, allow}, in config and in stored plans alike.
-converter.register_structure_hook(NetworkPolicy, lambda v, _: NetworkPolicy.parse(v, "network policy"))
-converter.register_unstructure_hook(Path, str)
-
-
 def _structure_any(value: Any, _: type) -> Any:
     return value
-
-
-converter.register_structure_hook(Any, _structure_any)
-converter.register_structure_hook(float | bool | None, _structure_any)  # type: ignore[arg-type]
 
 
 def _check_scalar(value: Any, kinds: tuple[type, ...], what: str) -> Any:
@@ -107,15 +97,6 @@ def _check_scalar(value: Any, kinds: tuple[type, ...], what: str) -> Any:
     if not isinstance(value, kinds):
         raise TypeError(f"expected {what}, got {value!r}")
     return value
-
-
-# Strict scalars: YAML's ``k: "3"`` or ``k: true`` for a number is an error, not a cast.
-converter.register_structure_hook(int, lambda v, _: _check_scalar(v, (int,), "an integer"))
-converter.register_structure_hook(
-    float, lambda v, _: float(_check_scalar(v, (int, float), "a number"))
-)
-converter.register_structure_hook(bool, lambda v, _: _check_scalar(v, (bool,), "true or false"))
-converter.register_structure_hook(str, lambda v, _: _check_scalar(v, (str,), "a string"))
 
 
 def _short(value: Any) -> str:
@@ -154,27 +135,6 @@ def _origin_is(*origins: Any) -> Any:
     return lambda t: typing.get_origin(t) in origins
 
 
-converter.register_structure_hook_factory(lambda t: typing.get_origin(t) is Literal, _literal_factory)
-converter.register_structure_hook_factory(
-    _origin_is(list), _strict((list, tuple), "a list", list_structure_factory)
-)
-converter.register_structure_hook_factory(
-    lambda t: typing.get_origin(t) is tuple and typing.get_args(t)[-1:] == (...,),
-    _strict((list, tuple), "a list", homogenous_tuple_structure_factory),
-
-)
-converter.register_structure_hook_factory(
-    _origin_is(dict), _strict((Mapping,), "a mapping", mapping_structure_factory)
-)
-converter.register_structure_hook_factory(
-    attrs.has,
-    _strict((Mapping,), "a mapping", lambda t, c: make_dict_structure_fn(t, c, _cattrs_forbid_extra_keys=True)),
-
-)
-
-_component_ref_fn = make_dict_structure_fn(ComponentRef, converter, _cattrs_forbid_extra_keys=True)
-
-
 def _secretize(value: Any) -> Any:
     """Turn the string values of :data:`SECRET_CONFIG_KEYS` (at any depth) into secrets."""
     if isinstance(value, Mapping):
@@ -187,19 +147,6 @@ def _secretize(value: Any) -> Any:
     return value
 
 
-def _structure_component_ref(value: Any, _: type) -> ComponentRef:
-    # ``harness: none`` and ``environment: local`` are shorthands for ``{id: ...}``.
-    if isinstance(value, str):
-        return ComponentRef(value)
-    if isinstance(value, ComponentRef):
-        return value
-    if not isinstance(value, Mapping):
-        raise TypeError(f"expected a component id or a mapping, got {_short(value)}")
-    ref = _component_ref_fn(value, ComponentRef)
-    return attrs.evolve(ref, config=_secretize(ref.config))
-
-
-converter.register_structure_hook(ComponentRef, _structure_component_ref)
 
 
 def _structure_reuse(value: Any, _: type) -> bool | Path:
@@ -214,15 +161,73 @@ def _unstructure_reuse(value: bool | Path) -> bool | str:
     return value if isinstance(value, bool) else str(value)
 
 
-converter.register_structure_hook(bool | Path, _structure_reuse)  # type: ignore[arg-type]
-converter.register_unstructure_hook(bool | Path, _unstructure_reuse)  # type: ignore[arg-type]
-_ = RunRequest  # RunRequest.reuse is the field these hooks serve
+def _make_converter(*, strict: bool) -> cattrs.Converter:
+    """A converter with every hook of this module; ``strict`` forbids unknown keys."""
+    conv = cattrs.Converter(forbid_extra_keys=strict)
+
+    def structure_component_ref(value: Any, _: type) -> ComponentRef:
+        # ``harness: none`` and ``environment: local`` are shorthands for ``{id: ...}``.
+        if isinstance(value, str):
+            return ComponentRef(value)
+        if isinstance(value, ComponentRef):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected a component id or a mapping, got {_short(value)}")
+        ref = component_ref_fn(value, ComponentRef)
+        return attrs.evolve(ref, config=_secretize(ref.config))
+
+    conv.register_structure_hook(Secret, _structure_secret)
+    conv.register_unstructure_hook(Secret, str)
+    conv.register_structure_hook(Path, _structure_path)
+    # A policy is written as a mode string or {mode, allow}, in config and in stored plans alike.
+    conv.register_structure_hook(NetworkPolicy, lambda v, _: NetworkPolicy.parse(v, "network policy"))
+    conv.register_unstructure_hook(Path, str)
+    conv.register_structure_hook(Any, _structure_any)
+    conv.register_structure_hook(float | bool | None, _structure_any)  # type: ignore[arg-type]
+    # Strict scalars: YAML's ``k: "3"`` or ``k: true`` for a number is an error, not a cast.
+    conv.register_structure_hook(int, lambda v, _: _check_scalar(v, (int,), "an integer"))
+    conv.register_structure_hook(
+        float, lambda v, _: float(_check_scalar(v, (int, float), "a number"))
+    )
+    conv.register_structure_hook(bool, lambda v, _: _check_scalar(v, (bool,), "true or false"))
+    conv.register_structure_hook(str, lambda v, _: _check_scalar(v, (str,), "a string"))
+    conv.register_structure_hook_factory(lambda t: typing.get_origin(t) is Literal, _literal_factory)
+    conv.register_structure_hook_factory(
+        _origin_is(list), _strict((list, tuple), "a list", list_structure_factory)
+    )
+    conv.register_structure_hook_factory(
+        lambda t: typing.get_origin(t) is tuple and typing.get_args(t)[-1:] == (...,),
+        _strict((list, tuple), "a list", homogenous_tuple_structure_factory),
+    )
+    conv.register_structure_hook_factory(
+        _origin_is(dict), _strict((Mapping,), "a mapping", mapping_structure_factory)
+    )
+    conv.register_structure_hook_factory(
+        attrs.has,
+        _strict((Mapping,), "a mapping", lambda t, c: make_dict_structure_fn(t, c, _cattrs_forbid_extra_keys=strict)),
+    )
+    component_ref_fn = make_dict_structure_fn(ComponentRef, conv, _cattrs_forbid_extra_keys=strict)
+    conv.register_structure_hook(ComponentRef, structure_component_ref)
+    conv.register_structure_hook(bool | Path, _structure_reuse)  # type: ignore[arg-type]
+    conv.register_unstructure_hook(bool | Path, _unstructure_reuse)  # type: ignore[arg-type]
+    # An issue's retry hint appears in JSON only when a service gave one.
+    conv.register_unstructure_hook(
+        Issue, make_dict_unstructure_fn(Issue, conv, retry_after_seconds=override(omit_if_default=True))
+    )
+    return conv
 
 
-# An issue's retry hint appears in JSON only when a service gave one.
-converter.register_unstructure_hook(
-    Issue, make_dict_unstructure_fn(Issue, converter, retry_after_seconds=override(omit_if_default=True))
-)
+#: Config in: strict (an unknown key is an error).
+converter = _make_converter(strict=True)
+
+
+def make_results_converter() -> cattrs.Converter:
+    """A fresh converter for results read back from disk: the same hooks,
+    unknown keys ignored (the results store keeps them, see
+    ``agentcompass._store._formats``)."""
+    return _make_converter(strict=False)
+
+_ = RunRequest  # RunRequest.reuse is the field the bool | Path hooks serve
 
 
 def resolve_paths(config: Any, cls: Any, base_dir: Path) -> Any:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import attrs
 
 from ._results import AttemptRecord, TaskRecord
-from ._values import RunRequest, TaskSpec
+from ._values import ExecutionPlan, RunRequest, TaskSpec
 
 __all__ = ["Executor", "Grants", "TaskJob", "TaskReporter"]
 
@@ -86,6 +86,10 @@ class TaskReporter(Protocol):
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None: ...
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None: ...
+
+    async def attempt_plan(self, task_id: str, attempt: int, plan: ExecutionPlan) -> None:
+        """Record the attempt's plan (redacted as in records); returns once
+        the driver made it durable, before the attempt opens its environment."""
 
 
 class Executor:

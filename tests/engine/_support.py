@@ -22,6 +22,7 @@ class MemoryReporter:
     closed: list[str] = attrs.Factory(list)
     checkpoints: list[tuple[str, AttemptRecord]] = attrs.Factory(list)
     discarded: list[dict[str, Any]] = attrs.Factory(list)
+    plans: list[tuple[str, int, Any]] = attrs.Factory(list)
     on_event: Any = None  # optional hook called with (kind, fields) before recording
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -43,6 +44,10 @@ class MemoryReporter:
     async def checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         await trio.lowlevel.checkpoint()
         self.checkpoints.append((task_id, record))
+
+    async def attempt_plan(self, task_id: str, attempt: int, plan: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        self.plans.append((task_id, attempt, plan))
 
     async def discarded_try(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         await trio.lowlevel.checkpoint()

@@ -330,7 +330,8 @@ async def test_backoff_waits_after_cleanup_without_a_permit(autojump_clock):
     (task,) = (await ctx.benchmark.load_tasks(request))[:1]
     start = trio.current_time()
     record = await run_task(ctx, task, [0])
-    delays = [f["delay_seconds"] for f in reporter.kinds("retry_wait")]
+    delays = [f["retry_delay_seconds"] for f in reporter.kinds("retry_wait")]
+    assert delays == [f["retry_delay_seconds"] for f in reporter.kinds("attempt_retry")]
     assert held_during_wait == [0, 0]
     assert 2 <= delays[0] <= 4 and 4 <= delays[1] <= 8
     assert trio.current_time() - start == pytest.approx(sum(delays), abs=0.01)

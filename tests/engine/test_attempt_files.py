@@ -29,7 +29,7 @@ async def test_discarded_tries_are_saved_outside_the_countable_results(autojump_
     assert len(retry_files) == 1
     saved = json.loads(retry_files[0].read_text())
     assert saved["retry_number"] == 1 and saved["stage"] == "evaluate" and saved["scope"] == "attempt"
-    assert saved["matched_pattern"] == "flaky" and 1 <= saved["delay_seconds"] <= 2
+    assert saved["matched_pattern"] == "flaky" and 1 <= saved["retry_delay_seconds"] <= 2
     assert saved["plan"]["task_id"] == "a/b"
     assert saved["issues"][0]["code"] == "judge_flaky"
     assert "diagnostics" in saved

@@ -100,6 +100,8 @@ def test_a_full_disk_fails_only_its_own_request(
     events = [ln.split() for ln in (tmp_path / "env.log").read_text().splitlines()]
     opened = Counter(e[1] for e in events if e[0] == "opened")
     closed = Counter(e[1] for e in events if e[0] == "close")
-    assert len(opened) == 12 and opened == closed, (opened, closed)
+    # b's six and those of a's attempts whose plan was durable before the disk
+    # filled (an attempt whose plan cannot be written opens no sandbox, SPEC 5).
+    assert 6 < len(opened) <= 12 and opened == closed, (opened, closed)
     for name in ("a", "b"):
         assert list((tmp_path / f"sandboxes-{name}").iterdir()) == []

@@ -184,8 +184,8 @@ async def test_retry_after_raises_the_backoff_within_the_maximum(tmp_path):
     (asked,) = retries(first)
     (capped,) = retries(second)
     assert asked["issues"][0]["code"] == "model_rate_limited"
-    assert asked["delay_seconds"] == pytest.approx(0.3)  # the backoff alone would be at most 0.01
-    assert capped["delay_seconds"] == pytest.approx(0.5)  # 60 s asked, retry_max_delay_seconds allowed
+    assert asked["retry_delay_seconds"] == pytest.approx(0.3)  # the backoff alone would be at most 0.01
+    assert capped["retry_delay_seconds"] == pytest.approx(0.5)  # 60 s asked, retry_max_delay_seconds allowed
     assert details(first)["hello-file"]["_dir"] == details(second)["hello-file"]["_dir"] == "normal"
 
 

@@ -247,15 +247,17 @@ async def test_preparation_waits_while_pending_work_fills_the_workers(
 # -- records on their way to disk ----------------------------------------------------
 
 
-async def test_tasks_wait_while_too_many_records_are_on_their_way_to_disk(
+async def test_the_backlog_of_records_on_their_way_to_a_slow_disk_stays_bounded(
     autojump_clock, tmp_path: Path, timeline: Timeline
 ):
     """A task gives its slot back before its record is durable, but a
     request's backlog is bounded: with a slow disk (every commit takes 1 s)
-    no task starts while MIN_IN_FLIGHT records are on their way."""
+    a task opens its environment only once its plan is durable (SPEC 5), so
+    the tasks on their way are those of the last two commits, far below the
+    dispatcher's own cap (MIN_IN_FLIGHT)."""
     from agentcompass._orchestration._scheduler import MIN_IN_FLIGHT
 
-    total = MIN_IN_FLIGHT + 20
+    total = 60
     request = sleepy_request("a", [0] * total, tmp_path)
     result = await orch_launch(Orchestration([request], task_concurrency=2), disk=timeline.disk(latency=1))
     assert result.status == "succeeded"
@@ -266,5 +268,5 @@ async def test_tasks_wait_while_too_many_records_are_on_their_way_to_disk(
             most = max(most, in_flight)
         elif mark.kind == "task_finished":
             in_flight -= 1
-    assert most == MIN_IN_FLIGHT
+    assert 2 < most <= 3 * 2 < MIN_IN_FLIGHT
     assert len(timeline.events("a", "task_finished")) == total

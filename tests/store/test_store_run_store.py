@@ -68,7 +68,7 @@ async def test_layout_and_run_id(tmp_path: Path) -> None:
         await store.write_text("summary.md", "# req\n")
         with pytest.raises(ValueError, match="inside the run directory"):
             await store.write_text("../escape.md", "x")
-    assert json.loads((run_dir / "run_info.json").read_text()) == {"status": "running"}
+    assert json.loads((run_dir / "run_info.json").read_text()) == {"status": "running", "format": 1}
     assert (run_dir / "summary.md").read_text() == "# req\n"
     assert latest_run(tmp_path, "req") == run_dir
     assert latest_run(tmp_path, "other") is None
@@ -114,7 +114,7 @@ async def test_save_task_moves_checkpoints_to_details(tmp_path: Path) -> None:
     assert loaded.details == {task_id: record}
     assert loaded.checkpoints == {}
     retry = json.loads((run_dir / "tasks" / key / "attempt-1" / "retries" / "1.json").read_text())
-    assert retry == {"task_id": task_id, "stage": "run", "delay": 5.0}
+    assert retry == {"task_id": task_id, "stage": "run", "delay": 5.0, "format": 1}
 
 
 async def test_checkpoint_json_keeps_the_task_id(tmp_path: Path) -> None:
@@ -533,7 +533,8 @@ async def test_a_long_trajectory_is_written_beside_its_record_in_chunks(tmp_path
     # A chunk gone: the record is unreadable, not silently short.
     chunks[1].unlink()
     broken = load_run(run_dir)
-    assert task_id not in broken.details and any("unreadable record" in n for n in broken.notes)
+    assert task_id not in broken.details and broken.unreadable == [f"details/normal/{key}.json"]
+    assert any(f"unreadable details/normal/{key}.json" in n for n in broken.notes)
 
 
 async def test_every_saved_record_has_an_index_line_of_its_size(tmp_path: Path) -> None:

@@ -642,7 +642,7 @@ function discardedPanel(tries) {
   if (!tries.length) return panel("Discarded tries", h("p", { class: "muted" }, "None."));
   return panel(`Discarded tries (${tries.length})`, h("div", { id: "discarded" }, tries.map((t) => {
     const d = t.data || {};
-    const delay = d.delay_seconds ?? d.delay;
+    const delay = d.retry_delay_seconds ?? d.delay_seconds ?? d.delay;
     const summary = [`try ${t.try}`, d.stage && `stage ${d.stage}`, d.scope && `retried the ${d.scope}`,
       delay !== undefined ? `waited ${secs(delay)}` : null, d.matched_pattern ? `matched ${d.matched_pattern}` : null].filter(Boolean).join(" · ");
     return h("div", { class: "discarded" }, h("div", null, summary),
