@@ -102,7 +102,7 @@ async def test_a_lost_try_with_budget_left_is_saved_discarded_and_its_attempt_re
     assert (discarded["attempt"], discarded["try"], discarded["retry_number"]) == (1, 1, 1)
     assert (discarded["stage"], discarded["scope"]) == ("run", "attempt")
     # The backoff of a first retry: uniform in [min/2, min], waited in full.
-    assert 2 <= discarded["delay_seconds"] <= 4 and waited == pytest.approx(discarded["delay_seconds"])
+    assert 2 <= discarded["retry_delay_seconds"] <= 4 and waited == pytest.approx(discarded["retry_delay_seconds"])
     assert [k for k, _ in reporter.events] == ["attempt_retry", "retry_wait"]
 
 
