@@ -180,8 +180,12 @@ class ImageCache:
         if errors:
             raise image_failed(f"pulling {image!r} failed: {errors[-1][:500]}", log.text())
 
-    async def built(self, task_id: str, context: Path) -> str:
-        """The tag of ``context``'s image, built here unless the daemon has it."""
+    async def context_tag(self, task_id: str, context: Path) -> str:
+        """The tag ``context``'s image is built under (its content hashed once
+        per provider; no daemon asked): what :meth:`built` returns."""
+        return (await self._context(task_id, context))[0]
+
+    async def _context(self, task_id: str, context: Path) -> tuple[str, str]:
         key = (task_id, os.fspath(context))
         async with self._lock(f"context:{key}"):
             if key not in self._contexts:
@@ -190,7 +194,11 @@ class ImageCache:
                 except OSError as exc:
                     raise image_failed(f"reading build context {context}: {exc}") from None
                 self._contexts[key] = (f"agentcompass/{repository_name(task_id)}:{digest[:20]}", digest)
-            tag, digest = self._contexts[key]
+            return self._contexts[key]
+
+    async def built(self, task_id: str, context: Path) -> str:
+        """The tag of ``context``'s image, built here unless the daemon has it."""
+        tag, digest = await self._context(task_id, context)
         async with self._lock(tag):
             if tag in self._ready:
                 return tag
