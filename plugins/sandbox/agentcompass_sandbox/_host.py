@@ -35,6 +35,9 @@ from typing import Any
 
 from . import _netlink
 
+#: A session over an image root: its directory (``IMAGE/ROOT`` the overlay,
+#: ``IMAGE/UPPER`` the tmpfs of its own writes).
+IMAGE, ROOT, UPPER = "image", "root", "upper"
 #: Where session directories live (one per session, named after it).
 STATE_ROOT = Path("/run/agentcompass-sandbox")
 #: Lease files of the /30 subnets handed to sessions with a veth.
@@ -232,6 +235,56 @@ def expose(name: str, host_path: str, label: str) -> str:
     os.mkdir(target, 0o755)
     _mount(stage, target, None, _MS_BIND, None)
     return f"{EXPOSED_INSIDE}/{label}"
+
+
+def make_image_root(name: str, lower: str, storage_bytes: int, owner: int) -> str:
+    """Mount the session's root: an overlay of the image root ``lower``
+    (never written) and an upper layer on a tmpfs of ``storage_bytes`` of
+    its own, so the session's writes, wherever they go, stop at that size.
+    Return the overlay's path. The directory holding it is ``owner``'s
+    (the image's root on the host) and closed to everyone else, so no host
+    user reaches the image's set-id programs through it; ``nodev``: no device
+    node of the upper layer opens a host device."""
+    if any(c in lower for c in ",:\\"):
+        raise HostError(f"the image root {lower!r} has a comma, colon or backslash (overlay options cannot name it)")
+    path = f"{session_dir(name)}/{IMAGE}"
+    os.mkdir(path, 0o700)
+    os.chown(path, owner, owner)
+    upper = f"{path}/{UPPER}"
+    os.mkdir(upper, 0o700)
+    _mount("agentcompass-upper", upper, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={storage_bytes},mode=0700")
+    lower_root = os.stat(lower)
+    os.mkdir(f"{upper}/u", 0o755)
+    os.chown(f"{upper}/u", lower_root.st_uid, lower_root.st_gid)
+    os.chmod(f"{upper}/u", lower_root.st_mode & 0o7777)
+    os.mkdir(f"{upper}/w", 0o700)
+    root = f"{path}/{ROOT}"
+    os.mkdir(root, 0o755)
+    options = f"lowerdir={lower},upperdir={upper}/u,workdir={upper}/w"
+    _mount("agentcompass-overlay", root, "overlay", _MS_NODEV, options)
+    return root
+
+
+def make_harbor_dirs(root: str, uid: int, gid: int) -> None:
+    """``/app``, ``/tests``, ``/logs`` and ``/solution`` in a fresh image
+    root, where the image has none (a name it has, of whatever kind, stays)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for sub in SUBDIRS:
+            try:
+                os.mkdir(sub, 0o755, dir_fd=fd)
+            except FileExistsError:
+                continue
+            os.chown(sub, uid, gid, dir_fd=fd, follow_symlinks=False)
+    finally:
+        os.close(fd)
+
+
+def _remove_image_root(path: str) -> None:
+    """Detach the overlay, then its upper tmpfs (nothing mounted is fine)."""
+    if os.path.isdir(f"{path}/{IMAGE}"):
+        _unmount(f"{path}/{IMAGE}/{ROOT}")
+        _unmount(f"{path}/{IMAGE}/{UPPER}")
 
 
 def _remove_stages(path: str) -> None:
@@ -656,6 +709,7 @@ def destroy(name: str) -> None:
 
 def remove_session_dir(name: str) -> None:
     path = f"{STATE_ROOT}/{name}"
+    _remove_image_root(path)
     _unmount(f"{path}/{FILES}")
     _remove_stages(path)
     try:

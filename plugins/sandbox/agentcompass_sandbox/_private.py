@@ -82,6 +82,7 @@ from agentcompass import ExecResult, FileRefusedError
 from agentcompass.runtime import cleanup_deadline, read_beneath, write_beneath
 
 from . import _host
+from ._images import UID_BASE
 from ._session import (
     _WRAP,
     BASE_ENV,
@@ -191,6 +192,7 @@ async def exec_private(
     label = f"p{next(session._labels)}"
     try:
         fds, leaf, layout, program = await trio.to_thread.run_sync(_prepare, session, label)
+        image = session.image is not None
     except OSError as exc:
         raise fail(f"sandbox {session.name}: {exc}") from None
     except InitGone as exc:
@@ -214,17 +216,19 @@ async def exec_private(
                 "sub": sub,
                 "size": max(_TMPFS_MIN_BYTES, 2 * max_bytes),
                 "source": SOURCE_PREFIX + session.name,
-                "userland": layout,
-                "reserved": list(_host.USERLAND),
+                "userland": [] if image else layout,
+                "reserved": [] if image else list(_host.USERLAND),
                 "session_entries": [*_host.SUBDIRS, *_SESSION_MOUNTS],
-                "host_uid": _host.HOST_UID,
-                "inside_uid": _host.INSIDE_UID,
+                "host_uid": _host.HOST_UID if not image else UID_BASE + session.inside_ids()[0],
+                "inside_uid": session.inside_ids()[0],
+                "inside_gid": session.inside_ids()[1],
+                "keep_capabilities": image,
                 "max_entries": MAX_ENTRIES,
                 "inputs": [[name, _input_bytes(group)] for name, group in groups.items()],
                 "home": HOME.lstrip("/"),
                 "home_size": session._tmpfs_bytes,
                 "program": program,
-                "argv": command_line(cmd, cwd, {**session._env, **(env or {})}, HOME),
+                "argv": _argv(session, program, cmd, cwd, env),
                 "env": BASE_ENV,
             }
             full = [
@@ -351,11 +355,22 @@ def _write_inputs(fds: list[int], groups: list[dict[str, bytes]]) -> None:
             write_beneath(fd, rel, data, owner, mode=INPUT_MODE)
 
 
+def _argv(
+    session: SandboxSession, program: str, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None
+) -> list[str]:
+    """The command's argv: ``env`` of the host's userland, or over an image
+    the session's own command line (its ``sh``, then ``env -i``), with ``HOME``."""
+    if session.image is None:
+        return command_line(cmd, cwd, {**session._env, **(env or {})}, HOME)
+    home = HOME if session.inside_ids()[0] == 0 else "/"
+    return session.command_line(cmd, cwd, {"HOME": home, **(env or {})})
+
+
 def _prepare(session: SandboxSession, label: str) -> tuple[dict[str, int], str, list[tuple[str, str, str]], str]:
     """Blocking, one thread hop: the session's namespaces but its pid one
     (descriptors the caller closes), the cgroup leaf, the userland layout,
     and where ``env`` is (the host's userland is the session's)."""
-    program = shutil.which("env", path=BASE_ENV["PATH"])
+    program = "/bin/sh" if session.image is not None else shutil.which("env", path=BASE_ENV["PATH"])
     if program is None:
         raise OSError(errno.ENOENT, "env is not on the sandbox's PATH")
     fds = session.namespace_fds(_NAMESPACES)

@@ -206,6 +206,15 @@ def _become_sandbox_user(config):  # type: ignore[no-untyped-def]
     _check(_libc.setns(config["fds"]["user"], 0), "setns user")
     os.chroot(".")
     os.chdir("/")
+    if config.get("keep_capabilities"):
+        # Over an image, root inside keeps its capabilities in the session's
+        # user namespace (as the session's own commands do): none reaches
+        # the private run's pid or mount namespace, which the host's root owns.
+        inside, group = config["inside_uid"], config.get("inside_gid", config["inside_uid"])
+        os.setresgid(group, group, group)
+        os.setresuid(inside, inside, inside)
+        os.closerange(3, 1 << 20)
+        return
     for cap in range(64):
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
             break

@@ -33,6 +33,8 @@ from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPoli
 from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath, write_beneath
 
 from . import _host, _pool, _spawner
+from ._images import UID_BASE, ImageRoot, hold
+from ._rootfs import ID_COUNT
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
@@ -100,8 +102,18 @@ class SandboxSession(EnvironmentSession):
         tmpfs_mb: int = 1024,
         cpus: float | None = None,
         env: Mapping[str, str] | None = None,
+        image: ImageRoot | None = None,
+        user: tuple[int, int] | None = None,
+        workdir: str | None = None,
     ):
         self.name = name
+        # Over an image: its root (the overlay's lower layer), the ids commands
+        # run as inside, and where they start; the image's ENV under the plan's.
+        self._image = image
+        self._image_lock: int | None = None  # the root's lock, held shared while the session runs
+        self._root: str | None = None  # the overlay, on the host
+        self._user = user if user is not None else (image.uid, image.gid) if image is not None else None
+        self._workdir = workdir or (image.workdir if image is not None else None) or "/"
         self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
         self._recycle = recycle  # give the namespace back at close (False: destroy it)
         self._netns: _pool.Netns | None = None
@@ -113,7 +125,7 @@ class SandboxSession(EnvironmentSession):
         self._memory_mb = memory_mb
         self._pids_max = pids_max
         self._cpus = cpus
-        self._env = dict(env or {})  # the plan's SandboxSpec.env: every command gets it
+        self._env = {**(image.env if image is not None else {}), **(env or {})}  # every command gets it
         self._tmpfs_bytes = tmpfs_mb * 1024 * 1024  # /tmp, and the session's files
         self._cgroups: dict[str, str] = {}
         self._lifeline: int | None = None  # write end of the init's stdin
@@ -135,6 +147,11 @@ class SandboxSession(EnvironmentSession):
         return {"name": self.name, "dir": str(self._dir)}
 
     @property
+    def image(self) -> ImageRoot | None:
+        """The image root the session runs over (``None``: the host's userland)."""
+        return self._image
+
+    @property
     def policy(self) -> NetworkPolicy | None:
         """The policy in force (``None`` before the first one is applied)."""
         return self._policy
@@ -143,6 +160,8 @@ class SandboxSession(EnvironmentSession):
 
     async def start(self, policy: NetworkPolicy) -> None:
         """Create everything; the caller closes the session if this raises."""
+        if self._image is not None:
+            self._image_lock = await hold(self._image)
         try:
             init_cg, binds, own_hosts, log_fd = await trio.to_thread.run_sync(self._prepare)
         except _host.SessionExists as exc:
@@ -166,7 +185,14 @@ class SandboxSession(EnvironmentSession):
         """Blocking, in one worker-thread hop: the state directory, the
         cgroups, the init's leaf, the binds, whether the session has its own
         /etc/hosts, and bwrap's log file (a descriptor the caller closes)."""
-        _host.make_session_dir(self.name, self._tmpfs_bytes)
+        if self._image is None:
+            _host.make_session_dir(self.name, self._tmpfs_bytes)
+        else:
+            # The files tmpfs only carries exposed directories; the session's writes go to the overlay.
+            _host.make_session_dir(self.name, 1 << 20)
+            self._root = _host.make_image_root(self.name, self._image.rootfs, self._tmpfs_bytes, UID_BASE)
+            uid, gid = self.inside_ids()
+            _host.make_harbor_dirs(self._root, UID_BASE + uid, UID_BASE + gid)
         self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max, self._cpus)
         if self._pool is not None:
             self._netns = self._pool.take()
@@ -174,7 +200,7 @@ class SandboxSession(EnvironmentSession):
         init_cg = _host.exec_cgroup(self._cgroups["track"], "init")
         own_hosts = (self._dir / "hosts").exists()
         log_fd = os.open(self._dir / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        return init_cg, _root_binds(), own_hosts, log_fd
+        return init_cg, _root_binds() if self._image is None else [], own_hosts, log_fd
 
     def _procs_files(self, track_leaf: str) -> list[str]:
         files = [os.path.join(track_leaf, "cgroup.procs")]
@@ -183,6 +209,25 @@ class SandboxSession(EnvironmentSession):
             if path is not None and path != self._cgroups["track"]:
                 files.append(os.path.join(path, "cgroup.procs"))
         return files
+
+    def _image_argv(self, own_hosts: bool, share: list[str]) -> list[str]:
+        """bwrap over the image's overlay: root inside with every capability
+        of its own user namespace, whose 65536 ids the spawner maps to the
+        images' unprivileged host range (bwrap waits for that on fd 4)."""
+        assert self._root is not None
+        mounts = ["--bind", self._root, "/", "--proc", "/proc", "--dev", "/dev"]
+        if own_hosts:
+            mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
+        if os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf"):
+            mounts += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        mounts += ["--ro-bind", str(self._files / _host.EXPOSED), _host.EXPOSED_INSIDE]
+        return [
+            "bwrap", "--die-with-parent", "--unshare-all", "--unshare-user", *share, "--userns-block-fd", "4",
+            "--cap-add", "ALL", "--uid", "0", "--gid", "0", "--hostname", "sandbox", *mounts,
+            # One wait on fd 4 (bwrap closes it after): for the maps, which the
+            # spawner writes once bwrap and its child are in their cgroups.
+            "--chdir", "/", "--info-fd", "3", "--", "sh", "-c", _INIT,
+        ]  # fmt: skip
 
     async def _spawn_init(self, init_cg: str, binds: list[str], own_hosts: bool, log_fd: int) -> None:
         mounts: list[str] = []
@@ -203,6 +248,8 @@ class SandboxSession(EnvironmentSession):
             "--remount-ro", "/",
             "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
         ]  # fmt: skip
+        if self._image is not None:
+            argv = self._image_argv(own_hosts, share)
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
         out_read, out_write = os.pipe()
@@ -215,6 +262,7 @@ class SandboxSession(EnvironmentSession):
                 self._procs_files(init_cg),
                 None if self._netns is None else self._netns.fd,
                 BASE_ENV,
+                **({} if self._image is None else {"uid": UID_BASE, "idmap": (0, UID_BASE, ID_COUNT)}),
             )
         except BaseException as exc:
             os.close(out_read)
@@ -282,10 +330,10 @@ class SandboxSession(EnvironmentSession):
         except InitGone as exc:
             # The agent killed its own init: nothing runs any more, which is its doing.
             return ExecResult(exit_code=INIT_GONE_EXIT_CODE, stderr=f"sandbox {self.name}: {exc}; nothing ran\n")
-        uid = str(_host.INSIDE_UID)
+        uid, gid = self.inside_ids()
         full = [
             "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
-            *nsenter_args(fds), "-S", uid, "-G", uid, *command_line(cmd, cwd, {**self._env, **(env or {})}),
+            *nsenter_args(fds), "-S", str(uid), "-G", str(gid), *self.command_line(cmd, cwd, env),
         ]  # fmt: skip
         try:
             self._check_open()
@@ -335,6 +383,25 @@ class SandboxSession(EnvironmentSession):
             self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes, inputs=inputs
         )
 
+    def inside_ids(self) -> tuple[int, int]:
+        """The uid and gid commands run as inside the session."""
+        return self._user if self._user is not None else (_host.INSIDE_UID, _host.INSIDE_UID)
+
+    def command_line(self, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]:
+        """What nsenter runs for ``cmd``: :func:`command_line`, or over an
+        image its own ``sh`` going to ``cwd`` (under the image's working
+        directory) then ``env -i`` with the image's environment, the plan's, then ``env``."""
+        if self._image is None:
+            return command_line(cmd, cwd, {**self._env, **(env or {})})
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
+        home = "/root" if self.inside_ids()[0] == 0 else "/"
+        variables = {**BASE_ENV, "HOME": home, **self._env, **(env or {})}
+        workdir = posixpath.normpath(str(PurePosixPath(self._workdir) / (cwd or ".")))
+        return [
+            "/bin/sh", "-c", 'cd -- "$0" || exit 126; exec env -i "$@"', workdir,
+            *(f"{k}={v}" for k, v in variables.items()), *argv,
+        ]  # fmt: skip
+
     def namespace_fds(self, which: tuple[str, ...] = _NAMESPACE_NAMES) -> dict[str, int]:
         """Blocking: new descriptors of the init's namespaces ``which`` (the
         caller closes them), opened while the session's pidfd shows the init
@@ -373,8 +440,12 @@ class SandboxSession(EnvironmentSession):
 
     def _locate(self, path: str | os.PathLike[str]) -> tuple[Path, str]:
         """(host directory, path beneath it) of a sandbox path, refused when it
-        names a place outside the Harbor directories. Only lexical: the
-        session's links are dealt with by opening, never by resolving."""
+        names a place outside the Harbor directories (over an image: any
+        path of its root, relative ones under its working directory). Only
+        lexical: the session's links are dealt with by opening, never by resolving."""
+        if self._root is not None:
+            raw = posixpath.normpath(str(PurePosixPath(self._workdir) / os.fspath(path)))
+            return Path(self._root), raw.lstrip("/") or "."
         raw = posixpath.normpath(str(PurePosixPath("/app") / os.fspath(path)))
         parts = raw.split("/")[1:]
         if not parts or parts[0] not in _host.SUBDIRS:
@@ -396,6 +467,9 @@ class SandboxSession(EnvironmentSession):
         payload = data.encode() if isinstance(data, str) else bytes(data)
         root, relpath = self._locate(path)
         owner = (_host.HOST_UID, _host.HOST_UID)
+        if self._image is not None:
+            uid, gid = self.inside_ids()
+            owner = (UID_BASE + uid, UID_BASE + gid)
         await trio.to_thread.run_sync(write_beneath, root, relpath, payload, owner)
 
     async def expose_directory(self, host_path: str) -> str:
@@ -498,6 +572,9 @@ class SandboxSession(EnvironmentSession):
             if fd is not None:
                 os.close(fd)
         self._pidfd = self._own_netns = None
+        if self._image_lock is not None:
+            os.close(self._image_lock)
+            self._image_lock = None
         # bwrap is in the session's cgroup from its first instruction, so the
         # teardown kills it with everything it started.
         await trio.to_thread.run_sync(self._destroy)

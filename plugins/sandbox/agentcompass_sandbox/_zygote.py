@@ -15,6 +15,9 @@ every supplementary group, so that a child started with
 copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 
 Each request is one JSON message ``{"id", "argv", "env", "cgroups", "netns"}``
+(and ``idmap``, ``[inside, outside, count]``: the uid and gid map the
+spawner writes for bwrap's user namespace, which bwrap waits for with
+``--userns-block-fd 4``)
 (``env`` is bwrap's whole environment: nothing of this process's or the
 runtime's own reaches a sandbox; ``argv`` starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven
 descriptors: the child's 0 to 4 (stdin, stdout, stderr, the write end of its
@@ -149,6 +152,18 @@ def _finish(request, pid, info_read, block_write):  # type: ignore[no-untyped-de
         return {"error": "bwrap exited before it started its sandbox"}
     child = info["child-pid"]
     try:
+        idmap = request.get("idmap")
+        if idmap:
+            # bwrap waits (--userns-block-fd) for the maps of its user namespace:
+            # a range no single unprivileged process may write.
+            inside, outside, count = (int(v) for v in idmap)
+            line = f"{inside} {outside} {count}\n"
+            for kind in ("uid_map", "gid_map"):
+                fd = os.open(f"/proc/{child}/{kind}", os.O_WRONLY)
+                try:
+                    os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
         for path in request["cgroups"]:
             for member in (pid, child):
                 fd = os.open(path, os.O_WRONLY)
@@ -162,7 +177,7 @@ def _finish(request, pid, info_read, block_write):  # type: ignore[no-untyped-de
                 os.kill(member, signal.SIGKILL)
             except OSError:
                 pass
-        return {"error": f"could not move bwrap into its cgroup: {exc}"}
+        return {"error": f"could not map ids or move bwrap into its cgroup: {exc}"}
     os.write(block_write, b"x")
     return {"pid": pid, "child_pid": child}
 
