@@ -29,6 +29,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from . import _netlink
 
 #: A session over an image root: its directory (``IMAGE/ROOT`` the overlay,
 #: ``IMAGE/UPPER`` the tmpfs of its own writes).
-IMAGE, ROOT, UPPER = "image", "root", "upper"
+IMAGE, ROOT, UPPER, SYS = "image", "root", "upper", "sys"
 #: Where session directories live (one per session, named after it).
 STATE_ROOT = Path("/run/agentcompass-sandbox")
 #: Lease files of the /30 subnets handed to sessions with a veth.
@@ -73,7 +74,8 @@ NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _MS_BIND, _MS_REC, _MS_SHARED, _MNT_DETACH = 0x1000, 0x4000, 1 << 20, 2
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_CLONE_NEWNET = 0x40000000
 
 _KILL_ROUNDS = 2000
 _KILL_PAUSE = 0.001
@@ -280,9 +282,36 @@ def make_harbor_dirs(root: str, uid: int, gid: int) -> None:
         os.close(fd)
 
 
+def mount_sysfs(name: str, netns_fd: int) -> str:
+    """Mount a read-only sysfs of the network namespace ``netns_fd`` (its
+    ``/sys/class/net`` lists the session's interfaces) for an image
+    session's ``/sys``, and return its path: made on the host side, as no
+    process of the session owns that namespace. Mounted from a thread of its
+    own that enters the namespace and ends, so no thread is left in it."""
+    target = f"{session_dir(name)}/{IMAGE}/{SYS}"
+    os.mkdir(target, 0o755)
+    failures: list[BaseException] = []
+
+    def inside() -> None:
+        try:
+            if _libc.setns(netns_fd, _CLONE_NEWNET) != 0:
+                raise HostError(f"setns: {os.strerror(ctypes.get_errno())}")
+            _mount("sysfs", target, "sysfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=inside, name="agentcompass-sysfs")
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
+    return target
+
+
 def _remove_image_root(path: str) -> None:
     """Detach the overlay, then its upper tmpfs (nothing mounted is fine)."""
     if os.path.isdir(f"{path}/{IMAGE}"):
+        _unmount(f"{path}/{IMAGE}/{SYS}")
         _unmount(f"{path}/{IMAGE}/{ROOT}")
         _unmount(f"{path}/{IMAGE}/{UPPER}")
 

@@ -225,7 +225,7 @@ async def exec_private(
                 "keep_capabilities": image,
                 "max_entries": MAX_ENTRIES,
                 "inputs": [[name, _input_bytes(group)] for name, group in groups.items()],
-                "home": HOME.lstrip("/"),
+                "home": "" if image else HOME.lstrip("/"),
                 "home_size": session._tmpfs_bytes,
                 "program": program,
                 "argv": _argv(session, program, cmd, cwd, env),

@@ -112,6 +112,7 @@ class SandboxSession(EnvironmentSession):
         self._image = image
         self._image_lock: int | None = None  # the root's lock, held shared while the session runs
         self._root: str | None = None  # the overlay, on the host
+        self._sysfs: str | None = None  # the /sys of its network namespace, on the host
         self._user = user if user is not None else (image.uid, image.gid) if image is not None else None
         self._workdir = workdir or (image.workdir if image is not None else None) or "/"
         self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
@@ -197,6 +198,8 @@ class SandboxSession(EnvironmentSession):
         if self._pool is not None:
             self._netns = self._pool.take()
             self._lease = self._netns.lease
+        if self._image is not None and self._netns is not None:
+            self._sysfs = _host.mount_sysfs(self.name, self._netns.fd)
         init_cg = _host.exec_cgroup(self._cgroups["track"], "init")
         own_hosts = (self._dir / "hosts").exists()
         log_fd = os.open(self._dir / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -216,6 +219,8 @@ class SandboxSession(EnvironmentSession):
         images' unprivileged host range (bwrap waits for that on fd 4)."""
         assert self._root is not None
         mounts = ["--bind", self._root, "/", "--proc", "/proc", "--dev", "/dev"]
+        if self._sysfs is not None:
+            mounts += ["--ro-bind", self._sysfs, "/sys"]
         if own_hosts:
             mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
         if os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf"):
