@@ -58,7 +58,9 @@ def overlays(cache: str) -> int:
         return sum(1 for line in mounts if line.split()[2] == "overlay" and f"lowerdir={cache}/" in line)
 
 
-async def test_a_session_runs_as_root_in_its_image_mapped_to_unprivileged_ids(docker_daemon: Any, image_cache: str) -> None:
+async def test_a_session_runs_as_root_in_its_image_mapped_to_unprivileged_ids(
+    docker_daemon: Any, image_cache: str
+) -> None:
     env = SandboxEnvironment(config(docker_daemon, image_cache))
     with hang_guard(300):
         session = await env.open(env.build_config(plan(env={"TASK": "1"})), NONE, name=new_tag())
@@ -240,7 +242,7 @@ def test_a_task_that_apt_get_installs_a_package_passes_with_oracle(
         "WORKDIR /app\n"
     )
     (task / "instruction.md").write_text("Install the hello package with apt-get.\n")
-    (task / "task.toml").write_text('[environment]\nallow_internet = false\n[verifier]\ntimeout_sec = 120\n')
+    (task / "task.toml").write_text("[environment]\nallow_internet = false\n[verifier]\ntimeout_sec = 120\n")
     (task / "solution").mkdir()
     (task / "solution" / "solve.sh").write_text("#!/bin/bash\nset -e\napt-get update\napt-get install -y hello\n")
     (task / "tests").mkdir()
@@ -281,7 +283,9 @@ def test_unpacking_is_shared_by_concurrent_attempts(tmp_path: Path) -> None:
         "print(m.cache.unpacks, r.digest)\n"
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cache"), str(archive)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path / "cache"), str(archive)], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(3)
     ]
     outputs = [p.communicate(timeout=120)[0].split() for p in procs]
@@ -306,3 +310,84 @@ async def test_the_first_open_waits_for_the_image_and_others_share_it(docker_dae
         finally:
             for session in sessions:
                 await session.close()
+
+
+def _image_processes() -> list[str]:
+    """Processes running as an id of the images' range (an image session's, on this host)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[2])
+            if _images.UID_BASE <= uid < _images.UID_BASE + 65536:
+                found.append(entry)
+    return found
+
+
+@pytest.mark.serial  # it counts every process of the images' id range on the host
+def test_sigkill_at_random_instants_then_reap_leaves_no_mount_directory_or_namespace(
+    docker_daemon: Any, image_cache: str, tmp_path: Path
+) -> None:
+    import random
+    import signal
+    import time
+
+    rng = random.Random(20261207)
+    tasks = tmp_path / "tasks"
+    for index in range(3):
+        task = tasks / f"hold-{index}"
+        (task / "environment").mkdir(parents=True)
+        (task / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
+        (task / "instruction.md").write_text("Write done.\n")
+        (task / "task.toml").write_text('version = "1.0"\n')
+        (task / "solution").mkdir()
+        (task / "solution" / "solve.sh").write_text("#!/bin/bash\nsetsid sleep 600 >/dev/null 2>&1 &\nsleep 0.3\n")
+        (task / "tests").mkdir()
+        (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    request = {
+        "orchestration": {"task_concurrency": 3, "cleanup_grace_seconds": 10},
+        "requests": [
+            {
+                "name": "killed",
+                "benchmark": {"id": "terminal", "config": {"path": str(tasks)}},
+                "harness": {"id": "oracle"},
+                "environment": {"id": "sandbox", "config": config(docker_daemon, image_cache)},
+                "execution": {"attempts": {"k": 4}},
+            }
+        ],
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(request))
+    output_root = tmp_path / "out"
+    for _ in range(4):
+        before = set(output_root.glob("killed/*"))
+        proc = subprocess.Popen(
+            [COMPASS, "launch", str(path), "--output-root", str(output_root)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            # Kill while the image is made, sessions open, solutions run or sessions close.
+            deadline = time.monotonic() + 60
+            while not set(output_root.glob("killed/*/sessions.jsonl")) - {p / "sessions.jsonl" for p in before}:
+                assert time.monotonic() < deadline and proc.poll() is None, "no session was opened"
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0, 2.5))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+        for run_dir in set(output_root.glob("killed/*")) - before:
+            done = subprocess.run([COMPASS, "reap", str(run_dir)], capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            names = {
+                json.loads(line)["handle"]["name"]
+                for line in (run_dir / "sessions.jsonl").read_text().splitlines()
+                if line.strip() and "handle" in json.loads(line)
+            }
+            for name in names:
+                assert trio.run(census, name) == [], name
+        assert overlays(image_cache) == 0
+        assert _image_processes() == []

@@ -32,7 +32,7 @@ import trio
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy, netpolicy
 from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath, write_beneath
 
-from . import _host, _pool, _spawner
+from . import _host, _netlink, _pool, _spawner
 from ._images import UID_BASE, ImageRoot, hold
 from ._rootfs import ID_COUNT
 
@@ -139,6 +139,9 @@ class SandboxSession(EnvironmentSession):
         self._ruleset = False  # whether an nftables table is installed in the namespace
         self._hosts_extended = False  # whether /etc/hosts holds allowlisted names
         self._policy: NetworkPolicy | None = None
+        # Over an image under none: the namespace holding eth0 meanwhile (see _park).
+        self._parking: int | None = None
+        self._parked = False
         self._labels = itertools.count()
         self._closed = False
         self._destroyed = False
@@ -518,9 +521,30 @@ class SandboxSession(EnvironmentSession):
             if policy.mode == "full" and self._ruleset:
                 await trio.to_thread.run_sync(self._apply_ruleset, netpolicy.ruleset("full"))
                 self._ruleset = False
+            if self._image is not None and self._lease is not None and (policy.mode == "none") != self._parked:
+                await trio.to_thread.run_sync(self._park if policy.mode == "none" else self._unpark)
         except (OSError, ValueError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
         self._policy = policy
+
+    def _park(self) -> None:
+        """Blocking: under ``none``, an image session sees loopback only, as in
+        a container without a network: its ``eth0`` waits in a namespace of
+        its own (made once) until a policy with egress brings it back. The
+        rules of ``none`` are in place first, so nothing leaves meanwhile."""
+        if self._parking is None:
+            self._parking, probe = _netlink.make_namespace()
+            probe.close()
+        _netlink.move_link(self._net_fd(), "eth0", self._parking)
+        self._parked = True
+
+    def _unpark(self) -> None:
+        """Blocking: ``eth0`` back in the session's namespace, configured as it was made."""
+        assert self._parking is not None and self._lease is not None
+        _netlink.move_link(self._parking, "eth0", self._net_fd())
+        self._parked = False
+        host_ip, sandbox_ip = _host.lease_addresses(self._lease)
+        _netlink.configure_inside(self._net_fd(), sandbox_ip, host_ip)
 
     def _apply_ruleset(self, ruleset: str) -> None:
         """Blocking: ``nft -f`` in the session's network namespace (a pooled
@@ -577,6 +601,10 @@ class SandboxSession(EnvironmentSession):
             if fd is not None:
                 os.close(fd)
         self._pidfd = self._own_netns = None
+        if self._parking is not None:
+            # A pooled namespace whose eth0 is parked fails its recycling check: it is destroyed.
+            os.close(self._parking)
+            self._parking = None
         if self._image_lock is not None:
             os.close(self._image_lock)
             self._image_lock = None
