@@ -185,3 +185,17 @@ async def test_a_reference_without_a_cached_root_and_without_a_daemon_fails_in_o
         await maker.root("t", "busybox:latest", None)
     assert caught.value.code == "image_build_failed"  # type: ignore[attr-defined]
     assert "no Docker-compatible daemon answers" in str(caught.value)
+
+
+async def test_the_sweep_removes_the_least_recently_used_roots_past_the_size_bound(tmp_path: Path) -> None:
+    maker = _images.ImageMaker(_images.RootCache(str(tmp_path / "cache")), host="unix:///nonexistent.sock")
+    roots = []
+    for name in ("old", "new"):
+        path = tmp_path / f"{name}.tar"
+        archive(path, [layer((entry(name), b"x" * 100_000))], {"Env": [f"NAME={name}"]})
+        roots.append(await maker.root("t", f"docker-archive:{path}", None))
+    old, new = roots
+    os.utime(Path(old.rootfs).parent / "image.json", (1, 1))  # used long ago
+    assert _images.sweep_images(str(tmp_path / "cache"), max_bytes=150_000) == [old.digest]
+    assert Path(new.rootfs, "new").exists() and not Path(old.rootfs).exists()
+    assert _images.sweep_images(str(tmp_path / "cache"), max_bytes=150_000) == []

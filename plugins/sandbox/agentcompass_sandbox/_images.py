@@ -291,7 +291,12 @@ class ImageMaker:
 
     def _daemon(self) -> Any:
         if self._images is None:
-            from agentcompass_docker import Engine, ImageCache  # only where a daemon is needed
+            try:
+                from agentcompass_docker import Engine, ImageCache  # only where a daemon is needed
+            except ImportError:
+                raise image_failed(
+                    "building or pulling an image needs the docker plugin (pip install agentcompass-sandbox[images])"
+                ) from None
 
             self._engine = Engine(self.host)
             self._images = ImageCache(self._engine)
@@ -321,9 +326,9 @@ class ImageMaker:
             raise image_failed(f"image of task {task_id!r}: {exc}") from None
 
     async def _through_daemon(self, task_id: str, reference: str, image: str | None, context: str | None) -> ImageRoot:
+        images = self._daemon()
         from agentcompass_docker import EngineError
 
-        images = self._daemon()
         try:
             if image is not None:
                 tag = await images.pulled(image, self.pull)
