@@ -151,11 +151,20 @@ def _finish(request, pid, info_read, block_write):  # type: ignore[no-untyped-de
             pass
         return {"error": "bwrap exited before it started its sandbox"}
     child = info["child-pid"]
+    step = "move bwrap into its cgroup"
     try:
+        for path in request["cgroups"]:
+            for member in (pid, child):
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, str(member).encode())
+                finally:
+                    os.close(fd)
         idmap = request.get("idmap")
         if idmap:
             # bwrap waits (--userns-block-fd) for the maps of its user namespace:
             # a range no single unprivileged process may write.
+            step = "map the ids of bwrap's user namespace"
             inside, outside, count = (int(v) for v in idmap)
             line = f"{inside} {outside} {count}\n"
             for kind in ("uid_map", "gid_map"):
@@ -164,20 +173,13 @@ def _finish(request, pid, info_read, block_write):  # type: ignore[no-untyped-de
                     os.write(fd, line.encode())
                 finally:
                     os.close(fd)
-        for path in request["cgroups"]:
-            for member in (pid, child):
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.write(fd, str(member).encode())
-                finally:
-                    os.close(fd)
     except OSError as exc:
         for member in (child, pid):
             try:
                 os.kill(member, signal.SIGKILL)
             except OSError:
                 pass
-        return {"error": f"could not map ids or move bwrap into its cgroup: {exc}"}
+        return {"error": f"could not {step}: {exc}"}
     os.write(block_write, b"x")
     return {"pid": pid, "child_pid": child}
 
