@@ -42,7 +42,7 @@ import trio
 
 from agentcompass import IssueError
 
-from ._rootfs import ImageFormatError, resolve_user, unpack_archive
+from ._rootfs import ImageFormatError, read_in_root, resolve_user, unpack_archive
 
 #: The host uid (and gid) that uid 0 of every image root maps to; uids
 #: ``UID_BASE`` to ``UID_BASE + 65535`` are the images' (no host account has them).
@@ -71,6 +71,9 @@ class ImageRoot:
     env: dict[str, str]
     uid: int
     gid: int
+    #: Whether the image's ``/usr/bin/env`` is coreutils' (takes ``-C DIR``):
+    #: a command then starts without a shell before it.
+    env_chdir: bool = False
 
     @property
     def lock_path(self) -> str:
@@ -135,6 +138,7 @@ class RootCache:
             env=dict(meta.get("env") or {}),
             uid=int(meta.get("uid", 0)),
             gid=int(meta.get("gid", 0)),
+            env_chdir=bool(meta.get("env_chdir", False)),
         )
 
     def spool(self) -> str:
@@ -177,6 +181,7 @@ class RootCache:
                     "uid": uid,
                     "gid": gid,
                     "uid_base": UID_BASE,
+                    "env_chdir": b"chdir" in read_in_root(str(rootfs), "usr/bin/env"),
                     "made": time.time(),
                 }
                 (work / "image.json").write_text(json.dumps(meta))

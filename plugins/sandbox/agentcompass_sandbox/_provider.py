@@ -154,7 +154,8 @@ class SandboxEnvironment(BaseEnvironment):
     def images(self) -> ImageMaker:
         """Where this provider's image roots come from (``cache.unpacks`` and ``builds`` count its work)."""
         if self._maker is None:
-            self._maker = ImageMaker(RootCache(self.options.image_cache), self.options.docker_host, self.options.pull)
+            cache = RootCache(os.path.expanduser(self.options.image_cache))
+            self._maker = ImageMaker(cache, self.options.docker_host, self.options.pull)
         return self._maker
 
     def host_euid(self) -> int:

@@ -405,6 +405,8 @@ class SandboxSession(EnvironmentSession):
         home = "/root" if self.inside_ids()[0] == 0 else "/"
         variables = {**BASE_ENV, "HOME": home, **self._env, **(env or {})}
         workdir = posixpath.normpath(str(PurePosixPath(self._workdir) / (cwd or ".")))
+        if self._image.env_chdir:
+            return ["env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv]
         return [
             "/bin/sh", "-c", 'cd -- "$0" || exit 126; exec env -i "$@"', workdir,
             *(f"{k}={v}" for k, v in variables.items()), *argv,
