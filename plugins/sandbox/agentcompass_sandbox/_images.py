@@ -251,20 +251,19 @@ def _tree_bytes(path: Path) -> int:
     return total
 
 
-async def hold(root: ImageRoot) -> int:
-    """A descriptor holding ``root``'s lock shared (the session closes it at
-    its end): a sweep leaves the root alone meanwhile."""
-
-    def take() -> int:
-        fd = os.open(root.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    return await trio.to_thread.run_sync(take)
+def hold(root: ImageRoot) -> int:
+    """A descriptor holding ``root``'s lock shared (blocking; the session
+    closes it at its end): a sweep leaves the root alone meanwhile. Raise
+    ``FileNotFoundError`` when a sweep removed the root before it was held."""
+    fd = os.open(root.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if not os.path.isdir(root.rootfs):
+            raise FileNotFoundError(f"the image root {root.rootfs} was swept")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 #: References naming an image archive on this host rather than a daemon's image.

@@ -164,8 +164,6 @@ class SandboxSession(EnvironmentSession):
 
     async def start(self, policy: NetworkPolicy) -> None:
         """Create everything; the caller closes the session if this raises."""
-        if self._image is not None:
-            self._image_lock = await hold(self._image)
         try:
             init_cg, binds, own_hosts, log_fd = await trio.to_thread.run_sync(self._prepare)
         except _host.SessionExists as exc:
@@ -194,6 +192,7 @@ class SandboxSession(EnvironmentSession):
         else:
             # The files tmpfs only carries exposed directories; the session's writes go to the overlay.
             _host.make_session_dir(self.name, 1 << 20)
+            self._image_lock = hold(self._image)
             self._root = _host.make_image_root(self.name, self._image.rootfs, self._tmpfs_bytes, UID_BASE)
             uid, gid = self.inside_ids()
             _host.make_harbor_dirs(self._root, UID_BASE + uid, UID_BASE + gid)
@@ -397,8 +396,9 @@ class SandboxSession(EnvironmentSession):
 
     def command_line(self, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]:
         """What nsenter runs for ``cmd``: :func:`command_line`, or over an
-        image its own ``sh`` going to ``cwd`` (under the image's working
-        directory) then ``env -i`` with the image's environment, the plan's, then ``env``."""
+        image its own ``env -i -C`` (where that is coreutils'; else its ``sh``
+        going there first) to ``cwd`` under the image's working directory,
+        with the image's environment, the plan's, then ``env``."""
         if self._image is None:
             return command_line(cmd, cwd, {**self._env, **(env or {})})
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
