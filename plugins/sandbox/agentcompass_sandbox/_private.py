@@ -210,6 +210,9 @@ async def exec_private(
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel = trio.socket.from_stdlib_socket(ours)
         try:
+            argv = _argv(session, cmd, cwd, env)
+            if image:
+                program = argv[0]  # the image's own: /usr/bin/env or /bin/sh
             config = {
                 "fds": fds,
                 "top": top,
@@ -228,7 +231,7 @@ async def exec_private(
                 "home": "" if image else HOME.lstrip("/"),
                 "home_size": session._tmpfs_bytes,
                 "program": program,
-                "argv": _argv(session, program, cmd, cwd, env),
+                "argv": argv,
                 "env": BASE_ENV,
             }
             full = [
@@ -355,9 +358,7 @@ def _write_inputs(fds: list[int], groups: list[dict[str, bytes]]) -> None:
             write_beneath(fd, rel, data, owner, mode=INPUT_MODE)
 
 
-def _argv(
-    session: SandboxSession, program: str, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None
-) -> list[str]:
+def _argv(session: SandboxSession, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]:
     """The command's argv: ``env`` of the host's userland, or over an image
     the session's own command line (its ``sh``, then ``env -i``), with ``HOME``."""
     if session.image is None:

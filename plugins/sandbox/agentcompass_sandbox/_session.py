@@ -406,7 +406,7 @@ class SandboxSession(EnvironmentSession):
         variables = {**BASE_ENV, "HOME": home, **self._env, **(env or {})}
         workdir = posixpath.normpath(str(PurePosixPath(self._workdir) / (cwd or ".")))
         if self._image.env_chdir:
-            return ["env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv]
+            return ["/usr/bin/env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv]
         return [
             "/bin/sh", "-c", 'cd -- "$0" || exit 126; exec env -i "$@"', workdir,
             *(f"{k}={v}" for k, v in variables.items()), *argv,
