@@ -7,12 +7,16 @@ later provider reusing the root with no daemon at all."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,8 +269,6 @@ def test_unpacking_is_shared_by_concurrent_attempts(tmp_path: Path) -> None:
     with tarfile.open(layer, "w") as tar:
         info = tarfile.TarInfo("hello")
         info.size = 2
-        import io
-
         tar.addfile(info, io.BytesIO(b"hi"))
     config_bytes = b'{"config": {}}'
     digest = hashlib.sha256(config_bytes).hexdigest()
@@ -331,10 +333,6 @@ def _image_processes() -> list[str]:
 def test_sigkill_at_random_instants_then_reap_leaves_no_mount_directory_or_namespace(
     docker_daemon: Any, image_cache: str, tmp_path: Path
 ) -> None:
-    import random
-    import signal
-    import time
-
     rng = random.Random(20261207)
     tasks = tmp_path / "tasks"
     for index in range(3):

@@ -199,3 +199,28 @@ async def test_the_sweep_removes_the_least_recently_used_roots_past_the_size_bou
     assert _images.sweep_images(str(tmp_path / "cache"), max_bytes=150_000) == [old.digest]
     assert Path(new.rootfs, "new").exists() and not Path(old.rootfs).exists()
     assert _images.sweep_images(str(tmp_path / "cache"), max_bytes=150_000) == []
+
+
+async def test_an_oci_layout_with_gzip_layers_is_unpacked_without_a_daemon(tmp_path: Path) -> None:
+    import gzip
+
+    layout = tmp_path / "layout"
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def blob(data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return "sha256:" + digest
+
+    layers = [blob(gzip.compress(layer((entry("etc/motd"), b"first")))), blob(layer(entry("etc/.wh.motd")))]
+    layers.append(blob(gzip.compress(layer((entry("srv/app"), b"app")))))
+    config = blob(json.dumps({"config": {"WorkingDir": "/srv", "User": "0:0"}}).encode())
+    manifest = {"config": {"digest": config}, "layers": [{"digest": d} for d in layers]}
+    (layout / "index.json").write_text(json.dumps({"manifests": [{"digest": blob(json.dumps(manifest).encode())}]}))
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    maker = _images.ImageMaker(_images.RootCache(str(tmp_path / "cache")), host="unix:///nonexistent.sock")
+    root = await maker.root("t", f"oci:{layout}", None)
+    assert root.digest == config and root.workdir == "/srv"
+    assert Path(root.rootfs, "srv/app").read_bytes() == b"app"
+    assert not Path(root.rootfs, "etc/motd").exists()
