@@ -389,3 +389,68 @@ def test_sigkill_at_random_instants_then_reap_leaves_no_mount_directory_or_names
                 assert trio.run(census, name) == [], name
         assert overlays(image_cache) == 0
         assert _image_processes() == []
+
+
+def _pip_repository(directory: Path, wheels: Path) -> None:
+    """A flat apt repository of ``python3-pip`` and what it needs beyond the
+    base image, and a wheel of ``six``: downloaded once per machine (Debian's
+    mirror and PyPI), so that the session installs both offline."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentcompass" / "debs" / "pip"
+    if not (cache / "Packages").exists() or not list((cache / "wheels").glob("six-*.whl")):
+        work = cache.with_name("pip.part")
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "debs").mkdir(parents=True)
+        (work / "empty" / "partial").mkdir(parents=True)
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentcompass" / "docker-base"
+        status = subprocess.run(
+            ["tar", "-xOf", str(base / "bookworm-minbase.tar"), "./var/lib/dpkg/status"], capture_output=True
+        ).stdout
+        (work / "status").write_bytes(status)
+        uris = subprocess.run(
+            ["apt-get", "-qq", "-o", f"Dir::State::status={work}/status", "-o", f"Dir::Cache::archives={work}/empty",
+             "-o", "Debug::NoLocking=1", "install", "--print-uris", "--no-install-recommends", "python3-pip"],
+            capture_output=True, text=True, timeout=120,
+        ).stdout  # fmt: skip
+        names = [line.split()[1].split("_")[0] for line in uris.splitlines() if line.strip()]
+        got = subprocess.run(["apt-get", "download", *names], cwd=work / "debs", capture_output=True, timeout=300)
+        wheel = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(work / "wheels"), "six"],
+            capture_output=True,
+            timeout=300,
+        )
+        if not names or not status or got.returncode or wheel.returncode or shutil.which("dpkg-scanpackages") is None:
+            pytest.skip("python3-pip's packages or a six wheel could not be downloaded here")
+        index = subprocess.run(["dpkg-scanpackages", "debs", "/dev/null"], cwd=work, capture_output=True, check=True)
+        (work / "Packages").write_bytes(index.stdout)
+        shutil.rmtree(cache, ignore_errors=True)
+        work.rename(cache)
+    shutil.copytree(cache / "debs", directory / "debs")
+    shutil.copy(cache / "Packages", directory / "Packages")
+    shutil.copytree(cache / "wheels", wheels)
+
+
+async def test_apt_get_and_pip_install_work_as_root_in_a_session(
+    docker_daemon: Any, image_cache: str, tmp_path: Path
+) -> None:
+    context = tmp_path / "context"
+    await trio.to_thread.run_sync(_pip_repository, context / "repo", context / "wheels")
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nCOPY repo /opt/repo\nCOPY wheels /opt/wheels\n"
+        'RUN echo "deb [trusted=yes] file:/opt/repo ./" > /etc/apt/sources.list && rm -rf /etc/apt/sources.list.d/*\n'
+    )
+    env = SandboxEnvironment(config(docker_daemon, image_cache))
+    with hang_guard(600):
+        spec = plan(image=None, build_context=context, storage_mb=2048)
+        session = await env.open(env.build_config(spec), NONE, name=new_tag())
+        try:
+            done = await session.exec(
+                "apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-pip >/dev/null "
+                "&& pip install --no-index --break-system-packages /opt/wheels/six-*.whl "
+                "&& python3 -c 'import six; print(six.__version__)' && stat -c %U /usr/lib/python3/dist-packages",
+                timeout=500,
+            )
+            assert done.exit_code == 0, done
+            version, owner = done.stdout.split()[-2:]
+            assert version.count(".") == 2 and owner == "root"
+        finally:
+            await session.close()
