@@ -42,6 +42,14 @@ How (the root side is :mod:`._private_init`, a script of its own):
 6. The runtime walks ``directory`` through its descriptor without following
    a link (:func:`agentcompass.runtime.read_beneath`), then closes it.
 
+Over an image root the same, but for what the image differs in: no host
+userland is rebuilt (every top-level entry is the session's, as the agent
+left it: the image's programs are the session's to change, as in a
+container); the command runs as the session's user (root, mostly) keeping
+that user's capabilities in the session's user namespace, which reach
+neither the private pid nor mount namespace (the host's root owns them);
+and ``HOME`` is the image's own (``/root``), not a fresh one.
+
 Trade-offs (non-goals): the command does not see the session's processes
 (``ps``, ``pgrep``, ``kill -0 $(cat pidfile)`` find nothing), while it
 reaches their services by the network namespace, ``/tmp`` and the other
