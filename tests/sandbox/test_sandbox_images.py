@@ -454,3 +454,57 @@ async def test_apt_get_and_pip_install_work_as_root_in_a_session(
             assert version.count(".") == 2 and owner == "root"
         finally:
             await session.close()
+
+
+async def test_a_named_image_is_pulled_from_a_registry_without_any_daemon(
+    docker_daemon: Any, image_cache: str, tmp_path: Path
+) -> None:
+    """A registry of our own on loopback (``docker-registry``), the base image
+    pushed there by the private daemon; the provider then pulls it with no
+    daemon reachable."""
+    pytest.importorskip("oras.provider", reason="the registry client (pip install oras)")
+    if shutil.which("docker-registry") is None:
+        pytest.skip("no docker-registry to serve a registry on loopback (apt-get install docker-registry)")
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "registry.yml").write_text(
+        f"version: 0.1\nstorage: {{filesystem: {{rootdirectory: {tmp_path}/data}}}}\nhttp: {{addr: 127.0.0.1:{port}}}\n"
+    )
+    registry = await trio.lowlevel.open_process(
+        ["docker-registry", "serve", str(tmp_path / "registry.yml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with hang_guard(600):
+            transport = httpx.AsyncHTTPTransport(uds=docker_daemon.host[len("unix://") :])
+            async with httpx.AsyncClient(transport=transport, base_url="http://docker/v1.41", timeout=300) as client:
+                name = f"127.0.0.1:{port}/base"
+                tagged = await client.post(f"/images/{BASE_IMAGE}/tag", params={"repo": name, "tag": "1"})
+                assert tagged.status_code == 201, tagged.text
+                for _ in range(100):  # the registry answers once it listens
+                    pushed = await client.post(
+                        f"/images/{name}/push", params={"tag": "1"}, headers={"X-Registry-Auth": "e30="}
+                    )
+                    if b'"error"' not in pushed.content:
+                        break
+                    await trio.sleep(0.1)
+                assert b'"error"' not in pushed.content, pushed.text
+            gone = f"unix://{tmp_path}/gone.sock"
+            env = SandboxEnvironment(
+                config(docker_daemon, str(tmp_path / "cache"), docker_host=gone, pull="missing", pull_from="registry")
+            )
+            session = await env.open(env.build_config(plan(image=f"{name}:1")), NONE, name=new_tag())
+            try:
+                assert (await session.exec(". /etc/os-release; echo $ID")).stdout == "debian\n"
+            finally:
+                await session.close()
+            assert env.images.cache.unpacks == 1 and env.images.builds == 0
+    finally:
+        registry.kill()
+        await registry.wait()

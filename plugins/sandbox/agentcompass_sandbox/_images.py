@@ -285,6 +285,10 @@ class ImageMaker:
     cache: RootCache
     host: str
     pull: str = "missing"
+    #: Where a named image comes from when the cache lacks it: ``daemon``
+    #: (pulled by the daemon at ``host``, then exported) or ``registry``
+    #: (pulled by :mod:`._registry`, no daemon at all).
+    pull_from: str = "daemon"
     _engine: Any = None
     _images: Any = None
     _locks: dict[str, trio.Lock] = attrs.Factory(dict)
@@ -325,6 +329,8 @@ class ImageMaker:
                 found = await trio.to_thread.run_sync(self.cache.by_reference, reference)
                 if found is not None:
                     return found
+            if image is not None and self.pull_from == "registry":
+                return await self._from_registry(image)
             return await self._through_daemon(task_id, reference, image, context)
         except OSError as exc:
             raise image_failed(f"image of task {task_id!r}: {exc}") from None
@@ -366,6 +372,27 @@ class ImageMaker:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(spool)
+
+    async def _from_registry(self, image: str) -> ImageRoot:
+        if self.pull == "never":
+            raise image_failed(f"image {image!r} is not in the image cache and pull is 'never'")
+        from ._registry import pull_layout
+        from ._rootfs import archive_digest
+
+        work = await trio.to_thread.run_sync(self.cache.spool)
+        os.unlink(work)
+        try:
+            await trio.to_thread.run_sync(pull_layout, image, work, abandon_on_cancel=False)
+            digest = await trio.to_thread.run_sync(archive_digest, work)
+            root = await trio.to_thread.run_sync(self.cache.unpacked, digest, work, abandon_on_cancel=False)
+        except ImageFormatError as exc:
+            raise image_failed(f"image {image!r}: {exc}") from None
+        except Exception as exc:  # the registry client's own errors (HTTP, connection)
+            raise image_failed(f"pulling {image!r} from its registry failed: {exc}") from None
+        finally:
+            await trio.to_thread.run_sync(shutil.rmtree, work, True)
+        await trio.to_thread.run_sync(self.cache.remember, image, digest)
+        return root
 
     async def _local(self, image: str) -> ImageRoot:
         from ._rootfs import archive_digest

@@ -91,7 +91,8 @@ class SandboxEnvironment(BaseEnvironment):
     (true: the feature ``images``), ``image_cache`` (where image roots are
     kept), ``docker_host`` (the Docker-compatible daemon that builds and
     pulls; ``DOCKER_HOST``, else ``unix:///var/run/docker.sock``) and
-    ``pull`` (``missing``: ``always``, ``missing``, ``never``): see the
+    ``pull`` (``missing``: ``always``, ``missing``, ``never``) and
+    ``pull_from`` (``daemon``, or ``registry``: no daemon at all): see the
     section on images in ``docs/sandbox.md``. Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
@@ -143,6 +144,11 @@ class SandboxEnvironment(BaseEnvironment):
             validator=attrs.validators.in_(("always", "missing", "never")),
             metadata={"doc": "when to pull a named image: always, missing, never"},
         )
+        pull_from: str = attrs.field(
+            default="daemon",
+            validator=attrs.validators.in_(("daemon", "registry")),
+            metadata={"doc": "who pulls a named image: the daemon at docker_host, or the registry client (no daemon)"},
+        )
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
@@ -155,7 +161,7 @@ class SandboxEnvironment(BaseEnvironment):
         """Where this provider's image roots come from (``cache.unpacks`` and ``builds`` count its work)."""
         if self._maker is None:
             cache = RootCache(os.path.expanduser(self.options.image_cache))
-            self._maker = ImageMaker(cache, self.options.docker_host, self.options.pull)
+            self._maker = ImageMaker(cache, self.options.docker_host, self.options.pull, self.options.pull_from)
         return self._maker
 
     def host_euid(self) -> int:
@@ -209,9 +215,13 @@ class SandboxEnvironment(BaseEnvironment):
                 options, plan.task_id, spec.image, context, spec.build_timeout_seconds, spec.workdir, spec.user
             )
         if spec.workdir not in (None, "/app"):
-            raise ComponentError(f"task {plan.task_id!r}: the sandbox provider starts commands in /app, not {spec.workdir!r}")
+            raise ComponentError(
+                f"task {plan.task_id!r}: the sandbox provider starts commands in /app, not {spec.workdir!r}"
+            )
         if spec.user is not None:
-            raise ComponentError(f"task {plan.task_id!r}: the sandbox provider runs commands as its own user, not {spec.user!r}")
+            raise ComponentError(
+                f"task {plan.task_id!r}: the sandbox provider runs commands as its own user, not {spec.user!r}"
+            )
         if "root" in plan.benchmark_plan.get("required_features", ()):
             raise ComponentError(f"task {plan.task_id!r}: without an image, no sandbox command runs as root")
         return options
