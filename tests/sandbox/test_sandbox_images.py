@@ -456,6 +456,12 @@ async def test_apt_get_and_pip_install_work_as_root_in_a_session(
             await session.close()
 
 
+def _tamper(path: Path) -> None:
+    with open(path, "r+b") as blob:
+        blob.seek(1000)
+        blob.write(b"tampered")
+
+
 async def test_a_named_image_is_pulled_from_a_registry_without_any_daemon(
     docker_daemon: Any, image_cache: str, tmp_path: Path
 ) -> None:
@@ -505,6 +511,14 @@ async def test_a_named_image_is_pulled_from_a_registry_without_any_daemon(
             finally:
                 await session.close()
             assert env.images.cache.unpacks == 1 and env.images.builds == 0
+            # A registry serving a layer that is not what the manifest names: refused, nothing unpacked.
+            layers = sorted((tmp_path / "data").rglob("blobs/sha256/*/*/data"), key=lambda p: p.stat().st_size)
+            await trio.to_thread.run_sync(_tamper, layers[-1])
+            other = SandboxEnvironment({**env.config, "image_cache": str(tmp_path / "other")})
+            with pytest.raises(agentcompass.IssueError, match="does not match its digest") as caught:
+                await other.open(other.build_config(plan(image=f"{name}:1")), NONE, name=new_tag())
+            assert caught.value.code == "image_build_failed"
+            assert other.images.cache.unpacks == 0
     finally:
         registry.kill()
         await registry.wait()
