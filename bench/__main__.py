@@ -41,6 +41,7 @@ FULL: dict[str, dict[str, Any]] = {
     "gateway": {"fn": "gateway_overhead", "tasks": 100, "concurrency": 10, "latency": 0.05},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 200, "concurrency": 8, "held": 100},
     "docker": {"fn": "docker_open_close", "sessions": 100, "concurrency": 8, "execs": 200, "cli_execs": 30},
+    "images": {"fn": "images_side_by_side", "sessions": 100, "concurrency": 8, "execs": 200},
     "ray": {"fn": "ray_scale", "tasks": 600, "concurrency": 200, "latency": 0.1, "steps": 4, "overhead_tasks": 3_000},
 }
 
@@ -60,6 +61,7 @@ SMOKE: dict[str, dict[str, Any]] = {
     "gateway": {"fn": "gateway_overhead", "tasks": 4, "concurrency": 2, "latency": 0.01},
     "sandbox": {"fn": "sandbox_open_close", "sessions": 4, "concurrency": 2, "held": 3},
     "docker": {"fn": "docker_open_close", "sessions": 4, "concurrency": 2, "execs": 5, "cli_execs": 2},
+    "images": {"fn": "images_side_by_side", "sessions": 4, "concurrency": 2, "execs": 5},
     "ray": {"fn": "ray_scale", "tasks": 6, "concurrency": 3, "latency": 0.01, "steps": 2, "overhead_tasks": 20},
 }
 

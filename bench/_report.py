@@ -127,6 +127,16 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(_row("docker exec CLI (same container)", "median ms of `docker exec C true`", r["cli_exec_median_ms"], "(context)", None, "{:.0f}"))
         rows.append(_row("docker image", "builds: first run / second run", f"{r['first_run_builds']} / {r['second_run_builds']}", "1 / 0", (r["first_run_builds"], r["second_run_builds"]) == (1, 0), "{}"))
         rows.append(_row("docker", "containers and networks left after the run", r["leftover"], "0", r["leftover"] == 0, "{:.0f}"))
+    r = results.get("images")
+    if r and "error" not in r:
+        name = f"sandbox with images vs docker, one image ({r['sessions']} at concurrency {r['concurrency']})"
+        d, s = r["docker"], r["sandbox"]
+        rows.append(_row(name, "open + close median ms, sandbox / docker", f"{s['open_close_median_ms']:.0f} / {d['open_close_median_ms']:.0f}", "(context)", None, "{}"))
+        rows.append(_row(name, "open + close speedup (docker median / sandbox median)", r["open_close_speedup"], ">= 10", r["open_close_speedup"] >= 10, "{:.1f}"))
+        rows.append(_row(name, f"exec('true') median ms of {r['execs']}, sandbox / docker", f"{s['exec_median_ms']:.1f} / {d['exec_median_ms']:.1f}", "(context)", None, "{}"))
+        rows.append(_row(name, "exec speedup (docker median / sandbox median)", r["exec_speedup"], ">= 5", r["exec_speedup"] >= 5, "{:.1f}"))
+        rows.append(_row("sandbox image root", "unpacks: first run / second run (builds 0)", f"{r['first_run_unpacks']} / {r['second_run_unpacks']}", "1 / 0", (r["first_run_unpacks"], r["second_run_unpacks"], r["second_run_builds"]) == (1, 0, 0), "{}"))
+        rows.append(_row("sandbox with images", "overlays and containers left after the run", r["leftover"], "0", r["leftover"] == 0, "{:.0f}"))
     probes = results.get("host", {}).get("cpu_probe_ms")
     if probes:
         rows.append(_row("host", "ms of CPU for a fixed Python loop, before each run (median)", statistics.median(probes), "(context)", None, "{:.1f}"))

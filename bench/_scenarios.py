@@ -38,6 +38,7 @@ from agentcompass._store._layout import RunLayout
 
 from ._agent import agent_bound
 from ._docker import docker_open_close as docker_open_close
+from ._images import images_side_by_side as images_side_by_side
 from ._noop import NOOP_OPEN_TIMES, NOOP_SESSIONS  # importing it registers the noop-* components
 from ._sandbox import sandbox_open_close as sandbox_open_close
 
@@ -50,6 +51,7 @@ __all__ = [
     "overhead_bound",
     "reuse",
     "docker_open_close",
+    "images_side_by_side",
     "sandbox_open_close",
     "shutdown",
 ]
@@ -498,5 +500,6 @@ SCENARIOS = {
     "remote_stream": remote_stream,
     "sandbox": sandbox_open_close,
     "docker": docker_open_close,
+    "images": images_side_by_side,
     "ray_scale": ray_scale,
 }

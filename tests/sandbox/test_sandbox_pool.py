@@ -98,8 +98,9 @@ async def test_a_reused_namespace_has_no_process_socket_or_rule_of_the_previous_
         finally:
             await a.close()
         # The spawner entered the namespace only to start bwrap, and came back.
-        assert _spawner._current is not None
-        spawner_netns = await trio.to_thread.run_sync(os.stat, f"/proc/{_spawner._current.proc.pid}/ns/net")
+        spawner = _spawner._current.get(_host.HOST_UID)
+        assert spawner is not None
+        spawner_netns = await trio.to_thread.run_sync(os.stat, f"/proc/{spawner.proc.pid}/ns/net")
         assert spawner_netns.st_ino == (await trio.to_thread.run_sync(os.stat, "/proc/self/ns/net")).st_ino
         b = await provider.open(None, FULL, f"{tag}-b")
         try:

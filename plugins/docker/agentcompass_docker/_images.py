@@ -174,6 +174,7 @@ class ImageCache:
     pulls: int = 0
     _locks: dict[str, trio.Lock] = attrs.Factory(dict)
     _ready: set[str] = attrs.Factory(set)
+    _contents: dict[tuple[str, str], tuple[str, str]] = attrs.Factory(dict)
     _contexts: dict[tuple[str, str], tuple[str, str, str]] = attrs.Factory(dict)
     #: The output of the builds this provider ran, by tag (for the attempt that ran each).
     build_logs: dict[str, bytes] = attrs.Factory(dict)
@@ -216,23 +217,46 @@ class ImageCache:
         if errors:
             raise image_failed(f"pulling {image!r} failed: {errors[-1][:500]}", log.text())
 
-    async def built(self, task_id: str, context: Path) -> str:
-        """The tag of ``context``'s image, built here unless the daemon has it."""
+    async def context_tag(self, task_id: str, context: Path) -> str:
+        """The tag of ``context``'s content alone (hashed once per provider; no
+        daemon asked): what a daemonless image cache finds a build by when no
+        daemon can name the ids of its ``FROM`` images."""
+        digest, _ = await self._context(task_id, context)
+        return f"agentcompass/{repository_name(task_id)}:{digest[:20]}"
+
+    async def build_tag(self, task_id: str, context: Path) -> str:
+        """The tag :meth:`built` returns: the context and the ids the daemon
+        holds now for its ``FROM`` images, so a rebuilt base is a new tag."""
+        return (await self._build_key(task_id, context))[0]
+
+    async def _context(self, task_id: str, context: Path) -> tuple[str, str]:
         key = (task_id, os.fspath(context))
         async with self._lock(f"context:{key}"):
-            if key not in self._contexts:
+            if key not in self._contents:
                 try:
                     digest = await trio.to_thread.run_sync(context_tar, context, _Discard())
                     dockerfile = await trio.to_thread.run_sync(_read_dockerfile, context)
                 except OSError as exc:
                     raise image_failed(f"reading build context {context}: {exc}") from None
+                self._contents[key] = (digest, dockerfile)
+            return self._contents[key]
+
+    async def _build_key(self, task_id: str, context: Path) -> tuple[str, str, str]:
+        key = (task_id, os.fspath(context))
+        digest, dockerfile = await self._context(task_id, context)
+        async with self._lock(f"bases:{key}"):
+            if key not in self._contexts:
                 # The base images as the daemon holds them now: a rebuilt base is a new tag.
                 bases = hashlib.sha256(digest.encode())
                 for base in from_images(dockerfile):
                     bases.update(f"\0{base}\0{await self._image_id(base)}".encode())
                 image_key = bases.hexdigest()
                 self._contexts[key] = (f"agentcompass/{repository_name(task_id)}:{image_key[:20]}", digest, image_key)
-            tag, digest, image_key = self._contexts[key]
+            return self._contexts[key]
+
+    async def built(self, task_id: str, context: Path) -> str:
+        """The tag of ``context``'s image, built here unless the daemon has it."""
+        tag, digest, image_key = await self._build_key(task_id, context)
         async with self._lock(tag):
             if tag in self._ready:
                 return tag

@@ -31,12 +31,16 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from . import _forward, _netlink
 
+#: A session over an image root: its directory (``IMAGE/ROOT`` the overlay,
+#: ``IMAGE/UPPER`` the tmpfs of its own writes).
+IMAGE, ROOT, UPPER, SYS = "image", "root", "upper", "sys"
 #: Where session directories live (one per session, named after it).
 STATE_ROOT = Path("/run/agentcompass-sandbox")
 #: Lease files of the /30 subnets handed to sessions with a veth.
@@ -72,7 +76,8 @@ NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _MS_BIND, _MS_REC, _MS_SHARED, _MNT_DETACH = 0x1000, 0x4000, 1 << 20, 2
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_CLONE_NEWNET = 0x40000000
 
 _KILL_ROUNDS = 2000
 _KILL_PAUSE = 0.001
@@ -234,6 +239,83 @@ def expose(name: str, host_path: str, label: str) -> str:
     os.mkdir(target, 0o755)
     _mount(stage, target, None, _MS_BIND, None)
     return f"{EXPOSED_INSIDE}/{label}"
+
+
+def make_image_root(name: str, lower: str, storage_bytes: int, owner: int) -> str:
+    """Mount the session's root: an overlay of the image root ``lower``
+    (never written) and an upper layer on a tmpfs of ``storage_bytes`` of
+    its own, so the session's writes, wherever they go, stop at that size.
+    Return the overlay's path. The directory holding it is ``owner``'s
+    (the image's root on the host) and closed to everyone else, so no host
+    user reaches the image's set-id programs through it; ``nodev``: no device
+    node of the upper layer opens a host device."""
+    if any(c in lower for c in ",:\\"):
+        raise HostError(f"the image root {lower!r} has a comma, colon or backslash (overlay options cannot name it)")
+    path = f"{session_dir(name)}/{IMAGE}"
+    os.mkdir(path, 0o700)
+    os.chown(path, owner, owner)
+    upper = f"{path}/{UPPER}"
+    os.mkdir(upper, 0o700)
+    _mount("agentcompass-upper", upper, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={storage_bytes},mode=0700")
+    lower_root = os.stat(lower)
+    os.mkdir(f"{upper}/u", 0o755)
+    os.chown(f"{upper}/u", lower_root.st_uid, lower_root.st_gid)
+    os.chmod(f"{upper}/u", lower_root.st_mode & 0o7777)
+    os.mkdir(f"{upper}/w", 0o700)
+    root = f"{path}/{ROOT}"
+    os.mkdir(root, 0o755)
+    options = f"lowerdir={lower},upperdir={upper}/u,workdir={upper}/w"
+    _mount("agentcompass-overlay", root, "overlay", _MS_NODEV, options)
+    return root
+
+
+def make_harbor_dirs(root: str, uid: int, gid: int) -> None:
+    """``/app``, ``/tests``, ``/logs`` and ``/solution`` in a fresh image
+    root, where the image has none (a name it has, of whatever kind, stays)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for sub in SUBDIRS:
+            try:
+                os.mkdir(sub, 0o755, dir_fd=fd)
+            except FileExistsError:
+                continue
+            os.chown(sub, uid, gid, dir_fd=fd, follow_symlinks=False)
+    finally:
+        os.close(fd)
+
+
+def mount_sysfs(name: str, netns_fd: int) -> str:
+    """Mount a read-only sysfs of the network namespace ``netns_fd`` (its
+    ``/sys/class/net`` lists the session's interfaces) for an image
+    session's ``/sys``, and return its path: made on the host side, as no
+    process of the session owns that namespace. Mounted from a thread of its
+    own that enters the namespace and ends, so no thread is left in it."""
+    target = f"{session_dir(name)}/{IMAGE}/{SYS}"
+    os.mkdir(target, 0o755)
+    failures: list[BaseException] = []
+
+    def inside() -> None:
+        try:
+            if _libc.setns(netns_fd, _CLONE_NEWNET) != 0:
+                raise HostError(f"setns: {os.strerror(ctypes.get_errno())}")
+            _mount("sysfs", target, "sysfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=inside, name="agentcompass-sysfs")
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
+    return target
+
+
+def _remove_image_root(path: str) -> None:
+    """Detach the overlay, then its upper tmpfs (nothing mounted is fine)."""
+    if os.path.isdir(f"{path}/{IMAGE}"):
+        _unmount(f"{path}/{IMAGE}/{SYS}")
+        _unmount(f"{path}/{IMAGE}/{ROOT}")
+        _unmount(f"{path}/{IMAGE}/{UPPER}")
 
 
 def _remove_stages(path: str) -> None:
@@ -661,6 +743,7 @@ def destroy(name: str) -> None:
 
 def remove_session_dir(name: str) -> None:
     path = f"{STATE_ROOT}/{name}"
+    _remove_image_root(path)
     _unmount(f"{path}/{FILES}")
     _remove_stages(path)
     try:

@@ -283,6 +283,28 @@ def make_namespace(host: str | None = None, host_ip: str = "", sandbox_ip: str =
     return made[0], probes[0]
 
 
+def move_link(netns_fd: int, name: str, target_fd: int) -> None:
+    """Move interface ``name`` of the namespace ``netns_fd`` into the one
+    ``target_fd`` holds (it arrives down, without addresses or routes)."""
+
+    def inside() -> None:
+        sock = _Socket()
+        try:
+            index = sock.index_of(name)
+            body = _ifinfo(index) + _attr(_IFLA_NET_NS_FD, struct.pack("=I", target_fd))
+            sock.request(_RTM_NEWLINK, 0, body, f"move {name}")
+        finally:
+            sock.close()
+
+    in_namespace_fd(netns_fd, inside)
+
+
+def configure_inside(netns_fd: int, sandbox_ip: str, gateway: str) -> None:
+    """Bring ``eth0`` of the namespace ``netns_fd`` up with ``sandbox_ip``/30
+    and a default route via ``gateway`` (as :func:`make_veth` leaves it)."""
+    in_namespace_fd(netns_fd, lambda: _configure_inside(sandbox_ip, gateway))
+
+
 def delete_link(name: str) -> None:
     """Delete the interface ``name`` of this namespace (both ends of a veth go)."""
     sock = _Socket()

@@ -42,6 +42,14 @@ How (the root side is :mod:`._private_init`, a script of its own):
 6. The runtime walks ``directory`` through its descriptor without following
    a link (:func:`agentcompass.runtime.read_beneath`), then closes it.
 
+Over an image root the same, but for what the image differs in: no host
+userland is rebuilt (every top-level entry is the session's, as the agent
+left it: the image's programs are the session's to change, as in a
+container); the command runs as the session's user (root, mostly) keeping
+that user's capabilities in the session's user namespace, which reach
+neither the private pid nor mount namespace (the host's root owns them);
+and ``HOME`` is the image's own (``/root``), not a fresh one.
+
 Trade-offs (non-goals): the command does not see the session's processes
 (``ps``, ``pgrep``, ``kill -0 $(cat pidfile)`` find nothing), while it
 reaches their services by the network namespace, ``/tmp`` and the other
@@ -82,6 +90,7 @@ from agentcompass import ExecResult, FileRefusedError
 from agentcompass.runtime import cleanup_deadline, read_beneath, write_beneath
 
 from . import _host
+from ._images import UID_BASE
 from ._session import (
     _WRAP,
     BASE_ENV,
@@ -191,6 +200,7 @@ async def exec_private(
     label = f"p{next(session._labels)}"
     try:
         fds, leaf, layout, program = await trio.to_thread.run_sync(_prepare, session, label)
+        image = session.image is not None
     except OSError as exc:
         raise fail(f"sandbox {session.name}: {exc}") from None
     except InitGone as exc:
@@ -208,23 +218,28 @@ async def exec_private(
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel = trio.socket.from_stdlib_socket(ours)
         try:
+            argv = _argv(session, cmd, cwd, env)
+            if image:
+                program = argv[0]  # the image's own: /usr/bin/env or /bin/sh
             config = {
                 "fds": fds,
                 "top": top,
                 "sub": sub,
                 "size": max(_TMPFS_MIN_BYTES, 2 * max_bytes),
                 "source": SOURCE_PREFIX + session.name,
-                "userland": layout,
-                "reserved": list(_host.USERLAND),
+                "userland": [] if image else layout,
+                "reserved": [] if image else list(_host.USERLAND),
                 "session_entries": [*_host.SUBDIRS, *_SESSION_MOUNTS],
-                "host_uid": _host.HOST_UID,
-                "inside_uid": _host.INSIDE_UID,
+                "host_uid": _host.HOST_UID if not image else UID_BASE + session.inside_ids()[0],
+                "inside_uid": session.inside_ids()[0],
+                "inside_gid": session.inside_ids()[1],
+                "keep_capabilities": image,
                 "max_entries": MAX_ENTRIES,
                 "inputs": [[name, _input_bytes(group)] for name, group in groups.items()],
-                "home": HOME.lstrip("/"),
+                "home": "" if image else HOME.lstrip("/"),
                 "home_size": session._tmpfs_bytes,
                 "program": program,
-                "argv": command_line(cmd, cwd, {**session._env, **(env or {})}, HOME),
+                "argv": argv,
                 "env": BASE_ENV,
             }
             full = [
@@ -351,11 +366,20 @@ def _write_inputs(fds: list[int], groups: list[dict[str, bytes]]) -> None:
             write_beneath(fd, rel, data, owner, mode=INPUT_MODE)
 
 
+def _argv(session: SandboxSession, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]:
+    """The command's argv: ``env`` of the host's userland, or over an image
+    the session's own command line (its ``sh``, then ``env -i``), with ``HOME``."""
+    if session.image is None:
+        return command_line(cmd, cwd, {**session._env, **(env or {})}, HOME)
+    home = HOME if session.inside_ids()[0] == 0 else "/"
+    return session.command_line(cmd, cwd, {"HOME": home, **(env or {})})
+
+
 def _prepare(session: SandboxSession, label: str) -> tuple[dict[str, int], str, list[tuple[str, str, str]], str]:
     """Blocking, one thread hop: the session's namespaces but its pid one
     (descriptors the caller closes), the cgroup leaf, the userland layout,
     and where ``env`` is (the host's userland is the session's)."""
-    program = shutil.which("env", path=BASE_ENV["PATH"])
+    program = "/bin/sh" if session.image is not None else shutil.which("env", path=BASE_ENV["PATH"])
     if program is None:
         raise OSError(errno.ENOENT, "env is not on the sandbox's PATH")
     fds = session.namespace_fds(_NAMESPACES)

@@ -206,6 +206,15 @@ def _become_sandbox_user(config):  # type: ignore[no-untyped-def]
     _check(_libc.setns(config["fds"]["user"], 0), "setns user")
     os.chroot(".")
     os.chdir("/")
+    if config.get("keep_capabilities"):
+        # Over an image, root inside keeps its capabilities in the session's
+        # user namespace (as the session's own commands do): none reaches
+        # the private run's pid or mount namespace, which the host's root owns.
+        inside, group = config["inside_uid"], config.get("inside_gid", config["inside_uid"])
+        os.setresgid(group, group, group)
+        os.setresuid(inside, inside, inside)
+        os.closerange(3, 1 << 20)
+        return
     for cap in range(64):
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
             break
@@ -228,11 +237,16 @@ def _pid1(config, sock, session_root):  # type: ignore[no-untyped-def]
     for name, input_size in config["inputs"]:
         options = [("source", f"{config['source']}-{name}"), ("size", str(input_size)), ("nr_inodes", "65536")]
         fresh.append((name, _fs("tmpfs", [*options, ("mode", "0755"), *owner], attrs)))
-    home_options = [("source", config["source"] + "-home"), ("size", str(config["home_size"]))]
-    home = _fs("tmpfs", [*home_options, ("nr_inodes", "262144"), ("mode", "0700"), *owner], attrs)
-    _build_root(config, session_root, root_dir, private_dir, [*fresh, (config["home"], home)])
+    homes = []
+    if config["home"]:  # none over an image: its own home directories serve, as in the session
+        home_options = [("source", config["source"] + "-home"), ("size", str(config["home_size"]))]
+        homes.append(
+            (config["home"], _fs("tmpfs", [*home_options, ("nr_inodes", "262144"), ("mode", "0700"), *owner], attrs))
+        )
+    _build_root(config, session_root, root_dir, private_dir, [*fresh, *homes])
     os.close(session_root)
-    os.close(home)
+    for _, home in homes:
+        os.close(home)
     mounts = [private_dir, *(fd for _, fd in fresh)]
     held = [os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd) for fd in mounts]
     socket.send_fds(sock, [b"ready\n"], held)

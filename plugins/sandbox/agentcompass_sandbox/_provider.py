@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import shutil
@@ -15,6 +16,8 @@ from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueEr
 from agentcompass.runtime import cleanup_deadline
 
 from . import _host, _pool
+from ._images import ImageMaker, RootCache, default_cache
+from ._rootfs import ImageFormatError, resolve_user
 from ._session import SandboxSession, fail
 
 #: Host programs the provider runs.
@@ -51,6 +54,23 @@ def host_problem(
     return None
 
 
+def _default_docker_host() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+@attrs.frozen
+class ImagePlan:
+    """What :meth:`SandboxEnvironment.open` gets for a plan with an image."""
+
+    options: Any  # SandboxEnvironment.Config
+    task_id: str
+    image: str | None
+    build_context: str | None
+    build_timeout_seconds: float | None
+    workdir: str | None
+    user: str | None
+
+
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or value <= 0):
         raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
@@ -66,7 +86,14 @@ class SandboxEnvironment(BaseEnvironment):
     network namespace back to the pool at close; true), ``tmpfs_mb`` (the size
     of each of a session's two tmpfs, ``/tmp`` and the one holding ``/app``,
     ``/tests``, ``/logs`` and ``/solution``; 1024: without a size a session
-    could fill half the host's memory in each). Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
+    could fill half the host's memory in each; over an image, the size of
+    its upper layer, which every write of the session fills). ``images``
+    (true: the feature ``images``), ``image_cache`` (where image roots are
+    kept), ``docker_host`` (the Docker-compatible daemon that builds and
+    pulls; ``DOCKER_HOST``, else ``unix:///var/run/docker.sock``) and
+    ``pull`` (``missing``: ``always``, ``missing``, ``never``) and
+    ``pull_from`` (``daemon``, or ``registry``: no daemon at all): see the
+    section on images in ``docs/sandbox.md``. Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
     id: ClassVar[str] = "sandbox"
@@ -75,6 +102,10 @@ class SandboxEnvironment(BaseEnvironment):
     #: every command; the host's userland serves every task (no ``images``),
     #: and commands run as the sandbox user (no ``root``).
     features: ClassVar[frozenset[str]] = frozenset({"literal_paths", "limits"})
+    #: With ``images`` (the default): a task's image is built or pulled and
+    #: unpacked once, and its sessions run over it, as root inside where the
+    #: image says so (``root``).
+    image_features: ClassVar[frozenset[str]] = frozenset({"images", "literal_paths", "root", "limits"})
 
     @attrs.frozen
     class Config:
@@ -103,6 +134,35 @@ class SandboxEnvironment(BaseEnvironment):
             validator=_positive,
             metadata={"doc": "size of each of the session's two tmpfs (/tmp; /app, /tests, /logs, /solution)"},
         )
+        images: bool = attrs.field(default=True, metadata={"doc": "run tasks that name an image over that image"})
+        image_cache: str = attrs.field(factory=default_cache, metadata={"doc": "where unpacked image roots are kept"})
+        docker_host: str = attrs.field(
+            factory=_default_docker_host, metadata={"doc": "the Docker-compatible daemon that builds and pulls images"}
+        )
+        pull: str = attrs.field(
+            default="missing",
+            validator=attrs.validators.in_(("always", "missing", "never")),
+            metadata={"doc": "when to pull a named image: always, missing, never"},
+        )
+        pull_from: str = attrs.field(
+            default="daemon",
+            validator=attrs.validators.in_(("daemon", "registry")),
+            metadata={"doc": "who pulls a named image: the daemon at docker_host, or the registry client (no daemon)"},
+        )
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        super().__init__(config)
+        if self.options.images:
+            self.features = self.image_features  # type: ignore[misc]
+        self._maker: ImageMaker | None = None
+
+    @property
+    def images(self) -> ImageMaker:
+        """Where this provider's image roots come from (``cache.unpacks`` and ``builds`` count its work)."""
+        if self._maker is None:
+            cache = RootCache(os.path.expanduser(self.options.image_cache))
+            self._maker = ImageMaker(cache, self.options.docker_host, self.options.pull, self.options.pull_from)
+        return self._maker
 
     def host_euid(self) -> int:
         """The uid :meth:`preflight` checks (a seam: override to model another host)."""
@@ -139,10 +199,6 @@ class SandboxEnvironment(BaseEnvironment):
         ):
             netpolicy.check(policy, "sandbox", f"{phase} network policy of task {plan.task_id!r}")
         spec = plan.sandbox
-        if spec.workdir not in (None, "/app"):
-            raise ComponentError(f"task {plan.task_id!r}: the sandbox provider starts commands in /app, not {spec.workdir!r}")
-        if spec.user is not None:
-            raise ComponentError(f"task {plan.task_id!r}: the sandbox provider runs commands as its own user, not {spec.user!r}")
         limits = {
             "memory_mb": spec.memory_mb,
             "cpus": spec.cpus,
@@ -150,13 +206,34 @@ class SandboxEnvironment(BaseEnvironment):
             "env": dict(spec.env) or None,
         }
         changes = {key: value for key, value in limits.items() if value is not None}
-        return attrs.evolve(self.options, **changes) if changes else self.options
+        options = attrs.evolve(self.options, **changes) if changes else self.options
+        if self.options.images and (spec.image is not None or spec.build_context is not None):
+            if spec.workdir is not None and not spec.workdir.startswith("/"):
+                raise ComponentError(f"task {plan.task_id!r}: workdir {spec.workdir!r} is not an absolute path")
+            context = os.fspath(spec.build_context) if spec.build_context is not None and spec.image is None else None
+            return ImagePlan(
+                options, plan.task_id, spec.image, context, spec.build_timeout_seconds, spec.workdir, spec.user
+            )
+        if spec.workdir not in (None, "/app"):
+            raise ComponentError(
+                f"task {plan.task_id!r}: the sandbox provider starts commands in /app, not {spec.workdir!r}"
+            )
+        if spec.user is not None:
+            raise ComponentError(
+                f"task {plan.task_id!r}: the sandbox provider runs commands as its own user, not {spec.user!r}"
+            )
+        if "root" in plan.benchmark_plan.get("required_features", ()):
+            raise ComponentError(f"task {plan.task_id!r}: without an image, no sandbox command runs as root")
+        return options
 
     async def open(self, config: Any, policy: NetworkPolicy, name: str | None = None) -> SandboxSession:
         """Create the sandbox under ``policy`` and return its session. ``name``
         labels every resource (a random ``sandbox-...`` name when ``None``).
         A failure or cancellation removes whatever was made before propagating."""
         options = self.options if config is None else config
+        image_plan = options if isinstance(options, ImagePlan) else None
+        if image_plan is not None:
+            options = image_plan.options
         if isinstance(options, dict):
             options = type(self)(options).options
         if name is None:
@@ -167,6 +244,9 @@ class SandboxEnvironment(BaseEnvironment):
             netpolicy.check(policy, "sandbox", "network policy")
         except ComponentError as exc:
             raise fail(str(exc)) from None
+        image = user = None
+        if image_plan is not None:
+            image, user = await self._image_root(image_plan)
         # Every session borrows a network namespace made ahead (see _pool):
         # with a veth when it starts with egress, with loopback only under none.
         pool = _pool.current(veth=policy.mode != "none")
@@ -181,6 +261,9 @@ class SandboxEnvironment(BaseEnvironment):
             tmpfs_mb=options.tmpfs_mb,
             cpus=options.cpus,
             env=options.env,
+            image=image,
+            user=user,
+            workdir=None if image_plan is None else image_plan.workdir,
         )
         try:
             await session.start(policy)
@@ -189,6 +272,21 @@ class SandboxEnvironment(BaseEnvironment):
                 await session.close()
             raise
         return session
+
+    async def _image_root(self, plan: ImagePlan) -> tuple[Any, tuple[int, int] | None]:
+        """The image's root (made once, see :mod:`._images`) and the plan's
+        user in it; FATAL ``setup_timeout`` past ``build_timeout_seconds``."""
+        bound = plan.build_timeout_seconds
+        with trio.move_on_after(math.inf if bound is None else bound):
+            root = await self.images.root(plan.task_id, plan.image, plan.build_context)
+            if plan.user is None:
+                return root, None
+            try:
+                return root, await trio.to_thread.run_sync(resolve_user, root.rootfs, plan.user)
+            except ImageFormatError as exc:
+                raise IssueError("fatal", "environment_failed", f"task {plan.task_id!r}: {exc}") from None
+        what = plan.image or plan.build_context
+        raise IssueError("fatal", "setup_timeout", f"preparing the image of {what} took over {bound}s", phase="setup")
 
     async def reap(self, handle: dict[str, Any]) -> None:
         """Destroy the sandbox named by ``handle`` (idempotent)."""

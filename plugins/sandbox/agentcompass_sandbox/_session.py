@@ -32,7 +32,9 @@ import trio
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy, netpolicy
 from agentcompass.runtime import OutputTail, cleanup_deadline, read_beneath, write_beneath
 
-from . import _host, _pool, _spawner
+from . import _host, _netlink, _pool, _spawner
+from ._images import UID_BASE, ImageRoot, hold
+from ._rootfs import ID_COUNT
 
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
@@ -100,8 +102,19 @@ class SandboxSession(EnvironmentSession):
         tmpfs_mb: int = 1024,
         cpus: float | None = None,
         env: Mapping[str, str] | None = None,
+        image: ImageRoot | None = None,
+        user: tuple[int, int] | None = None,
+        workdir: str | None = None,
     ):
         self.name = name
+        # Over an image: its root (the overlay's lower layer), the ids commands
+        # run as inside, and where they start; the image's ENV under the plan's.
+        self._image = image
+        self._image_lock: int | None = None  # the root's lock, held shared while the session runs
+        self._root: str | None = None  # the overlay, on the host
+        self._sysfs: str | None = None  # the /sys of its network namespace, on the host
+        self._user = user if user is not None else (image.uid, image.gid) if image is not None else None
+        self._workdir = workdir or (image.workdir if image is not None else None) or "/"
         self._pool = pool  # where the network namespace comes from (None: bwrap makes one)
         self._recycle = recycle  # give the namespace back at close (False: destroy it)
         self._netns: _pool.Netns | None = None
@@ -113,7 +126,7 @@ class SandboxSession(EnvironmentSession):
         self._memory_mb = memory_mb
         self._pids_max = pids_max
         self._cpus = cpus
-        self._env = dict(env or {})  # the plan's SandboxSpec.env: every command gets it
+        self._env = {**(image.env if image is not None else {}), **(env or {})}  # every command gets it
         self._tmpfs_bytes = tmpfs_mb * 1024 * 1024  # /tmp, and the session's files
         self._cgroups: dict[str, str] = {}
         self._lifeline: int | None = None  # write end of the init's stdin
@@ -126,6 +139,9 @@ class SandboxSession(EnvironmentSession):
         self._ruleset = False  # whether an nftables table is installed in the namespace
         self._hosts_extended = False  # whether /etc/hosts holds allowlisted names
         self._policy: NetworkPolicy | None = None
+        # Over an image under none: the namespace holding eth0 meanwhile (see _park).
+        self._parking: int | None = None
+        self._parked = False
         self._labels = itertools.count()
         self._closed = False
         self._destroyed = False
@@ -133,6 +149,11 @@ class SandboxSession(EnvironmentSession):
     @property
     def handle(self) -> dict[str, Any]:
         return {"name": self.name, "dir": str(self._dir)}
+
+    @property
+    def image(self) -> ImageRoot | None:
+        """The image root the session runs over (``None``: the host's userland)."""
+        return self._image
 
     @property
     def policy(self) -> NetworkPolicy | None:
@@ -166,15 +187,25 @@ class SandboxSession(EnvironmentSession):
         """Blocking, in one worker-thread hop: the state directory, the
         cgroups, the init's leaf, the binds, whether the session has its own
         /etc/hosts, and bwrap's log file (a descriptor the caller closes)."""
-        _host.make_session_dir(self.name, self._tmpfs_bytes)
+        if self._image is None:
+            _host.make_session_dir(self.name, self._tmpfs_bytes)
+        else:
+            # The files tmpfs only carries exposed directories; the session's writes go to the overlay.
+            _host.make_session_dir(self.name, 1 << 20)
+            self._image_lock = hold(self._image)
+            self._root = _host.make_image_root(self.name, self._image.rootfs, self._tmpfs_bytes, UID_BASE)
+            uid, gid = self.inside_ids()
+            _host.make_harbor_dirs(self._root, UID_BASE + uid, UID_BASE + gid)
         self._cgroups = _host.make_cgroups(self.name, self._memory_mb, self._pids_max, self._cpus)
         if self._pool is not None:
             self._netns = self._pool.take()
             self._lease = self._netns.lease
+        if self._image is not None and self._netns is not None:
+            self._sysfs = _host.mount_sysfs(self.name, self._netns.fd)
         init_cg = _host.exec_cgroup(self._cgroups["track"], "init")
         own_hosts = (self._dir / "hosts").exists()
         log_fd = os.open(self._dir / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        return init_cg, _root_binds(), own_hosts, log_fd
+        return init_cg, _root_binds() if self._image is None else [], own_hosts, log_fd
 
     def _procs_files(self, track_leaf: str) -> list[str]:
         files = [os.path.join(track_leaf, "cgroup.procs")]
@@ -183,6 +214,27 @@ class SandboxSession(EnvironmentSession):
             if path is not None and path != self._cgroups["track"]:
                 files.append(os.path.join(path, "cgroup.procs"))
         return files
+
+    def _image_argv(self, own_hosts: bool, share: list[str]) -> list[str]:
+        """bwrap over the image's overlay: root inside with every capability
+        of its own user namespace, whose 65536 ids the spawner maps to the
+        images' unprivileged host range (bwrap waits for that on fd 4)."""
+        assert self._root is not None
+        mounts = ["--bind", self._root, "/", "--proc", "/proc", "--dev", "/dev"]
+        if self._sysfs is not None:
+            mounts += ["--ro-bind", self._sysfs, "/sys"]
+        if own_hosts:
+            mounts += ["--ro-bind", str(self._dir / "hosts"), "/etc/hosts"]
+        if os.path.isfile("/etc/resolv.conf") and not os.path.islink("/etc/resolv.conf"):
+            mounts += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        mounts += ["--ro-bind", str(self._files / _host.EXPOSED), _host.EXPOSED_INSIDE]
+        return [
+            "bwrap", "--die-with-parent", "--unshare-all", "--unshare-user", *share, "--userns-block-fd", "4",
+            "--cap-add", "ALL", "--uid", "0", "--gid", "0", "--hostname", "sandbox", *mounts,
+            # One wait on fd 4 (bwrap closes it after): for the maps, which the
+            # spawner writes once bwrap and its child are in their cgroups.
+            "--chdir", "/", "--info-fd", "3", "--", "sh", "-c", _INIT,
+        ]  # fmt: skip
 
     async def _spawn_init(self, init_cg: str, binds: list[str], own_hosts: bool, log_fd: int) -> None:
         mounts: list[str] = []
@@ -203,6 +255,8 @@ class SandboxSession(EnvironmentSession):
             "--remount-ro", "/",
             "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
         ]  # fmt: skip
+        if self._image is not None:
+            argv = self._image_argv(own_hosts, share)
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
         out_read, out_write = os.pipe()
@@ -215,6 +269,7 @@ class SandboxSession(EnvironmentSession):
                 self._procs_files(init_cg),
                 None if self._netns is None else self._netns.fd,
                 BASE_ENV,
+                **({} if self._image is None else {"uid": UID_BASE, "idmap": (0, UID_BASE, ID_COUNT)}),
             )
         except BaseException as exc:
             os.close(out_read)
@@ -282,10 +337,10 @@ class SandboxSession(EnvironmentSession):
         except InitGone as exc:
             # The agent killed its own init: nothing runs any more, which is its doing.
             return ExecResult(exit_code=INIT_GONE_EXIT_CODE, stderr=f"sandbox {self.name}: {exc}; nothing ran\n")
-        uid = str(_host.INSIDE_UID)
+        uid, gid = self.inside_ids()
         full = [
             "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
-            *nsenter_args(fds), "-S", uid, "-G", uid, *command_line(cmd, cwd, {**self._env, **(env or {})}),
+            *nsenter_args(fds), "-S", str(uid), "-G", str(gid), *self.command_line(cmd, cwd, env),
         ]  # fmt: skip
         try:
             self._check_open()
@@ -335,6 +390,28 @@ class SandboxSession(EnvironmentSession):
             self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes, inputs=inputs
         )
 
+    def inside_ids(self) -> tuple[int, int]:
+        """The uid and gid commands run as inside the session."""
+        return self._user if self._user is not None else (_host.INSIDE_UID, _host.INSIDE_UID)
+
+    def command_line(self, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]:
+        """What nsenter runs for ``cmd``: :func:`command_line`, or over an
+        image its own ``env -i -C`` (where that is coreutils'; else its ``sh``
+        going there first) to ``cwd`` under the image's working directory,
+        with the image's environment, the plan's, then ``env``."""
+        if self._image is None:
+            return command_line(cmd, cwd, {**self._env, **(env or {})})
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
+        home = "/root" if self.inside_ids()[0] == 0 else "/"
+        variables = {**BASE_ENV, "HOME": home, **self._env, **(env or {})}
+        workdir = posixpath.normpath(str(PurePosixPath(self._workdir) / (cwd or ".")))
+        if self._image.env_chdir:
+            return ["/usr/bin/env", "-i", "-C", workdir, *(f"{k}={v}" for k, v in variables.items()), *argv]
+        return [
+            "/bin/sh", "-c", 'cd -- "$0" || exit 126; exec env -i "$@"', workdir,
+            *(f"{k}={v}" for k, v in variables.items()), *argv,
+        ]  # fmt: skip
+
     def namespace_fds(self, which: tuple[str, ...] = _NAMESPACE_NAMES) -> dict[str, int]:
         """Blocking: new descriptors of the init's namespaces ``which`` (the
         caller closes them), opened while the session's pidfd shows the init
@@ -373,8 +450,12 @@ class SandboxSession(EnvironmentSession):
 
     def _locate(self, path: str | os.PathLike[str]) -> tuple[Path, str]:
         """(host directory, path beneath it) of a sandbox path, refused when it
-        names a place outside the Harbor directories. Only lexical: the
-        session's links are dealt with by opening, never by resolving."""
+        names a place outside the Harbor directories (over an image: any
+        path of its root, relative ones under its working directory). Only
+        lexical: the session's links are dealt with by opening, never by resolving."""
+        if self._root is not None:
+            raw = posixpath.normpath(str(PurePosixPath(self._workdir) / os.fspath(path)))
+            return Path(self._root), raw.lstrip("/") or "."
         raw = posixpath.normpath(str(PurePosixPath("/app") / os.fspath(path)))
         parts = raw.split("/")[1:]
         if not parts or parts[0] not in _host.SUBDIRS:
@@ -396,6 +477,9 @@ class SandboxSession(EnvironmentSession):
         payload = data.encode() if isinstance(data, str) else bytes(data)
         root, relpath = self._locate(path)
         owner = (_host.HOST_UID, _host.HOST_UID)
+        if self._image is not None:
+            uid, gid = self.inside_ids()
+            owner = (UID_BASE + uid, UID_BASE + gid)
         await trio.to_thread.run_sync(write_beneath, root, relpath, payload, owner)
 
     async def expose_directory(self, host_path: str) -> str:
@@ -439,9 +523,30 @@ class SandboxSession(EnvironmentSession):
             if policy.mode == "full" and self._ruleset:
                 await trio.to_thread.run_sync(self._apply_ruleset, netpolicy.ruleset("full"))
                 self._ruleset = False
+            if self._image is not None and self._lease is not None and (policy.mode == "none") != self._parked:
+                await trio.to_thread.run_sync(self._park if policy.mode == "none" else self._unpark)
         except (OSError, ValueError, _host.HostError) as exc:
             raise fail(f"sandbox {self.name}: could not apply network policy {policy.mode!r}: {exc}") from None
         self._policy = policy
+
+    def _park(self) -> None:
+        """Blocking: under ``none``, an image session sees loopback only, as in
+        a container without a network: its ``eth0`` waits in a namespace of
+        its own (made once) until a policy with egress brings it back. The
+        rules of ``none`` are in place first, so nothing leaves meanwhile."""
+        if self._parking is None:
+            self._parking, probe = _netlink.make_namespace()
+            probe.close()
+        _netlink.move_link(self._net_fd(), "eth0", self._parking)
+        self._parked = True
+
+    def _unpark(self) -> None:
+        """Blocking: ``eth0`` back in the session's namespace, configured as it was made."""
+        assert self._parking is not None and self._lease is not None
+        _netlink.move_link(self._parking, "eth0", self._net_fd())
+        self._parked = False
+        host_ip, sandbox_ip = _host.lease_addresses(self._lease)
+        _netlink.configure_inside(self._net_fd(), sandbox_ip, host_ip)
 
     def _apply_ruleset(self, ruleset: str) -> None:
         """Blocking: ``nft -f`` in the session's network namespace (a pooled
@@ -498,6 +603,13 @@ class SandboxSession(EnvironmentSession):
             if fd is not None:
                 os.close(fd)
         self._pidfd = self._own_netns = None
+        if self._parking is not None:
+            # A pooled namespace whose eth0 is parked fails its recycling check: it is destroyed.
+            os.close(self._parking)
+            self._parking = None
+        if self._image_lock is not None:
+            os.close(self._image_lock)
+            self._image_lock = None
         # bwrap is in the session's cgroup from its first instruction, so the
         # teardown kills it with everything it started.
         await trio.to_thread.run_sync(self._destroy)

@@ -39,7 +39,8 @@ class _Spawner:
 
 
 _start_lock = threading.Lock()
-_current: _Spawner | None = None
+#: The running spawner of each uid bwrap runs as (the host's nobody, or the images' root).
+_current: dict[int, _Spawner] = {}
 _ids = itertools.count()
 _programs: dict[str, str] = {}
 
@@ -58,14 +59,14 @@ class _Exchange:
 _exchange: trio.lowlevel.RunVar[_Exchange] = trio.lowlevel.RunVar("agentcompass_sandbox_spawn_exchange")
 
 
-def _start() -> _Spawner:
-    """Blocking: the running spawner, started if there is none (or it died)."""
-    global _current
+def _start(uid: int = HOST_UID) -> _Spawner:
+    """Blocking: the running spawner of ``uid``, started if there is none (or it died)."""
     with _start_lock:
-        if _current is not None and _current.proc.poll() is None:
-            return _current
-        if _current is not None:
-            _current.sock.close()
+        current = _current.get(uid)
+        if current is not None and current.proc.poll() is None:
+            return current
+        if current is not None:
+            current.sock.close()
         # What bwrap reads from: /proc, the device nodes, the userland, the
         # state directory; and the cgroups the spawner writes.
         keep = ["/proc", "/dev", str(STATE_ROOT), *(f"/{entry}" for entry in USERLAND)]
@@ -73,7 +74,7 @@ def _start() -> _Spawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(HOST_UID), str(HOST_UID)],
+                [sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()), str(uid), str(uid)],
                 pass_fds=(theirs.fileno(),),
                 env={},  # nothing of the runtime's environment, which may hold keys
                 stdin=subprocess.DEVNULL,
@@ -86,18 +87,18 @@ def _start() -> _Spawner:
             theirs.close()
         ours.send(json.dumps(keep).encode())
         ours.setblocking(False)
-        _current = _Spawner(ours, proc)
-        return _current
+        _current[uid] = _Spawner(ours, proc)
+        return _current[uid]
 
 
-def _prepare(program: str) -> _Spawner:
+def _prepare(program: str, uid: int = HOST_UID) -> _Spawner:
     """Blocking: :func:`_start`, and where ``program`` is on ``PATH``."""
     if program not in _programs:
         found = shutil.which(program)
         if found is None:
             raise HostError(f"{program} is not on PATH")
         _programs[program] = found
-    return _start()
+    return _start(uid)
 
 
 def _this_run() -> _Exchange:
@@ -110,7 +111,14 @@ def _this_run() -> _Exchange:
 
 
 async def spawn(
-    argv: list[str], fds: list[int], cgroups: list[str], netns: int | None = None, env: dict[str, str] | None = None
+    argv: list[str],
+    fds: list[int],
+    cgroups: list[str],
+    netns: int | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    uid: int = HOST_UID,
+    idmap: tuple[int, int, int] | None = None,
 ) -> tuple[int, int]:
     """Start bwrap (``argv``, which must pass ``--info-fd 3 --block-fd 4``)
     as the host's ``nobody`` with no supplementary groups, with ``env`` as its
@@ -124,21 +132,26 @@ async def spawn(
     Every descriptor of ``fds`` is closed here (once handed over, or on
     failure): the spawner sees bwrap fail by its info pipe ending. With
     ``netns`` (a descriptor of a network namespace, which stays the
-    caller's), bwrap starts inside that namespace.
+    caller's), bwrap starts inside that namespace. With ``uid``, bwrap runs
+    as that host uid (a spawner per uid); with ``idmap`` (``inside, outside,
+    count``; ``argv`` must pass ``--unshare-user --userns-block-fd 4``) the
+    spawner writes that uid and gid map of bwrap's user namespace before
+    letting it go on.
 
     Requests from concurrent callers are in flight together. Once a request
     is sent, its reply is awaited even under cancellation (bounded), so a
     caller never loses track of a process it started."""
     open_fds = list(fds)
     try:
-        spawner = _current
+        spawner = _current.get(uid)
         if spawner is None or spawner.proc.poll() is not None or argv[0] not in _programs:
-            spawner = await trio.to_thread.run_sync(_prepare, argv[0])
+            spawner = await trio.to_thread.run_sync(_prepare, argv[0], uid)
         request_id = next(_ids)
         argv = [_programs[argv[0]], *argv[1:]]
-        message = json.dumps(
-            {"id": request_id, "argv": argv, "env": env or {}, "cgroups": cgroups, "netns": netns is not None}
-        )
+        request = {"id": request_id, "argv": argv, "env": env or {}, "cgroups": cgroups, "netns": netns is not None}
+        if idmap is not None:
+            request["idmap"] = list(idmap)
+        message = json.dumps(request)
         exchange = _this_run()
         async with exchange.send_lock:
             await _send(spawner.sock, message.encode(), fds if netns is None else [*fds, netns])

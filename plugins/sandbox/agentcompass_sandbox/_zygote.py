@@ -15,6 +15,9 @@ every supplementary group, so that a child started with
 copied) runs as ``UID``/``GID`` with no groups and no capabilities.
 
 Each request is one JSON message ``{"id", "argv", "env", "cgroups", "netns"}``
+(and ``idmap``, ``[inside, outside, count]``: the uid and gid map the
+spawner writes for bwrap's user namespace, which bwrap waits for with
+``--userns-block-fd 4``)
 (``env`` is bwrap's whole environment: nothing of this process's or the
 runtime's own reaches a sandbox; ``argv`` starts bwrap with ``--info-fd 3 --block-fd 4``) carrying seven
 descriptors: the child's 0 to 4 (stdin, stdout, stderr, the write end of its
@@ -148,6 +151,7 @@ def _finish(request, pid, info_read, block_write):  # type: ignore[no-untyped-de
             pass
         return {"error": "bwrap exited before it started its sandbox"}
     child = info["child-pid"]
+    step = "move bwrap into its cgroup"
     try:
         for path in request["cgroups"]:
             for member in (pid, child):
@@ -156,13 +160,26 @@ def _finish(request, pid, info_read, block_write):  # type: ignore[no-untyped-de
                     os.write(fd, str(member).encode())
                 finally:
                     os.close(fd)
+        idmap = request.get("idmap")
+        if idmap:
+            # bwrap waits (--userns-block-fd) for the maps of its user namespace:
+            # a range no single unprivileged process may write.
+            step = "map the ids of bwrap's user namespace"
+            inside, outside, count = (int(v) for v in idmap)
+            line = f"{inside} {outside} {count}\n"
+            for kind in ("uid_map", "gid_map"):
+                fd = os.open(f"/proc/{child}/{kind}", os.O_WRONLY)
+                try:
+                    os.write(fd, line.encode())
+                finally:
+                    os.close(fd)
     except OSError as exc:
         for member in (child, pid):
             try:
                 os.kill(member, signal.SIGKILL)
             except OSError:
                 pass
-        return {"error": f"could not move bwrap into its cgroup: {exc}"}
+        return {"error": f"could not {step}: {exc}"}
     os.write(block_write, b"x")
     return {"pid": pid, "child_pid": child}
 
