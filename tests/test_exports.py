@@ -25,6 +25,7 @@ SPEC_NAMES = {
     "ComponentRef",
     "AttemptsSpec",
     "ExecutionSpec",
+    "GatewaySpec",
     "RunRequest",
     "ProviderLimits",
     "Orchestration",

@@ -165,7 +165,7 @@ class InstalledHarness(BaseHarness):
                 issues.append(
                     Issue("fatal", "run", "environment_unsupported", "the gateway's forwarder needs python3 in the session")
                 )
-            elif record.issues:
+            elif any(i.severity != "warning" for i in record.issues):
                 pass  # the agent stopped over a model failure: the gateway's record says which
             elif result.exit_code != 0 and record.calls == 0:
                 issues.append(
