@@ -142,10 +142,21 @@ def redact(text: str, secrets: Iterable[str | Secret] = ()) -> str:
     return _SHAPES.sub(_replace_shape, text)
 
 
+# A string value of a ``Secret`` field (``ModelSpec.api_key``, a provider's
+# ``token``) where a writer forgot to mask it: the field is the schema's, not
+# a word in a text. A ``${VAR}`` reference names where the value lives and is kept.
+_SECRET_FIELDS = re.compile(r'("(?:api_key|token)"\s*:\s*")(?!\$\{[A-Za-z_][A-Za-z0-9_]*\}")[^"\\]+(?=")')
+
+
 def redact_json_text(text: str) -> str:
     """JSON ``text`` with registered secrets and credential-shaped substrings
-    masked, still valid JSON (a secret is masked in its escaped form too)."""
-    return redact(text)
+    masked, still valid JSON (a secret is masked in its escaped form too), and
+    the string value of every ``api_key`` or ``token`` member (the names of
+    the schema's ``Secret`` fields) but a ``${VAR}`` reference."""
+    text = redact(text)
+    if '"api_key"' in text or '"token"' in text:
+        text = _SECRET_FIELDS.sub(lambda m: m.group(1) + MASK, text)
+    return text
 
 
 def redact_bytes(data: bytes, secrets: Iterable[str] = ()) -> bytes:

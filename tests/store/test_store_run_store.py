@@ -524,7 +524,7 @@ async def test_a_long_trajectory_is_written_beside_its_record_in_chunks(tmp_path
     messages = [m for p in chunks for m in json.loads(p.read_text())]
     assert [len(json.loads(p.read_text())) for p in chunks] == [chunk, chunk, 7]
     assert messages[:-1] == long.run_result.trajectory[:-1]  # type: ignore[union-attr]
-    assert "SECRET" not in chunks[-1].read_text() and "Authorization: **********" in chunks[-1].read_text()  # each chunk masked
+    assert "SECRET" not in chunks[-1].read_text() and "Authorization: Bearer **********" in chunks[-1].read_text()  # each chunk masked
     # Read back whole; not offered for verbatim reuse (its file is not all of it).
     loaded = load_run(run_dir, keep_files=True)
     back = loaded.details[task_id]
