@@ -17,7 +17,6 @@ from agentcompass import _logging
 from agentcompass._redact import MASK, redact, redact_bytes, redact_json_text, register_secret
 from agentcompass.runtime._values import Secret
 
-
 _GH = "ghp_" + "a1B2c3D4" * 5
 _JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig-_part"
 
@@ -172,13 +171,27 @@ def test_console_output_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 _CREDENTIALISH = _st.sampled_from(
-    ["sk-abcdefgh12345678", "Bearer abc.def", "https://u:p@h", "Authorization: x y", '"token": "t0k"', "token", "=",
-     '"json-\\"quoted\\\\secret"']
+    [
+        "sk-abcdefgh12345678",
+        "Bearer abc.def",
+        "https://u:p@h",
+        "Authorization: x y",
+        '"token": "t0k"',
+        "token",
+        "=",
+        '"json-\\"quoted\\\\secret"',
+    ]
 )
 _JSON_VALUES = _st.recursive(
     _st.none() | _st.booleans() | _st.integers() | _st.text() | _CREDENTIALISH,
-    lambda children: _st.lists(children, max_size=4)
-    | _st.dictionaries(_st.text(max_size=12) | _st.sampled_from(["token", "api_key", "max_token", "password"]), children, max_size=4),
+    lambda children: (
+        _st.lists(children, max_size=4)
+        | _st.dictionaries(
+            _st.text(max_size=12) | _st.sampled_from(["token", "api_key", "max_token", "password"]),
+            children,
+            max_size=4,
+        )
+    ),
     max_leaves=12,
 )
 
@@ -285,9 +298,7 @@ async def test_launch_configures_logging_only_while_it_runs_and_only_when_nobody
     def orchestration(name: str) -> Orchestration:
         # A fatal open invalidates the task: the engine warns "task_invalidated".
         env = {"script": {"*": {"open": ["fatal:leaky_open_91c2"]}}}
-        return Orchestration(
-            [fake_request(name, log=name, environment=env, output_root=tmp_path)], task_concurrency=1
-        )
+        return Orchestration([fake_request(name, log=name, environment=env, output_root=tmp_path)], task_concurrency=1)
 
     assert not structlog.is_configured()
     await agentcompass.launch(orchestration("first"))
@@ -306,7 +317,9 @@ async def test_launch_configures_logging_only_while_it_runs_and_only_when_nobody
 def test_an_echoed_x_api_key_header_is_masked_in_json_text():
     # Anthropic's key travels as x-api-key: a server echoing its headers into a body leaks nothing.
     register_secret("registered-anthropic-key-1")
-    echoed = json.dumps({"error": {"headers": {"x-api-key": "registered-anthropic-key-1", "accept": "application/json"}}})
+    echoed = json.dumps(
+        {"error": {"headers": {"x-api-key": "registered-anthropic-key-1", "accept": "application/json"}}}
+    )
     masked = redact_json_text(echoed)
     assert "registered-anthropic-key-1" not in masked
     assert json.loads(masked)["error"]["headers"] == {"x-api-key": MASK, "accept": "application/json"}
@@ -315,7 +328,9 @@ def test_an_echoed_x_api_key_header_is_masked_in_json_text():
 def test_bytes_are_redacted_as_text_is():
     register_secret("bytes-secret-7f1e")
     data = b"\x00\xff log bytes-secret-7f1e sk-abcdefgh12345678 task vulnerable-secret: ok"
-    assert redact_bytes(data) == b"\x00\xff log " + MASK.encode() + b" " + MASK.encode() + b" task vulnerable-secret: ok"
+    assert (
+        redact_bytes(data) == b"\x00\xff log " + MASK.encode() + b" " + MASK.encode() + b" task vulnerable-secret: ok"
+    )
 
 
 @_settings(max_examples=300, deadline=None)

@@ -110,12 +110,17 @@ class GatewayApp:
             depth = self.spec.max_json_depth
             await self._refuse(send, 400, f"request body nested deeper than {depth}", "invalid_request_error")
             return
-        await self._forward(body, scope, send)
+        try:
+            await self._forward(body, scope, send)
+        finally:
+            body.clear()  # what still refers to it (a pooled connection's last request) holds no body
 
     async def _refuse(self, send: Any, status: int, message: str, kind: str) -> None:
         """A 4xx of the gateway's own: one WARNING per attempt on the record, then the reply."""
         if not self.closed:
-            self.record.add_issue(Issue("warning", "run", "gateway_refused", f"the model gateway answered {status}: {message}"))
+            self.record.add_issue(
+                Issue("warning", "run", "gateway_refused", f"the model gateway answered {status}: {message}")
+            )
         await _json(send, status, self.api.error(message, kind))
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
@@ -192,28 +197,34 @@ class GatewayApp:
         limit = _ERROR_BYTES if status >= 400 else max(self.spec.max_body_bytes, self.spec.record_reply_bytes)
         kept = bytearray()
         size = 0
+        whole = True  # kept holds the whole (redacted) reply
         redactor = StreamRedactor(self.secrets)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         # Decoded: the upstream's Content-Encoding is not relayed, so neither is its encoding.
         async for chunk in response.aiter_bytes():
             size += len(chunk)
-            if len(kept) < limit:
-                kept += chunk[: limit - len(kept)]
             out = redactor.feed(chunk)
+            whole = whole and len(kept) + len(out) <= limit
+            if len(kept) < limit:
+                kept += out[: limit - len(kept)]  # the record reads what the agent read
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = redactor.end()
+        whole = whole and len(kept) + len(tail) <= limit
+        if len(kept) < limit:
+            kept += tail[: limit - len(kept)]
         # Each reply is recorded before its last byte goes out: once the agent
         # has it, the attempt may end (and this task be cancelled) at any time.
         if status >= 400:
-            head = httpx.Response(status, headers=response.headers, content=bytes(kept))
+            head = httpx.Response(status, headers=headers, content=bytes(kept))  # decoded: no Content-Encoding
             record.add_issue(self.client._status_error(head).to_issue("run"))
             record.add_reply(None, status, trio.current_time() - start, size)
-        elif size > len(kept) and not streamed:
+        elif not whole and not streamed:
             record.add_reply(None, status, trio.current_time() - start, size)  # too large to parse: sizes only
         else:
             self._recorded(self.api.stream if streamed else self.api.reply, bytes(kept), status, start, size)
         del kept
-        await send({"type": "http.response.body", "body": redactor.end()})
+        await send({"type": "http.response.body", "body": tail})
 
     def _recorded(self, parse: Any, data: bytes, status: int, start: float, size: int) -> None:
         reply: Parsed | None = None

@@ -90,9 +90,11 @@ class GatewayRecord:
         self._seen[key] = len(messages)
         self._current = key
         self._request_bytes = size
-        new = [_cut(m) for m in messages[start:]]
         before = self._budget.cut
-        room = self._budget.allow(sum(_size(m) for m in new), self.spec.record_request_bytes)
+        new = [_cut(m) for m in messages[start:]]
+        size_new = sum(_size(m) for m in new)
+        self._budget.cut += max(0, sum(_size(m) for m in messages[start:]) - size_new)  # what _cut shortened
+        room = self._budget.allow(size_new, self.spec.record_request_bytes)
         for message in new:
             length = _size(message)
             if length > room:
