@@ -11,7 +11,7 @@ import secrets
 import sys
 
 import pytest
-from _installed_support import KEY, details, launch
+from _installed_support import KEY, SMOKE, details, launch
 
 from agentcompass.testing import noop_agent  # noqa: F401  (registers noop-agent)
 from agentcompass.testing.model_server import ModelServer, episode, text
@@ -117,3 +117,45 @@ async def test_a_session_without_the_agents_python_is_fatal_environment_unsuppor
     assert [(i["severity"], i["code"], i["phase"]) for i in issues] == [("fatal", "environment_unsupported", "setup")]
     assert "needs Python >= 3.10" in issues[0]["message"]
     assert server.requests == []
+
+
+async def test_a_version_that_is_a_path_is_refused_at_load_and_touches_nothing_outside_the_cache(tmp_path, cache):
+    import subprocess
+
+    import agentcompass
+    from agentcompass import IssueError
+    from agentcompass.harnesses._agent_cache import ensure_installed
+
+    # cache is <tmp>/agent-cacheN: "1.0/../../victim" would name <tmp>/victim, and its lock beside it.
+    victim = cache.parent / "victim"
+    victim.mkdir(exist_ok=True)
+    (victim / "keep").write_text("mine")
+    before = sorted(p.name for p in cache.parent.iterdir())
+    bad = "1.0/../../victim"
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "requests:\n  - name: bad\n"
+        f"    benchmark: {{id: terminal, config: {{path: {SMOKE}}}}}\n"
+        f'    harness: {{id: installed, config: {{agent: noop-agent, version: "{bad}"}}}}\n'
+        "    environment: {id: local}\n"
+        '    model: {name: m, base_url: "http://127.0.0.1:9/v1", api_key: k}\n'
+        "plugins: [agentcompass.testing.noop_agent]\n"
+    )
+    compass = os.path.join(os.path.dirname(sys.executable), "compass")
+    done = subprocess.run([compass, "validate", str(config)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    (line,) = done.stderr.strip().splitlines()
+    assert "version '1.0/../../victim'" in line
+    # Through the SDK: refused before anything runs, and the cache itself refuses such a key.
+    server = ModelServer(episode([text("never")]))
+    refused: list[str] = []
+    try:
+        await launch(tmp_path, server, {"agent": "noop-agent", "version": bad}, tasks=["hello-file"],
+                     environment="local", run_network=None)  # fmt: skip
+    except* agentcompass.CompassError as group:
+        refused = [str(e) for e in group.exceptions]
+    assert len(refused) == 1 and "must be a plain name" in refused[0] and server.requests == []
+    with pytest.raises(IssueError, match="not a plain name"):
+        await ensure_installed(f"noop-agent-{bad}", [], root=cache)
+    assert (victim / "keep").read_text() == "mine"
+    assert sorted(p.name for p in cache.parent.iterdir()) == before
