@@ -8,11 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import secrets
+import subprocess
 import sys
 
 import pytest
+import trio
 from _installed_support import KEY, SMOKE, details, launch
 
 from agentcompass.testing import noop_agent  # noqa: F401  (registers noop-agent)
@@ -142,9 +143,10 @@ async def test_a_version_that_is_a_path_is_refused_at_load_and_touches_nothing_o
         "plugins: [agentcompass.testing.noop_agent]\n"
     )
     compass = os.path.join(os.path.dirname(sys.executable), "compass")
-    done = subprocess.run([compass, "validate", str(config)], capture_output=True, text=True, timeout=120)
+    done = await trio.run_process([compass, "validate", str(config)], capture_stdout=True, capture_stderr=True,
+                                  check=False)  # fmt: skip
     assert done.returncode == 2, done
-    (line,) = done.stderr.strip().splitlines()
+    (line,) = done.stderr.decode().strip().splitlines()
     assert "version '1.0/../../victim'" in line
     # Through the SDK: refused before anything runs, and the cache itself refuses such a key.
     server = ModelServer(episode([text("never")]))
@@ -165,8 +167,6 @@ async def test_a_killed_gateway_using_launch_leaves_nothing_in_the_temp_director
     import shutil
     import signal
     import tempfile
-
-    import trio
 
     temp = tempfile.mkdtemp(prefix="acgw-")  # short: a unix socket's path has a length limit
     config = tmp_path / "run.yaml"
@@ -191,7 +191,8 @@ async def test_a_killed_gateway_using_launch_leaves_nothing_in_the_temp_director
                 f"    output_root: {tmp_path / 'runs'}\n"
             )
             (tmp_path / "sandboxes").mkdir()
-            with open(stderr, "wb") as err:
+            err = await trio.to_thread.run_sync(open, stderr, "wb")
+            with err:
                 proc = await trio.lowlevel.open_process([compass, "launch", str(config)], env=env,
                                                         stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
             try:
@@ -235,5 +236,5 @@ async def test_an_upstream_echoing_the_key_in_a_200_reply_leaks_it_neither_to_th
     assert [r.headers["authorization"] for r in server.requests] == [f"Bearer {KEY}"] * 2  # echoed back, twice
     got = json.loads(next(run_dir.glob("tasks/*/attempt-0/logs/agent/noop.json")).read_text())
     assert "authorization" in json.dumps(got) and "**********" in json.dumps(got)  # what the agent read, masked
-    grep = subprocess.run(["grep", "-r", "-l", "-F", KEY[3:], str(run_dir)], capture_output=True, text=True)
-    assert grep.returncode == 1 and grep.stdout == "", grep.stdout  # nowhere in the run directory
+    grep = await trio.run_process(["grep", "-r", "-l", "-F", KEY[3:], str(run_dir)], capture_stdout=True, check=False)
+    assert grep.returncode == 1 and grep.stdout == b"", grep.stdout  # nowhere in the run directory
