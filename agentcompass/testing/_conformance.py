@@ -119,8 +119,9 @@ class EnvironmentConformance(GatewayChecks):
       then checks that later commands fail rather than run elsewhere.
     - ``gateway``: serve the model gateway into a session and hold it to what
       every harness using it relies on (``gateway_key_masked``,
-      ``gateway_memory_bounded``; see ``_gateway_checks``); needs ``python3``
-      in the session and ``expose_socket`` (default: ``real_processes``).
+      ``gateway_memory_bounded``; see ``_gateway_checks``; they need ``python3``
+      in the session). ``None`` (the default, with real processes): checked
+      where the session can expose a socket; ``True``: it must; ``False``: skipped.
     """
 
     env: BaseEnvironment
@@ -137,7 +138,7 @@ class EnvironmentConformance(GatewayChecks):
     isolated: bool = False
     tag: str = "conformance"
     kill_init: str | None = None
-    gateway: bool = attrs.field(default=attrs.Factory(lambda self: self.real_processes, takes_self=True))
+    gateway: bool | None = None
     _check: str = attrs.field(default="", init=False)
 
     CHECKS: ClassVar[tuple[str, ...]] = (
@@ -191,7 +192,7 @@ class EnvironmentConformance(GatewayChecks):
             )
         if not self._takes_name():
             skipped.add("sweep")
-        if not self.gateway:
+        if self.gateway is False or not self.real_processes:
             skipped.update({"gateway_key_masked", "gateway_memory_bounded"})
         return [c for c in self.CHECKS if c not in skipped]
 
