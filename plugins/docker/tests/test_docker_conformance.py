@@ -13,7 +13,6 @@ from _docker_support import labelled, provider
 from agentcompass import NetworkPolicy
 from agentcompass.testing import EnvironmentConformance, hang_guard
 
-
 #: The gateway checks' in-session client (and the gateway's forwarder) need python3.
 PYTHON_IMAGE = Path(__file__).parent / "images" / "python3"
 
