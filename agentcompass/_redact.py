@@ -64,7 +64,23 @@ _SHAPES = re.compile(_SHAPE_SOURCE, re.VERBOSE)
 _BYTE_SHAPES = re.compile(_SHAPE_SOURCE.encode(), re.VERBOSE)
 #: The longest prefix a shape needs before it can be told (``github_pat_``).
 SHAPE_PREFIX_BYTES = 16
-_TRIGGERS = ("sk-", "acgw-", "gh", "hf_", "xox", "AIza", "AKIA", "ASIA", "eyJ", "://")
+_TRIGGERS = (
+    "sk-",
+    "acgw-",
+    "hp_",
+    "ho_",
+    "hu_",
+    "hs_",
+    "hr_",
+    "github_pat_",
+    "hf_",
+    "xox",
+    "AIza",
+    "AKIA",
+    "ASIA",
+    "eyJ",
+    "://",
+)
 
 _lock = threading.Lock()
 _registered: set[str] = set()
