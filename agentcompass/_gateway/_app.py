@@ -17,10 +17,9 @@ The token is accepted as ``Authorization: Bearer`` or ``x-api-key``; a
 request without it gets 401 and is not recorded. The body is read into one
 buffer and streamed from it to the upstream; one over the attempt's
 ``max_body_bytes`` gets 413 and one nested past ``max_json_depth`` 400
-(``_bounds``), neither forwarded; each 4xx of the gateway's own (429 of
-``max_model_calls`` aside) adds one WARNING ``gateway_refused`` to the
-record, once per attempt. Upstream failures are classified as the
-model client classifies them (``agentcompass._models._client``; an error
+(``_bounds``), neither forwarded, and either adds one WARNING
+``gateway_refused`` to the record, once per attempt however many. Upstream
+failures are classified as the model client classifies them (``agentcompass._models._client``; an error
 event inside a 200 stream is FATAL ``model_server_error`` too) and recorded
 on the attempt; the agent sees 502 for a connection failure and 504 for a
 timeout, with an error body in its API's shape.
@@ -91,7 +90,7 @@ class GatewayApp:
             return
         api = self.api
         if self.closed or not self._authorized(scope):
-            await self._refuse(send, 401, "invalid gateway token", "authentication_error")
+            await _json(send, 401, api.error("invalid gateway token", "authentication_error"))
             return
         path = scope["path"].rstrip("/")
         if scope["method"] == "GET" and path.endswith("/models"):
@@ -99,12 +98,13 @@ class GatewayApp:
             await _json(send, 200, {"object": "list", "data": [model]})
             return
         if scope["method"] != "POST" or not path.endswith(api.route):
-            await self._refuse(send, 404, f"no route {scope['method']} {scope['path']}", "not_found_error")
+            await _json(send, 404, api.error(f"no route {scope['method']} {scope['path']}", "not_found_error"))
             return
         try:
             body = await read_body(receive, self.spec.max_body_bytes)
         except BodyRefused as exc:
-            await self._refuse(send, 413, str(exc), "request_too_large")
+            if not exc.left:
+                await self._refuse(send, 413, str(exc), "request_too_large")
             return
         if too_deep(body, self.spec.max_json_depth):
             depth = self.spec.max_json_depth
@@ -116,7 +116,7 @@ class GatewayApp:
             body.clear()  # what still refers to it (a pooled connection's last request) holds no body
 
     async def _refuse(self, send: Any, status: int, message: str, kind: str) -> None:
-        """A 4xx of the gateway's own: one WARNING per attempt on the record, then the reply."""
+        """A body the gateway refuses (413, 400): one WARNING per attempt on the record, then the reply."""
         if not self.closed:
             self.record.add_issue(
                 Issue("warning", "run", "gateway_refused", f"the model gateway answered {status}: {message}")

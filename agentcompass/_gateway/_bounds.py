@@ -50,7 +50,11 @@ def current_gateway() -> tuple[str | None, GatewaySpec]:
 
 
 class BodyRefused(Exception):
-    """The request's body is over the limit, or the client left while sending it."""
+    """The request's body is over the limit (``left``: the client left while sending it)."""
+
+    def __init__(self, message: str, *, left: bool = False):
+        super().__init__(message)
+        self.left = left
 
 
 async def read_body(receive: Any, limit: int) -> bytearray:
@@ -61,7 +65,7 @@ async def read_body(receive: Any, limit: int) -> bytearray:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise BodyRefused("the client left")
+            raise BodyRefused("the client left", left=True)
         chunk = message.get("body", b"")
         if len(body) + len(chunk) > limit:
             raise BodyRefused(f"request body over {limit} bytes")
