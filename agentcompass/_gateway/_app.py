@@ -43,7 +43,7 @@ from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
 from ..runtime._values import GatewaySpec
 from ._apis import API_OF
-from ._bounds import BodyRefused, read_body, too_deep
+from ._bounds import BodyRefused, parse_body, read_body
 from ._record import GatewayRecord
 from ._redactor import StreamRedactor
 
@@ -106,12 +106,16 @@ class GatewayApp:
             if not exc.left:
                 await self._refuse(send, 413, str(exc), "request_too_large")
             return
-        if too_deep(body, self.spec.max_json_depth):
+        parsed, deep = parse_body(body, self.spec.max_json_depth)  # the record's parse
+        if deep:
             depth = self.spec.max_json_depth
             await self._refuse(send, 400, f"request body nested deeper than {depth}", "invalid_request_error")
             return
+        messages = api.conversation(parsed)
+        streamed = isinstance(parsed, dict) and parsed.get("stream") is True
+        del parsed  # the record takes what it keeps; the forwarded body is the buffer itself
         try:
-            await self._forward(body, scope, send)
+            await self._forward(body, messages, streamed, scope, send)
         finally:
             body.clear()  # what still refers to it (a pooled connection's last request) holds no body
 
@@ -131,7 +135,9 @@ class GatewayApp:
                 return hmac.compare_digest(value.strip(), self.token)
         return False
 
-    async def _forward(self, body: bytearray, scope: dict[str, Any], send: Any) -> None:
+    async def _forward(
+        self, body: bytearray, messages: list[dict[str, Any]], streamed: bool, scope: dict[str, Any], send: Any
+    ) -> None:
         record, api = self.record, self.api
         if self.max_calls is not None and record.calls >= self.max_calls:
             record.refused += 1
@@ -141,13 +147,8 @@ class GatewayApp:
             await _json(send, 429, api.error("max_model_calls reached for this attempt", "harness_limit_reached"))
             return
         record.calls += 1
-        try:
-            parsed = json.loads(body)  # nested at most max_json_depth: no RecursionError
-        except ValueError:
-            parsed = None
-        record.add_request(api.conversation(parsed), len(body))
-        streamed = isinstance(parsed, dict) and parsed.get("stream") is True
-        del parsed  # the parse is the record's only; the forwarded body is the buffer itself
+        record.add_request(messages, len(body))
+        messages.clear()  # what the record keeps it copied; the rest goes now
         client = self.client
         assert client.url is not None
         url = client.url

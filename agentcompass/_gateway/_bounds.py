@@ -7,8 +7,8 @@ harness's run (the run's tag names the gateway's directory, so that
 it). Outside an orchestration the defaults hold and the directory has no tag.
 
 :func:`read_body` takes a request body into one buffer, refusing it past
-the limit; :func:`too_deep` tells a body nested past the depth limit without
-parsing it (so no ``RecursionError``): strings are skipped, brackets counted.
+the limit; :func:`parse_body` parses it once (for the record) and tells a body
+nested past the depth limit, with no ``RecursionError`` escaping.
 :class:`RecordBudget` decides what of a call the trajectory keeps.
 """
 
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
-import re
-from array import array
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +24,7 @@ import attrs
 
 from ..runtime._values import GatewaySpec
 
-__all__ = ["RecordBudget", "attempt_gateway", "current_gateway", "read_body", "too_deep"]
+__all__ = ["RecordBudget", "attempt_gateway", "current_gateway", "parse_body", "read_body"]
 
 _current: contextvars.ContextVar[tuple[str, GatewaySpec] | None] = contextvars.ContextVar(
     "agentcompass_gateway", default=None
@@ -74,24 +72,32 @@ async def read_body(receive: Any, limit: int) -> bytearray:
             return body
 
 
-# A JSON string (escapes included), or a run of anything but brackets and quotes.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
-_OTHERS = bytes(b for b in range(256) if b not in b"[{]}")
+def parse_body(body: bytes | bytearray, limit: int) -> tuple[Any, bool]:
+    """``body`` parsed (None when it is not JSON), and whether it nests arrays
+    and objects deeper than ``limit``. The parse is the one the record needs
+    anyway; a body nested past the interpreter's recursion limit stops the
+    parser with ``RecursionError`` (no crash, no traceback: it is too deep)."""
+    try:
+        parsed = json.loads(body)
+    except RecursionError:
+        return None, True
+    except ValueError:
+        return None, False
+    return parsed, _deeper_than(parsed, limit)
 
 
-def too_deep(body: bytes | bytearray, limit: int) -> bool:
-    """Whether ``body`` nests arrays and objects deeper than ``limit``.
-
-    Strings are dropped (a bracket in a string does not nest), the brackets
-    left are mapped to +1 / -1 and their running sum's maximum is the depth.
-    Linear and flat in Python frames, whatever the body: a body that is not
-    JSON gets an answer too, and its upstream decides about it.
-    """
-    if body.count(b"[") + body.count(b"{") <= limit:
-        return False
-    steps = array("b", _STRING.sub(b"", body).translate(_BRACKETS, _OTHERS))
-    return max(itertools.accumulate(steps), default=0) > limit
+def _deeper_than(value: Any, limit: int) -> bool:
+    # Iterative: a walk over the containers only, never a Python frame per level.
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 @attrs.define(eq=False)
