@@ -5,8 +5,8 @@ in this one process, an upstream that reads and drops every body, a
 ``local`` session, and a gateway whose ``max_body_bytes`` is ``LIMIT_MIB``;
 it then posts ``CALLS`` chat requests of ``MIB`` MiB each through the
 gateway's socket and prints one JSON line: the statuses, the process's
-resident size before the first call and its peak after the last
-(``ru_maxrss``), both in KiB, and what the gateway recorded. The request
+resident size before the first call, its peak after the third call and
+after the last (``ru_maxrss``), in KiB, and what the gateway recorded. The request
 body is made once, before the baseline, so the growth is the gateway's.
 """
 
@@ -86,7 +86,10 @@ async def run(calls: int, mib: float, limit_mib: float) -> dict[str, Any]:
                         ) as client:
                             await client.get("/models", headers=auth)
                             baseline = resident_kib()
-                            for _ in range(calls):
+                            early = None
+                            for n in range(calls):
+                                if n == min(3, calls):
+                                    early = peak_kib()
                                 try:
                                     reply = await client.post("/chat/completions", content=body, headers=auth)
                                     statuses.append(reply.status_code)
@@ -100,6 +103,7 @@ async def run(calls: int, mib: float, limit_mib: float) -> dict[str, Any]:
         "statuses": statuses,
         "baseline_kib": baseline,
         "peak_kib": peak_kib(),
+        "peak_after_3_kib": early,
         "body_bytes": len(body),
         "recorded_bytes": record.recorded_bytes,
         "cut_bytes": record.cut_bytes,
