@@ -31,6 +31,7 @@ from .runtime import ExecutionPlan as ExecutionPlan
 from .runtime import ExecutionSpec as ExecutionSpec
 from .runtime import Executor as Executor
 from .runtime import FileRefusedError as FileRefusedError
+from .runtime import GatewaySpec as GatewaySpec
 from .runtime import HarnessFreeBenchmark as HarnessFreeBenchmark
 from .runtime import Issue as Issue
 from .runtime import IssueError as IssueError

@@ -44,7 +44,7 @@ class CliEnvironment(BaseEnvironment):
 
     async def reap(self, handle):
         if handle.get("fail"):
-            raise RuntimeError("cannot reach sandbox token=abc123")
+            raise RuntimeError("cannot reach sandbox token=acgw-abc123abc123abc123abc123")
         with open(os.environ["CLI_REAP_LOG"], "a") as f:
             f.write(json.dumps({"handle": handle, "config": self.config}) + "\\n")
 """

@@ -536,3 +536,14 @@ def test_default_output_root_and_command_line_values_stay_relative(tmp_path: Pat
     assert request.benchmark.config["root"] == "mine"  # --set is the command line: cwd-relative
     assert request.benchmark.config["more"][0] == str(tmp_path / "a")  # still from the file
     assert request.reuse == Path("cli/run")
+
+
+def test_the_gateway_bounds_are_read_under_execution_and_checked(tmp_path: Path) -> None:
+    from agentcompass import GatewaySpec
+
+    sets = ("requests[0].execution.gateway.max_body_bytes=1048576", "requests[0].execution.gateway.max_json_depth=16")
+    request = load(tmp_path, overrides=sets).requests[0]
+    assert request.execution.gateway == GatewaySpec(max_body_bytes=1048576, max_json_depth=16)
+    assert load(tmp_path).requests[0].execution.gateway == GatewaySpec()
+    with pytest.raises(ConfigError, match=r"max_json_depth must be a positive integer, got 0 @ .*execution\.gateway"):
+        load(tmp_path, overrides=("requests[0].execution.gateway.max_json_depth=0",))

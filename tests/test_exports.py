@@ -26,6 +26,7 @@ SPEC_NAMES = {
     "ComponentRef",
     "AttemptsSpec",
     "ExecutionSpec",
+    "GatewaySpec",
     "RunRequest",
     "ProviderLimits",
     "Orchestration",

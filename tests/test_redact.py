@@ -14,8 +14,11 @@ from hypothesis import settings as _settings
 from hypothesis import strategies as _st
 
 from agentcompass import _logging
-from agentcompass._redact import MASK, redact, redact_json_text, register_secret
+from agentcompass._redact import MASK, redact, redact_bytes, redact_json_text, register_secret
 from agentcompass.runtime._values import Secret
+
+_GH = "ghp_" + "a1B2c3D4" * 5
+_JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig-_part"
 
 
 @pytest.mark.parametrize(
@@ -24,21 +27,14 @@ from agentcompass.runtime._values import Secret
         ("key sk-abcdefgh1234 here", f"key {MASK} here"),
         ("sk-ant-api03-AbC_dEf-123", MASK),
         ("sk-short", "sk-short"),
-        ("Authorization: Bearer abc.def", f"Authorization: {MASK}"),
-        ('curl -H "Authorization: Basic dXNlcjpw" x', f'curl -H "Authorization: {MASK}" x'),
-        ('{"Authorization": "Bearer xyz"}', f'{{"Authorization": "{MASK}"}}'),
-        ("got 401 for Bearer eyJhbGciOi.abc", f"got 401 for Bearer {MASK}"),
-        ("api_key=abc123&x=1", f"api_key={MASK}&x=1"),
-        ("x-api-key: abcdef", f"x-api-key: {MASK}"),
-        ("X-Api-Key:abcdef", f"X-Api-Key:{MASK}"),
-        ('{"x-api-key": "abcdef", "anthropic-version": "2023-06-01"}',
-         f'{{"x-api-key": "{MASK}", "anthropic-version": "2023-06-01"}}'),  # fmt: skip
-        ('"api-key": "hello"', f'"api-key": "{MASK}"'),
-        ("{'token': 'tok123', 'n': 1}", f"{{'token': '{MASK}', 'n': 1}}"),
-        ("OPENAI_API_KEY=foo", f"OPENAI_API_KEY={MASK}"),
-        ("password=hunter2 user=bob", f"password={MASK} user=bob"),
-        ("secret: s3cr3t", f"secret: {MASK}"),
-        ("access_token=xyz", f"access_token={MASK}"),
+        ("Authorization: Bearer sk-proj-abcdefgh1234", f"Authorization: Bearer {MASK}"),
+        ("x-api-key: acgw-0123456789abcdefXYZ_-", f"x-api-key: {MASK}"),
+        (f"token {_GH} end", f"token {MASK} end"),
+        (f"got 401 for Bearer {_JWT}", f"got 401 for Bearer {MASK}"),
+        ("hf_" + "x" * 34, MASK),
+        ("AKIAABCDEFGHIJKLMNOP", MASK),
+        ("AIza" + "B" * 35, MASK),
+        ("xoxb-1234567890-abc", MASK),
         ("https://user:pw@host/x", f"https://user:{MASK}@host/x"),
     ],
 )
@@ -54,6 +50,11 @@ def test_recognized_credentials_are_masked(text: str, expected: str) -> None:
         "secret_name=foo token_count: 3",
         "ws://host:8080/x",
         "harness_timeout: agent ran out of time after 600s",
+        # A value is never masked because of the word before it.
+        "task vulnerable-secret: ok",
+        "alexgshaw/vulnerable-secret:latest",
+        "api_key=${OPENAI_API_KEY} password: hunter2 Authorization: Basic dXNlcjpw",
+        "task-1 ask-me desk-lamp-123456789",
         "",
     ],
 )
@@ -87,7 +88,7 @@ def test_regex_metacharacters_in_secrets() -> None:
 
 
 def test_redact_is_idempotent() -> None:
-    once = redact("Authorization: Bearer sk-abcdefghijkl token=abc")
+    once = redact("Authorization: Bearer sk-abcdefghijkl https://u:pw@h", ["pw@h"])
     assert redact(once) == once
 
 
@@ -113,11 +114,11 @@ def test_json_log_is_redacted(tmp_path: Path) -> None:
     _logging.add_json_log(path)
     register_secret("log-secret-6c2d")
     log = _logging.get_logger("test")
-    log.info("calling model", headers={"Authorization": "Bearer abcdef"}, note="log-secret-6c2d")
+    log.info("calling model", headers={"Authorization": "Bearer sk-abcdef123456"}, note="log-secret-6c2d")
     _logging.remove_json_log(path)
     log.info("after detach")
     text = path.read_text()
-    assert "abcdef" not in text
+    assert "abcdef123456" not in text
     assert "log-secret-6c2d" not in text
     [event] = _lines(path)
     assert event["event"] == "calling model"
@@ -143,8 +144,9 @@ def test_exceptions_are_redacted(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     _logging.add_json_log(path)
     log = _logging.get_logger("test")
+    register_secret("exc-secret-abc123")
     try:
-        raise RuntimeError("connect failed api_key=abc123")
+        raise RuntimeError("connect failed api_key=exc-secret-abc123")
     except RuntimeError:
         log.exception("boom")
     assert "abc123" not in path.read_text()
@@ -155,7 +157,7 @@ def test_console_output_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
     saved = structlog.get_config()
     try:
         _logging.configure_logging(console=True, level="info")
-        _logging.get_logger("test").warning("oops", auth="Authorization: Bearer zzz123")
+        _logging.get_logger("test").warning("oops", auth="Authorization: Bearer sk-zzz123456789")
         _logging.get_logger("test").debug("hidden")
     finally:
         structlog.configure(**saved)
@@ -169,12 +171,27 @@ def test_console_output_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 _CREDENTIALISH = _st.sampled_from(
-    ["sk-abcdefgh12345678", "Bearer abc.def", "api_key=XYZ123456", "Authorization: x y", '"token": "t0k"', "token", "="]
+    [
+        "sk-abcdefgh12345678",
+        "Bearer abc.def",
+        "https://u:p@h",
+        "Authorization: x y",
+        '"token": "t0k"',
+        "token",
+        "=",
+        '"json-\\"quoted\\\\secret"',
+    ]
 )
 _JSON_VALUES = _st.recursive(
     _st.none() | _st.booleans() | _st.integers() | _st.text() | _CREDENTIALISH,
-    lambda children: _st.lists(children, max_size=4)
-    | _st.dictionaries(_st.text(max_size=12) | _st.sampled_from(["token", "api_key", "max_token", "password"]), children, max_size=4),
+    lambda children: (
+        _st.lists(children, max_size=4)
+        | _st.dictionaries(
+            _st.text(max_size=12) | _st.sampled_from(["token", "api_key", "max_token", "password"]),
+            children,
+            max_size=4,
+        )
+    ),
     max_leaves=12,
 )
 
@@ -186,22 +203,24 @@ def test_redacting_json_text_never_breaks_it(value, pretty):
     _json.loads(redact_json_text(text))
 
 
-def test_json_text_loses_every_credential_shape():
+def test_json_text_loses_every_known_value_and_shape():
+    register_secret('json-"quoted\\secret')
     record = {
         "output": "my key is sk-abcdefgh12345678",
-        "trajectory": ["curl -H 'Authorization: Bearer abc.def.ghi' x", "export API_KEY=XYZ123456"],
-        "token": "t0k3n-value",
+        "trajectory": ["curl -H 'Authorization: Bearer acgw-abcdefghijklmnop1234' x", 'echo json-"quoted\\secret'],
         "max_token": 5,
     }
-    masked = _json.loads(redact_json_text(_json.dumps(record)))
-    text = _json.dumps(masked)
-    for leaked in ("sk-abcdefgh12345678", "abc.def.ghi", "XYZ123456", "t0k3n-value"):
-        assert leaked not in text
+    text = _json.dumps(record)
+    masked = _json.loads(redact_json_text(text))
+    again = _json.dumps(masked)
+    for leaked in ("sk-abcdefgh12345678", "acgw-abcdefghijklmnop1234", "quoted"):
+        assert leaked not in again
     assert masked["max_token"] == 5
 
 
 _PIECES = _st.sampled_from(
-    ["sk-abcdefgh12345678", "Bearer abc.def", "api_key=XYZ123456", "Authorization: x y", "token=t0k", "TOKEN: v",
+    ["sk-abcdefgh12345678", "acgw-abcdefghijklmnopq", "ghp_", "a1B2c3D4" * 4, "eyJabcdefghij.", "xoxb-", "AKIA",
+     "Bearer abc.def", "api_key=XYZ123456", "Authorization: x y", "token=t0k", "TOKEN: v",
      "tokens", "token_", "password: pw12", "SECRET=s", "https://u:p@h", "key", "=", ":", " ", "\n", '"',
      "task-", "_", "x", "é", "-", "sk-"]
 )  # fmt: skip
@@ -213,10 +232,10 @@ def test_the_prefilter_never_changes_what_is_masked(parts):
     from agentcompass import _redact
 
     text = "".join(parts)
-    known = _redact._registered_pattern  # secrets other tests registered
+    known = _redact._text_pattern  # secrets other tests registered
     expected = known.sub(_redact.MASK, text) if known is not None else text
     assert redact(text) == _redact._SHAPES.sub(_redact._replace_shape, expected)
-    assert redact_json_text(text) == _redact._JSON_SHAPES.sub(_redact._replace_shape, expected)
+    assert redact_json_text(text) == _redact._SECRET_FIELDS.sub(lambda m: m.group(1) + MASK, redact(text))
 
 
 # -- who configures structlog ----------------------------------------------------
@@ -254,14 +273,14 @@ def test_redaction_holds_under_the_applications_own_chain() -> None:
     register_secret("app-chain-secret-91f3")
     log = _logging.get_logger("test")
     log.bind(proxy="https://user:pw-bound-77@proxy").warning(
-        "calling", headers={"Authorization": "Bearer abcdef"}, note="app-chain-secret-91f3"
+        "calling", headers={"Authorization": "Bearer sk-abcdef123456"}, note="app-chain-secret-91f3"
     )
     try:
-        raise RuntimeError("connect failed api_key=abc123")
+        raise RuntimeError("connect failed api_key=app-chain-secret-91f3 abc123")
     except RuntimeError:
         log.exception("boom")
     text = repr(capture.entries)
-    assert "abcdef" not in text and "app-chain-secret-91f3" not in text and "abc123" not in text
+    assert "abcdef123456" not in text and "app-chain-secret-91f3" not in text
     assert "pw-bound-77" not in text
     assert [e["event"] for e in capture.entries] == ["calling", "boom"]
     assert capture.entries[0]["note"] == MASK
@@ -279,9 +298,7 @@ async def test_launch_configures_logging_only_while_it_runs_and_only_when_nobody
     def orchestration(name: str) -> Orchestration:
         # A fatal open invalidates the task: the engine warns "task_invalidated".
         env = {"script": {"*": {"open": ["fatal:leaky_open_91c2"]}}}
-        return Orchestration(
-            [fake_request(name, log=name, environment=env, output_root=tmp_path)], task_concurrency=1
-        )
+        return Orchestration([fake_request(name, log=name, environment=env, output_root=tmp_path)], task_concurrency=1)
 
     assert not structlog.is_configured()
     await agentcompass.launch(orchestration("first"))
@@ -299,7 +316,34 @@ async def test_launch_configures_logging_only_while_it_runs_and_only_when_nobody
 
 def test_an_echoed_x_api_key_header_is_masked_in_json_text():
     # Anthropic's key travels as x-api-key: a server echoing its headers into a body leaks nothing.
-    echoed = json.dumps({"error": {"headers": {"x-api-key": "unregistered-key-1", "accept": "application/json"}}})
+    register_secret("registered-anthropic-key-1")
+    echoed = json.dumps(
+        {"error": {"headers": {"x-api-key": "registered-anthropic-key-1", "accept": "application/json"}}}
+    )
     masked = redact_json_text(echoed)
-    assert "unregistered-key-1" not in masked
+    assert "registered-anthropic-key-1" not in masked
     assert json.loads(masked)["error"]["headers"] == {"x-api-key": MASK, "accept": "application/json"}
+
+
+def test_bytes_are_redacted_as_text_is():
+    register_secret("bytes-secret-7f1e")
+    data = b"\x00\xff log bytes-secret-7f1e sk-abcdefgh12345678 task vulnerable-secret: ok"
+    assert (
+        redact_bytes(data) == b"\x00\xff log " + MASK.encode() + b" " + MASK.encode() + b" task vulnerable-secret: ok"
+    )
+
+
+@_settings(max_examples=300, deadline=None)
+@_given(_st.lists(_st.integers(min_value=0, max_value=120), max_size=10), _st.sampled_from(["", "x", "sk-a"]))
+def test_a_stream_is_redacted_as_a_whole_wherever_it_is_cut(cuts, glue):
+    from agentcompass._gateway._redactor import StreamRedactor
+
+    register_secret("stream-secret-0a1b2c3d")
+    text = f'data: {{"echo": "Bearer stream-secret-0a1b2c3d{glue}", "k": "sk-abcdefgh12345678"}}\n\n'.encode() * 2
+    pieces, previous = [], 0
+    for cut in sorted({min(c, len(text)) for c in cuts}) + [len(text)]:
+        pieces.append(text[previous:cut])
+        previous = cut
+    redactor = StreamRedactor(("local-key-9z9z",))
+    out = b"".join(redactor.feed(p) for p in pieces) + redactor.end()
+    assert out == redact_bytes(text) and b"stream-secret" not in out and b"sk-abc" not in out

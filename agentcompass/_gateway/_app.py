@@ -9,14 +9,19 @@ request is relayed event by event as the upstream sends them), its query
 string (Claude Code's ``?beta=true``) and the API's own request headers
 (``anthropic-version``, ``anthropic-beta``; ``openai-beta``), and the
 upstream's status, body, ``Content-Type`` and ``Retry-After`` come back
-unchanged (but for the real key, masked in an error body should the
-upstream echo its request's headers); ``GET .../models`` lists the one model; ``HEAD`` of any path
+as sent but for the redaction every relayed byte passes, of any status,
+streamed or not (``_redactor``: the run's secrets and the real key, should
+the upstream echo its request's headers, never reach the session);
+``GET .../models`` lists the one model; ``HEAD`` of any path
 (Claude Code's connectivity probe) is 200 with no body and is not recorded.
 The token is accepted as ``Authorization: Bearer`` or ``x-api-key`` (for
 Gemini also ``x-goog-api-key`` or ``?key=``, which is not forwarded); a
-request without it gets 401 and is not recorded; a body over
-:data:`MAX_BODY_BYTES` gets 413. Upstream failures are classified as the
-model client classifies them (``agentcompass._models._client``; an error
+request without it gets 401 and is not recorded. The body is read into one
+buffer and streamed from it to the upstream; one over the attempt's
+``max_body_bytes`` gets 413 and one nested past ``max_json_depth`` 400
+(``_bounds``), neither forwarded, and either adds one WARNING
+``gateway_refused`` to the record, once per attempt however many. Upstream
+failures are classified as the model client classifies them (``agentcompass._models._client``; an error
 event inside a 200 stream is FATAL ``model_server_error`` too) and recorded
 on the attempt; the agent sees 502 for a connection failure and 504 for a
 timeout, with an error body in its API's shape.
@@ -26,37 +31,54 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
+import attrs
+import httpx
 import trio
 
 from .._asgi import lifespan
 from .._models import EndpointClient, ModelError
 from .._models._wire import Parsed, ReplyError
-from .._redact import MASK
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
+from ..runtime._values import GatewaySpec
 from ._apis import API_OF
+from ._bounds import BodyRefused, parse_body, read_body
 from ._record import GatewayRecord
+from ._redactor import StreamRedactor
 
 __all__ = ["MAX_BODY_BYTES", "GatewayApp"]
 
-#: The largest request body accepted from an agent.
-MAX_BODY_BYTES = 32 * 1024 * 1024
-#: How much of a streamed reply is kept to record it (the relay is not limited).
-_RECORD_BYTES = 16 * 1024 * 1024
+#: The largest request body accepted from an agent, by default.
+MAX_BODY_BYTES = GatewaySpec().max_body_bytes
+#: The most of an upstream error body kept to classify it.
+_ERROR_BYTES = 64 * 1024
+#: The size of the pieces a body is streamed to the upstream in.
+_PIECE = 64 * 1024
 
 
 class GatewayApp:
     """One attempt's app (see the module docstring)."""
 
-    def __init__(self, client: EndpointClient, token: str, record: GatewayRecord, max_calls: int | None):
+    def __init__(
+        self,
+        client: EndpointClient,
+        token: str,
+        record: GatewayRecord,
+        max_calls: int | None,
+        spec: GatewaySpec | None = None,
+    ):
         self.client = client
         self.api = API_OF[client.model.api]
         self.token = token.encode()
         self.record = record
         self.max_calls = max_calls
+        self.spec = spec or GatewaySpec()
+        key = client.model.api_key
+        self.secrets = (key.reveal(), token) if key is not None else (token,)
         self.closed = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -81,11 +103,32 @@ class GatewayApp:
         if scope["method"] != "POST" or not path.endswith(api.route):
             await _json(send, 404, api.error(f"no route {scope['method']} {scope['path']}", "not_found_error"))
             return
-        body = await _read_body(receive)
-        if body is None:
-            await _json(send, 413, api.error(f"request body over {MAX_BODY_BYTES} bytes", "request_too_large"))
+        try:
+            body = await read_body(receive, self.spec.max_body_bytes)
+        except BodyRefused as exc:
+            if not exc.left:
+                await self._refuse(send, 413, str(exc), "request_too_large")
             return
-        await self._forward(body, scope, send)
+        parsed, deep = parse_body(body, self.spec.max_json_depth)  # the record's parse
+        if deep:
+            depth = self.spec.max_json_depth
+            await self._refuse(send, 400, f"request body nested deeper than {depth}", "invalid_request_error")
+            return
+        messages = api.conversation(parsed)
+        streamed = isinstance(parsed, dict) and parsed.get("stream") is True
+        del parsed  # the record takes what it keeps; the forwarded body is the buffer itself
+        try:
+            await self._forward(body, messages, streamed, scope, send)
+        finally:
+            body.clear()  # what still refers to it (a pooled connection's last request) holds no body
+
+    async def _refuse(self, send: Any, status: int, message: str, kind: str) -> None:
+        """A body the gateway refuses (413, 400): one WARNING per attempt on the record, then the reply."""
+        if not self.closed:
+            self.record.add_issue(
+                Issue("warning", "run", "gateway_refused", f"the model gateway answered {status}: {message}")
+            )
+        await _json(send, status, self.api.error(message, kind))
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         for name, value in scope["headers"]:
@@ -98,7 +141,9 @@ class GatewayApp:
             return given is not None and hmac.compare_digest(given[-1].encode("latin-1"), self.token)
         return False
 
-    async def _forward(self, body: bytes, scope: dict[str, Any], send: Any) -> None:
+    async def _forward(
+        self, body: bytearray, messages: list[dict[str, Any]], streamed: bool, scope: dict[str, Any], send: Any
+    ) -> None:
         record, api = self.record, self.api
         if self.max_calls is not None and record.calls >= self.max_calls:
             record.refused += 1
@@ -108,14 +153,8 @@ class GatewayApp:
             await _json(send, 429, api.error("max_model_calls reached for this attempt", "harness_limit_reached"))
             return
         record.calls += 1
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = None
-        record.add_request(api.conversation(parsed))
-        streamed = isinstance(parsed, dict) and parsed.get("stream") is True
-        import httpx  # the shared client's: loaded already
-
+        record.add_request(messages, len(body))
+        messages.clear()  # what the record keeps it copied; the rest goes now
         client = self.client
         assert client.url is not None
         url = client.url
@@ -123,11 +162,15 @@ class GatewayApp:
             url, streamed = api.upstream(client, scope["path"].rstrip("/"), scope.get("query_string") or b"")
         elif scope.get("query_string"):
             url = url.copy_with(query=scope["query_string"])
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if streamed else "application/json"}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if streamed else "application/json",
+            "Content-Length": str(len(body)),  # so the streamed body is not sent chunked
+        }
         for name, value in scope["headers"]:
             if api.forward and name.lower().startswith(api.forward):
                 headers[name.decode("latin-1")] = value.decode("latin-1")
-        request = client.http.build_request("POST", url, content=body, headers=headers)
+        request = client.http.build_request("POST", url, content=_Pieces(body), headers=headers)
         start = trio.current_time()
         try:
             response = await client.http.send(request, stream=True)
@@ -152,41 +195,47 @@ class GatewayApp:
                 await response.aclose()
 
     async def _relay(self, response: Any, send: Any, start: float) -> None:
-        record = self.record
+        record, status = self.record, response.status_code
         headers = [
             (name.encode("latin-1"), value.encode("latin-1"))
             for name, value in response.headers.items()
             if name.lower() in ("content-type", "retry-after")
         ]
-        if response.status_code >= 400:
-            data = await response.aread()
-            record.add_issue(self.client._status_error(response).to_issue("run"))
-            record.add_reply(None, response.status_code, trio.current_time() - start)
-            key = self.client.model.api_key
-            if key is not None and len(key.reveal()) >= 4:
-                # An upstream that echoes its request's headers would hand the session the real key.
-                data = data.replace(key.reveal().encode(), MASK.encode())
-            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-            await send({"type": "http.response.body", "body": data})
-            return
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+        # What is parsed for the record: an error body's head, else up to the body limit.
+        limit = _ERROR_BYTES if status >= 400 else max(self.spec.max_body_bytes, self.spec.record_reply_bytes)
+        kept = bytearray()
+        size = 0
+        whole = True  # kept holds the whole (redacted) reply
+        redactor = StreamRedactor(self.secrets)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        # Decoded: the upstream's Content-Encoding is not relayed, so neither is its encoding.
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            out = redactor.feed(chunk)
+            whole = whole and len(kept) + len(out) <= limit
+            if len(kept) < limit:
+                kept += out[: limit - len(kept)]  # the record reads what the agent read
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        tail = redactor.end()
+        whole = whole and len(kept) + len(tail) <= limit
+        if len(kept) < limit:
+            kept += tail[: limit - len(kept)]
         # Each reply is recorded before its last byte goes out: once the agent
         # has it, the attempt may end (and this task be cancelled) at any time.
-        if response.headers.get("content-type", "").startswith("text/event-stream"):
-            kept = bytearray()
-            # Decoded: the upstream's Content-Encoding is not relayed, so neither is its encoding.
-            async for chunk in response.aiter_bytes():
-                if len(kept) < _RECORD_BYTES:
-                    kept += chunk
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            self._recorded(self.api.stream, bytes(kept), response.status_code, start)
-            await send({"type": "http.response.body", "body": b""})
+        if status >= 400:
+            head = httpx.Response(status, headers=headers, content=bytes(kept))  # decoded: no Content-Encoding
+            record.add_issue(self.client._status_error(head).to_issue("run"))
+            record.add_reply(None, status, trio.current_time() - start, size)
+        elif not whole and not streamed:
+            record.add_reply(None, status, trio.current_time() - start, size)  # too large to parse: sizes only
         else:
-            data = await response.aread()
-            self._recorded(self.api.reply, data, response.status_code, start)
-            await send({"type": "http.response.body", "body": data})
+            self._recorded(self.api.stream if streamed else self.api.reply, bytes(kept), status, start, size)
+        del kept
+        await send({"type": "http.response.body", "body": tail})
 
-    def _recorded(self, parse: Any, data: bytes, status: int, start: float) -> None:
+    def _recorded(self, parse: Any, data: bytes, status: int, start: float, size: int) -> None:
         reply: Parsed | None = None
         try:
             reply = parse(data)
@@ -197,7 +246,7 @@ class GatewayApp:
                 detail = f"a reply through the gateway had no usable message ({exc.detail})"
                 error = self.client._error("error", exc.code, detail)
             self.record.add_issue(error.to_issue("run"))
-        self.record.add_reply(reply, status, trio.current_time() - start)
+        self.record.add_reply(reply, status, trio.current_time() - start, size)
 
     async def _failed(self, send: Any, status: int, error: ModelError, start: float) -> None:
         self.record.add_issue(error.to_issue("run"))
@@ -212,15 +261,13 @@ async def _json(send: Any, status: int, body: Any) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-async def _read_body(receive: Any) -> bytes | None:
-    """The request's body; None when it is over the limit (or the client left)."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        body += message.get("body", b"")
-        if len(body) > MAX_BODY_BYTES:
-            return None
-        if not message.get("more_body"):
-            return bytes(body)
+@attrs.frozen
+class _Pieces:
+    """A body for httpx to stream in pieces (each a small copy, the buffer never
+    copied whole); iterable again, for the shared client's one stale-connection retry."""
+
+    body: bytearray
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for offset in range(0, len(self.body), _PIECE):
+            yield bytes(self.body[offset : offset + _PIECE])

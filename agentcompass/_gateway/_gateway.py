@@ -10,7 +10,9 @@ into a :class:`GatewayRecord` and classifies its failures as the model
 client does.
 
 Where it listens: a unix socket, alone in a fresh directory of the host's
-temporary directory, exposed into the session with
+temporary directory (``agentcompass-gateway-<run tag>-*``, so that
+``compass reap`` and a ``--reuse`` run remove what a killed run left: see
+:func:`remove_gateway_dirs`), exposed into the session with
 :meth:`EnvironmentSession.expose_socket`. A unix socket needs no network
 interface, so a session under run policy ``none`` reaches the gateway and
 nothing else, and no TCP port is open anywhere: the endpoint is reachable
@@ -29,6 +31,7 @@ The app is ``_app``'s; this module owns the lifetime.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -49,9 +52,14 @@ from ..runtime._components import EnvironmentSession
 from ..runtime._errors import IssueError
 from ..runtime._values import ModelSpec
 from ._app import GatewayApp
+from ._bounds import current_gateway
 from ._record import GatewayRecord
 
-__all__ = ["Gateway", "open_gateway"]
+__all__ = ["Gateway", "open_gateway", "remove_gateway_dirs"]
+
+#: The prefix of every gateway directory in the host's temporary directory.
+DIR_PREFIX = "agentcompass-gateway-"
+_TAG = re.compile(r"[a-z0-9]{4,40}")
 
 _FORWARDER = Path(__file__).with_name("_forwarder.py")
 #: The variables :meth:`Gateway.command` sets for the wrapped command.
@@ -116,11 +124,16 @@ async def open_gateway(
     the gateway answers HTTP 429 and records ERROR ``harness_limit_reached``.
     Raises FATAL ``environment_unsupported`` when the session's provider
     cannot expose a socket. On the way out the server stops at once.
+
+    Inside a run, the request's ``execution.gateway`` bounds what an agent
+    may send and what is recorded (:class:`agentcompass.GatewaySpec`).
     """
     if model.api == "none":
         raise IssueError("fatal", "setup_failed", "the model gateway needs a model with an api, not 'none'")
     client = model_client(model)
-    directory = await trio.to_thread.run_sync(partial(tempfile.mkdtemp, prefix="agentcompass-gateway-"))
+    tag, spec = current_gateway()
+    prefix = DIR_PREFIX + (f"{tag}-" if tag is not None and _TAG.fullmatch(tag) else "")
+    directory = await trio.to_thread.run_sync(partial(tempfile.mkdtemp, prefix=prefix))
     try:
         # Traversable, not listable: the session's user must reach the socket
         # in it; the directory's random name is not the secret (the token is).
@@ -135,9 +148,9 @@ async def open_gateway(
         except BaseException:
             listener.close()
             raise
-        record = GatewayRecord()
-        token = "acgw-" + secrets.token_urlsafe(24)
-        app = GatewayApp(client, token, record, max_model_calls)
+        record = GatewayRecord(spec=spec)
+        token = "acgw-" + secrets.token_urlsafe(24)  # its shape is masked wherever it appears
+        app = GatewayApp(client, token, record, max_model_calls, spec)
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(serve_asgi, app, listener))
             try:
@@ -168,3 +181,20 @@ def _remove(directory: str) -> None:
     # Only the runtime writes there (the session sees it read-only, or is
     # `local`); rmtree never follows a link out of it.
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def remove_gateway_dirs(tag: str, root: str | None = None) -> list[str]:
+    """Remove the gateway directories the run ``tag`` left in ``root`` (the
+    host's temporary directory): what a killed run's gateways leave (a socket
+    and the forwarder). Returns the paths removed. Only directories named for
+    ``tag`` and lying directly in ``root`` are touched; a link is never followed."""
+    if not _TAG.fullmatch(tag):
+        raise ValueError(f"run tag {tag!r} is not a tag")
+    root = os.path.realpath(root or tempfile.gettempdir())
+    removed = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.name.startswith(f"{DIR_PREFIX}{tag}-") and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed

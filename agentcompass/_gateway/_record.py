@@ -10,6 +10,8 @@ import trio
 from .._models import ModelUsage
 from .._models._wire import Parsed
 from ..runtime._results import Issue
+from ..runtime._values import GatewaySpec
+from ._bounds import RecordBudget
 
 __all__ = ["GatewayRecord"]
 
@@ -35,8 +37,18 @@ class GatewayRecord:
     replay the main one. ``usage`` sums the calls that got a usable reply.
     ``issues`` are the classified failures (one per code, the first of
     each), which the harness returns with its result.
+
+    What is kept is bounded by the attempt's :class:`GatewaySpec`: of a call
+    at most ``record_request_bytes`` of its new messages (later ones dropped,
+    the last kept one shortened) and ``record_reply_bytes`` of its reply;
+    once the attempt kept ``record_attempt_bytes``, a call is its reply entry
+    with ``status``, sizes and timing only. Each reply entry carries
+    ``request_bytes`` and ``reply_bytes`` (the sizes on the wire) and, when
+    something of the call was not kept, ``cut_bytes``; ``recorded_bytes``
+    and ``cut_bytes`` sum them over the attempt.
     """
 
+    spec: GatewaySpec = attrs.field(default=GatewaySpec(), kw_only=True)
     trajectory: list[dict[str, Any]] = attrs.Factory(list)
     usage: ModelUsage = attrs.Factory(ModelUsage)
     issues: list[Issue] = attrs.Factory(list)
@@ -45,6 +57,22 @@ class GatewayRecord:
     #: Per conversation (its key): how many of its messages are recorded.
     _seen: dict[str, int] = attrs.Factory(dict)
     _current: str = ""
+    _budget: RecordBudget = attrs.field(
+        init=False, default=attrs.Factory(lambda self: RecordBudget(self.spec), takes_self=True)
+    )
+    #: The call in flight: its request's size and what of it was cut.
+    _request_bytes: int = 0
+    _call_cut: int = 0
+
+    @property
+    def recorded_bytes(self) -> int:
+        """The bytes of text the trajectory kept of this attempt's calls."""
+        return self._budget.recorded
+
+    @property
+    def cut_bytes(self) -> int:
+        """The bytes of requests and replies not kept."""
+        return self._budget.cut
 
     #: Set once a FATAL issue is recorded (a harness may stop its agent then).
     failed: trio.Event = attrs.Factory(trio.Event)
@@ -59,26 +87,75 @@ class GatewayRecord:
     def fatal(self) -> Issue | None:
         return next((i for i in self.issues if i.severity == "fatal"), None)
 
-    def add_request(self, messages: list[dict[str, Any]]) -> None:
-        """Record the messages of a request's conversation that are new since its last call."""
+    def add_request(self, messages: list[dict[str, Any]], size: int = 0) -> None:
+        """Record the messages of a request's conversation that are new since
+        its last call (``size``: the request body's bytes), within the bounds."""
         key = _key(messages)
         seen = self._seen.get(key, 0)
         start = seen if len(messages) >= seen else 0
-        self.trajectory.extend(_cut(m) for m in messages[start:])
         self._seen[key] = len(messages)
         self._current = key
+        self._request_bytes = size
+        before = self._budget.cut
+        new = [_cut(m) for m in messages[start:]]
+        size_new = sum(_size(m) for m in new)
+        self._budget.cut += max(0, sum(_size(m) for m in messages[start:]) - size_new)  # what _cut shortened
+        room = self._budget.allow(size_new, self.spec.record_request_bytes)
+        for message in new:
+            length = _size(message)
+            if length > room:
+                if room > 0 and isinstance(message.get("content"), str):
+                    self.trajectory.append(_shortened(message, room))
+                break
+            self.trajectory.append(message)
+            room -= length
+        self._call_cut = self._budget.cut - before
 
-    def add_reply(self, reply: Parsed | None, status: int, seconds: float) -> None:
+    def add_reply(self, reply: Parsed | None, status: int, seconds: float, size: int = 0) -> None:
+        """Record the reply (None: none usable) of the call in flight (``size``: its bytes)."""
         entry: dict[str, Any] = {"role": "assistant", "call": self.calls, "status": status}
+        cut = self._call_cut
         if reply is not None:
-            entry["content"] = _text(reply.content)
-            entry["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
-            entry["usage"] = dict(reply.usage)
             self.usage.add(reply.usage)
             if self._current in self._seen:
                 self._seen[self._current] += 1  # the assistant message the agent will send back
+            content = _text(reply.content)
+            calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
+            length = (len(content) if isinstance(content, str) else 0) + sum(len(c["arguments"]) for c in calls)
+            before = self._budget.cut
+            room = self._budget.allow(length, self.spec.record_reply_bytes)
+            cut += self._budget.cut - before
+            if room >= length:
+                entry["content"] = content
+                entry["tool_calls"] = calls
+            elif room > 0 and isinstance(content, str):
+                entry["content"] = content[:room]
+                entry["tool_calls"] = []
+            entry["usage"] = dict(reply.usage)
+        elif size:
+            cut += size  # a reply not parsed is not kept
+            self._budget.cut += size
+        entry["request_bytes"] = self._request_bytes
+        entry["reply_bytes"] = size
+        if cut:
+            entry["cut_bytes"] = cut
         entry["duration_seconds"] = round(seconds, 6)
         self.trajectory.append(entry)
+        self._request_bytes = self._call_cut = 0
+
+
+def _size(message: dict[str, Any]) -> int:
+    """What a trajectory entry holds in text (its content and tool arguments), in characters."""
+    content = message.get("content")
+    size = len(content) if isinstance(content, str) else 0
+    for call in message.get("tool_calls") or ():
+        if isinstance(call, dict):
+            size += len(str(call.get("arguments", "")))
+    return size
+
+
+def _shortened(message: dict[str, Any], room: int) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": message["content"][:room]}
 
 
 def _key(messages: list[dict[str, Any]]) -> str:

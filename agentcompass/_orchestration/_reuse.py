@@ -52,6 +52,7 @@ import attrs
 import trio
 
 from .. import _registry
+from .._gateway._gateway import remove_gateway_dirs
 from .._logging import get_logger
 from .._observations import is_success
 from .._redact import redact_json_text
@@ -208,6 +209,10 @@ async def sweep_run(loaded: LoadedRun, configs: dict[str, dict[str, Any]] | None
     if tag is None:
         return []
     notes: list[str] = []
+    try:  # the model gateways' directories on this host, like sessions
+        await trio.to_thread.run_sync(remove_gateway_dirs, tag)
+    except (OSError, ValueError) as exc:
+        notes.append(f"could not remove the model gateways' directories of {tag}: {type(exc).__name__}: {exc}")
     for provider in loaded.used_providers():
         failed = f"could not sweep {provider} sandboxes tagged {tag}"
         await _call_provider(provider, configs, partial(_sweep, tag), failed, notes)

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._gateway._bounds import attempt_gateway
 from .._logging import debug_enabled, get_logger
 from ..runtime._components import BaseEnvironment, HarnessFreeBenchmark
 from ..runtime._errors import ComponentError, IssueError
@@ -335,7 +336,8 @@ class _Try:
             try:
                 if ctx.harness is not None:
                     where = "harness_run"
-                    result = await ctx.harness.run_task(self.harness_session, self.out.prepared, budget)
+                    with attempt_gateway(ctx.tag, ctx.request.execution.gateway):
+                        result = await ctx.harness.run_task(self.harness_session, self.out.prepared, budget)
                 else:
                     where = "benchmark_run"
                     benchmark = ctx.benchmark

@@ -319,9 +319,12 @@ class RunStore:
 
     async def save_logs(self, task_id: str, attempt: int, files: dict[str, bytes]) -> None:
         """Write an attempt's kept logs under ``tasks/<key>/attempt-<n>/logs/``
-        (``files``: safe relative path -> bytes, see ``_logs.take_logs``)."""
+        (``files``: safe relative path -> bytes, see ``_logs.take_logs``), each
+        passed through the one redaction (a session's log may hold what it was given)."""
         top = self.layout.logs(task_key(task_id), attempt)
-        await self._write([Write(os.path.join(top, *rel.split("/")), data) for rel, data in files.items()])
+        await self._write(
+            [Write(os.path.join(top, *rel.split("/")), _redact.redact_bytes(data)) for rel, data in files.items()]
+        )
 
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
         """Write ``details/<severity>/<key>.json``, the task's countable record.

@@ -19,6 +19,12 @@ processes wait for one build and then share it; within a process a Trio
 lock keeps them from holding a worker thread each for the file lock. The entry is
 world-readable and never written after it is complete: sessions see it
 read-only (``EnvironmentSession.expose_directory``).
+
+An entry's key comes from config (the agent id and ``version``), so it is
+checked twice: at load (:func:`path_component`: one plain name, so
+``compass validate`` refuses ``1.0/../../x`` with exit 2) and here, where the
+entry and its lock are resolved and must lie directly in the cache's root
+before anything is created, locked or removed.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -41,9 +48,30 @@ import trio
 
 from agentcompass import IssueError
 
-__all__ = ["CacheEntry", "cache_root", "ensure_installed", "host_npm"]
+__all__ = ["CacheEntry", "cache_root", "ensure_installed", "host_npm", "path_component"]
 
 _locks: dict[str, trio.Lock] = {}
+#: A config value that becomes one path component: a plain name, never ``..`` nor a separator.
+_COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}")
+
+
+def path_component(instance: Any, attribute: Any, value: Any) -> None:
+    """An ``attrs`` validator: ``value`` must be a plain name (it becomes a path component)."""
+    if not isinstance(value, str) or not _COMPONENT.fullmatch(value) or ".." in value:
+        raise ValueError(
+            f"{attribute.name} {value!r} must be a plain name of letters, digits and ._+@- (it names a directory)"
+        )
+
+
+def _inside(root: Path, key: str) -> Path:
+    """``root/key``, resolved, once it is certain to lie directly in ``root``."""
+    if not _COMPONENT.fullmatch(key) or ".." in key:
+        raise IssueError("fatal", "setup_failed", f"agent cache key {key!r} is not a plain name")
+    base = root.resolve()
+    entry = (base / key).resolve()
+    if entry.parent != base:
+        raise IssueError("fatal", "setup_failed", f"agent cache entry {key!r} resolves outside {base}")
+    return entry
 
 
 @attrs.frozen
@@ -83,7 +111,9 @@ async def ensure_installed(
     again). Cancellation stops the installer and leaves an incomplete entry
     that the next build replaces."""
     root = cache_root() if root is None else root
-    entry = root / key
+    await trio.to_thread.run_sync(_make_root, root)
+    entry = await trio.to_thread.run_sync(_inside, root, key)
+    root = entry.parent
     if await trio.Path(entry / "installed.json").is_file():
         return CacheEntry(entry, False, 0.0)
     lock = _locks.setdefault(str(entry), trio.Lock())

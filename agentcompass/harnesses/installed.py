@@ -67,7 +67,7 @@ from agentcompass import (
 from agentcompass.gateway import open_gateway
 
 from . import _agents, _agents_more  # noqa: F401  (register the built-in agents)
-from ._agent_cache import ensure_installed
+from ._agent_cache import ensure_installed, path_component
 from ._agent_table import AgentRun, InstalledAgent, agent_table
 
 __all__ = ["InstalledHarness"]
@@ -104,7 +104,11 @@ class InstalledHarness(BaseHarness):
     @attrs.frozen
     class Config:
         agent: str = attrs.field(metadata={"doc": "an id of the agent table (mini-swe-agent, aider, ...)"})
-        version: str | None = attrs.field(default=None, metadata={"doc": "the agent's version (its pinned default)"})
+        version: str | None = attrs.field(
+            default=None,
+            validator=attrs.validators.optional(path_component),
+            metadata={"doc": "the agent's version (its pinned default); it names the agent's cache entry"},
+        )
         args: list[str] = attrs.field(factory=list, metadata={"doc": "extra command-line arguments for the agent"})
         max_model_calls: int | None = attrs.field(
             default=None, metadata={"doc": "model calls per attempt; past it the gateway answers 429"}
@@ -176,7 +180,7 @@ class InstalledHarness(BaseHarness):
                 issues.append(
                     Issue("fatal", "run", "environment_unsupported", "the gateway's forwarder needs python3 in the session")
                 )
-            elif record.issues:
+            elif any(i.severity != "warning" for i in record.issues):
                 pass  # the agent stopped over a model failure: the gateway's record says which
             elif result.exit_code != 0 and record.calls == 0:
                 issues.append(

@@ -49,6 +49,7 @@ from ._values import AttemptsSpec as AttemptsSpec
 from ._values import ComponentRef as ComponentRef
 from ._values import ExecutionPlan as ExecutionPlan
 from ._values import ExecutionSpec as ExecutionSpec
+from ._values import GatewaySpec as GatewaySpec
 from ._values import ModelSpec as ModelSpec
 from ._values import NetworkOverrides as NetworkOverrides
 from ._values import NetworkPolicy as NetworkPolicy

@@ -19,6 +19,7 @@ __all__ = [
     "EvaluationMode",
     "ExecutionPlan",
     "ExecutionSpec",
+    "GatewaySpec",
     "ModelSpec",
     "NetworkOverrides",
     "NetworkPolicy",
@@ -189,6 +190,42 @@ class SandboxSpec:
         return attrs.evolve(self, **changes) if changes else self
 
 
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+@attrs.frozen
+class GatewaySpec:
+    """The model gateway's bounds per attempt (SPEC 12 "Gateway bounds").
+
+    A request body over ``max_body_bytes`` is refused with 413 and one nested
+    deeper than ``max_json_depth`` with 400, before anything is forwarded. Of
+    each call the trajectory keeps at most ``record_request_bytes`` of the
+    request's new messages and ``record_reply_bytes`` of the reply; once an
+    attempt's record holds ``record_attempt_bytes``, later calls are recorded
+    as counts and sizes only. What is cut is counted in bytes.
+    """
+
+    max_body_bytes: int = attrs.field(
+        default=8 * 1024 * 1024, validator=_positive, metadata={"doc": "largest request body an agent may send (413 past it)"}
+    )
+    max_json_depth: int = attrs.field(
+        default=128, validator=_positive, metadata={"doc": "deepest JSON nesting of a request body (400 past it)"}
+    )
+    record_request_bytes: int = attrs.field(
+        default=256 * 1024, validator=_positive, metadata={"doc": "of each call's request, what the trajectory keeps"}
+    )
+    record_reply_bytes: int = attrs.field(
+        default=256 * 1024, validator=_positive, metadata={"doc": "of each call's reply, what the trajectory keeps"}
+    )
+    record_attempt_bytes: int = attrs.field(
+        default=64 * 1024 * 1024,
+        validator=_positive,
+        metadata={"doc": "what an attempt's calls may record in all; past it only counts and sizes"},
+    )
+
+
 @attrs.frozen
 class ExecutionSpec:
     """How each task of a request is executed (attempts, retries, timeouts).
@@ -247,6 +284,9 @@ class ExecutionSpec:
     sandbox: SandboxSpec = attrs.field(
         default=SandboxSpec(),
         metadata={"doc": "what each task's sandbox is (image, workdir, env, limits), over the benchmark's, field by field"},
+    )
+    gateway: GatewaySpec = attrs.field(
+        default=GatewaySpec(), metadata={"doc": "the model gateway's bounds on request bodies and on what is recorded"}
     )
 
 

@@ -32,7 +32,11 @@ follow a link the session planted out of it (``files_never_follow_links``),
 reads that refuse FIFOs and files past ``max_bytes`` without blocking
 (``reads_bounded``), and commands that never run in another session
 (``exec_stays_in_its_session``; with ``kill_init``, a command that kills the
-session's own processes, also after it has run). Files are named
+session's own processes, also after it has run). With ``gateway`` (the
+default for real processes) the model gateway served into a session is
+held to what every harness using it relies on: an upstream echoing the key
+never hands it to the session, and calls near or over the body limit leave
+the runtime's memory bounded. Files are named
 ``/app/...``; the kit finds where commands see them.
 
 The kit runs real sessions under the real clock; do not use
@@ -66,6 +70,8 @@ from agentcompass.runtime import (
     NetworkPolicy,
 )
 
+from ._gateway_checks import GatewayChecks
+
 __all__ = ["DEFAULT_POLICIES", "EnvironmentConformance", "check_environment", "environment_conformance_tests"]
 
 #: The policies checked when none are given: one of each mode.
@@ -83,7 +89,7 @@ class _Opened:
 
 
 @attrs.define(eq=False)
-class EnvironmentConformance:
+class EnvironmentConformance(GatewayChecks):
     """Checks one provider instance against the Environment contract.
 
     - ``env``: the provider, built as the runtime would (``cls(config)``).
@@ -111,6 +117,11 @@ class EnvironmentConformance:
       (its init included: ``kill -9 -1`` in a sandbox; never give it for a
       provider whose commands run as a host user); ``exec_stays_in_its_session``
       then checks that later commands fail rather than run elsewhere.
+    - ``gateway``: serve the model gateway into a session and hold it to what
+      every harness using it relies on (``gateway_key_masked``,
+      ``gateway_memory_bounded``; see ``_gateway_checks``; they need ``python3``
+      in the session). ``None`` (the default, with real processes): checked
+      where the session can expose a socket; ``True``: it must; ``False``: skipped.
     """
 
     env: BaseEnvironment
@@ -127,6 +138,7 @@ class EnvironmentConformance:
     isolated: bool = False
     tag: str = "conformance"
     kill_init: str | None = None
+    gateway: bool | None = None
     _check: str = attrs.field(default="", init=False)
 
     CHECKS: ClassVar[tuple[str, ...]] = (
@@ -148,6 +160,8 @@ class EnvironmentConformance:
         "files_never_follow_links",
         "reads_bounded",
         "exec_stays_in_its_session",
+        "gateway_key_masked",
+        "gateway_memory_bounded",
     )
 
     def __attrs_post_init__(self) -> None:
@@ -178,6 +192,8 @@ class EnvironmentConformance:
             )
         if not self._takes_name():
             skipped.add("sweep")
+        if self.gateway is False or not self.real_processes:
+            skipped.update({"gateway_key_masked", "gateway_memory_bounded"})
         return [c for c in self.CHECKS if c not in skipped]
 
     def _takes_name(self) -> bool:

@@ -183,6 +183,8 @@ class Reply:
     chunk_delay: float = 0.0
     #: Streamed: the reply's deltas, then the API's error event with this message.
     stream_error: str | None = None
+    #: When > 0, the body goes out in pieces of this many bytes (a secret split across chunks).
+    piece_bytes: int = 0
 
     def after(self, seconds: float) -> Reply:
         """This reply, sent ``seconds`` after the request arrived."""
@@ -285,8 +287,12 @@ def empty_choices() -> Reply:
 
 
 def echo_headers(status: int = 500) -> Reply:
-    """An error reply whose body repeats every request header, ``Authorization`` included."""
-    return Reply(status=status, echo_headers=True)
+    """A reply whose body repeats every request header, ``Authorization``
+    included: an error body for a status >= 400; for 200 a completion (in the
+    route's API) whose text is the headers as JSON, streamed as one delta
+    when asked to stream, and either way sent in 7-byte pieces, so that a
+    secret in it is split across chunks."""
+    return Reply(status=status, echo_headers=True, piece_bytes=7 if status == 200 else 0)
 
 
 Script = Callable[[RecordedRequest], Reply]
@@ -515,6 +521,11 @@ class ModelServer:
             return
         asked = request.json if isinstance(request.json, dict) else {}
         api = _api(request.path) or _APIS[0]
+        if reply.echo_headers and reply.status == 200:
+            content = json.dumps(request.headers)
+            reply = attrs.evolve(
+                text(content), chunk_chars=len(content), piece_bytes=reply.piece_bytes, headers=reply.headers
+            )
         if api.streams(request.path, asked) and reply.status == 200 and not reply.echo_headers:
             options = asked.get("stream_options")
             usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -536,7 +547,15 @@ class ModelServer:
             payload = json.dumps(reply.body).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers + _headers(reply)})
-        await send({"type": "http.response.body", "body": payload})
+        await _send_body(send, payload, reply.piece_bytes, last=True)
+
+
+async def _send_body(send: Any, data: bytes, piece: int, *, last: bool) -> None:
+    """``data`` as one body message, or in ``piece``-byte messages."""
+    step = piece or len(data) or 1
+    pieces = [data[i : i + step] for i in range(0, len(data), step)] or [b""]
+    for n, chunk in enumerate(pieces):
+        await send({"type": "http.response.body", "body": chunk, "more_body": not last or n < len(pieces) - 1})
 
 
 def _headers(reply: Reply) -> list[tuple[bytes, bytes]]:
@@ -582,7 +601,7 @@ async def _stream(send: Any, receive: Any, reply: Reply, api: _Api, include_usag
     for n, event in enumerate(events):
         if n and reply.chunk_delay and await _client_left_during(receive, reply.chunk_delay):
             return True
-        await send({"type": "http.response.body", "body": event, "more_body": n < len(events) - 1})
+        await _send_body(send, event, reply.piece_bytes, last=n == len(events) - 1)
     return False
 
 

@@ -5,13 +5,16 @@ not need a real agent (a crash before any model call, a failed call)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import subprocess
 import sys
 
 import pytest
-from _installed_support import KEY, details, launch
+import trio
+from _installed_support import KEY, SMOKE, details, launch
 
 from agentcompass.testing import noop_agent  # noqa: F401  (registers noop-agent)
 from agentcompass.testing.model_server import ModelServer, episode, text
@@ -117,3 +120,121 @@ async def test_a_session_without_the_agents_python_is_fatal_environment_unsuppor
     assert [(i["severity"], i["code"], i["phase"]) for i in issues] == [("fatal", "environment_unsupported", "setup")]
     assert "needs Python >= 3.10" in issues[0]["message"]
     assert server.requests == []
+
+
+async def test_a_version_that_is_a_path_is_refused_at_load_and_touches_nothing_outside_the_cache(tmp_path, cache):
+    import agentcompass
+    from agentcompass import IssueError
+    from agentcompass.harnesses._agent_cache import ensure_installed
+
+    # cache is <tmp>/agent-cacheN: "1.0/../../victim" would name <tmp>/victim, and its lock beside it.
+    victim = cache.parent / "victim"
+    victim.mkdir(exist_ok=True)
+    (victim / "keep").write_text("mine")
+    before = sorted(p.name for p in cache.parent.iterdir())
+    bad = "1.0/../../victim"
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "requests:\n  - name: bad\n"
+        f"    benchmark: {{id: terminal, config: {{path: {SMOKE}}}}}\n"
+        f'    harness: {{id: installed, config: {{agent: noop-agent, version: "{bad}"}}}}\n'
+        "    environment: {id: local}\n"
+        '    model: {name: m, base_url: "http://127.0.0.1:9/v1", api_key: k}\n'
+        "plugins: [agentcompass.testing.noop_agent]\n"
+    )
+    compass = os.path.join(os.path.dirname(sys.executable), "compass")
+    done = await trio.run_process([compass, "validate", str(config)], capture_stdout=True, capture_stderr=True,
+                                  check=False)  # fmt: skip
+    assert done.returncode == 2, done
+    (line,) = done.stderr.decode().strip().splitlines()
+    assert "version '1.0/../../victim'" in line
+    # Through the SDK: refused before anything runs, and the cache itself refuses such a key.
+    server = ModelServer(episode([text("never")]))
+    refused: list[str] = []
+    try:
+        await launch(tmp_path, server, {"agent": "noop-agent", "version": bad}, tasks=["hello-file"],
+                     environment="local", run_network=None)  # fmt: skip
+    except* agentcompass.CompassError as group:
+        refused = [str(e) for e in group.exceptions]
+    assert len(refused) == 1 and "must be a plain name" in refused[0] and server.requests == []
+    with pytest.raises(IssueError, match="not a plain name"):
+        await ensure_installed(f"noop-agent-{bad}", [], root=cache)
+    assert (victim / "keep").read_text() == "mine"
+    assert sorted(p.name for p in cache.parent.iterdir()) == before
+
+
+async def test_a_killed_gateway_using_launch_leaves_nothing_in_the_temp_directory_after_reap(tmp_path, cache):
+    import shutil
+    import signal
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="acgw-")  # short: a unix socket's path has a length limit
+    config = tmp_path / "run.yaml"
+    server = ModelServer(episode([text("slow").after(600)]))
+    env = {**os.environ, "TMPDIR": temp, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    compass = os.path.join(os.path.dirname(sys.executable), "compass")
+    stderr = tmp_path / "stderr.txt"
+
+    def gateways(prefix: str = "agentcompass-gateway-") -> list[str]:
+        return [name for name in os.listdir(temp) if name.startswith(prefix)]
+
+    try:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(server.serve)
+            config.write_text(
+                "plugins: [agentcompass.testing.noop_agent]\nrequests:\n  - name: killed\n"
+                f"    benchmark: {{id: terminal, config: {{path: {SMOKE}}}}}\n"
+                f'    harness: {{id: installed, config: {{agent: noop-agent, version: "{SHARED}", args: ["2"]}}}}\n'
+                f"    environment: {{id: local, config: {{root: {tmp_path / 'sandboxes'}}}}}\n"
+                f'    model: {{name: scripted, base_url: "{url}", api_key: "{KEY}"}}\n'
+                "    task_ids: [hello-file]\n"
+                f"    output_root: {tmp_path / 'runs'}\n"
+            )
+            (tmp_path / "sandboxes").mkdir()
+            err = await trio.to_thread.run_sync(open, stderr, "wb")
+            with err:
+                proc = await trio.lowlevel.open_process([compass, "launch", str(config)], env=env,
+                                                        stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+            try:
+                # A call in flight through the gateway, or the launch ended (a failure, shown below).
+                async with trio.open_nursery() as waiting:
+
+                    async def ended() -> None:
+                        await proc.wait()
+                        waiting.cancel_scope.cancel()
+
+                    waiting.start_soon(ended)
+                    await server.wait_until(lambda s: len(s.requests) >= 1)
+                    waiting.cancel_scope.cancel()
+                assert proc.returncode is None, stderr.read_text()
+                assert gateways("agentcompass-gateway-ac")
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+            (run_dir,) = (tmp_path / "runs" / "killed").iterdir()
+            tag = json.loads((run_dir / "run_info.json").read_text())["tag"]
+            assert gateways(f"agentcompass-gateway-{tag}-")  # what the kill left
+            reap = await trio.run_process([compass, "reap", str(run_dir)], env=env, capture_stdout=True,
+                                          capture_stderr=True, check=False)  # fmt: skip
+            nursery.cancel_scope.cancel()
+        assert reap.returncode == 0, reap.stderr
+        assert gateways() == []
+        assert list((tmp_path / "sandboxes").iterdir()) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+async def test_an_upstream_echoing_the_key_in_a_200_reply_leaks_it_neither_to_the_agent_nor_the_run_directory(
+    tmp_path, cache
+):
+    from agentcompass.testing.model_server import echo_headers
+
+    server = ModelServer(episode([echo_headers(200), echo_headers(200)]))
+    harness = {"agent": "noop-agent", "version": SHARED, "args": ["2"]}
+    result, run_dir = await launch(tmp_path, server, harness, tasks=["hello-file"], environment="local", run_network=None)
+    assert [r.headers["authorization"] for r in server.requests] == [f"Bearer {KEY}"] * 2  # echoed back, twice
+    got = json.loads(next(run_dir.glob("tasks/*/attempt-0/logs/agent/noop.json")).read_text())
+    assert "authorization" in json.dumps(got) and "**********" in json.dumps(got)  # what the agent read, masked
+    grep = await trio.run_process(["grep", "-r", "-l", "-F", KEY[3:], str(run_dir)], capture_stdout=True, check=False)
+    assert grep.returncode == 1 and grep.stdout == b"", grep.stdout  # nowhere in the run directory

@@ -34,8 +34,10 @@ from agentcompass.runtime._errors import IssueError
 from agentcompass.runtime._results import Issue, RunBudget, RunResult
 from agentcompass.runtime._values import ExecutionPlan, ModelSpec, PreparedTask, TaskSpec
 
-BEARER = "abc.def.ghi"
-API_KEY_VALUE = "XYZ123456"
+# Credentials the runtime was never given, so masked by their shapes alone
+# (a JSON Web Token, a GitHub token), never for the word before them.
+BEARER = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NSJ9.c2lnbmF0dXJl"
+API_KEY_VALUE = "ghp_" + "XYZ123456" * 4
 
 
 @attrs.frozen

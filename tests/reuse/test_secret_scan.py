@@ -1,8 +1,9 @@
 """No secret ever appears in any file (SPEC section 8), nor on the console.
 
 A run whose model ``api_key`` is a ``Secret`` read from an environment
-variable, whose harness fails with that key, a ``Bearer`` token and an
-``api_key=...`` pair in its messages (``secret_plugins.py``), and whose
+variable, whose harness fails with that key, a ``Bearer`` token (a JSON Web
+Token) and an ``api_key=...`` pair (a GitHub token) in its messages
+(``secret_plugins.py``: credentials of recognised shapes), and whose
 analyzer fails with the key. Then every byte under the output root (every
 run directory, hidden files included) and, for the CLI run, everything
 printed, is scanned for the three credential strings.

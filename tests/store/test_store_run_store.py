@@ -524,7 +524,7 @@ async def test_a_long_trajectory_is_written_beside_its_record_in_chunks(tmp_path
     messages = [m for p in chunks for m in json.loads(p.read_text())]
     assert [len(json.loads(p.read_text())) for p in chunks] == [chunk, chunk, 7]
     assert messages[:-1] == long.run_result.trajectory[:-1]  # type: ignore[union-attr]
-    assert "SECRET" not in chunks[-1].read_text() and "Authorization: **********" in chunks[-1].read_text()  # each chunk masked
+    assert "SECRET" not in chunks[-1].read_text() and "Authorization: Bearer **********" in chunks[-1].read_text()  # each chunk masked
     # Read back whole; not offered for verbatim reuse (its file is not all of it).
     loaded = load_run(run_dir, keep_files=True)
     back = loaded.details[task_id]
@@ -550,3 +550,18 @@ async def test_every_saved_record_has_an_index_line_of_its_size(tmp_path: Path) 
     for line in lines[1:]:
         path = store.run_dir / "details" / "normal" / f"{line['task_id']}.json"
         assert line == {"bytes": path.stat().st_size, **task_row(json.loads(path.read_bytes()))}
+
+
+async def test_kept_logs_are_written_through_the_one_redaction(tmp_path: Path) -> None:
+    from agentcompass._redact import register_secret
+
+    register_secret("kept-log-secret-5e6f7a")
+    logs = {
+        "agent/out.bin": b"\x00\xff got Bearer kept-log-secret-5e6f7a and sk-abcdefgh12345678\n",
+        "verifier/test.log": b"task vulnerable-secret: ok\n",
+    }
+    async with open_run_store(tmp_path, "req") as store:
+        await store.save_logs("t1", 0, logs)
+        top = store.run_dir / "tasks" / task_key("t1") / "attempt-0" / "logs"
+    assert (top / "agent" / "out.bin").read_bytes() == b"\x00\xff got Bearer ********** and **********\n"
+    assert (top / "verifier" / "test.log").read_bytes() == b"task vulnerable-secret: ok\n"

@@ -47,6 +47,8 @@ async def test_fake_env_passes_every_check() -> None:
         "files_never_follow_links",
         "reads_bounded",
         "exec_stays_in_its_session",
+        "gateway_key_masked",
+        "gateway_memory_bounded",
     }
     assert kit.checks() == [c for c in EnvironmentConformance.CHECKS if c not in needs_more]
     await kit.run_all()

@@ -4,6 +4,8 @@ daemon's labelled containers and networks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 from _docker_support import labelled, provider
@@ -11,10 +13,16 @@ from _docker_support import labelled, provider
 from agentcompass import NetworkPolicy
 from agentcompass.testing import EnvironmentConformance, hang_guard
 
+#: The gateway checks' in-session client (and the gateway's forwarder) need python3.
+PYTHON_IMAGE = Path(__file__).parent / "images" / "python3"
+
 
 @pytest.mark.parametrize("check", EnvironmentConformance.CHECKS)
 async def test_docker_conforms(docker_daemon, check: str):
-    env = provider(docker_daemon)
+    if check.startswith("gateway_"):
+        env = provider(docker_daemon, default_image=docker_daemon.test_image("test-python3", PYTHON_IMAGE))
+    else:
+        env = provider(docker_daemon)
     kit = EnvironmentConformance(
         env,
         # An image the daemon lacks, with pull "never": open fails before making anything.

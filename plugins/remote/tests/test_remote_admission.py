@@ -68,13 +68,15 @@ async def test_a_thousand_silent_connections_neither_block_a_client_nor_outlive_
     limits = _ensure_descriptors(2600)  # both ends of each connection live in this process
     silent: list[trio.SocketStream] = []
     try:
-        # The defaults: a 5 s deadline, up to 1,024 connections not authenticated yet.
-        served = await start_in_process(nursery, tmp_path / "sandboxes")
+        # The default cap (1,024 connections not authenticated yet) and a deadline
+        # long enough that the thousand are all held at once on a loaded host too.
+        served = await start_in_process(nursery, tmp_path / "sandboxes", auth_timeout=20.0)
         port = int(served.url.rsplit(":", 1)[1])
         connected = trio.current_time()
         silent = await _silent(port, 1000, partial=200)
-        with hang_guard(10):
-            await trio.testing.wait_all_tasks_blocked()  # the server accepted all it could
+        with hang_guard(60):
+            while served.server.admission.pending < 1000:  # the server accepts them as the kernel hands them over
+                await trio.testing.wait_all_tasks_blocked(cushion=0.01)
         assert served.server.admission.pending == 1000
 
         env = RemoteEnvironment({"url": served.url, "token": TOKEN})
@@ -154,13 +156,13 @@ async def test_a_server_out_of_descriptors_logs_one_line_and_serves_again_once_t
         base = _descriptors(process.pid)
         resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (base + free, base + free))
         silent = await _silent(spawned.port, free + 5)
-        with hang_guard(10):
+        with hang_guard(60):  # a hang guard only: the line comes once the descriptors run out
             await _read_line_with(process, b"EMFILE", stderr)
 
         # The silent connections' deadline frees the descriptors; the client,
         # waiting in the backlog meanwhile, is served.
-        env = RemoteEnvironment({"url": spawned.url, "token": TOKEN, "connect_timeout_seconds": 10})
-        with hang_guard(15):
+        env = RemoteEnvironment({"url": spawned.url, "token": TOKEN, "connect_timeout_seconds": 60})
+        with hang_guard(120):
             await _use(env)
             await _read_line_with(process, b"accepting connections again", stderr)
         assert processes_marked(spawned.root) == []
@@ -177,5 +179,11 @@ async def test_a_server_out_of_descriptors_logs_one_line_and_serves_again_once_t
             process.kill()
     text = stderr.decode()
     assert process.returncode == 0, text
-    assert text.count("EMFILE") == 1, text
+    # One line per starvation, not one per retry: each EMFILE line is followed by
+    # its recovery before the next. (On a loaded host the deadlines free the
+    # descriptors one by one, and the backlog can starve the server once more.)
+    lines = [("EMFILE" if "EMFILE" in line else "again") for line in text.splitlines()
+             if "EMFILE" in line or "accepting connections again" in line]  # fmt: skip
+    assert lines[:2] == ["EMFILE", "again"], text
+    assert all(a != b for a, b in zip(lines, lines[1:], strict=False)), text
     assert "Traceback" not in text

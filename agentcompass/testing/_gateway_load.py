@@ -1,0 +1,121 @@
+"""A measured scenario for the model gateway's memory bound (SPEC 12 "Gateway bounds").
+
+``python -m agentcompass.testing._gateway_load CALLS MIB LIMIT_MIB`` starts,
+in this one process, an upstream that reads and drops every body, a
+``local`` session, and a gateway whose ``max_body_bytes`` is ``LIMIT_MIB``;
+it then posts ``CALLS`` chat requests of ``MIB`` MiB each through the
+gateway's socket and prints one JSON line: the statuses, the process's
+resident size before the first call, its peak after the third call and
+after the last (``ru_maxrss``), in KiB, and what the gateway recorded. The request
+body is made once, before the baseline, so the growth is the gateway's.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import tempfile
+from typing import Any
+
+import httpx
+import trio
+
+from .._asgi import lifespan, listen, serve_asgi
+
+_REPLY = json.dumps(
+    {
+        "id": "c1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+    }
+).encode()
+
+
+async def _sink(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An upstream that counts a body's bytes and drops them."""
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body"):
+            break
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_REPLY)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": _REPLY})
+
+
+def peak_kib() -> int:
+    """This process's peak resident size so far, in KiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def resident_kib() -> int:
+    """This process's resident size now, in KiB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+
+
+async def run(calls: int, mib: float, limit_mib: float) -> dict[str, Any]:
+    from .. import GatewaySpec, ModelSpec, NetworkPolicy, Secret
+    from .._gateway._bounds import attempt_gateway
+    from ..environments.local import LocalEnvironment
+    from ..gateway import open_gateway
+    from ..models import open_model_clients
+
+    # Made in one piece: no larger transient than the body itself before the baseline.
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "%s"}]}' % (b"x" * int(mib * 1024 * 1024))
+    spec = GatewaySpec(max_body_bytes=int(limit_mib * 1024 * 1024))
+    statuses = []
+    with tempfile.TemporaryDirectory() as root:
+        async with trio.open_nursery() as nursery, open_model_clients(4):
+            listener = listen()
+            await nursery.start(serve_asgi, _sink, listener)
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+            model = ModelSpec(name="m", api="openai-chat", base_url=url, api_key=Secret("sk-load-scenario-key-0000"))
+            env = await LocalEnvironment({"root": root}).open(None, NetworkPolicy("full"), "gw-load")
+            try:
+                with attempt_gateway("acload0000", spec):
+                    async with open_gateway(env, model) as gateway:
+                        transport = httpx.AsyncHTTPTransport(uds=gateway.socket_path)
+                        auth = {"Authorization": f"Bearer {gateway.token}", "Content-Type": "application/json"}
+                        async with httpx.AsyncClient(
+                            transport=transport, base_url="http://gateway/v1", timeout=120
+                        ) as client:
+                            await client.get("/models", headers=auth)
+                            baseline = resident_kib()
+                            early = None
+                            for n in range(calls):
+                                if n == min(3, calls):
+                                    early = peak_kib()
+                                try:
+                                    reply = await client.post("/chat/completions", content=body, headers=auth)
+                                    statuses.append(reply.status_code)
+                                except httpx.TransportError as exc:  # a 413 may cut the upload short
+                                    statuses.append(type(exc).__name__)
+                        record = gateway.record
+            finally:
+                await env.close()
+            nursery.cancel_scope.cancel()
+    return {
+        "statuses": statuses,
+        "baseline_kib": baseline,
+        "peak_kib": peak_kib(),
+        "peak_after_3_kib": early,
+        "body_bytes": len(body),
+        "recorded_bytes": record.recorded_bytes,
+        "cut_bytes": record.cut_bytes,
+        "calls": record.calls,
+        "issues": [i.code for i in record.issues],
+    }
+
+
+def main(argv: list[str]) -> None:
+    calls, mib, limit = int(argv[0]), float(argv[1]), float(argv[2])
+    print(json.dumps(trio.run(run, calls, mib, limit)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
