@@ -26,10 +26,13 @@ import hmac
 import json
 from typing import Any
 
+import attrs
 import trio
 
 from .._asgi import lifespan
 from .._models import EndpointClient, ModelError
+from .._models._budget import Meter
+from .._models._cost import priced
 from .._models._wire import Parsed, ReplyError
 from .._redact import MASK
 from ..runtime._cleanup import cleanup_deadline
@@ -48,12 +51,12 @@ _RECORD_BYTES = 16 * 1024 * 1024
 class GatewayApp:
     """One attempt's app (see the module docstring)."""
 
-    def __init__(self, client: EndpointClient, token: str, record: GatewayRecord, max_calls: int | None):
+    def __init__(self, client: EndpointClient, token: str, record: GatewayRecord, meter: Meter):
         self.client = client
         self.api = API_OF[client.model.api]
         self.token = token.encode()
         self.record = record
-        self.max_calls = max_calls
+        self.meter = meter
         self.closed = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -94,12 +97,13 @@ class GatewayApp:
 
     async def _forward(self, body: bytes, scope: dict[str, Any], send: Any) -> None:
         record, api = self.record, self.api
-        if self.max_calls is not None and record.calls >= self.max_calls:
+        limit = self.meter.admit()
+        if limit is not None:
+            # Answered here, in the API's own shape; the upstream never sees it.
             record.refused += 1
-            record.add_issue(
-                Issue("error", "run", "harness_limit_reached", f"the agent reached max_model_calls={self.max_calls}")
-            )
-            await _json(send, 429, api.error("max_model_calls reached for this attempt", "harness_limit_reached"))
+            message = self.meter.message(limit)
+            record.add_issue(Issue("error", "run", "harness_limit_reached", message))
+            await _json(send, 429, api.error(message, "harness_limit_reached"))
             return
         record.calls += 1
         try:
@@ -182,6 +186,8 @@ class GatewayApp:
         reply: Parsed | None = None
         try:
             reply = parse(data)
+            reply = attrs.evolve(reply, usage=priced(reply.usage, self.client.model.pricing))
+            self.meter.charge(reply.usage)
         except ReplyError as exc:
             if exc.code == "model_server_error":
                 error = self.client._error("fatal", exc.code, exc.detail)

@@ -91,7 +91,7 @@ async def test_mini_swe_agent_solves_a_task_offline_through_the_gateway_only(tmp
     calls = [e for e in run_result["trajectory"] if e["role"] == "assistant" and "call" in e]
     assert [c["call"] for c in calls] == [1, 2, 3, 4]
     assert calls[2]["tool_calls"][0]["name"] == "bash" and "hello.txt" in calls[2]["tool_calls"][0]["arguments"]
-    assert run_result["usage"] == {"prompt_tokens": 40, "completion_tokens": 20, "calls": 4}
+    assert run_result["usage"] == {"prompt_tokens": 40, "completion_tokens": 20, "calls": 4, "cost_usd": None}
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["usage"]["prompt_tokens"] == 40 and metrics["usage"]["calls"] == 4
     assert run_result["artifacts"]["agent"]["id"] == "mini-swe-agent"
