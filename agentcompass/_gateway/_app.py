@@ -3,7 +3,9 @@
 Routes (any prefix, so ``base_url`` may or may not end in ``/v1``): the
 model's API route (``POST .../chat/completions``, ``.../responses`` or
 ``.../messages``, see ``_apis``) is forwarded to the model's endpoint with
-the body exactly as the agent sent it (unknown fields kept; a streamed
+the body exactly as the agent sent it (unknown fields kept; but a
+streamed chat request under a ``tokens`` or ``cost_usd`` budget is given
+``stream_options.include_usage``, without which its tokens are unknown; a streamed
 request is relayed event by event as the upstream sends them), its query
 string (Claude Code's ``?beta=true``) and the API's own request headers
 (``anthropic-version``, ``anthropic-beta``; ``openai-beta``), and the
@@ -112,6 +114,8 @@ class GatewayApp:
             parsed = None
         record.add_request(api.conversation(parsed))
         streamed = isinstance(parsed, dict) and parsed.get("stream") is True
+        if streamed and api.route == "/chat/completions" and self.meter.counts_usage():
+            body = _with_stream_usage(parsed, body)
         import httpx  # the shared client's: loaded already
 
         client = self.client
@@ -201,6 +205,16 @@ class GatewayApp:
         self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(None, status, trio.current_time() - start)
         await _json(send, status, self.api.error(error.message, error.code))
+
+
+def _with_stream_usage(parsed: dict[str, Any], body: bytes) -> bytes:
+    """A streamed chat request that asks for its usage: without it a token or
+    cost budget could not count the call (the one field the gateway adds)."""
+    options = parsed.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return body
+    options = dict(options) if isinstance(options, dict) else {}
+    return json.dumps({**parsed, "stream_options": {**options, "include_usage": True}}).encode()
 
 
 async def _json(send: Any, status: int, body: Any) -> None:

@@ -51,6 +51,10 @@ class Meter:
         """Lower ``model_calls`` to an alias's value (``max_model_calls``)."""
         self.limits = self.limits.tightened(model_calls)
 
+    def counts_usage(self) -> bool:
+        """Whether a budget needs every call's tokens (``tokens``, ``cost_usd``)."""
+        return self.limits.tokens is not None or self.limits.cost_usd is not None
+
     def exhausted(self) -> str | None:
         """The name of a budget with no room left, or None."""
         limits = self.limits

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _installed_support import KEY, assistant_turns, details, launch, message_texts
 
+from agentcompass import Limits, Pricing
 from agentcompass.testing.model_server import (
     ModelServer,
     RecordedRequest,
@@ -156,3 +157,24 @@ async def test_max_model_calls_reached_is_error_harness_limit_reached(tmp_path):
     assert codes == [("error", "harness_limit_reached")]
     assert len(server.requests) == 2
     assert attempt["run_result"]["usage"]["calls"] == 2
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"), [(Limits(tokens=40), "limits.tokens=40"), (Limits(cost_usd=5e-05), "limits.cost_usd=5e-05")]
+)
+async def test_a_token_or_cost_budget_stops_mini_swe_agent_at_the_gateway_and_its_work_is_scored(tmp_path, limits, named):
+    # The first step solves the task; then the agent keeps looking. 15 tokens
+    # (2e-05 USD) a call: the third call crosses the budget, the fourth is refused.
+    steps = [_bash("echo 'Hello, world!' > /app/hello.txt"), _bash("ls /app")]
+    server = ModelServer(lambda request: steps[min(assistant_turns(request), 1)])
+    pricing = Pricing(input=1.0, output=2.0)
+    result, run_dir = await launch(
+        tmp_path, server, {"agent": "mini-swe-agent"}, tasks=["hello-file"], limits=limits, pricing=pricing
+    )
+    attempt = _attempt(run_dir, "hello-file")
+    assert len(server.requests) == 3  # no call past the budget reached the upstream
+    assert [(i["severity"], i["code"]) for i in attempt["issues"]] == [("error", "harness_limit_reached")]
+    assert named in attempt["issues"][0]["message"]
+    assert attempt["values"]["reward"] == 1.0  # what the agent did before the budget ran out is scored
+    usage = attempt["run_result"]["usage"]
+    assert usage["calls"] == 3 and usage["cost_usd"] == pytest.approx(3 * 2e-05)
