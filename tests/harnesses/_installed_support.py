@@ -44,7 +44,7 @@ async def launch(
     concurrency: int = 2,
     name: str = "installed",
     api: str = "openai-chat",
-    limits: Limits = Limits(),
+    limits: Limits | None = None,
     pricing: Pricing | None = None,
 ) -> tuple[Any, Path]:
     async with trio.open_nursery() as nursery:
@@ -64,7 +64,7 @@ async def launch(
                 retry_min_delay_seconds=0.1,
                 retry_max_delay_seconds=0.2,
                 network=NetworkOverrides(run=NetworkPolicy(run_network) if run_network else None),
-                limits=limits,
+                limits=limits or Limits(),
             ),
             task_ids=tasks,
             output_root=tmp_path / "runs",
