@@ -32,6 +32,7 @@ import attrs
 import trio
 
 from .. import _registry
+from .._atif._attempt import atif_of
 from .._logging import add_json_log, get_logger, remove_json_log
 from .._redact import redact
 from .._report import render_summary
@@ -250,6 +251,9 @@ class RequestRun:
                 for attempt, files in logs.items():
                     if attempt not in landing.durable:
                         await self.save_logs(task_id, attempt, files)
+                for attempt_record in record.attempts:
+                    if attempt_record.attempt not in landing.durable:
+                        await self.save_atif(task_id, attempt_record)
                 await self._save(record, pending.done or {}, landing.durable)
         except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
             if self.life.tallied:
@@ -272,6 +276,7 @@ class RequestRun:
         the task's record holds it."""
         if logs:
             await self.save_logs(task_id, record.attempt, logs)
+        await self.save_atif(task_id, record)
         durable = False
         try:
             await self.store.save_checkpoint(task_id, record)
@@ -286,6 +291,18 @@ class RequestRun:
                 )
         finally:
             landing.landed(record.attempt, durable=durable)
+
+    async def save_atif(self, task_id: str, record: AttemptRecord) -> None:
+        """Write the attempt's trajectory in ATIF when a harness ran it; a
+        second view of the record's, so a failure is a log line."""
+        document = atif_of(self.request, task_id, record, self.store.run_dir.name)
+        if document is None:
+            return
+        try:
+            await self.store.save_agent_trajectory(task_id, record.attempt, document)
+        except Exception as exc:  # noqa: BLE001 - the record holds the trajectory
+            line = f"could not write the ATIF trajectory of task {task_id!r}: {failure_line(exc)}"
+            log.info("atif_not_written", request=self.request.name, task=task_id, error=line)
 
     async def save_logs(self, task_id: str, attempt: int, files: dict[str, bytes]) -> None:
         """Write an attempt's kept logs; they are diagnostics, so a failure is a log line, not the request's."""

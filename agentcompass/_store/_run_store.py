@@ -8,6 +8,7 @@
       tasks/<task key>/attempt-<n>/checkpoint.json
       tasks/<task key>/attempt-<n>/retries/<try>.json
       tasks/<task key>/attempt-<n>/trajectory/<i>.json   a long trajectory, see ._trajectories
+      tasks/<task key>/attempt-<n>/agent/trajectory.json the attempt's trajectory in ATIF (``_atif``)
       metrics.json  summary.md
 
 A :class:`RunStore` (made by :func:`open_run_store`) owns one *committer*
@@ -312,6 +313,11 @@ class RunStore:
         (``files``: safe relative path -> bytes, see ``_logs.take_logs``)."""
         top = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "logs")
         await self._write([Write(os.path.join(top, *rel.split("/")), data) for rel, data in files.items()])
+
+    async def save_agent_trajectory(self, task_id: str, attempt: int, document: dict[str, Any]) -> None:
+        """Write an attempt's ATIF trajectory, ``tasks/<key>/attempt-<n>/agent/trajectory.json`` (masked)."""
+        path = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "agent", "trajectory.json")
+        await self._write([Write(path, _mask(_compact(document)).encode())])
 
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
         """Write ``details/<severity>/<key>.json``, the task's countable record.

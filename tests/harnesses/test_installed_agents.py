@@ -15,6 +15,7 @@ import pytest
 from _installed_support import KEY, assistant_turns, details, launch, message_texts
 
 from agentcompass import Limits, Pricing
+from agentcompass._atif import validate
 from agentcompass.testing.model_server import (
     ModelServer,
     RecordedRequest,
@@ -104,6 +105,17 @@ async def test_mini_swe_agent_solves_a_task_offline_through_the_gateway_only(tmp
     assert json.loads(kept.read_text())["info"]["exit_status"] == "Submitted"
     assert list(kept.parent.glob("agent.log"))
     assert _files_holding(run_dir, KEY.encode()) == []
+    # Its ATIF trajectory: valid, one agent step per call the gateway forwarded, with that call's usage.
+    (atif,) = run_dir.glob("tasks/*/attempt-0/agent/trajectory.json")
+    document = json.loads(atif.read_text())
+    assert validate(document) == []
+    assert document["agent"]["name"] == "mini-swe-agent" and document["agent"]["version"] == "2.4.6"
+    agent_steps = [s for s in document["steps"] if s["source"] == "agent"]
+    assert len(agent_steps) == len(server.requests) == 4
+    assert [s["extra"]["call"] for s in agent_steps] == [1, 2, 3, 4]
+    assert all(s["metrics"] == {"prompt_tokens": 10, "completion_tokens": 5} for s in agent_steps)
+    assert "hello.txt" in agent_steps[2]["tool_calls"][0]["arguments"]["command"]
+    assert document["final_metrics"]["total_prompt_tokens"] == 40
 
 
 def _aider_edit(path: str, content: str) -> Reply:
