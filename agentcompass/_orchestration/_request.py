@@ -251,10 +251,10 @@ class RequestRun:
                 for attempt, files in logs.items():
                     if attempt not in landing.durable:
                         await self.save_logs(task_id, attempt, files)
-                for attempt_record in record.attempts:
+                await self._save(record, pending.done or {}, landing.durable)
+                for attempt_record in record.attempts:  # after the record: they are a second view of it
                     if attempt_record.attempt not in landing.durable:
                         await self.save_atif(task_id, attempt_record)
-                await self._save(record, pending.done or {}, landing.durable)
         except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
             if self.life.tallied:
                 # The request's terminal state is taken: the task is
@@ -276,7 +276,6 @@ class RequestRun:
         the task's record holds it."""
         if logs:
             await self.save_logs(task_id, record.attempt, logs)
-        await self.save_atif(task_id, record)
         durable = False
         try:
             await self.store.save_checkpoint(task_id, record)
@@ -291,6 +290,8 @@ class RequestRun:
                 )
         finally:
             landing.landed(record.attempt, durable=durable)
+        if durable:
+            await self.save_atif(task_id, record)
 
     async def save_atif(self, task_id: str, record: AttemptRecord) -> None:
         """Write the attempt's trajectory in ATIF when a harness ran it; a
