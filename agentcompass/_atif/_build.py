@@ -105,12 +105,18 @@ def _agent_fields(step: dict[str, Any], entry: dict[str, Any], model_name: str |
     calls = [c for c in entry.get("tool_calls") or () if isinstance(c, dict)]
     if calls:
         step["tool_calls"] = [
-            {"tool_call_id": str(c.get("id") or ""), "function_name": str(c.get("name") or ""), "arguments": _arguments(c)}
+            {
+                "tool_call_id": str(c.get("id") or ""),
+                "function_name": str(c.get("name") or ""),
+                "arguments": _arguments(c),
+            }
             for c in calls
         ]
     usage = entry.get("usage")
     if isinstance(usage, dict):
-        metrics = {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "cached_tokens") if _is_count(usage.get(k))}
+        metrics = {
+            k: usage[k] for k in ("prompt_tokens", "completion_tokens", "cached_tokens") if _is_count(usage.get(k))
+        }
         if isinstance(usage.get("cost_usd"), (int, float)):
             metrics["cost_usd"] = usage["cost_usd"]
         step["metrics"] = metrics

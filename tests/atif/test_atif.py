@@ -34,7 +34,10 @@ def test_the_rfcs_own_example_validates_against_the_shipped_schema():
     [
         (lambda d: d.pop("agent"), "'agent' is a required property"),
         (lambda d: d["steps"][0].update(tool_calls=[]), "$.steps[0].tool_calls"),  # agent-only field on a user step
-        (lambda d: d["steps"][1]["tool_calls"][0].update(arguments="ticker=GOOGL"), "$.steps[1].tool_calls[0].arguments"),
+        (
+            lambda d: d["steps"][1]["tool_calls"][0].update(arguments="ticker=GOOGL"),
+            "$.steps[1].tool_calls[0].arguments",
+        ),
         (lambda d: d["steps"][1].update(source="tool"), "$.steps[1].source"),
         (lambda d: d["steps"][2].update(step_id=7), "$.steps[2].step_id: 7, expected 3"),
         (lambda d: d["steps"][1]["observation"]["results"][0].update(source_call_id="call_x"), "names no tool call"),
@@ -56,7 +59,9 @@ async def test_a_react_episode_writes_valid_atif_one_agent_step_per_model_call(t
         tool_call("submit", {"answer": "done"}, prompt_tokens=150, completion_tokens=5),
     ]
     async with serving(episode(steps)) as server:
-        request = react_request(server, tmp_path, ["hello-file"], execution=ExecutionSpec(limits=Limits(model_calls=10)))
+        request = react_request(
+            server, tmp_path, ["hello-file"], execution=ExecutionSpec(limits=Limits(model_calls=10))
+        )
         request = attrs.evolve(request, model=attrs.evolve(request.model, pricing=Pricing(input=2.0, output=10.0)))
         _, run_dir = await launch(request)
         calls = [r.json for r in server.requests]
@@ -71,14 +76,20 @@ async def test_a_react_episode_writes_valid_atif_one_agent_step_per_model_call(t
     assert len(agent_steps) == len(calls) == 3
     assert [s["metrics"]["prompt_tokens"] for s in agent_steps] == [100, 130, 150]
     assert [s["metrics"]["cost_usd"] for s in agent_steps] == [
-        pytest.approx((100 * 2 + 20 * 10) / 1e6), pytest.approx((130 * 2 + 10 * 10) / 1e6), pytest.approx((150 * 2 + 5 * 10) / 1e6)
+        pytest.approx((100 * 2 + 20 * 10) / 1e6),
+        pytest.approx((130 * 2 + 10 * 10) / 1e6),
+        pytest.approx((150 * 2 + 5 * 10) / 1e6),
     ]
     assert agent_steps[0]["tool_calls"][0]["arguments"] == {"command": "echo 'Hello, world!' > hello.txt"}
     # Each tool result is the observation of the step whose call it answers, as the next request sent it back.
     for step, next_call in zip(agent_steps[:2], calls[1:], strict=True):
         (result,) = step["observation"]["results"]
         assert result["source_call_id"] == step["tool_calls"][0]["tool_call_id"]
-        assert next_call["messages"][-1] == {"role": "tool", "tool_call_id": result["source_call_id"], "content": result["content"]}
+        assert next_call["messages"][-1] == {
+            "role": "tool",
+            "tool_call_id": result["source_call_id"],
+            "content": result["content"],
+        }
     final = document["final_metrics"]
     assert final["total_prompt_tokens"] == 380 and final["total_completion_tokens"] == 35
     assert final["total_cost_usd"] == pytest.approx((380 * 2 + 35 * 10) / 1e6)
