@@ -8,12 +8,14 @@ the runtime's ``react`` loop, the model gateway's record or an agent's own
 log, matched to the gateway's calls, made it) into an ATIF document:
 
 - a ``system`` or ``user`` message is a step of that source;
-- each assistant entry is one ``agent`` step (one model call: ``llm_call_count``
-  1), its text the ``message``, its tool calls ``tool_calls`` (arguments as an
+- each assistant entry of a model call (one with ``step``, ``call``,
+  ``usage`` or ``status``) is one ``agent`` step (``llm_call_count`` 1), its text the ``message``, its tool calls ``tool_calls`` (arguments as an
   object; text that is not a JSON object is kept as ``{"input": text}``), its
   usage the step's ``metrics`` (``prompt_tokens``, ``completion_tokens``,
   ``cached_tokens``, ``cost_usd`` when known) and the call's number, HTTP
-  status and duration its ``extra``;
+  status and duration its ``extra``; an assistant message the agent put in
+  its prompt itself (aider's example turns) is an ``agent`` step with
+  ``is_copied_context`` (no metrics, no call);
 - the ``tool`` entries after it are its ``observation`` results, matched by
   ``source_call_id`` (a result with no agent step before it becomes a
   ``system`` step's observation);
@@ -59,7 +61,10 @@ def to_atif(
             results.append(_result(entry))
         elif role == "assistant":
             current = _step(steps, "agent", _text(entry.get("content")))
-            _agent_fields(current, entry, model_name)
+            if any(key in entry for key in _CALL_KEYS):
+                _agent_fields(current, entry, model_name)
+            else:
+                _context_fields(current, entry)
         elif role in ("system", "developer", "user"):
             _step(steps, "system" if role == "developer" else role, _text(entry.get("content")))
             current = None
@@ -87,6 +92,28 @@ def to_atif(
     return document
 
 
+#: What marks an assistant entry as a model call of this attempt (react's
+#: ``step``, the gateway's ``call``, either's ``usage``).
+_CALL_KEYS = ("call", "step", "usage", "status")
+
+
+def _context_fields(step: dict[str, Any], entry: dict[str, Any]) -> None:
+    """An assistant message the agent wrote into its prompt (aider's example
+    turns): context, not a call, so ATIF's copied-context step."""
+    step["is_copied_context"] = True
+    calls = [c for c in entry.get("tool_calls") or () if isinstance(c, dict)]
+    if calls:
+        step["tool_calls"] = [_tool_call(c) for c in calls]
+
+
+def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tool_call_id": str(call.get("id") or ""),
+        "function_name": str(call.get("name") or ""),
+        "arguments": _arguments(call),
+    }
+
+
 def _step(steps: list[dict[str, Any]], source: str, message: str) -> dict[str, Any]:
     step = {"step_id": len(steps) + 1, "source": source, "message": message}
     steps.append(step)
@@ -104,14 +131,7 @@ def _agent_fields(step: dict[str, Any], entry: dict[str, Any], model_name: str |
         step["model_name"] = model_name
     calls = [c for c in entry.get("tool_calls") or () if isinstance(c, dict)]
     if calls:
-        step["tool_calls"] = [
-            {
-                "tool_call_id": str(c.get("id") or ""),
-                "function_name": str(c.get("name") or ""),
-                "arguments": _arguments(c),
-            }
-            for c in calls
-        ]
+        step["tool_calls"] = [_tool_call(c) for c in calls]
     usage = entry.get("usage")
     if isinstance(usage, dict):
         metrics = {

@@ -131,6 +131,12 @@ async def test_aider_edits_a_file_to_solve_a_task(tmp_path):
     assert attempt["run_result"]["usage"]["calls"] >= 1
     assert attempt["run_result"]["artifacts"]["agent_exit_code"] == 0
     assert _files_holding(run_dir, KEY.encode()) == []
+    (atif,) = run_dir.glob("tasks/*/attempt-0/agent/trajectory.json")
+    document = json.loads(atif.read_text())
+    assert validate(document) == [] and document["agent"]["name"] == "aider"
+    # aider's prompt holds example turns of its own: copied context, not calls.
+    calls = [s for s in document["steps"] if s["source"] == "agent" and not s.get("is_copied_context")]
+    assert len(calls) == len(server.requests) and all(s["llm_call_count"] == 1 for s in calls)
 
 
 async def test_aider_whose_every_call_failed_is_fatal_model_server_error_though_it_exited_0(tmp_path):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from _installed_support import KEY, details, launch
 
+from agentcompass._atif import validate
 from agentcompass.testing.model_server import ModelServer, RecordedRequest, Reply, by_instruction, episode, error, text
 from agentcompass.testing.model_server import tool_call as _tool_call
 
@@ -105,6 +106,16 @@ async def test_the_agent_solves_a_task_offline_through_the_gateway_only(tmp_path
     expected = {"claude.jsonl", "session.jsonl"} if agent == "claude-code" else {"codex.jsonl", "rollout.jsonl", "last.txt"}
     assert expected <= kept
     assert _files_holding(run_dir, KEY.encode()) == []
+    # Its ATIF trajectory: valid, one agent step per call the gateway forwarded, with that call's usage.
+    (atif,) = run_dir.glob("tasks/*/attempt-0/agent/trajectory.json")
+    document = json.loads(atif.read_text())
+    assert validate(document) == [] and document["agent"]["name"] == agent
+    agent_steps = [s for s in document["steps"] if s["source"] == "agent"]
+    assert len(agent_steps) == len(_posts(server)) == 2
+    assert [s["metrics"] for s in agent_steps] == [{"prompt_tokens": 10, "completion_tokens": 5}] * 2
+    (shell,) = agent_steps[0]["tool_calls"]
+    assert shell["function_name"] == SHELL[agent][0]
+    assert shell["tool_call_id"] in {r.get("source_call_id") for r in agent_steps[0]["observation"]["results"]}
 
 
 @pytest.mark.parametrize(
