@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from _installed_support import KEY, details, launch
 
+from agentcompass import Limits, Pricing
 from agentcompass._atif import validate
 from agentcompass.testing.model_server import ModelServer, RecordedRequest, Reply, by_instruction, episode, error, text
 from agentcompass.testing.model_server import tool_call as _tool_call
@@ -145,3 +146,24 @@ async def test_an_upstream_failure_is_fatal_and_retried_with_a_fresh_agent(tmp_p
         turns = [_turn(r) for r in _posts(server) if needle in r.body.decode(errors="replace")]
         # Try 1: turn 0, then turn 1 failing (and its one retry); try 2 starts over at turn 0.
         assert turns == [0, *[1] * per_try] * 2, turns
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+@pytest.mark.parametrize(
+    ("limits", "named"), [(Limits(tokens=25), "limits.tokens=25"), (Limits(cost_usd=3e-05), "limits.cost_usd=3e-05")]
+)
+async def test_a_token_or_cost_budget_stops_the_agent_at_the_gateway_in_its_apis_shape(tmp_path, agent, limits, named):
+    # The first call solves the task, then the agent keeps looking: 15 tokens
+    # (2e-05 USD) a call, so the second crosses the budget and a third is refused.
+    steps = [_shell(agent, WRITE), _shell(agent, "ls /app"), _shell(agent, "ls /")]
+    server = ModelServer(lambda request: steps[min(_turn(request), 2)])
+    api = "anthropic-messages" if agent == "claude-code" else "openai-responses"
+    result, run_dir = await launch(
+        tmp_path, server, {"agent": agent}, tasks=["hello-file"], api=api, limits=limits, pricing=Pricing(1.0, 2.0)
+    )
+    attempt = details(run_dir)["hello-file"]["attempts"][0]
+    assert len(_posts(server)) == 2  # nothing past the budget reached the upstream
+    assert [(i["severity"], i["code"]) for i in attempt["issues"]] == [("error", "harness_limit_reached")]
+    assert named in attempt["issues"][0]["message"]
+    assert attempt["values"]["reward"] == 1.0  # what the agent did before is scored
+    assert attempt["run_result"]["usage"]["cost_usd"] == pytest.approx(2 * 2e-05)
