@@ -144,3 +144,17 @@ async def test_the_headline_counts_limited_attempts_and_the_score_resting_on_the
     }  # fmt: skip
     summary = (run_dir / "summary.md").read_text()
     assert "2 stopped at a limit; 100% of the reward score rests on tasks with an errored attempt" in summary
+
+
+async def test_compass_show_puts_cost_and_the_headline_beside_the_score(tmp_path):
+    from agentcompass._report._show import render_overview, run_overview
+
+    async with serving(_endless) as server:
+        request = _priced(
+            react_request(server, tmp_path, ["hello-file"], execution=ExecutionSpec(limits=Limits(model_calls=2)))
+        )
+        _, run_dir = await launch(request)
+    shown = render_overview(*run_overview(run_dir))
+    assert "Beside the score: of 1 attempts, 0 invalidated (FATAL, not counted), 1 errored" in shown
+    assert "1 stopped at a limit; 100% of the reward score rests on tasks with an errored attempt" in shown
+    assert f"Cost:   ${2 * CALL_COST:.6f}" in shown

@@ -937,7 +937,7 @@ function message(m, index, callOf, jump) {
     m.step !== undefined ? h("span", null, `step ${m.step}`) : null,
     m.name && role !== "tool" ? h("span", { class: "mono" }, m.name) : null,
     answers,
-    m.usage ? h("span", { class: "usage" }, `${fmt(m.usage.prompt_tokens)} prompt · ${fmt(m.usage.completion_tokens)} completion tokens`) : null,
+    m.usage ? h("span", { class: "usage" }, `${fmt(m.usage.prompt_tokens)} prompt · ${fmt(m.usage.completion_tokens)} completion tokens${typeof m.usage.cost_usd === "number" ? " · " + usd(m.usage.cost_usd) : ""}`) : null,
     m.duration_seconds !== undefined ? h("span", null, secs(m.duration_seconds)) : null,
     role === "tool" ? h("span", { class: "exit badge " + (exit === 0 ? "b-ok" : exit === null ? "" : "b-bad") }, "exit " + (exit === null ? "none" : exit)) : null,
     m.timed_out ? h("span", { class: "badge b-warn" }, "timed out") : null,
