@@ -252,9 +252,8 @@ class RequestRun:
                     if attempt not in landing.durable:
                         await self.save_logs(task_id, attempt, files)
                 await self._save(record, pending.done or {}, landing.durable)
-                for attempt_record in record.attempts:  # after the record: they are a second view of it
-                    if attempt_record.attempt not in landing.durable:
-                        await self.save_atif(task_id, attempt_record)
+                # After the record, never ahead of it in the writer's queue: a second view of it.
+                await self.save_atif(task_id, record)
         except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
             if self.life.tallied:
                 # The request's terminal state is taken: the task is
@@ -290,17 +289,17 @@ class RequestRun:
                 )
         finally:
             landing.landed(record.attempt, durable=durable)
-        if durable:
-            await self.save_atif(task_id, record)
 
-    async def save_atif(self, task_id: str, record: AttemptRecord) -> None:
-        """Write the attempt's trajectory in ATIF when a harness ran it; a
+    async def save_atif(self, task_id: str, record: TaskRecord) -> None:
+        """Write the attempts' trajectories in ATIF where a harness ran them; a
         second view of the record's, so a failure is a log line."""
-        document = atif_of(self.request, task_id, record, self.store.run_dir.name)
-        if document is None:
+        run_id = self.store.run_dir.name
+        documents = {a.attempt: atif_of(self.request, task_id, a, run_id) for a in record.attempts}
+        found = {n: d for n, d in documents.items() if d is not None}
+        if not found:
             return
         try:
-            await self.store.save_agent_trajectory(task_id, record.attempt, document)
+            await self.store.save_agent_trajectories(task_id, found)
         except Exception as exc:  # noqa: BLE001 - the record holds the trajectory
             line = f"could not write the ATIF trajectory of task {task_id!r}: {failure_line(exc)}"
             log.info("atif_not_written", request=self.request.name, task=task_id, error=line)

@@ -314,10 +314,14 @@ class RunStore:
         top = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "logs")
         await self._write([Write(os.path.join(top, *rel.split("/")), data) for rel, data in files.items()])
 
-    async def save_agent_trajectory(self, task_id: str, attempt: int, document: dict[str, Any]) -> None:
-        """Write an attempt's ATIF trajectory, ``tasks/<key>/attempt-<n>/agent/trajectory.json`` (masked)."""
-        path = os.path.join(self._task_dir(task_id), f"attempt-{attempt}", "agent", "trajectory.json")
-        await self._write([Write(path, _mask(_compact(document)).encode())])
+    async def save_agent_trajectories(self, task_id: str, documents: dict[int, dict[str, Any]]) -> None:
+        """Write attempts' ATIF trajectories (attempt -> document) in one batch,
+        ``tasks/<key>/attempt-<n>/agent/trajectory.json``, each masked."""
+        top = self._task_dir(task_id)
+        await self._write([
+            Write(os.path.join(top, f"attempt-{n}", "agent", "trajectory.json"), _mask(_compact(d)).encode())
+            for n, d in documents.items()
+        ])
 
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
         """Write ``details/<severity>/<key>.json``, the task's countable record.
