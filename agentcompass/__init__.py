@@ -35,12 +35,14 @@ from .runtime import GatewaySpec as GatewaySpec
 from .runtime import HarnessFreeBenchmark as HarnessFreeBenchmark
 from .runtime import Issue as Issue
 from .runtime import IssueError as IssueError
+from .runtime import Limits as Limits
 from .runtime import ModelSpec as ModelSpec
 from .runtime import NetworkOverrides as NetworkOverrides
 from .runtime import NetworkPolicy as NetworkPolicy
 from .runtime import Orchestration as Orchestration
 from .runtime import OrchestrationResult as OrchestrationResult
 from .runtime import PreparedTask as PreparedTask
+from .runtime import Pricing as Pricing
 from .runtime import ProviderLimits as ProviderLimits
 from .runtime import RequestResult as RequestResult
 from .runtime import RunBudget as RunBudget

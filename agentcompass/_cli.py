@@ -736,8 +736,10 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
     """Browse runs in a web page (read-only).
 
     RUN_DIR is a run directory, or a directory searched for runs at any depth
-    (default: runs). Serves on 127.0.0.1 until Ctrl-C, or writes the pages
-    as static files with --out."""
+    (default: runs), or an ATIF trajectory file (an attempt's
+    agent/trajectory.json, or one from any other tool), shown on a page of
+    its own. Serves on 127.0.0.1 until Ctrl-C, or writes the pages as static
+    files with --out."""
     import signal
 
     import trio
@@ -748,12 +750,14 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
     from .runtime._errors import ConfigError
 
     paths = list(run_dirs) or [Path("runs")]
+    atif_files = [path.resolve() for path in paths if path.is_file()]
+    paths = [path for path in paths if not path.is_file()]
     for path in paths:
         if not path.is_dir():
             raise ConfigError(f"run directory not found: {path}")
     # Runs at any depth (`make demo` writes to runs/demo/<request>/<run id>), latest first.
     runs = find_runs([run for path in paths for run in find_run_dirs(path)])
-    if not runs:
+    if not runs and not atif_files:
         raise ConfigError(f"no run directory found under {', '.join(str(p) for p in paths)}")
     if out is not None:
         target = out.resolve()
@@ -764,7 +768,7 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
                 raise ConfigError(f"--out {out} holds the run directory {run}; write the pages elsewhere")
         if is_run_dir(target):
             raise ConfigError(f"--out {out} is a run directory; the viewer never writes there")
-        count = write_site(Site(runs, live=False, static=True), target)
+        count = write_site(Site(runs, live=False, static=True, atif_files=atif_files), target)
         click.echo(f"wrote {count} file(s) for {len(runs)} run(s); open {target / 'index.html'}")
         return
 
@@ -772,10 +776,13 @@ def view(run_dirs: Sequence[Path], port: int, out: Path | None) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 try:
-                    url = await nursery.start(serve, Site(runs, live=True, row_budget=ROW_BUDGET_SECONDS), port)
+                    site = Site(runs, live=True, row_budget=ROW_BUDGET_SECONDS, atif_files=atif_files)
+                    url = await nursery.start(serve, site, port)
                 except OSError as exc:
                     raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
                 click.echo(f"serving {len(runs)} run(s) at {url} (Ctrl-C to stop)")
+                for index, file in enumerate(atif_files):
+                    click.echo(f"ATIF {file}: {url}atif/{index}.html")
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     break

@@ -156,6 +156,9 @@ def test_the_responses_and_messages_apis_load_and_pass_preflight(tmp_path: Path,
         ("strategy: pass", "strategy: best", "expected one of 'avg', 'pass', got 'best'"),
         ('["timeout"]', '"timeout"', "expected a list, got 'timeout' @ requests[0].execution.retry_pattern_list"),
         ("task_concurrency: 2", "task_concurrency: 2\n  requests: []", "unknown key 'requests' @ orchestration"),
+        ("max_retries: 1", "max_retries: 1\n      limits: {tokns: 5}", "unknown key 'tokns' @ requests[0].execution.limits"),
+        ("max_retries: 1", "max_retries: 1\n      limits: {cost_usd: -1}", "'cost_usd' must be >= 0: -1.0 @ requests[0].execution.limits"),
+        ("{name: m,", "{name: m, pricing: {input: 1},", "@ requests[1].model.pricing"),
     ],
 )
 def test_unknown_keys_and_bad_types_name_the_path(tmp_path: Path, old: str, new: str, message: str) -> None:

@@ -43,6 +43,9 @@ SPEC_NAMES = {
     "OrchestrationResult",
     "Secret",
     "SandboxSpec",
+    # SPEC 12: budgets and cost
+    "Limits",
+    "Pricing",
     # SPEC 4: component contracts
     "BaseBenchmark",
     "HarnessFreeBenchmark",

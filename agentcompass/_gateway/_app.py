@@ -4,7 +4,9 @@ Routes (any prefix, so ``base_url`` may or may not end in ``/v1``): the
 model's API route (``POST .../chat/completions``, ``.../responses``,
 ``.../messages`` or ``.../models/NAME:generateContent`` and
 ``:streamGenerateContent``, see ``_apis``) is forwarded to the model's endpoint with
-the body exactly as the agent sent it (unknown fields kept; a streamed
+the body exactly as the agent sent it (unknown fields kept; but a
+streamed chat request under a ``tokens`` or ``cost_usd`` budget is given
+``stream_options.include_usage``, without which its tokens are unknown; a streamed
 request is relayed event by event as the upstream sends them), its query
 string (Claude Code's ``?beta=true``) and the API's own request headers
 (``anthropic-version``, ``anthropic-beta``; ``openai-beta``), and the
@@ -41,6 +43,8 @@ import trio
 
 from .._asgi import lifespan
 from .._models import EndpointClient, ModelError
+from .._models._budget import Meter
+from .._models._cost import priced
 from .._models._wire import Parsed, ReplyError
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
@@ -68,14 +72,14 @@ class GatewayApp:
         client: EndpointClient,
         token: str,
         record: GatewayRecord,
-        max_calls: int | None,
+        meter: Meter,
         spec: GatewaySpec | None = None,
     ):
         self.client = client
         self.api = API_OF[client.model.api]
         self.token = token.encode()
         self.record = record
-        self.max_calls = max_calls
+        self.meter = meter
         self.spec = spec or GatewaySpec()
         key = client.model.api_key
         self.secrets = (key.reveal(), token) if key is not None else (token,)
@@ -116,6 +120,8 @@ class GatewayApp:
             return
         messages = api.conversation(parsed)
         streamed = isinstance(parsed, dict) and parsed.get("stream") is True
+        if streamed and api.route == "/chat/completions" and self.meter.counts_usage():
+            body = bytearray(_with_stream_usage(parsed, body))
         del parsed  # the record takes what it keeps; the forwarded body is the buffer itself
         try:
             await self._forward(body, messages, streamed, scope, send)
@@ -145,12 +151,13 @@ class GatewayApp:
         self, body: bytearray, messages: list[dict[str, Any]], streamed: bool, scope: dict[str, Any], send: Any
     ) -> None:
         record, api = self.record, self.api
-        if self.max_calls is not None and record.calls >= self.max_calls:
+        limit = self.meter.admit()
+        if limit is not None:
+            # Answered here, in the API's own shape; the upstream never sees it.
             record.refused += 1
-            record.add_issue(
-                Issue("error", "run", "harness_limit_reached", f"the agent reached max_model_calls={self.max_calls}")
-            )
-            await _json(send, 429, api.error("max_model_calls reached for this attempt", "harness_limit_reached"))
+            message = self.meter.message(limit)
+            record.add_issue(Issue("error", "run", "harness_limit_reached", message))
+            await _json(send, 429, api.error(message, "harness_limit_reached"))
             return
         record.calls += 1
         record.add_request(messages, len(body))
@@ -239,6 +246,8 @@ class GatewayApp:
         reply: Parsed | None = None
         try:
             reply = parse(data)
+            reply = attrs.evolve(reply, usage=priced(reply.usage, self.client.model.pricing))
+            self.meter.charge(reply.usage)
         except ReplyError as exc:
             if exc.code == "model_server_error":
                 error = self.client._error("fatal", exc.code, exc.detail)
@@ -252,6 +261,16 @@ class GatewayApp:
         self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(None, status, trio.current_time() - start)
         await _json(send, status, self.api.error(error.message, error.code))
+
+
+def _with_stream_usage(parsed: dict[str, Any], body: bytes | bytearray) -> bytes | bytearray:
+    """A streamed chat request that asks for its usage: without it a token or
+    cost budget could not count the call (the one field the gateway adds)."""
+    options = parsed.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return body
+    options = dict(options) if isinstance(options, dict) else {}
+    return json.dumps({**parsed, "stream_options": {**options, "include_usage": True}}).encode()
 
 
 async def _json(send: Any, status: int, body: Any) -> None:

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from .._models._client import ToolCall
-from .._models._wire import Parsed, ReplyError, call_entry, count, error_detail, text_of
+from .._models._cost import call_usage
+from .._models._wire import Parsed, ReplyError, call_entry, error_detail, text_of
 
 __all__ = ["conversation", "parse_reply", "parse_stream"]
 
@@ -36,15 +37,10 @@ def _calls(raw: Any) -> list[dict[str, Any]]:
     return calls
 
 
-def _usage(raw: Any) -> dict[str, int]:
-    raw = raw if isinstance(raw, dict) else {}
-    return {key: count(raw.get(key)) for key in ("prompt_tokens", "completion_tokens")}
-
-
 def _parsed(content: str | None, calls: list[dict[str, Any]], usage: Any) -> Parsed:
     if content is None and not calls:
         raise ReplyError("no_valid_output", "the reply has neither content nor tool calls")
-    return Parsed(content, tuple(ToolCall(**call) for call in calls), _usage(usage), None, None)
+    return Parsed(content, tuple(ToolCall(**call) for call in calls), call_usage(usage), None, None)
 
 
 def parse_reply(data: bytes) -> Parsed:

@@ -47,10 +47,11 @@ import trio
 
 from .._asgi import serve_asgi
 from .._models import model_client
+from .._models._budget import Meter, current_meter
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._components import EnvironmentSession
 from ..runtime._errors import IssueError
-from ..runtime._values import ModelSpec
+from ..runtime._values import Limits, ModelSpec
 from ._app import GatewayApp
 from ._bounds import current_gateway
 from ._record import GatewayRecord
@@ -120,8 +121,11 @@ async def open_gateway(
     orchestration's shared client for it
     (:func:`agentcompass.models.model_client`), so this needs a running
     orchestration or ``open_model_clients``; ``api: none`` is FATAL
-    ``setup_failed``. Past ``max_model_calls`` calls
-    the gateway answers HTTP 429 and records ERROR ``harness_limit_reached``.
+    ``setup_failed``. The run's budgets (``ExecutionSpec.limits``, tightened
+    by ``max_model_calls``, an alias of ``limits.model_calls``) hold for
+    the calls through it: once one is used up, each further call is answered
+    HTTP 429 with an error body in the API's shape (never forwarded) and
+    the record gets ERROR ``harness_limit_reached`` naming the limit.
     Raises FATAL ``environment_unsupported`` when the session's provider
     cannot expose a socket. On the way out the server stops at once.
 
@@ -150,7 +154,11 @@ async def open_gateway(
             raise
         record = GatewayRecord(spec=spec)
         token = "acgw-" + secrets.token_urlsafe(24)  # its shape is masked wherever it appears
-        app = GatewayApp(client, token, record, max_model_calls, spec)
+        # The run's meter (the runtime's client and this gateway share its
+        # budgets); outside a run, one of the gateway's own.
+        meter = current_meter() or Meter(Limits())
+        meter.tighten(max_model_calls)
+        app = GatewayApp(client, token, record, meter, spec)
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(serve_asgi, app, listener))
             try:

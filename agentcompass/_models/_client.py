@@ -63,6 +63,8 @@ from .._redact import redact
 from ..runtime._errors import IssueError
 from ..runtime._results import Issue, Phase, Severity
 from ..runtime._values import ModelSpec
+from ._budget import current_meter
+from ._cost import call_usage, priced
 
 if TYPE_CHECKING:
     import httpx
@@ -155,7 +157,26 @@ class EndpointClient:
         """Post ``body`` once (to ``url``, else the client's own); ``read`` a
         complete reply, ``read_stream`` an event stream (when ``stream`` and
         the server streams). Every failure is raised as a classified
-        :class:`ModelError`."""
+        :class:`ModelError`; a call past the run's budgets (``_budget``) is
+        ERROR ``harness_limit_reached`` and is never posted."""
+        meter = current_meter()
+        if meter is not None:
+            limit = meter.admit()
+            if limit is not None:
+                raise ModelError("error", "harness_limit_reached", meter.message(limit))
+        reply = await self._post(body, stream, read, read_stream, url)
+        if meter is not None:
+            meter.charge(reply.usage)
+        return reply
+
+    async def _post(
+        self,
+        body: dict[str, Any],
+        stream: bool,
+        read: Callable[[httpx.Response], Any],
+        read_stream: Callable[[httpx.Response], Awaitable[Any]],
+        url: httpx.URL | None = None,
+    ) -> Any:
         import httpx  # loaded by the pool already; imported here so the contracts load without it
 
         # As httpx's ``json=`` encodes it, with one encoder for every call.
@@ -341,7 +362,6 @@ class ChatClient(EndpointClient):
     def _reply(self, content: str | None, calls: list[ToolCall], usage: Any, finish: Any) -> ChatReply:
         if content is None and not calls:
             raise self._error("error", "no_valid_output", "the reply has neither content nor tool calls")
-        usage = usage if isinstance(usage, dict) else {}
         out: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             out["tool_calls"] = [
@@ -350,10 +370,7 @@ class ChatClient(EndpointClient):
         return ChatReply(
             content=content,
             tool_calls=tuple(calls),
-            usage={
-                "prompt_tokens": _count(usage.get("prompt_tokens")),
-                "completion_tokens": _count(usage.get("completion_tokens")),
-            },
+            usage=priced(call_usage(usage), self.model.pricing),
             finish_reason=finish if isinstance(finish, str) else None,
             message=out,
         )
@@ -377,10 +394,6 @@ def retry_after(value: str | None) -> float | None:
             return None
         seconds = when.timestamp() - time.time()
     return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _name(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from ._client import EndpointClient, ModelError, ToolCall
+from ._cost import priced
 from ._messages_wire import MessagesStream, parse_message
 from ._responses_wire import ResponsesStream, parse_response
 from ._wire import Parsed, ReplyError, SSEReader
@@ -99,7 +100,8 @@ class _NativeClient(EndpointClient):
             parsed = parse()
         except ReplyError as exc:
             raise self._classified(exc) from None
-        return ModelReply(parsed.content, parsed.tool_calls, parsed.usage, parsed.finish_reason, parsed.raw)
+        usage = priced(parsed.usage, self.model.pricing)
+        return ModelReply(parsed.content, parsed.tool_calls, usage, parsed.finish_reason, parsed.raw)
 
     def _classified(self, exc: ReplyError) -> ModelError:
         return self._error("fatal" if exc.code == "model_server_error" else "error", exc.code, exc.detail)

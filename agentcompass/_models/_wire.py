@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from ._client import ToolCall
+from ._cost import call_usage
 
 __all__ = [
     "Parsed", "ReplyError", "SSEReader", "arguments_text", "call_entry", "count", "events_of", "parsed", "text_of",
@@ -58,11 +59,10 @@ def parsed(text: list[str], calls: list[ToolCall], usage: Any, finish: Any, raw:
     content = "".join(text) if text else None
     if content is None and not calls:
         raise ReplyError("no_valid_output", "the reply has neither text nor tool calls")
-    usage = usage if isinstance(usage, dict) else {}
     return Parsed(
         content=content,
         tool_calls=tuple(calls),
-        usage={"prompt_tokens": count(usage.get("input_tokens")), "completion_tokens": count(usage.get("output_tokens"))},
+        usage=call_usage(usage),
         finish_reason=finish if isinstance(finish, str) else None,
         raw=raw,
     )

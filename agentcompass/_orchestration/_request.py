@@ -33,6 +33,7 @@ import attrs
 import trio
 
 from .. import _registry
+from .._atif._attempt import atif_of
 from .._logging import add_json_log, get_logger, remove_json_log
 from .._progress import task_budget
 from .._redact import redact
@@ -258,6 +259,8 @@ class RequestRun:
                     if attempt not in landing.durable:
                         await self.save_logs(task_id, attempt, files)
                 await self._save(record, pending.done or {}, landing.durable)
+                # After the record, never ahead of it in the writer's queue: a second view of it.
+                await self.save_atif(task_id, record)
         except Exception as exc:  # noqa: BLE001 - unclassified: fails this request only (SPEC 7)
             if self.life.tallied:
                 # The request's terminal state is taken: the task is
@@ -293,6 +296,20 @@ class RequestRun:
                 )
         finally:
             landing.landed(record.attempt, durable=durable)
+
+    async def save_atif(self, task_id: str, record: TaskRecord) -> None:
+        """Write the attempts' trajectories in ATIF where a harness ran them; a
+        second view of the record's, so a failure is a log line."""
+        run_id = self.store.run_dir.name
+        documents = {a.attempt: atif_of(self.request, task_id, a, run_id) for a in record.attempts}
+        found = {n: d for n, d in documents.items() if d is not None}
+        if not found:
+            return
+        try:
+            await self.store.save_agent_trajectories(task_id, found)
+        except Exception as exc:  # noqa: BLE001 - the record holds the trajectory
+            line = f"could not write the ATIF trajectory of task {task_id!r}: {failure_line(exc)}"
+            log.info("atif_not_written", request=self.request.name, task=task_id, error=line)
 
     async def save_logs(self, task_id: str, attempt: int, files: dict[str, bytes]) -> None:
         """Write an attempt's kept logs; they are diagnostics, so a failure is a log line, not the request's."""

@@ -21,6 +21,7 @@ go on to collect and evaluate, because the agent's output may still score.
 from __future__ import annotations
 
 import math
+import time
 from functools import partial
 from typing import Any
 
@@ -29,6 +30,7 @@ import trio
 
 from .._gateway._bounds import attempt_gateway
 from .._logging import debug_enabled, get_logger
+from .._models._budget import metering
 from ..runtime._components import BaseEnvironment, HarnessFreeBenchmark
 from ..runtime._errors import ComponentError, IssueError
 from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
@@ -326,13 +328,15 @@ class _Try:
     async def _run(self, env: GuardedSession) -> None:
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         assert self.out.prepared is not None
-        budget = RunBudget(plan.run_timeout_seconds)
+        timeout = plan.run_timeout_seconds
+        limits = ctx.request.execution.limits
+        budget = RunBudget(timeout, limits, None if timeout is None else time.time() + timeout)
         compensation = ctx.request.execution.run_timer_compensation_seconds
         hard_stop = math.inf if plan.run_timeout_seconds is None else plan.run_timeout_seconds + compensation
         self._enter("run")
         start = self.now()
         result: Any = None
-        with _deadline_scope(self.now() + hard_stop) as scope:
+        with _deadline_scope(self.now() + hard_stop) as scope, metering(limits) as meter:
             try:
                 if ctx.harness is not None:
                     where = "harness_run"
@@ -357,6 +361,9 @@ class _Try:
             self._add(issues, result.issues)
             if result.issues:
                 result = attrs.evolve(result, issues=[])
+        limited = meter.issue()
+        if limited is not None and all(i.code != limited.code for i in issues):
+            issues.append(limited)  # a harness that swallowed the refusal still ran into it
         self.out.run_result = result if result is not None else RunResult()
         if self._should_stop(issues):
             raise _Stop

@@ -16,6 +16,7 @@ __all__ = [
     "causes",
     "fmt_metric",
     "fmt_value",
+    "headline_sentence",
     "issue_code",
     "issue_text",
     "metric_cells",
@@ -171,6 +172,21 @@ def severity_counts(records: Sequence[TaskRecord]) -> dict[str, int]:
 def severity_phrase(records: Sequence[TaskRecord]) -> str:
     counts = severity_counts(records)
     return f"{counts['fatal']} invalidated, {counts['error']} with errors, {counts['normal']} normal"
+
+
+def headline_sentence(metrics: dict[str, Any]) -> str | None:
+    """What the official value rests on (``metrics.json`` ``headline``), or None for a run without it."""
+    block = metrics.get("headline")
+    if not isinstance(block, dict) or not block.get("attempts"):
+        return None
+    text = (
+        f"of {block['attempts']} attempts, {block.get('invalidated', 0)} invalidated (FATAL, not counted), "
+        f"{block.get('errored', 0)} errored (ERROR, scored as left), {block.get('limited', 0)} stopped at a limit"
+    )
+    share = block.get("score_share_errored")
+    if isinstance(share, (int, float)) and block.get("series"):
+        text += f"; {share:.0%} of the {block['series']} score rests on tasks with an errored attempt"
+    return text
 
 
 def no_score_sentence(metrics: dict[str, Any], records: Sequence[TaskRecord]) -> str:

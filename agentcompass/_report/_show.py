@@ -19,9 +19,11 @@ from .._store._run_store import run_is_live
 from ._end import display_path, read_json
 from ._format import (
     METRIC_COLUMNS,
+    MISSING,
     attempt_counts,
     attempt_values,
     fmt_metric,
+    headline_sentence,
     issue_text,
     metric_cells,
     no_score_sentence,
@@ -167,6 +169,14 @@ def render_overview(loaded: LoadedRun, view: dict[str, Any]) -> str:
         # Unfinished tasks count as unavailable: the values are of what finished.
         header = ("series", "partial value" if partial else "value", "reference", *METRIC_COLUMNS)
         out += [text_table(header, rows) if rows else "Metrics: no series", ""]
+        honest = headline_sentence(metrics)
+        if honest:
+            out += [f"Beside the score: {honest}"]
+        cost = (metrics.get("usage") or {}).get("cost_usd", MISSING)
+        if cost is not MISSING:
+            out += [f"Cost:   {'unknown (no pricing)' if cost is None else f'${cost:.6f}'}"]
+        if honest or cost is not MISSING:
+            out.append("")
 
     primary = primary_series(metrics, records)
     rows = [

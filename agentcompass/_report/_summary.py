@@ -17,6 +17,7 @@ from ._format import (
     METRIC_COLUMNS,
     MISSING,
     attempt_values,
+    headline_sentence,
     issue_text,
     metric_cells,
     no_score_sentence,
@@ -50,6 +51,9 @@ def render_summary(
     ]
     if metrics.get("evaluation_failed"):
         out += [no_score_sentence(metrics, records), ""]
+    honest = headline_sentence(metrics)
+    if honest:
+        out += [f"- **Beside the score:** {md(honest)}", ""]
 
     out += ["## Metrics", ""]
     series = metrics.get("series", {})
@@ -99,7 +103,9 @@ def _usage_rows(usage: dict[str, Any], prefix: str = "") -> Iterator[list[str]]:
     for key, value in usage.items():
         if isinstance(value, dict):
             yield from _usage_rows(value, f"{prefix}{key}.")
-        else:
+        elif key == "cost_usd":
+            yield [md(f"{prefix}{key}"), "unknown (no pricing)" if value is None else f"${value:.6f}"]
+        elif isinstance(value, (int, float)):
             yield [md(f"{prefix}{key}"), f"{value:,}" if isinstance(value, int) else f"{value:g}"]
 
 

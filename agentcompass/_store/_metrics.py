@@ -28,8 +28,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from .._models._cost import total_cost
 from .._observations import mean, reduce_values
 from ..runtime._results import TaskRecord
+from ._headline import headline
 
 __all__ = ["compute_metrics", "reduce_attempt_values", "reduce_task", "standard_error"]
 
@@ -66,7 +68,9 @@ def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord]
     numeric key of a ``reward.json``). Tasks
     without a category count only in the overall series; categories are sorted.
     ``usage`` sums numeric entries (nested dicts recursively) of every
-    attempt, fatal ones included: they cost tokens too.
+    attempt, fatal ones included: they cost tokens too; its ``cost_usd`` is
+    the sum of the attempts' that made a call, ``null`` when one of them is
+    (a cost unknown is never counted as 0).
     """
     if strategy not in _STRATEGIES:
         raise ValueError(f"unknown attempt strategy {strategy!r}")
@@ -77,17 +81,23 @@ def compute_metrics(metric_names: tuple[str, ...], records: Sequence[TaskRecord]
     rows = [(r.severity, {n: reduce_task(r, n, strategy) for n in names}) for r in records]  # type: ignore[arg-type]
     by_category: dict[str, list[tuple[str, dict[str, float | None]]]] = {}
     usage: dict[str, Any] = {}
+    costs = []
     for record, row in zip(records, rows, strict=True):
         if record.category is not None:
             by_category.setdefault(record.category, []).append(row)
         for attempt in record.attempts:
             if attempt.run_result is not None:
                 _add_usage(usage, attempt.run_result.usage)
+                if _called(attempt.run_result.usage):
+                    costs.append(attempt.run_result.usage.get("cost_usd"))
+    if "calls" in usage:
+        usage["cost_usd"] = total_cost(costs)
     return {
         "evaluation_failed": failed,
         "series": _series(names, rows, failed),
         "categories": {c: {"series": _series(names, by_category[c], failed)} for c in sorted(by_category)},
         "usage": usage,
+        "headline": headline(records, names[0] if names else None, strategy),
     }
 
 
@@ -128,6 +138,10 @@ def standard_error(values: Sequence[float], average: float | None) -> float | No
         return None
     spread = math.sqrt(math.fsum((d / scale) ** 2 for d in deviations) / (n - 1) / n) * scale
     return spread if math.isfinite(spread) else None
+
+
+def _called(usage: Any) -> bool:
+    return isinstance(usage, dict) and isinstance(usage.get("calls"), int) and usage["calls"] > 0
 
 
 def _add_usage(total: dict[str, Any], usage: Any) -> None:

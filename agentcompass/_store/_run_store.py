@@ -326,6 +326,14 @@ class RunStore:
             [Write(os.path.join(top, *rel.split("/")), _redact.redact_bytes(data)) for rel, data in files.items()]
         )
 
+    async def save_agent_trajectories(self, task_id: str, documents: dict[int, dict[str, Any]]) -> None:
+        """Write attempts' ATIF trajectories (attempt -> document) in one batch,
+        ``tasks/<key>/attempt-<n>/agent/trajectory.json``, each masked."""
+        key = task_key(task_id)
+        await self._write(
+            [Write(self.layout.agent_trajectory(key, n), _mask(_compact(d)).encode()) for n, d in documents.items()]
+        )
+
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
         """Write ``details/<severity>/<key>.json``, the task's countable record.
 

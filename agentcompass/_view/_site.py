@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 
 from .._redact import redact_json_text
+from ._atif_page import atif_page
 from ._data import RunData
 from ._trajectory import RawJSON
 
@@ -63,6 +64,7 @@ _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript;
 _ASSETS = ("app.js", "app.css")
 _JS = "text/javascript; charset=utf-8"
 _RUN = re.compile(r"data/(\d+)/run\.js")
+_ATIF = re.compile(r"atif/(\d+)\.html")
 _TASK = re.compile(r"data/(\d+)/task/([a-z0-9._~-]+)\.js")
 _TRAJ = re.compile(r"data/(\d+)/traj/([a-z0-9._~-]+)/(\d+)-(\d+)\.js")
 _LOG = re.compile(r"data/(\d+)/log/([a-z0-9._~-]+)/(\d+)-(\d+)\.js")
@@ -106,8 +108,18 @@ class Site:
     reads every row, as the static site needs. ``static`` lays the data out
     for ``--out``: tasks and trajectory chunks bundled, no server-side search."""
 
-    def __init__(self, run_dirs: list[Path], *, live: bool, row_budget: float | None = None, static: bool = False) -> None:
+    def __init__(
+        self,
+        run_dirs: list[Path],
+        *,
+        live: bool,
+        row_budget: float | None = None,
+        static: bool = False,
+        atif_files: list[Path] | None = None,
+    ) -> None:
         self.runs = [RunData(d) for d in run_dirs]
+        #: ATIF files shown at ``atif/<i>.html`` (``compass view FILE``).
+        self.atif_files = list(atif_files or ())
         self.live = live
         self.row_budget = row_budget
         self.static = static
@@ -120,6 +132,8 @@ class Site:
         if path in _STATIC:
             page = _served_index() if path == "index.html" and not self.static else _static(path)
             return page, _STATIC[path]
+        if (m := _ATIF.fullmatch(path)) and int(m.group(1)) < len(self.atif_files):
+            return atif_page(self.atif_files[int(m.group(1))]), _STATIC["index.html"]
         if m := _RUN.fullmatch(path):
             script = self._run_page(int(m.group(1)), None)
             return (script, _JS) if script is not None else None
@@ -146,6 +160,7 @@ class Site:
         """Every path :meth:`get` answers (but searches and changes since a
         version), for writing the static site to disk or walking the served one."""
         yield from _STATIC
+        yield from (f"atif/{i}.html" for i in range(len(self.atif_files)))
         yield "data/config.js"
         yield "data/runs.js"
         for index, run in enumerate(self.runs):

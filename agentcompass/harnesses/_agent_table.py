@@ -41,7 +41,9 @@ class AgentRun:
     - ``url`` / ``token``: the gateway's base URL (ending in ``/v1``) and the attempt's token;
       ``origin``: the same URL without ``/v1``, for clients that add it themselves;
     - ``model``: the model name to ask the gateway for;
-    - ``instruction``: the task; ``args``: the user's extra CLI arguments.
+    - ``instruction``: the task; ``args``: the user's extra CLI arguments;
+    - ``max_turns``: the attempt's ``limits.model_calls`` (or ``max_model_calls``),
+      for an agent with a turn or step limit of its own (the gateway enforces it anyway).
     """
 
     venv: str
@@ -55,6 +57,7 @@ class AgentRun:
     url: str = '"$AGENTCOMPASS_GATEWAY_URL"'
     origin: str = '"${AGENTCOMPASS_GATEWAY_URL%/v1}"'
     token: str = '"$AGENTCOMPASS_GATEWAY_TOKEN"'
+    max_turns: int | None = None
 
     def script(self, name: str) -> str:
         """The shell text that runs the console script ``name`` of the installation

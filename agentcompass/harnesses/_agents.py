@@ -52,6 +52,8 @@ class MiniSweAgent(InstalledAgent):
         }
         # max_retries: the OpenAI client's own retries under litellm (2 by default).
         settings = ["agent.cost_limit=0", "agent.mode=yolo", "model.model_kwargs.max_retries=0"]
+        if run.max_turns is not None:
+            settings.append(f"agent.step_limit={run.max_turns}")
         return " ".join(
             [
                 *(f"{k}={shlex.quote(v)}" for k, v in env.items()),
@@ -205,6 +207,7 @@ class ClaudeCode(InstalledAgent):
         claude = [
             run.binary("claude"), "-p", "--output-format", "stream-json", "--verbose",
             "--allowedTools=Bash", "--dangerously-skip-permissions",
+            *([] if run.max_turns is None else ["--max-turns", str(run.max_turns)]),
             *(shlex.quote(a) for a in run.args), "--", shlex.quote(run.instruction),
         ]  # fmt: skip
         return "\n".join(

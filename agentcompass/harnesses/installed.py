@@ -11,18 +11,22 @@ Per attempt:
    spent building the entry in this attempt: 0 when it was cached) and
    ``agent_prepare`` (this whole step).
 2. ``run_task``: a model gateway for the attempt is opened
-   (:func:`agentcompass.gateway.open_gateway`, ``max_model_calls``), the
+   (:func:`agentcompass.gateway.open_gateway`: the run's ``limits`` hold
+   there, ``max_model_calls`` being an alias of ``limits.model_calls``), the
    entry's files are written into a fresh agent home, and one ``exec``
    runs the entry's command under the run budget, in the task's working
-   directory, its output kept in ``/logs/agent/agent.log``. Once the
-   gateway has recorded a FATAL model failure the agent gets
+   directory, with ``AGENTCOMPASS_DEADLINE`` (Unix seconds at which the run
+   budget ends) and the model-call budget given to the agent's own step or
+   turn limit where it has one (mini-swe-agent ``agent.step_limit``, Claude
+   Code ``--max-turns``); its output is kept in ``/logs/agent/agent.log``.
+   Once the gateway has recorded a FATAL model failure the agent gets
    :data:`FATAL_GRACE_SECONDS` (its one retry, its logs) and is then stopped:
    some agents' own retries cannot be turned off.
 3. The outcome, in order: the run budget expired: ERROR ``harness_timeout``;
    the gateway recorded a classified model failure: that issue (an
    upstream 5xx is FATAL ``model_server_error`` whatever the agent's exit
-   status: aider exits 0 after failed calls); past ``max_model_calls``:
-   ERROR ``harness_limit_reached``; the agent exited non-zero before any
+   status: aider exits 0 after failed calls); past a budget:
+   ERROR ``harness_limit_reached`` naming it; the agent exited non-zero before any
    model call: FATAL ``harness_crashed`` (it never ran); non-zero after
    calls, or its log says it stopped short: ERROR ``agent_failed`` (or the
    entry's code) with its reason; else success.
@@ -111,7 +115,8 @@ class InstalledHarness(BaseHarness):
         )
         args: list[str] = attrs.field(factory=list, metadata={"doc": "extra command-line arguments for the agent"})
         max_model_calls: int | None = attrs.field(
-            default=None, metadata={"doc": "model calls per attempt; past it the gateway answers 429"}
+            default=None,
+            metadata={"doc": "model calls per attempt, an alias of execution.limits.model_calls (the lower wins)"},
         )
 
     def __init__(self, config: dict[str, Any] | None = None):
@@ -154,6 +159,7 @@ class InstalledHarness(BaseHarness):
             instruction=_instruction(prepared),
             model=session.model.name,
             args=tuple(self.options.args),
+            max_turns=budget.limits.tightened(self.options.max_model_calls).model_calls,
         )
         issues: list[Issue] = []
         start = time.monotonic()
@@ -163,7 +169,7 @@ class InstalledHarness(BaseHarness):
             result = ExecResult(exit_code=-1, stderr=f"stopped {FATAL_GRACE_SECONDS:g}s after a fatal model failure")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_stop_after_failure, record.failed, nursery.cancel_scope)
-                result = await env.exec(script, timeout=budget.timeout_seconds)
+                result = await env.exec(script, timeout=budget.timeout_seconds, env=budget.environment() or None)
                 nursery.cancel_scope.cancel()
         took = time.monotonic() - start
         logs = await _read_logs(env, agent.log_files)

@@ -18,9 +18,13 @@ Config: ``max_steps`` (30, model calls per episode), ``system_prompt`` (a
 built-in one when unset), ``tool_timeout_seconds`` (60), ``max_output_chars``
 (10000).
 
+Each command gets ``AGENTCOMPASS_DEADLINE`` (Unix seconds at which the run
+budget ends) when the run has a timeout.
+
 Outcomes: ``max_steps`` calls without a submission is ERROR
 ``harness_max_iterations``; the run budget (``RunBudget``) expiring is ERROR
-``harness_timeout``; a failed model call is the client's classified issue
+``harness_timeout``; a call past ``execution.limits`` is refused by the
+runtime's client, ERROR ``harness_limit_reached`` naming the limit; a failed model call is the client's classified issue
 (``model_auth``, ``model_timeout``, ...; see ``agentcompass._models``). In
 every case the partial trajectory is kept.
 
@@ -112,6 +116,8 @@ class _Episode:
     done: bool = False
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
+    #: What every command gets (``AGENTCOMPASS_DEADLINE``).
+    environment: dict[str, str] | None = None
 
 
 @register
@@ -152,7 +158,7 @@ class ReactHarness(BaseHarness):
         system = options.system_prompt or DEFAULT_SYSTEM_PROMPT
         instruction = _instruction(prepared)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": instruction}]
-        episode = _Episode(messages, [dict(m) for m in messages])
+        episode = _Episode(messages, [dict(m) for m in messages], environment=budget.environment() or None)
         issues: list[Issue] = []
         deadline = math.inf if budget.timeout_seconds is None else trio.current_time() + budget.timeout_seconds
         with trio.move_on_at(deadline) as scope:
@@ -220,7 +226,7 @@ class ReactHarness(BaseHarness):
             content = "submitted"
         elif call.name == "bash" and isinstance(arguments.get("command"), str):
             timeout = self.options.tool_timeout_seconds
-            result = await session.env.exec(arguments["command"], timeout=timeout)
+            result = await session.env.exec(arguments["command"], timeout=timeout, env=episode.environment)
             exit_code, timed_out = result.exit_code, result.timed_out
             content, truncated = _tool_output(
                 result.stdout, result.stderr, exit_code, timed_out, timeout, self.options.max_output_chars

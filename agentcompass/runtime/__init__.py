@@ -50,11 +50,13 @@ from ._values import ComponentRef as ComponentRef
 from ._values import ExecutionPlan as ExecutionPlan
 from ._values import ExecutionSpec as ExecutionSpec
 from ._values import GatewaySpec as GatewaySpec
+from ._values import Limits as Limits
 from ._values import ModelSpec as ModelSpec
 from ._values import NetworkOverrides as NetworkOverrides
 from ._values import NetworkPolicy as NetworkPolicy
 from ._values import Orchestration as Orchestration
 from ._values import PreparedTask as PreparedTask
+from ._values import Pricing as Pricing
 from ._values import ProviderLimits as ProviderLimits
 from ._values import RunRequest as RunRequest
 from ._values import SandboxSpec as SandboxSpec

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ._values import ExecutionPlan, PreparedTask
+from ._values import ExecutionPlan, Limits, PreparedTask
 
 __all__ = [
     "AttemptRecord",
@@ -62,13 +62,25 @@ class ExecResult:
 
 @attrs.frozen
 class RunBudget:
-    """The agent's time budget for ``run_task``; ``None`` means unbounded.
+    """The agent's budget for ``run_task``; ``None`` means unbounded.
 
-    A harness enforces it itself and reports ERROR ``harness_timeout``; the
-    runtime only stops a run that overruns it by the compensation margin.
+    ``timeout_seconds``: a harness enforces it itself and reports ERROR
+    ``harness_timeout``; the runtime only stops a run that overruns it by the
+    compensation margin. ``deadline``: the same end as Unix seconds (wall
+    clock), which every program the harness runs for the agent gets as
+    ``AGENTCOMPASS_DEADLINE`` (:meth:`environment`). ``limits``: the
+    attempt's budgets (``ExecutionSpec.limits``); the runtime's model client
+    and the model gateway enforce them, and a harness passes them on to an
+    agent that has a switch of its own for one (turns, cost).
     """
 
     timeout_seconds: float | None = None
+    limits: Limits = Limits()
+    deadline: float | None = None
+
+    def environment(self) -> dict[str, str]:
+        """``{"AGENTCOMPASS_DEADLINE": "<Unix seconds>"}``, or ``{}`` with no deadline."""
+        return {} if self.deadline is None else {"AGENTCOMPASS_DEADLINE": f"{self.deadline:.0f}"}
 
 
 @attrs.frozen

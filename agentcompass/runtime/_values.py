@@ -20,12 +20,14 @@ __all__ = [
     "ExecutionPlan",
     "ExecutionSpec",
     "GatewaySpec",
+    "Limits",
     "ModelSpec",
     "NetworkOverrides",
     "NetworkPolicy",
     "NO_HARNESS",
     "Orchestration",
     "PreparedTask",
+    "Pricing",
     "ProviderLimits",
     "RunRequest",
     "SandboxSpec",
@@ -81,6 +83,29 @@ class ComponentRef:
 NO_HARNESS = ComponentRef("none")
 
 
+def _optional(check: Any) -> Any:
+    return attrs.validators.optional(check)
+
+
+@attrs.frozen
+class Pricing:
+    """What a model's tokens cost, in USD per million tokens.
+
+    ``cached_input`` prices the prompt tokens the upstream reports as read
+    from its cache (``None``: priced as ``input``). A call's cost is
+    ``(prompt - cached) * input + cached * cached_input + completion *
+    output``, divided by a million.
+    """
+
+    input: float = attrs.field(validator=attrs.validators.ge(0), metadata={"doc": "USD per million prompt tokens"})
+    output: float = attrs.field(validator=attrs.validators.ge(0), metadata={"doc": "USD per million completion tokens"})
+    cached_input: float | None = attrs.field(
+        default=None,
+        validator=_optional(attrs.validators.ge(0)),
+        metadata={"doc": "USD per million prompt tokens read from the upstream's cache (null: as input)"},
+    )
+
+
 @attrs.frozen
 class ModelSpec:
     """A model endpoint. A request value, not a registered component.
@@ -103,6 +128,7 @@ class ModelSpec:
     params: dict[str, Any] = attrs.Factory(dict)
     timeout_seconds: float | None = None
     max_connections: int | None = None
+    pricing: Pricing | None = None
 
 
 @attrs.frozen
@@ -227,6 +253,46 @@ class GatewaySpec:
 
 
 @attrs.frozen
+class Limits:
+    """Budgets of one attempt's run, enforced on the wire (SPEC 12 "Budgets and cost").
+
+    ``model_calls`` bounds the calls to the model, ``tokens`` their prompt
+    plus completion tokens as the upstream reports them, ``cost_usd`` their
+    cost (from ``ModelSpec.pricing`` or the cost the upstream reports; a call
+    of unknown cost adds nothing). ``None`` leaves a budget open. A call is
+    made while every budget has room; once one is used up, the next call is
+    refused before it reaches the model (the API's own 429 through the
+    gateway, :class:`ModelError` in the runtime's client) and the attempt
+    records ERROR ``harness_limit_reached`` naming the limit; the output so
+    far is scored. The call that crosses ``tokens`` or ``cost_usd`` is
+    answered (its size is known only once it is), so usage may end above
+    the budget by at most that one call.
+    """
+
+    model_calls: int | None = attrs.field(
+        default=None,
+        validator=_optional(attrs.validators.ge(0)),
+        metadata={"doc": "model calls per attempt (null: no limit)"},
+    )
+    tokens: int | None = attrs.field(
+        default=None,
+        validator=_optional(attrs.validators.ge(0)),
+        metadata={"doc": "prompt + completion tokens per attempt, as the upstream reports them (null: no limit)"},
+    )
+    cost_usd: float | None = attrs.field(
+        default=None,
+        validator=_optional(attrs.validators.ge(0)),
+        metadata={"doc": "USD per attempt, from the model's pricing or the upstream's reported cost (null: no limit)"},
+    )
+
+    def tightened(self, model_calls: int | None) -> Limits:
+        """These limits with ``model_calls`` lowered to ``model_calls`` (an alias such as ``max_model_calls``)."""
+        if model_calls is None or (self.model_calls is not None and self.model_calls <= model_calls):
+            return self
+        return attrs.evolve(self, model_calls=model_calls)
+
+
+@attrs.frozen
 class ExecutionSpec:
     """How each task of a request is executed (attempts, retries, timeouts).
 
@@ -287,6 +353,9 @@ class ExecutionSpec:
     )
     gateway: GatewaySpec = attrs.field(
         default=GatewaySpec(), metadata={"doc": "the model gateway's bounds on request bodies and on what is recorded"}
+    )
+    limits: Limits = attrs.field(
+        default=Limits(), metadata={"doc": "budgets per attempt: model_calls, tokens, cost_usd (none by default)"}
     )
 
 

@@ -47,7 +47,7 @@ async def test_a_call_passes_through_unchanged_and_is_recorded(setup):
     assert seen.body == raw  # byte for byte, the unknown field included
     assert seen.headers["authorization"] == f"Bearer {KEY}"
     record = gateway.record
-    assert record.usage.to_dict() == {"prompt_tokens": 7, "completion_tokens": 3, "calls": 1}
+    assert record.usage.to_dict() == {"prompt_tokens": 7, "completion_tokens": 3, "calls": 1, "cost_usd": None}
     assert record.trajectory[0] == {"role": "user", "content": "list files"}
     reply_entry = record.trajectory[1]
     assert reply_entry["role"] == "assistant" and reply_entry["call"] == 1 and reply_entry["status"] == 200
@@ -66,7 +66,7 @@ async def test_a_streamed_call_is_relayed_as_events_and_recorded(setup):
     assert events[-1] == "data: [DONE]" and len(events) > 3
     entry = gateway.record.trajectory[-1]
     assert entry["content"] == "streamed words here"
-    assert gateway.record.usage.to_dict() == {"prompt_tokens": 4, "completion_tokens": 6, "calls": 1}
+    assert gateway.record.usage.to_dict() == {"prompt_tokens": 4, "completion_tokens": 6, "calls": 1, "cost_usd": None}
 
 
 async def test_a_wrong_or_missing_token_is_refused_and_never_forwarded(setup):

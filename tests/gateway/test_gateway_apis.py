@@ -70,7 +70,7 @@ async def test_messages_pass_through_with_beta_query_headers_and_unknown_fields(
     entry = record.trajectory[2]
     assert (entry["role"], entry["call"], entry["status"], entry["content"]) == ("assistant", 1, 200, None)
     assert entry["tool_calls"] == [{"id": "toolu_1", "name": "Bash", "arguments": '{"command": "ls"}'}]
-    assert record.usage.to_dict() == {"prompt_tokens": 10, "completion_tokens": 5, "calls": 1}
+    assert record.usage.to_dict() == {"prompt_tokens": 10, "completion_tokens": 5, "calls": 1, "cost_usd": None}
 
 
 async def test_a_streamed_messages_conversation_records_only_what_each_call_adds(setup):
@@ -103,7 +103,12 @@ async def test_a_streamed_messages_conversation_records_only_what_each_call_adds
     assert trajectory[4]["content"] == "The file says hello." and trajectory[4]["usage"] == {
         "prompt_tokens": 30, "completion_tokens": 6,
     }  # fmt: skip
-    assert gateway.record.usage.to_dict() == {"prompt_tokens": 42, "completion_tokens": 10, "calls": 2}
+    assert gateway.record.usage.to_dict() == {
+        "prompt_tokens": 42,
+        "completion_tokens": 10,
+        "calls": 2,
+        "cost_usd": None,
+    }
     assert gateway.record.issues == []
 
 
@@ -149,7 +154,12 @@ async def test_responses_pass_through_unknown_tool_types_and_record_resent_histo
     assert trajectory[3]["tool_calls"] == [{"id": "call_1", "name": "shell", "arguments": '{"command": ["ls"]}'}]
     assert trajectory[4] == {"role": "tool", "tool_call_id": "call_1", "content": "a.txt b.txt"}
     assert trajectory[5]["content"] == "Done." and trajectory[5]["status"] == 200
-    assert gateway.record.usage.to_dict() == {"prompt_tokens": 250, "completion_tokens": 11, "calls": 2}
+    assert gateway.record.usage.to_dict() == {
+        "prompt_tokens": 250,
+        "completion_tokens": 11,
+        "calls": 2,
+        "cost_usd": None,
+    }
 
 
 @pytest.mark.parametrize(("api", "route"), [("anthropic-messages", "/v1/messages"), ("openai-responses", "/v1/responses")])
@@ -283,7 +293,12 @@ async def test_the_openai_sdk_streams_a_tool_call_through_the_gateway(setup):
     assert second.output_text == "Listed." and "".join(deltas) == "Listed."
     roles = [(e["role"], e.get("call")) for e in gateway.record.trajectory]
     assert roles == [("user", None), ("assistant", 1), ("tool", None), ("assistant", 2)]
-    assert gateway.record.usage.to_dict() == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2}
+    assert gateway.record.usage.to_dict() == {
+        "prompt_tokens": 20,
+        "completion_tokens": 10,
+        "calls": 2,
+        "cost_usd": None,
+    }
 
 
 async def test_a_compressed_upstream_stream_reaches_the_agent_and_the_record_decoded(tmp_path):

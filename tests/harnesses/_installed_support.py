@@ -14,10 +14,12 @@ from agentcompass import (
     AttemptsSpec,
     ComponentRef,
     ExecutionSpec,
+    Limits,
     ModelSpec,
     NetworkOverrides,
     NetworkPolicy,
     Orchestration,
+    Pricing,
     RunRequest,
     Secret,
 )
@@ -42,6 +44,8 @@ async def launch(
     concurrency: int = 2,
     name: str = "installed",
     api: str = "openai-chat",
+    limits: Limits | None = None,
+    pricing: Pricing | None = None,
 ) -> tuple[Any, Path]:
     async with trio.open_nursery() as nursery:
         url = await nursery.start(server.serve)
@@ -53,13 +57,14 @@ async def launch(
             benchmark=ComponentRef("terminal", {"path": str(SMOKE)}),
             harness=ComponentRef("installed", harness),
             environment=ComponentRef(environment, env_config),
-            model=ModelSpec(name="scripted", base_url=url, api_key=Secret(KEY), api=api),
+            model=ModelSpec(name="scripted", base_url=url, api_key=Secret(KEY), api=api, pricing=pricing),
             execution=ExecutionSpec(
                 attempts=AttemptsSpec(k=1),
                 max_retries=max_retries,
                 retry_min_delay_seconds=0.1,
                 retry_max_delay_seconds=0.2,
                 network=NetworkOverrides(run=NetworkPolicy(run_network) if run_network else None),
+                limits=limits or Limits(),
             ),
             task_ids=tasks,
             output_root=tmp_path / "runs",

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from _installed_support import KEY, assistant_turns, details, launch, message_texts
 
+from agentcompass import Limits, Pricing
+from agentcompass._atif import validate
 from agentcompass.testing.model_server import (
     ModelServer,
     RecordedRequest,
@@ -91,7 +93,7 @@ async def test_mini_swe_agent_solves_a_task_offline_through_the_gateway_only(tmp
     calls = [e for e in run_result["trajectory"] if e["role"] == "assistant" and "call" in e]
     assert [c["call"] for c in calls] == [1, 2, 3, 4]
     assert calls[2]["tool_calls"][0]["name"] == "bash" and "hello.txt" in calls[2]["tool_calls"][0]["arguments"]
-    assert run_result["usage"] == {"prompt_tokens": 40, "completion_tokens": 20, "calls": 4}
+    assert run_result["usage"] == {"prompt_tokens": 40, "completion_tokens": 20, "calls": 4, "cost_usd": None}
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["usage"]["prompt_tokens"] == 40 and metrics["usage"]["calls"] == 4
     assert run_result["artifacts"]["agent"]["id"] == "mini-swe-agent"
@@ -103,6 +105,17 @@ async def test_mini_swe_agent_solves_a_task_offline_through_the_gateway_only(tmp
     assert json.loads(kept.read_text())["info"]["exit_status"] == "Submitted"
     assert list(kept.parent.glob("agent.log"))
     assert _files_holding(run_dir, KEY.encode()) == []
+    # Its ATIF trajectory: valid, one agent step per call the gateway forwarded, with that call's usage.
+    (atif,) = run_dir.glob("tasks/*/attempt-0/agent/trajectory.json")
+    document = json.loads(atif.read_text())
+    assert validate(document) == []
+    assert document["agent"]["name"] == "mini-swe-agent" and document["agent"]["version"] == "2.4.6"
+    agent_steps = [s for s in document["steps"] if s["source"] == "agent"]
+    assert len(agent_steps) == len(server.requests) == 4
+    assert [s["extra"]["call"] for s in agent_steps] == [1, 2, 3, 4]
+    assert all(s["metrics"] == {"prompt_tokens": 10, "completion_tokens": 5} for s in agent_steps)
+    assert "hello.txt" in agent_steps[2]["tool_calls"][0]["arguments"]["command"]
+    assert document["final_metrics"]["total_prompt_tokens"] == 40
 
 
 def _aider_edit(path: str, content: str) -> Reply:
@@ -118,6 +131,12 @@ async def test_aider_edits_a_file_to_solve_a_task(tmp_path):
     assert attempt["run_result"]["usage"]["calls"] >= 1
     assert attempt["run_result"]["artifacts"]["agent_exit_code"] == 0
     assert _files_holding(run_dir, KEY.encode()) == []
+    (atif,) = run_dir.glob("tasks/*/attempt-0/agent/trajectory.json")
+    document = json.loads(atif.read_text())
+    assert validate(document) == [] and document["agent"]["name"] == "aider"
+    # aider's prompt holds example turns of its own: copied context, not calls.
+    calls = [s for s in document["steps"] if s["source"] == "agent" and not s.get("is_copied_context")]
+    assert len(calls) == len(server.requests) and all(s["llm_call_count"] == 1 for s in calls)
 
 
 async def test_aider_whose_every_call_failed_is_fatal_model_server_error_though_it_exited_0(tmp_path):
@@ -156,3 +175,24 @@ async def test_max_model_calls_reached_is_error_harness_limit_reached(tmp_path):
     assert codes == [("error", "harness_limit_reached")]
     assert len(server.requests) == 2
     assert attempt["run_result"]["usage"]["calls"] == 2
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"), [(Limits(tokens=40), "limits.tokens=40"), (Limits(cost_usd=5e-05), "limits.cost_usd=5e-05")]
+)
+async def test_a_token_or_cost_budget_stops_mini_swe_agent_at_the_gateway_and_its_work_is_scored(tmp_path, limits, named):
+    # The first step solves the task; then the agent keeps looking. 15 tokens
+    # (2e-05 USD) a call: the third call crosses the budget, the fourth is refused.
+    steps = [_bash("echo 'Hello, world!' > /app/hello.txt"), _bash("ls /app")]
+    server = ModelServer(lambda request: steps[min(assistant_turns(request), 1)])
+    pricing = Pricing(input=1.0, output=2.0)
+    result, run_dir = await launch(
+        tmp_path, server, {"agent": "mini-swe-agent"}, tasks=["hello-file"], limits=limits, pricing=pricing
+    )
+    attempt = _attempt(run_dir, "hello-file")
+    assert len(server.requests) == 3  # no call past the budget reached the upstream
+    assert [(i["severity"], i["code"]) for i in attempt["issues"]] == [("error", "harness_limit_reached")]
+    assert named in attempt["issues"][0]["message"]
+    assert attempt["values"]["reward"] == 1.0  # what the agent did before the budget ran out is scored
+    usage = attempt["run_result"]["usage"]
+    assert usage["calls"] == 3 and usage["cost_usd"] == pytest.approx(3 * 2e-05)

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from _installed_support import KEY, details, launch
 
+from agentcompass import Limits, Pricing
+from agentcompass._atif import validate
 from agentcompass.testing.model_server import ModelServer, RecordedRequest, Reply, by_instruction, episode, error, text
 from agentcompass.testing.model_server import tool_call as _tool_call
 
@@ -93,7 +95,7 @@ async def test_the_agent_solves_a_task_offline_through_the_gateway_only(tmp_path
     # No process environment, command line or file the session can see held the key.
     assert "SCAN-HITS:0:0" in answer["content"]
     # Usage is the gateway's, summed over the two calls (10 + 5 tokens each, scripted).
-    assert run_result["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2}
+    assert run_result["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2, "cost_usd": None}
     assert len(_posts(server)) == 2
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["usage"]["calls"] == 2
@@ -105,6 +107,16 @@ async def test_the_agent_solves_a_task_offline_through_the_gateway_only(tmp_path
     expected = {"claude.jsonl", "session.jsonl"} if agent == "claude-code" else {"codex.jsonl", "rollout.jsonl", "last.txt"}
     assert expected <= kept
     assert _files_holding(run_dir, KEY.encode()) == []
+    # Its ATIF trajectory: valid, one agent step per call the gateway forwarded, with that call's usage.
+    (atif,) = run_dir.glob("tasks/*/attempt-0/agent/trajectory.json")
+    document = json.loads(atif.read_text())
+    assert validate(document) == [] and document["agent"]["name"] == agent
+    agent_steps = [s for s in document["steps"] if s["source"] == "agent"]
+    assert len(agent_steps) == len(_posts(server)) == 2
+    assert [s["metrics"] for s in agent_steps] == [{"prompt_tokens": 10, "completion_tokens": 5}] * 2
+    (shell,) = agent_steps[0]["tool_calls"]
+    assert shell["function_name"] == SHELL[agent][0]
+    assert shell["tool_call_id"] in {r.get("source_call_id") for r in agent_steps[0]["observation"]["results"]}
 
 
 @pytest.mark.parametrize(
@@ -134,3 +146,24 @@ async def test_an_upstream_failure_is_fatal_and_retried_with_a_fresh_agent(tmp_p
         turns = [_turn(r) for r in _posts(server) if needle in r.body.decode(errors="replace")]
         # Try 1: turn 0, then turn 1 failing (and its one retry); try 2 starts over at turn 0.
         assert turns == [0, *[1] * per_try] * 2, turns
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+@pytest.mark.parametrize(
+    ("limits", "named"), [(Limits(tokens=25), "limits.tokens=25"), (Limits(cost_usd=3e-05), "limits.cost_usd=3e-05")]
+)
+async def test_a_token_or_cost_budget_stops_the_agent_at_the_gateway_in_its_apis_shape(tmp_path, agent, limits, named):
+    # The first call solves the task, then the agent keeps looking: 15 tokens
+    # (2e-05 USD) a call, so the second crosses the budget and a third is refused.
+    steps = [_shell(agent, WRITE), _shell(agent, "ls /app"), _shell(agent, "ls /")]
+    server = ModelServer(lambda request: steps[min(_turn(request), 2)])
+    api = "anthropic-messages" if agent == "claude-code" else "openai-responses"
+    result, run_dir = await launch(
+        tmp_path, server, {"agent": agent}, tasks=["hello-file"], api=api, limits=limits, pricing=Pricing(1.0, 2.0)
+    )
+    attempt = details(run_dir)["hello-file"]["attempts"][0]
+    assert len(_posts(server)) == 2  # nothing past the budget reached the upstream
+    assert [(i["severity"], i["code"]) for i in attempt["issues"]] == [("error", "harness_limit_reached")]
+    assert named in attempt["issues"][0]["message"]
+    assert attempt["values"]["reward"] == 1.0  # what the agent did before is scored
+    assert attempt["run_result"]["usage"]["cost_usd"] == pytest.approx(2 * 2e-05)

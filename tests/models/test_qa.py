@@ -68,7 +68,7 @@ async def test_exact_scoring_with_usage_and_categories(tmp_path):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["series"]["correct"]["value"] == 0.5
     assert metrics["categories"]["geo"]["series"]["correct"]["value"] == 1.0
-    assert metrics["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "calls": 2}
+    assert metrics["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "calls": 2, "cost_usd": None}
     assert server.requests[0].json["temperature"] == 0
 
 

@@ -38,7 +38,7 @@ async def test_a_multi_step_episode_solves_a_task_through_real_bash_calls(tmp_pa
     assert attempt["values"] == {"reward": 1.0, "passed": True}  # the verifier saw the file bash wrote
     run = attempt["run_result"]
     assert run["output"] == "wrote hello.txt"
-    assert run["usage"] == {"prompt_tokens": 50, "completion_tokens": 22, "calls": 4}
+    assert run["usage"] == {"prompt_tokens": 50, "completion_tokens": 22, "calls": 4, "cost_usd": None}
 
     trajectory = run["trajectory"]
     assert [m["role"] for m in trajectory] == ["system", "user"] + ["assistant", "tool"] * 4
@@ -82,7 +82,7 @@ async def test_a_multi_step_episode_solves_a_task_through_real_bash_calls(tmp_pa
     }
 
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["usage"] == {"prompt_tokens": 50, "completion_tokens": 22, "calls": 4}
+    assert metrics["usage"] == {"prompt_tokens": 50, "completion_tokens": 22, "calls": 4, "cost_usd": None}
 
 
 async def test_usage_totals_of_the_request_sum_every_attempt(tmp_path):
@@ -91,7 +91,7 @@ async def test_usage_totals_of_the_request_sum_every_attempt(tmp_path):
         request = react_request(server, tmp_path, ["hello-file", "word-count", "csv-total"])
         _, run_dir = await launch(request, task_concurrency=3)
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["usage"] == {"prompt_tokens": 3 * 13, "completion_tokens": 3 * 6, "calls": 6}
+    assert metrics["usage"] == {"prompt_tokens": 3 * 13, "completion_tokens": 3 * 6, "calls": 6, "cost_usd": None}
     assert len(server.requests) == 6
     for record in details(run_dir).values():
         assert record["attempts"][0]["run_result"]["output"] == "done"

@@ -124,7 +124,14 @@ function statusClass(s) {
   return "";
 }
 function badge(s, extra) { return h("span", { class: "badge " + statusClass(s) + (extra ? " " + extra : "") }, s); }
-function card(k, v, s) { return h("div", { class: "card" }, h("div", { class: "k" }, k), h("div", { class: "v" }, v), s ? h("div", { class: "s" }, s) : null); }
+function card(k, v, s, id) { return h("div", { class: "card", id: id || null }, h("div", { class: "k" }, k), h("div", { class: "v" }, v), s ? h("div", { class: "s" }, s) : null); }
+// A cost in USD; null is unknown (no pricing), never shown as 0.
+function usd(v) { return v === null || v === undefined ? "unknown" : "$" + Number(v).toFixed(v >= 1 ? 2 : 6); }
+function headlineCard(hl) {
+  if (!hl || !hl.attempts) return null;
+  const share = hl.score_share_errored === null || hl.score_share_errored === undefined ? "" : ` · ${Math.round(hl.score_share_errored * 100)}% of the ${hl.series} score on errored attempts`;
+  return card("limits hit", `${fmt(hl.limited)}`, `of ${fmt(hl.attempts)} attempts · ${fmt(hl.invalidated)} invalidated · ${fmt(hl.errored)} errored${share}`, "headline");
+}
 function panel(title, ...body) { return h("section", { class: "panel" }, title ? h("h2", null, title) : null, ...body); }
 function outcome(v) { return v === null || v === undefined ? "none" : v >= 1 ? "pass" : "fail"; }
 const FOLD_CHARS = 1500, FOLD_LINES = 24;
@@ -498,6 +505,8 @@ function runSummary(i, data, pickCode) {
     card("severity", `${fatal} / ${error}`, "fatal / error tasks"),
     card("wall time", secs(elapsed), `started ${when(hd.started_at)}`),
     card("tokens", fmt((usage.prompt_tokens || 0) + (usage.completion_tokens || 0)), `${fmt(usage.prompt_tokens || 0)} prompt · ${fmt(usage.completion_tokens || 0)} completion · ${fmt(usage.calls || 0)} calls`),
+    "calls" in usage ? card("cost", usd(usage.cost_usd), usage.cost_usd === null ? "no pricing for the model" : "USD, all attempts", "cost") : null,
+    headlineCard(m && m.headline),
     card("retries", fmt(data.retries), "extra tries across all attempts"),
     hd.model ? card("model", hd.model, "") : null);
   const out = [h("h1", null, hd.name, " ", h("span", { class: "muted mono" }, hd.run_id)), score, cards];
@@ -549,6 +558,7 @@ async function showAttempt(i, key, attemptIndex) {
     card("retries", fmt(attempt.retries || 0), "extra tries"),
     card("time", secs(Object.values(attempt.timings || {}).reduce((a, b) => a + (typeof b === "number" ? b : 0), 0)), "sum of phases"),
     card("tokens", fmt((usage.prompt_tokens || 0) + (usage.completion_tokens || 0)), `${fmt(usage.prompt_tokens || 0)} prompt · ${fmt(usage.completion_tokens || 0)} completion · ${fmt(usage.calls || 0)} calls`),
+    "calls" in usage ? card("cost", usd(usage.cost_usd), "USD, this attempt", "attempt-cost") : null,
     card("trajectory", fmt(rr.trajectory_steps || 0), `messages · ${fmt(rr.tool_calls || 0)} tool calls`));
   const issues = (attempt.issues || []).length
     ? h("table", { class: "t", id: "issues" }, h("tr", null, ["severity", "phase", "code", "message"].map((c) => h("th", null, c))),
@@ -927,7 +937,7 @@ function message(m, index, callOf, jump) {
     m.step !== undefined ? h("span", null, `step ${m.step}`) : null,
     m.name && role !== "tool" ? h("span", { class: "mono" }, m.name) : null,
     answers,
-    m.usage ? h("span", { class: "usage" }, `${fmt(m.usage.prompt_tokens)} prompt · ${fmt(m.usage.completion_tokens)} completion tokens`) : null,
+    m.usage ? h("span", { class: "usage" }, `${fmt(m.usage.prompt_tokens)} prompt · ${fmt(m.usage.completion_tokens)} completion tokens${typeof m.usage.cost_usd === "number" ? " · " + usd(m.usage.cost_usd) : ""}`) : null,
     m.duration_seconds !== undefined ? h("span", null, secs(m.duration_seconds)) : null,
     role === "tool" ? h("span", { class: "exit badge " + (exit === 0 ? "b-ok" : exit === null ? "" : "b-bad") }, "exit " + (exit === null ? "none" : exit)) : null,
     m.timed_out ? h("span", { class: "badge b-warn" }, "timed out") : null,

@@ -89,7 +89,7 @@ async def test_mini_swe_agent_solves_a_task_in_a_container_offline_through_the_g
     run_result = attempt["run_result"]
     calls = [e for e in run_result["trajectory"] if e["role"] == "assistant" and "call" in e]
     assert [c["call"] for c in calls] == [1, 2, 3, 4]
-    assert run_result["usage"] == {"prompt_tokens": 40, "completion_tokens": 20, "calls": 4}
+    assert run_result["usage"] == {"prompt_tokens": 40, "completion_tokens": 20, "calls": 4, "cost_usd": None}
     assert json.loads((run_dir / "metrics.json").read_text())["usage"]["calls"] == 4
     assert all(r.headers["authorization"] == f"Bearer {KEY}" for r in server.requests)
     (kept,) = run_dir.glob("tasks/*/attempt-0/logs/agent/trajectory.json")
@@ -145,6 +145,6 @@ async def test_claude_code_and_codex_solve_a_task_in_a_container_offline_through
     assert [c["name"] for c in calls] == [SHELL[agent][0]]
     (answer,) = [e for e in run_result["trajectory"] if e["role"] == "tool"]
     assert "INTERFACES:1" in answer["content"] and "SCAN-HITS:0:0" in answer["content"]
-    assert run_result["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2}
+    assert run_result["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2, "cost_usd": None}
     key_header = "x-api-key" if agent == "claude-code" else "authorization"
     assert all(KEY in r.headers[key_header] for r in server.requests if r.method == "POST")
