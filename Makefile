@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 # What the sandbox provider (bubblewrap, iproute2, nftables, util-linux), the docker
 # provider's tests (docker.io, debootstrap), the installed agents' cache (python3,
 # python3-venv; npm unless one is on PATH already) and the viewer's browser tests
-# (chromium, chromium-driver) need from the system.
-SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux docker.io debootstrap python3 python3-venv chromium chromium-driver
+# (chromium, chromium-driver) need from the system; docker-registry serves the sandbox's
+# daemonless image pull a registry on loopback in its tests.
+SYSTEM_PACKAGES := bubblewrap iproute2 nftables util-linux docker.io debootstrap python3 python3-venv chromium chromium-driver docker-registry
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
