@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._store._formats import Undetermined, upgrade
 from .._store._index import task_row
 from .._store._keys import task_key
 from .._store._layout import SEVERITIES, RunLayout, has_run_info, is_run_dir
@@ -458,6 +459,7 @@ class RunData:
                     return cached[1]
             try:
                 value, chars = read_record(path, lambda attempt, index: self.layout.chunk(key, attempt, index))
+                value = _current_shape(value)
                 with self._lock:
                     self.records_read += 1
             finally:
@@ -477,6 +479,14 @@ class RunData:
     def _discarded(self, key: str) -> list[dict[str, Any]]:
         """Discarded tries of every attempt, in attempt then try order."""
         return read_retries(self.layout, key)
+
+
+def _current_shape(record: Any) -> Any:
+    """A record of any results format as the store reads it (``_formats``): the viewer shows what ``show`` does."""
+    try:
+        return upgrade(record, "record")
+    except Undetermined:  # shown as written: the store does not reuse it, the viewer still lists it
+        return record
 
 
 def _task_id_of(attempts: list[dict[str, Any]]) -> str | None:
