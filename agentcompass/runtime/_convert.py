@@ -291,6 +291,8 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
         return f"unknown key {keys}"
     if isinstance(exc, KeyError):
         return "required key missing"
+    if isinstance(exc, (ValueError, TypeError)) and exc.args and isinstance(exc.args[0], str) and len(exc.args) > 1:
+        return exc.args[0].splitlines()[0]  # attrs' validators: (message, attribute, ...), the message alone
     if isinstance(exc, (ValueError, TypeError)) and str(exc):
         return str(exc).splitlines()[0]
     return cattrs.v.format_exception(exc, type_)

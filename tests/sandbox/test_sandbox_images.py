@@ -29,7 +29,7 @@ from agentcompass_docker.base import BASE_IMAGE
 from agentcompass_sandbox import SandboxEnvironment, _images
 
 import agentcompass
-from agentcompass import ExecutionPlan, NetworkPolicy, SandboxSpec
+from agentcompass import ComponentError, ExecutionPlan, IssueError, NetworkPolicy, SandboxSpec
 from agentcompass.testing import EnvironmentConformance, hang_guard
 
 REPO = Path(agentcompass.__file__).resolve().parents[1]
@@ -170,6 +170,49 @@ async def test_a_later_provider_reuses_the_root_without_a_daemon(docker_daemon: 
         finally:
             await session.close()
         assert (later.images.builds, later.images.cache.unpacks) == (0, 0)
+
+
+#: A registry nothing listens on: the pull fails at once, as behind a firewall.
+UNREACHABLE = "127.0.0.1:9/none/x:1"
+
+
+async def test_image_source_builds_the_context_of_an_image_that_cannot_be_had(
+    docker_daemon: Any, image_cache: str, tmp_path: Path
+) -> None:
+    """SPEC 12 "Image source", as under docker: ``build`` and
+    ``prebuilt_else_build`` (one WARNING per provider) run over the build,
+    ``prebuilt`` is FATAL ``image_build_failed`` naming the image."""
+    context = tmp_path / "environment"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo context > /opt/from-context\n")
+    spec = plan(image=UNREACHABLE, build_context=context)
+
+    async def opened(env: SandboxEnvironment) -> tuple[str, list[tuple[str, str, str]]]:
+        session = await env.open(env.build_config(spec), NONE, name=new_tag())
+        try:
+            issues = [(i.severity, i.code, i.message) for i in session.open_issues]
+            return (await session.exec("cat /opt/from-context")).stdout, issues
+        finally:
+            await session.close()
+
+    with hang_guard(300):
+        built = SandboxEnvironment(config(docker_daemon, image_cache, pull="missing", image_source="build"))
+        assert await opened(built) == ("context\n", [])
+        fallback = SandboxEnvironment(
+            config(docker_daemon, image_cache, pull="missing", image_source="prebuilt_else_build")
+        )
+        output, issues = await opened(fallback)
+        assert output == "context\n"
+        [(severity, code, message)] = issues
+        assert (severity, code) == ("warning", "image_built_instead") and UNREACHABLE in message
+        assert await opened(fallback) == ("context\n", [])  # once per provider, that is per request
+        prebuilt = SandboxEnvironment(config(docker_daemon, image_cache, pull="missing"))
+        with pytest.raises(IssueError) as caught:
+            await prebuilt.open(prebuilt.build_config(spec), NONE, name=new_tag())
+        assert (caught.value.severity, caught.value.code) == ("fatal", "image_build_failed")
+        assert UNREACHABLE in caught.value.message
+    with pytest.raises(ComponentError, match=r"^environment 'sandbox': 'image_source' must be in .*'sometimes'"):
+        SandboxEnvironment({"image_source": "sometimes"})
 
 
 def _launch(config_path: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:

@@ -335,6 +335,27 @@ class ImageMaker:
         except OSError as exc:
             raise image_failed(f"image of task {task_id!r}: {exc}") from None
 
+    async def task_root(
+        self, task_id: str, image: str | None, context: str | None, source: str = "prebuilt"
+    ) -> tuple[ImageRoot, str | None]:
+        """The root of a task that may name both an image and a build
+        context, chosen as ``source`` says (``prebuilt``: the image;
+        ``build``: the context's build; ``prebuilt_else_build``: the image,
+        else, when it cannot be had, the build), and why the build was made
+        instead of the image (its first line), else ``None``. FATAL
+        ``image_build_failed`` as :meth:`root`."""
+        if image is None or context is None:
+            return await self.root(task_id, image, context), None
+        if source == "build":
+            return await self.root(task_id, None, context), None
+        try:
+            return await self.root(task_id, image, None), None
+        except IssueError as exc:
+            if source != "prebuilt_else_build" or exc.code != "image_build_failed":
+                raise
+            reason = exc.message.splitlines()[0]
+        return await self.root(task_id, None, context), reason
+
     async def _through_daemon(self, task_id: str, reference: str, image: str | None, context: str | None) -> ImageRoot:
         images = self._daemon()
         from agentcompass_docker import EngineError

@@ -12,7 +12,16 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from agentcompass import BaseEnvironment, ComponentError, ExecutionPlan, IssueError, NetworkPolicy, netpolicy, register
+from agentcompass import (
+    BaseEnvironment,
+    ComponentError,
+    ExecutionPlan,
+    Issue,
+    IssueError,
+    NetworkPolicy,
+    netpolicy,
+    register,
+)
 from agentcompass.runtime import cleanup_deadline
 
 from . import _host, _pool
@@ -92,7 +101,11 @@ class SandboxEnvironment(BaseEnvironment):
     kept), ``docker_host`` (the Docker-compatible daemon that builds and
     pulls; ``DOCKER_HOST``, else ``unix:///var/run/docker.sock``) and
     ``pull`` (``missing``: ``always``, ``missing``, ``never``) and
-    ``pull_from`` (``daemon``, or ``registry``: no daemon at all): see the
+    ``pull_from`` (``daemon``, or ``registry``: no daemon at all) and
+    ``image_source`` (for a task that names an image and ships a build
+    context: ``prebuilt`` the image, ``build`` the context,
+    ``prebuilt_else_build`` the context when the image cannot be had, with
+    one WARNING ``image_built_instead`` per request; ``prebuilt``): see the
     section on images in ``docs/sandbox.md``. Needs root, ``bwrap``, ``nsenter`` and ``nft``; :meth:`preflight` says which is missing. See ``docs/sandbox.md``.
     """
 
@@ -149,12 +162,21 @@ class SandboxEnvironment(BaseEnvironment):
             validator=attrs.validators.in_(("daemon", "registry")),
             metadata={"doc": "who pulls a named image: the daemon at docker_host, or the registry client (no daemon)"},
         )
+        image_source: str = attrs.field(
+            default="prebuilt",
+            validator=attrs.validators.in_(("prebuilt", "build", "prebuilt_else_build")),
+            metadata={
+                "doc": "a task with an image and a build context: prebuilt (the image), build (the context), "
+                "prebuilt_else_build (build when the image cannot be had, one WARNING image_built_instead)"
+            },
+        )
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
         if self.options.images:
             self.features = self.image_features  # type: ignore[misc]
         self._maker: ImageMaker | None = None
+        self._built_instead = False  # the WARNING image_built_instead is said once per provider (per request)
 
     @property
     def images(self) -> ImageMaker:
@@ -210,7 +232,7 @@ class SandboxEnvironment(BaseEnvironment):
         if self.options.images and (spec.image is not None or spec.build_context is not None):
             if spec.workdir is not None and not spec.workdir.startswith("/"):
                 raise ComponentError(f"task {plan.task_id!r}: workdir {spec.workdir!r} is not an absolute path")
-            context = os.fspath(spec.build_context) if spec.build_context is not None and spec.image is None else None
+            context = os.fspath(spec.build_context) if spec.build_context is not None else None
             return ImagePlan(
                 options, plan.task_id, spec.image, context, spec.build_timeout_seconds, spec.workdir, spec.user
             )
@@ -245,8 +267,9 @@ class SandboxEnvironment(BaseEnvironment):
         except ComponentError as exc:
             raise fail(str(exc)) from None
         image = user = None
+        issues: tuple[Issue, ...] = ()
         if image_plan is not None:
-            image, user = await self._image_root(image_plan)
+            image, user, issues = await self._image_root(image_plan)
         # Every session borrows a network namespace made ahead (see _pool):
         # with a veth when it starts with egress, with loopback only under none.
         pool = _pool.current(veth=policy.mode != "none")
@@ -265,6 +288,7 @@ class SandboxEnvironment(BaseEnvironment):
             user=user,
             workdir=None if image_plan is None else image_plan.workdir,
         )
+        session.open_issues = issues
         try:
             await session.start(policy)
         except BaseException:
@@ -273,16 +297,23 @@ class SandboxEnvironment(BaseEnvironment):
             raise
         return session
 
-    async def _image_root(self, plan: ImagePlan) -> tuple[Any, tuple[int, int] | None]:
-        """The image's root (made once, see :mod:`._images`) and the plan's
-        user in it; FATAL ``setup_timeout`` past ``build_timeout_seconds``."""
+    async def _image_root(self, plan: ImagePlan) -> tuple[Any, tuple[int, int] | None, tuple[Issue, ...]]:
+        """The image's root (made once, see :mod:`._images`; chosen per
+        ``image_source``), the plan's user in it and the open's WARNING
+        ``image_built_instead``; FATAL ``setup_timeout`` past ``build_timeout_seconds``."""
         bound = plan.build_timeout_seconds
         with trio.move_on_after(math.inf if bound is None else bound):
-            root = await self.images.root(plan.task_id, plan.image, plan.build_context)
+            source = self.options.image_source
+            root, reason = await self.images.task_root(plan.task_id, plan.image, plan.build_context, source)
+            issues: tuple[Issue, ...] = ()
+            if reason is not None and not self._built_instead:
+                self._built_instead = True
+                message = f"{reason}; built the task's build context instead (image_source prebuilt_else_build)"
+                issues = (Issue("warning", "setup", "image_built_instead", message),)
             if plan.user is None:
-                return root, None
+                return root, None, issues
             try:
-                return root, await trio.to_thread.run_sync(resolve_user, root.rootfs, plan.user)
+                return root, await trio.to_thread.run_sync(resolve_user, root.rootfs, plan.user), issues
             except ImageFormatError as exc:
                 raise IssueError("fatal", "environment_failed", f"task {plan.task_id!r}: {exc}") from None
         what = plan.image or plan.build_context
