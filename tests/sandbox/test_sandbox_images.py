@@ -51,6 +51,10 @@ def config(daemon: Any, cache: str, **extra: Any) -> dict[str, Any]:
     return {"docker_host": daemon.host, "pull": "never", "image_cache": cache, **extra}
 
 
+#: The docker tests' image with python3 in it.
+PYTHON_IMAGE = Path(__file__).resolve().parents[2] / "plugins" / "docker" / "tests" / "images" / "python3"
+
+
 def plan(**sandbox: Any) -> ExecutionPlan:
     spec = SandboxSpec(**{"image": BASE_IMAGE, **sandbox})
     return ExecutionPlan("images", 0, agentcompass.ComponentRef("sandbox"), sandbox=spec)
@@ -129,9 +133,11 @@ async def test_a_daemon_planted_reward_scores_nothing_in_the_private_run(docker_
 @pytest.mark.parametrize("check", EnvironmentConformance.CHECKS)
 async def test_sandbox_with_images_conforms(docker_daemon: Any, image_cache: str, check: str) -> None:
     env = SandboxEnvironment(config(docker_daemon, image_cache))
+    # The gateway checks' in-session client (and the gateway's forwarder) need python3.
+    image = docker_daemon.test_image("test-python3", PYTHON_IMAGE) if check.startswith("gateway_") else BASE_IMAGE
     kit = EnvironmentConformance(
         env,
-        plan=plan(),
+        plan=plan(image=image),
         # An image the daemon lacks, with pull "never": open fails before making anything.
         failing_config=attrs.evolve(env.build_config(plan()), image="agentcompass/absent:1"),
         count_sandboxes=lambda: overlays(image_cache),
