@@ -76,7 +76,7 @@ async def test_a_call_with_the_token_as_key_query_is_passed_through_with_the_rea
     entry = record.trajectory[2]
     assert (entry["role"], entry["call"], entry["status"], entry["content"]) == ("assistant", 1, 200, None)
     assert entry["tool_calls"] == [{"id": "c1", "name": "run_shell", "arguments": '{"command": "ls"}'}]
-    assert record.usage.to_dict() == {"prompt_tokens": 10, "completion_tokens": 5, "calls": 1}
+    assert record.usage.to_dict() == {"prompt_tokens": 10, "completion_tokens": 5, "calls": 1, "cost_usd": None}
 
 
 async def test_a_streamed_conversation_is_relayed_as_events_and_records_what_each_call_adds(setup):
@@ -111,7 +111,7 @@ async def test_a_streamed_conversation_is_relayed_as_events_and_records_what_eac
     assert trajectory[1]["tool_calls"] == [{"id": "c9", "name": "read_file", "arguments": '{"path": "hello.txt"}'}]
     assert trajectory[2] == {"role": "tool", "tool_call_id": "c9", "content": '{"output": "hello"}'}
     assert trajectory[3]["content"] == "The file says hello."
-    assert gateway.record.usage.to_dict() == {"prompt_tokens": 42, "completion_tokens": 10, "calls": 2}
+    assert gateway.record.usage.to_dict() == {"prompt_tokens": 42, "completion_tokens": 10, "calls": 2, "cost_usd": None}
     assert gateway.record.issues == []
 
 
@@ -236,4 +236,4 @@ async def test_the_google_genai_sdk_drives_a_tool_call_through_the_gateway(setup
     assert gateway.record.trajectory[1]["tool_calls"] == [
         {"id": "c5", "name": "run_shell", "arguments": '{"command": "ls"}'}
     ]
-    assert gateway.record.usage.to_dict() == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2}
+    assert gateway.record.usage.to_dict() == {"prompt_tokens": 20, "completion_tokens": 10, "calls": 2, "cost_usd": None}

@@ -93,6 +93,7 @@ async def test_the_agent_solves_a_task_offline_through_the_gateway_only(tmp_path
         "prompt_tokens": 10 * count,
         "completion_tokens": 5 * count,
         "calls": count,
+        "cost_usd": None,  # no pricing: unknown, never 0
     }
     # The upstream got the real key; the agent only ever had its attempt's token.
     header = "x-goog-api-key" if API[agent] == "google-generate-content" else "authorization"

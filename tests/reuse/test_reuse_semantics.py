@@ -9,6 +9,7 @@ run directory (what was copied, retried or resumed). Mock time is exact (see
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import attrs
@@ -361,9 +362,20 @@ async def test_an_interrupted_reuse_run_keeps_what_it_reused(autojump_clock, tmp
     first_dir = await _cancelled_first_run(request, tmp_path)
     saved = {(t, i) for t, indices in checkpoints(first_dir).items() for i in indices}
     since = len(call_log("cut2").calls)
-    with trio.move_on_after(1) as scope:
-        await launch_one(reuse_of(request))
-    assert scope.cancelled_caught
+
+    def second_started() -> bool:
+        return started_attempts("cut2", "b", since) == [2] and started_attempts("cut2", "c", since) == [1]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(launch_one, reuse_of(request))
+        # Cut run 2 once it started its tasks. Checkpoints only: the clock does
+        # not move meanwhile, so no task can finish, however long the run's
+        # own work in threads takes in real time.
+        real_deadline = time.monotonic() + 60
+        while not second_started():
+            assert time.monotonic() < real_deadline, "run 2 did not start b and c"
+            await trio.lowlevel.checkpoint()
+        nursery.cancel_scope.cancel()
     # Run 2 queued its tasks and started them (b on its attempt 2, c on its 1),
     # and finished none of them.
     [second_dir] = [d for d in (tmp_path / "cut2").iterdir() if d != first_dir]

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import structlog
 import trio
 
 import agentcompass
@@ -130,16 +131,18 @@ def test_an_undetermined_record_runs_again_counted_once_and_an_unreadable_file_i
     assert list(loaded.undetermined) == ["t001"] and "details/error/t001.json" in loaded.undetermined["t001"]
     assert any("details/normal/t000.json" in note for note in loaded.notes)
 
-    result = trio.run(agentcompass.launch, Orchestration([_request(tmp_path / "new", run_dir)]))
+    # The events as logged (the run's log.jsonl holds them only where no
+    # earlier code of this process configured structlog its own way).
+    with structlog.testing.capture_logs() as events:
+        result = trio.run(agentcompass.launch, Orchestration([_request(tmp_path / "new", run_dir)]))
     new_dir = Path(result.requests[0].run_dir)
     ran = sorted({c.task_id for c in call_log("fixture").calls if c.component == "harness"})
     assert ran == ["t000", "t001"]
     notes = json.loads(Path(RunLayout(new_dir).run_info).read_bytes())["notes"]
     counted = [n for n in notes if "run again" in n]
     assert len(counted) == 1 and counted[0].startswith("reuse: 1 task(s) run again")
-    warnings = [json.loads(line) for line in Path(RunLayout(new_dir).log).read_text().splitlines()]
-    [warning] = [w for w in warnings if w.get("event") == "reuse_unreadable_file"]
-    assert warning["level"] == "warning" and warning["file"].endswith("details/normal/t000.json")
+    [warning] = [e for e in events if e.get("event") == "reuse_unreadable_file"]
+    assert warning["log_level"] == "warning" and warning["file"].endswith("details/normal/t000.json")
 
 
 def test_a_record_without_severity_takes_its_issues_worst_and_old_retry_files_are_read(tmp_path: Path) -> None:
