@@ -13,10 +13,11 @@ __all__ = ["atif_of"]
 
 def atif_of(request: RunRequest, task_id: str, record: AttemptRecord, run_id: str) -> dict[str, Any] | None:
     """The attempt's trajectory in ATIF; None when no harness ran it (a
-    harness-free benchmark) or it has no run result."""
+    harness-free benchmark), it has no run result, or its harness recorded
+    no step (a document of no steps would say nothing the record does not)."""
     plan, result = record.plan, record.run_result
     harness = request.harness.id if plan is None else plan.harness.id
-    if harness == "none" or result is None or not isinstance(result.trajectory, list):
+    if harness == "none" or result is None or not isinstance(result.trajectory, list) or not result.trajectory:
         return None
     from .. import __version__
 
