@@ -20,7 +20,13 @@ ROUTES = {
     "openai-chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
     "openai-responses": ("/v1/responses", {"input": "hi"}),
     "anthropic-messages": ("/v1/messages", {"max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}),
+    "google-generate-content": (
+        "/v1beta/models/scripted:generateContent",
+        {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+    ),
 }
+#: Gemini streams on a route of its own, not on a body field.
+GEMINI_STREAM = "/v1beta/models/scripted:streamGenerateContent?alt=sse"
 
 
 def _client(gateway) -> httpx.AsyncClient:
@@ -29,6 +35,8 @@ def _client(gateway) -> httpx.AsyncClient:
 
 
 def _error_type(api: str, body: dict) -> str:
+    if api == "google-generate-content":  # Google's shape: a status, not a type
+        return "harness_limit_reached" if body["error"]["status"] == "RESOURCE_EXHAUSTED" else ""
     return body["error"]["type"] if api != "anthropic-messages" or body.get("type") == "error" else ""
 
 
@@ -41,7 +49,10 @@ async def test_past_a_token_or_cost_budget_the_call_is_refused_in_the_apis_shape
     server, model, env = await setup([text(str(n)) for n in range(6)], api)
     model = attrs.evolve(model, pricing=Pricing(input=1.0, output=2.0))  # 10 + 5 tokens: 2e-05 USD a call
     route, body = ROUTES[api]
-    body = {"model": "scripted", **body, **({"stream": True} if stream else {})}
+    if api == "google-generate-content":
+        route = GEMINI_STREAM if stream else route
+    else:
+        body = {"model": "scripted", **body, **({"stream": True} if stream else {})}
     with metering(limits) as meter:
         async with open_gateway(env, model) as gateway, _client(gateway) as client:
             headers = {"authorization": f"Bearer {gateway.token}", "x-api-key": gateway.token}
