@@ -3,17 +3,18 @@
 ``python -m agentcompass.testing._gateway_load CALLS MIB LIMIT_MIB`` starts,
 in this one process, an upstream that reads and drops every body, a
 ``local`` session, and a gateway whose ``max_body_bytes`` is ``LIMIT_MIB``;
-it then posts ``CALLS`` chat requests of ``MIB`` MiB each through the
-gateway's socket and prints one JSON line: the statuses, the process's
+a client process of its own (an agent's place: what it buffers is not the
+runtime's) then posts ``CALLS`` chat requests of ``MIB`` MiB each through the
+gateway's socket. It prints one JSON line: the statuses, this process's
 resident size before the first call, its peak after the third call and
-after the last (``ru_maxrss``), in KiB, and what the gateway recorded. The request
-body is made once, before the baseline, so the growth is the gateway's.
+after the last (``ru_maxrss``), in KiB, and what the gateway recorded.
 """
 
 from __future__ import annotations
 
 import json
 import resource
+import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -22,6 +23,9 @@ import httpx
 import trio
 
 from .._asgi import lifespan, listen, serve_asgi
+
+#: This module, for its client process (run as ``__main__`` it has no other name).
+_MODULE = "agentcompass.testing._gateway_load"
 
 _REPLY = json.dumps(
     {
@@ -65,10 +69,9 @@ async def run(calls: int, mib: float, limit_mib: float) -> dict[str, Any]:
     from ..gateway import open_gateway
     from ..models import open_model_clients
 
-    # Made in one piece: no larger transient than the body itself before the baseline.
-    body = b'{"model": "m", "messages": [{"role": "user", "content": "%s"}]}' % (b"x" * int(mib * 1024 * 1024))
+    size = int(mib * 1024 * 1024)
     spec = GatewaySpec(max_body_bytes=int(limit_mib * 1024 * 1024))
-    statuses = []
+    statuses: list[Any] = []
     with tempfile.TemporaryDirectory() as root:
         async with trio.open_nursery() as nursery, open_model_clients(4):
             listener = listen()
@@ -79,22 +82,28 @@ async def run(calls: int, mib: float, limit_mib: float) -> dict[str, Any]:
             try:
                 with attempt_gateway("acload0000", spec):
                     async with open_gateway(env, model) as gateway:
-                        transport = httpx.AsyncHTTPTransport(uds=gateway.socket_path)
-                        auth = {"Authorization": f"Bearer {gateway.token}", "Content-Type": "application/json"}
-                        async with httpx.AsyncClient(
-                            transport=transport, base_url="http://gateway/v1", timeout=120
-                        ) as client:
-                            await client.get("/models", headers=auth)
-                            baseline = resident_kib()
-                            early = None
-                            for n in range(calls):
-                                if n == min(3, calls):
-                                    early = peak_kib()
-                                try:
-                                    reply = await client.post("/chat/completions", content=body, headers=auth)
-                                    statuses.append(reply.status_code)
-                                except httpx.TransportError as exc:  # a 413 may cut the upload short
-                                    statuses.append(type(exc).__name__)
+                        baseline = resident_kib()
+                        early: int | None = None
+                        command = [sys.executable, "-m", _MODULE, "--client", gateway.socket_path, gateway.token]
+                        proc = await trio.lowlevel.open_process(
+                            [*command, str(calls), str(size)], stdout=subprocess.PIPE
+                        )
+                        assert proc.stdout is not None
+                        pending = b""
+                        try:
+                            while chunk := await proc.stdout.receive_some():
+                                *lines, pending = (pending + chunk).split(b"\n")
+                                for line in lines:
+                                    if line == b"3":  # the client's mark: three calls answered
+                                        early = peak_kib()
+                                    elif line:
+                                        statuses.append(json.loads(line))
+                        except BaseException:
+                            proc.kill()
+                            raise
+                        finally:
+                            with trio.move_on_after(10, shield=True):
+                                await proc.wait()
                         record = gateway.record
             finally:
                 await env.close()
@@ -104,7 +113,7 @@ async def run(calls: int, mib: float, limit_mib: float) -> dict[str, Any]:
         "baseline_kib": baseline,
         "peak_kib": peak_kib(),
         "peak_after_3_kib": early,
-        "body_bytes": len(body),
+        "body_bytes": size + len(b'{"model": "m", "messages": [{"role": "user", "content": ""}]}'),
         "recorded_bytes": record.recorded_bytes,
         "cut_bytes": record.cut_bytes,
         "calls": record.calls,
@@ -112,7 +121,27 @@ async def run(calls: int, mib: float, limit_mib: float) -> dict[str, Any]:
     }
 
 
+def _client(socket_path: str, token: str, calls: int, size: int) -> None:
+    """The agent's side: ``calls`` posts of a ``size``-byte body, a status (or
+    the transport error's name) a line, and the line ``3`` after the third."""
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "%s"}]}' % (b"x" * size)
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    transport = httpx.HTTPTransport(uds=socket_path)
+    with httpx.Client(transport=transport, base_url="http://gateway/v1", timeout=120) as client:
+        for n in range(calls):
+            try:
+                status: Any = client.post("/chat/completions", content=body, headers=auth).status_code
+            except httpx.TransportError as exc:  # a 413 may cut the upload short
+                status = type(exc).__name__
+            print(json.dumps(status), flush=True)
+            if n == 2:
+                print("3", flush=True)
+
+
 def main(argv: list[str]) -> None:
+    if argv[0] == "--client":
+        _client(argv[1], argv[2], int(argv[3]), int(argv[4]))
+        return
     calls, mib, limit = int(argv[0]), float(argv[1]), float(argv[2])
     print(json.dumps(trio.run(run, calls, mib, limit)))
 
