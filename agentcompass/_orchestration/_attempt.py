@@ -95,13 +95,9 @@ async def run_attempt(
         outcome = TryOutcome()
         outcome.task_issues.append(classify(exc, "prepare_task", "setup", outcome.diagnostics))
         return _record(index, outcome, None, 0)
-    # SPEC 5 step 1: the plan is durable in the attempt's directory before its environment opens.
-    try:
-        await reporter.attempt_plan(task.task_id, index, plan)
-    except Exception as exc:
-        outcome = TryOutcome()
-        outcome.task_issues.append(classify(exc, "prepare_task", "setup", outcome.diagnostics))
-        return _record(index, outcome, plan, 0)
+    # SPEC 5 step 1 (the plan durable in the attempt's directory before its
+    # environment opens) is the try's, once it holds its permit: written here,
+    # the wait for the disk would reorder the tasks queued for capacity.
     mode = plan.evaluation_environment_mode
     retries = 0
     scope = "attempt"

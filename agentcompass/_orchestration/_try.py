@@ -227,6 +227,7 @@ class _Try:
         await grants.acquire_capacity(provider, holder)
         try:
             await grants.open_token(provider)
+            await self._write_plan(phase, issues)
             session = TrackedSession(ctx, phase=phase, grace=self.grace, issues=issues, diagnostics=self.out.diagnostics)
             try:
                 await body(session)
@@ -239,6 +240,17 @@ class _Try:
                     self._trace("close", closing, session=session.session_id)
         finally:
             grants.release_capacity(provider, holder)
+
+    async def _write_plan(self, phase: Phase, issues: list[Issue]) -> None:
+        """Make the plan durable in the attempt's directory before its
+        environment opens (SPEC 5 step 1; again on a retry, the same plan).
+        Written once the permit is held, so tasks reach the capacity queue in
+        their dispatch order; a plan that cannot be written opens nothing."""
+        try:
+            await self.ctx.reporter.attempt_plan(self.task.task_id, self.plan.attempt, self.plan)
+        except Exception as exc:
+            issues.append(classify(exc, "prepare_task", phase, self.out.diagnostics))
+            raise _Stop from None
 
     async def _task_stage(self, config: Any, session: TrackedSession) -> None:
         """Steps 2-6 in the task Environment (evaluation only in ``reuse`` mode)."""

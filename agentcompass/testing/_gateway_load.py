@@ -7,7 +7,7 @@ a client process of its own (an agent's place: what it buffers is not the
 runtime's) then posts ``CALLS`` chat requests of ``MIB`` MiB each through the
 gateway's socket. It prints one JSON line: the statuses, this process's
 resident size before the first call, its peak after the third call and
-after the last (``ru_maxrss``), in KiB, and what the gateway recorded.
+after the last (``VmHWM``), in KiB, and what the gateway recorded.
 """
 
 from __future__ import annotations
@@ -52,8 +52,14 @@ async def _sink(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def peak_kib() -> int:
-    """This process's peak resident size so far, in KiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """This process's peak resident size so far, in KiB: its memory's own
+    high-water mark (``VmHWM``; ``ru_maxrss`` would count the parent's image a
+    fork left before ``exec``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def resident_kib() -> int:
