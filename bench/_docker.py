@@ -25,9 +25,27 @@ import trio
 from agentcompass import ComponentRef, ExecutionPlan, NetworkPolicy, SandboxSpec
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def open_close_series(env: Any, config: Any, tag: str, sessions: int, concurrency: int) -> list[float]:
+    """Seconds of each of ``sessions`` opens and closes of ``config``, ``concurrency`` at a time."""
+    durations: list[float] = []
+    limiter = trio.CapacityLimiter(concurrency)
+
+    async def one(i: int) -> None:
+        async with limiter:
+            started = time.perf_counter()
+            session = await env.open(config, NetworkPolicy("full"), f"{tag}-{i}")
+            await session.close()
+            durations.append(time.perf_counter() - started)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(sessions):
+            nursery.start_soon(one, i)
+    return durations
 
 
 def docker_open_close(
@@ -58,21 +76,9 @@ def docker_open_close(
             result["first_open_with_build_s"] = time.perf_counter() - t0
             result["first_run_builds"] = env.images.builds
 
-            durations: list[float] = []
-            limiter = trio.CapacityLimiter(concurrency)
-
-            async def one(i: int) -> None:
-                async with limiter:
-                    started = time.perf_counter()
-                    session = await env.open(config, NetworkPolicy("full"), f"{tag}-{i}")
-                    await session.close()
-                    durations.append(time.perf_counter() - started)
-
-            async with trio.open_nursery() as nursery:
-                for i in range(sessions):
-                    nursery.start_soon(one, i)
+            durations = await open_close_series(env, config, tag, sessions, concurrency)
             result["open_close_median_ms"] = statistics.median(durations) * 1e3
-            result["open_close_p95_ms"] = _percentile(durations, 0.95) * 1e3
+            result["open_close_p95_ms"] = percentile(durations, 0.95) * 1e3
 
             await first.exec("true")  # warm
             trips = []
@@ -82,7 +88,7 @@ def docker_open_close(
                 trips.append(time.perf_counter() - started)
                 assert done.exit_code == 0
             result["exec_median_ms"] = statistics.median(trips) * 1e3
-            result["exec_p95_ms"] = _percentile(trips, 0.95) * 1e3
+            result["exec_p95_ms"] = percentile(trips, 0.95) * 1e3
 
             cli = shutil.which("docker")
             if cli is not None:

@@ -23,26 +23,11 @@ import trio
 
 from agentcompass import ComponentRef, ExecutionPlan, NetworkPolicy, SandboxSpec
 
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+from ._docker import open_close_series, percentile
 
 
 async def _series(env: Any, config: Any, tag: str, sessions: int, concurrency: int, execs: int) -> dict[str, float]:
-    durations: list[float] = []
-    limiter = trio.CapacityLimiter(concurrency)
-
-    async def one(i: int) -> None:
-        async with limiter:
-            started = time.perf_counter()
-            session = await env.open(config, NetworkPolicy("full"), f"{tag}-{i}")
-            await session.close()
-            durations.append(time.perf_counter() - started)
-
-    async with trio.open_nursery() as nursery:
-        for i in range(sessions):
-            nursery.start_soon(one, i)
+    durations = await open_close_series(env, config, tag, sessions, concurrency)
     session = await env.open(config, NetworkPolicy("full"), f"{tag}-x")
     try:
         await session.exec("true")  # warm
@@ -56,7 +41,7 @@ async def _series(env: Any, config: Any, tag: str, sessions: int, concurrency: i
         await session.close()
     return {
         "open_close_median_ms": statistics.median(durations) * 1e3,
-        "open_close_p95_ms": _percentile(durations, 0.95) * 1e3,
+        "open_close_p95_ms": percentile(durations, 0.95) * 1e3,
         "exec_median_ms": statistics.median(trips) * 1e3,
     }
 
