@@ -306,15 +306,15 @@ class DockerEnvironment(BaseEnvironment):
             raise
         return session
 
-    def _not_private(self) -> None:
-        """Say once per provider (per run) that the verifier runs beside the agent's processes."""
+    def _not_private(self, reason: str) -> None:
+        """Say once per provider (per run) that the verifier runs beside the agent's processes, and why."""
         if self._private_warned:
             return
         self._private_warned = True
         log.warning(
             "verifier_not_private",
-            message="under docker the verifier runs in the container beside the processes the agent left running "
-            "(no private run): one of them can change its tests or its reward (docs/docker.md, threat model)",
+            message=f"under docker the verifier runs in the container beside the processes the agent left running "
+            f"(no private run: {reason}): one of them can change its tests or its reward (docs/docker.md, threat model)",
         )
 
     async def _built(self, config: OpenConfig) -> ImageReport:

@@ -42,7 +42,7 @@ from agentcompass.runtime import (
     exec_keeping_tails,
 )
 
-from . import _expose
+from . import _expose, _private
 from ._api import Engine, EngineError, demultiplex
 from ._archive import first_member
 from ._container import ContainerSpec, create_failed, storage_unsupported
@@ -108,7 +108,7 @@ class DockerSession(EnvironmentSession):
     _labels: Iterator[int] = attrs.Factory(itertools.count)
     _closed: bool = False
     _close_lock: trio.Lock = attrs.Factory(trio.Lock)
-    #: Called each time a caller asks for a private run this session cannot give (the provider says so once).
+    #: Called with the reason each time a private run cannot be made here (the provider says so once).
     on_not_private: Any = None
 
     @property
@@ -125,7 +125,13 @@ class DockerSession(EnvironmentSession):
     # -- opening -----------------------------------------------------------
 
     async def start(
-        self, image: str, spec: ContainerSpec, policy: NetworkPolicy, *, expose: bool = False, storage_optional: bool = False
+        self,
+        image: str,
+        spec: ContainerSpec,
+        policy: NetworkPolicy,
+        *,
+        expose: bool = False,
+        storage_optional: bool = False,
     ) -> None:
         """Create the network and the container, apply ``policy``, start it.
         With ``storage_optional``, a daemon that cannot limit storage gets a
@@ -437,14 +443,27 @@ class DockerSession(EnvironmentSession):
         max_bytes: int,
         inputs: Mapping[str, bytes] | None = None,
     ) -> tuple[ExecResult, dict[str, bytes]]:
-        """Not offered (a Docker exec cannot get a mount or pid namespace of
-        its own): raises :exc:`NotImplementedError`, so the caller falls back
-        to :meth:`exec` and :meth:`read_file`, after the provider has said
-        once in the run's log that a process the agent left running can race
-        that verifier (docs/docker.md, "Threat model")."""
-        if self.on_not_private is not None:
-            self.on_not_private()
-        raise NotImplementedError
+        """Run ``cmd`` as :meth:`exec` does, with ``directory`` and the
+        inputs' directories private (see
+        :meth:`agentcompass.EnvironmentSession.exec_private`).
+
+        Made from the host (``_private``) where the daemon runs on this host
+        and the runtime is root: the command is in the container's
+        namespaces but its pid one, its cgroups and confinement (user,
+        capabilities, no_new_privs, seccomp filters), in a pid namespace and
+        over a root no process of the container can see or reach. Elsewhere
+        :exc:`NotImplementedError`, so the caller falls back to :meth:`exec`
+        and :meth:`read_file`, after the provider has said once in the run's
+        log why and that a process the agent left running can race that
+        verifier (docs/docker.md, "Threat model")."""
+        try:
+            return await _private.exec_private(
+                self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes, inputs=inputs
+            )
+        except _private.NotLocal as exc:
+            if self.on_not_private is not None:
+                self.on_not_private(str(exc))
+            raise NotImplementedError(f"docker session {self.name}: no private run here: {exc}") from None
 
     # -- network -----------------------------------------------------------
 

@@ -1,0 +1,417 @@
+"""Private runs under ``docker``: the verifier beside the agent's processes, out of their reach.
+
+A Docker exec cannot have a mount or pid namespace of its own, and any
+process the agent left running (root in the container, as the verifier)
+that can *see* the verifier's processes can reach their files through
+``/proc/<pid>/root``. So where the daemon runs on this host (the runtime is
+root and the container's init is one of this host's processes: its cgroup
+names the container), the run is made from the host, as under ``sandbox``,
+by :data:`agentcompass.runtime.PRIVATE_INIT_SCRIPT`:
+
+1. The script joins the container's cgroups, copies its init's seccomp
+   filters (by ``ptrace``, while the init's pidfd shows it alive), then its
+   mount, UTS, IPC, network and cgroup namespaces by descriptors opened
+   while the daemon reported that init; never its pid namespace.
+2. A private copy of the mounts and a new pid namespace, a child of the
+   host's: no process of the container can see or name anything in it.
+3. A new root the runtime's alone: each of the container's top-level
+   entries bound into it, a fresh ``/proc``, and on the directory holding
+   ``directory`` (``/logs``) and on each directory of the inputs (``/tests``)
+   fresh tmpfses whose descriptors come back to the runtime, which writes
+   the inputs and later reads the private directory through them.
+4. The command runs as an exec in the container would: the container's
+   user, environment and working directory, its capability bounding set,
+   no_new_privs and seccomp filters; everything it leaves ends with it.
+
+Elsewhere (a remote daemon, a user namespace remapped, an AppArmor or
+SELinux label the runtime cannot apply, not root) :func:`target` says why
+not, and the session raises :exc:`NotImplementedError`: the caller falls
+back to ``exec`` and ``read_file``, after the provider says once in the
+run's log that the agent's processes can race that verifier.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import select
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from agentcompass import ExecResult, FileRefusedError, IssueError
+from agentcompass.runtime import (
+    PRIVATE_INIT_SCRIPT,
+    PRIVATE_MAX_ENTRIES,
+    PRIVATE_TMPFS_MIN_BYTES,
+    OutputTail,
+    cleanup_deadline,
+    collect_private_files,
+    private_directory_parts,
+    private_input_bytes,
+    private_input_groups,
+    receive_private_ready,
+    send_private_config,
+    write_private_inputs,
+)
+
+if TYPE_CHECKING:
+    from ._session import DockerSession
+
+#: The private tmpfs's source name prefix (then the session's name): how anyone finds it in a mount listing.
+SOURCE_PREFIX = "agentcompass-private-"
+#: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
+TIMEOUT_EXIT_CODE = 124
+# How much of /etc/passwd and /etc/group of the container is read to find its user.
+_ACCOUNTS_BYTES = 1 << 20
+_CHUNK = 65536
+# After the run's own process exits, how long output a background process holds is still read.
+_DRAIN_SECONDS = 0.5
+_NAMESPACES = ("mnt", "uts", "ipc", "net", "cgroup")
+# Userland directories bound first, so no number of names the agent made pushes them out.
+_FIRST_ENTRIES = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "sys", "tmp", "run", "var")
+
+
+@attrs.frozen
+class Target:
+    """The container's init as this host sees it: what a private run enters and copies."""
+
+    pid: int
+    pidfd: int
+    fds: dict[str, int]
+    cgroup_procs: list[str]
+    bounding: int
+    no_new_privs: bool
+    seccomp: bool
+
+    def close(self) -> None:
+        for fd in (self.pidfd, *self.fds.values()):
+            os.close(fd)
+
+
+class NotLocal(Exception):
+    """Why no private run can be made for this container (one line)."""
+
+
+def target(container_id: str, info: Mapping[str, Any]) -> Target:
+    """Blocking: the container's init from the daemon's ``info``
+    (``GET /containers/<id>/json``), its descriptors opened while its pidfd
+    shows it alive and its cgroup names the container; :class:`NotLocal`
+    when this host cannot make the run (the caller closes the result)."""
+    if os.geteuid() != 0:
+        raise NotLocal("the runtime is not root")
+    pid = (info.get("State") or {}).get("Pid") or 0
+    if not isinstance(pid, int) or pid <= 0:
+        raise NotLocal("the daemon reports no process for the container")
+    if info.get("AppArmorProfile") and _apparmor_enabled():
+        raise NotLocal(f"the container runs under the AppArmor profile {info['AppArmorProfile']!r}")
+    if info.get("ProcessLabel"):
+        raise NotLocal("the container runs under an SELinux label")
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        raise NotLocal("the container's process is not one of this host's") from None
+    fds: dict[str, int] = {}
+    try:
+        cgroup = _read(f"/proc/{pid}/cgroup")
+        if container_id not in cgroup:
+            raise NotLocal("the container's process is not one of this host's (its cgroup does not name it)")
+        if os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino:
+            raise NotLocal("the container has a user namespace of its own (the daemon remaps users)")
+        for ns in _NAMESPACES:
+            fds[ns] = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
+        status = _status(_read(f"/proc/{pid}/status"))
+        procs = cgroup_procs(cgroup, _read("/proc/self/mountinfo"))
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if poller.poll(0):  # readable: it has exited, the numbers may be anyone's
+            raise NotLocal("the container's process has exited")
+    except BaseException as exc:
+        for fd in (pidfd, *fds.values()):
+            os.close(fd)
+        if isinstance(exc, OSError):
+            raise NotLocal(f"the container's process cannot be entered: {exc}") from None
+        raise
+    return Target(
+        pid=pid,
+        pidfd=pidfd,
+        fds=fds,
+        cgroup_procs=procs,
+        bounding=int(status.get("CapBnd", "0"), 16),
+        no_new_privs=status.get("NoNewPrivs", "0") == "1",
+        seccomp=status.get("Seccomp", "0") != "0",
+    )
+
+
+def cgroup_procs(cgroup: str, mountinfo: str) -> list[str]:
+    """The host paths of the ``cgroup.procs`` files a process whose
+    ``/proc/<pid>/cgroup`` is ``cgroup`` is in, by the hierarchies mounted
+    here (``mountinfo``: ``/proc/self/mountinfo``); one per hierarchy, those
+    not mounted left out."""
+    v1: dict[frozenset[str], str] = {}
+    v2: str | None = None
+    for line in mountinfo.splitlines():
+        before, _, after = line.partition(" - ")
+        fields, extra = before.split(), after.split()
+        if len(fields) < 5 or len(extra) < 3:
+            continue
+        if fields[3] != "/":
+            continue  # a bind of a part of the hierarchy: its paths are not the process's
+        point = fields[4].replace("\\040", " ")
+        if extra[0] == "cgroup2":
+            v2 = v2 or point
+        elif extra[0] == "cgroup":
+            options = set(extra[2].split(","))
+            v1.setdefault(frozenset(o.removeprefix("name=") for o in options), point)
+    paths: list[str] = []
+    for line in cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if not path.startswith("/") or ".." in path.split("/"):
+            continue
+        if hierarchy == "0" and not controllers:
+            point = v2
+        else:
+            names = {c.removeprefix("name=") for c in controllers.split(",")}
+            point = next((p for options, p in v1.items() if names <= options), None)
+        if point is not None:
+            paths.append(posixpath.join(point, path.lstrip("/"), "cgroup.procs"))
+    return paths
+
+
+def _status(text: str) -> dict[str, str]:
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in text.splitlines())}
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as file:
+        return file.read(1 << 20)
+
+
+def _apparmor_enabled() -> bool:
+    try:
+        return _read("/sys/module/apparmor/parameters/enabled").strip() == "Y"
+    except OSError:
+        return False
+
+
+def account(user: str, passwd: str, group: str) -> tuple[int, int, list[int], str]:
+    """``(uid, gid, groups, home)`` of the container's ``User`` (``""``,
+    ``name``, ``uid``, ``name:group`` or ``uid:gid``) by its ``/etc/passwd``
+    and ``/etc/group``, as Docker resolves an exec's user; :class:`NotLocal`
+    for a name it lacks."""
+    name, _, grp = (user or "0").partition(":")
+    entries = [line.split(":") for line in passwd.splitlines() if line.count(":") >= 6]
+    found = next((e for e in entries if e[0] == name or (name.isdigit() and e[2] == name)), None)
+    if found is None and not name.isdigit():
+        raise NotLocal(f"the container's user {name!r} is not in its /etc/passwd")
+    uid = int(name) if name.isdigit() else int(found[2]) if found else 0
+    gid = int(found[3]) if found and found[3].isdigit() else 0 if found is None and uid == 0 else uid
+    home = found[5] if found else ("/root" if uid == 0 else "/")
+    groups_list = [line.split(":") for line in group.splitlines() if line.count(":") >= 3]
+    if grp:
+        chosen = next((g for g in groups_list if g[0] == grp or (grp.isdigit() and g[2] == grp)), None)
+        if chosen is None and not grp.isdigit():
+            raise NotLocal(f"the container's group {grp!r} is not in its /etc/group")
+        gid = int(grp) if grp.isdigit() else int(chosen[2]) if chosen else gid
+    login = found[0] if found else None
+    extra = [int(g[2]) for g in groups_list if g[2].isdigit() and login and login in g[3].split(",")]
+    return uid, gid, sorted({gid, *extra}), home
+
+
+async def exec_private(
+    session: DockerSession,
+    cmd: str | list[str],
+    timeout: float | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    *,
+    directory: str,
+    max_bytes: int,
+    inputs: Mapping[str, bytes] | None,
+) -> tuple[ExecResult, dict[str, bytes]]:
+    """:meth:`DockerSession.exec_private` (the mechanism in the module
+    docstring); :class:`NotLocal` when this host cannot make it."""
+    container = session._check_open()
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    top, sub = private_directory_parts(directory)
+    groups = private_input_groups(inputs, top)
+    info = await session.engine.request("GET", f"/containers/{container}/json")
+    config = info.get("Config") or {}
+    passwd, group = await _accounts(session)
+    uid, gid, supplementary, home = account(str(config.get("User") or ""), passwd, group)
+    found = await trio.to_thread.run_sync(target, str(info.get("Id") or container), info)
+    held: int | None = None
+    held_inputs: list[int] = []
+    try:
+        again = await session.engine.request("GET", f"/containers/{container}/json")
+        if (again.get("State") or {}).get("Pid") != found.pid:
+            raise IssueError("fatal", "environment_failed", f"docker session {session.name}: the container restarted")
+        variables = dict(v.split("=", 1) for v in config.get("Env") or [] if "=" in v)
+        variables.setdefault("HOME", home)
+        variables.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        variables.update(env or {})
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel = trio.socket.from_stdlib_socket(ours)
+        try:
+            fds = {**found.fds}
+            run_config = {
+                "fds": fds,
+                "top": top,
+                "sub": sub,
+                "size": max(PRIVATE_TMPFS_MIN_BYTES, 2 * max_bytes),
+                "source": SOURCE_PREFIX + session.name,
+                "userland": [],
+                "reserved": [],
+                "session_entries": list(_FIRST_ENTRIES),
+                "host_uid": uid,
+                "inside_uid": uid,
+                "max_entries": PRIVATE_MAX_ENTRIES,
+                "inputs": [[name, private_input_bytes(g)] for name, g in groups.items()],
+                "home": "",
+                "home_size": 0,
+                "program": None,
+                "argv": ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd],
+                "env": variables,
+                "confine": {
+                    "cgroup_procs": found.cgroup_procs,
+                    "pid": found.pid,
+                    "pidfd": found.pidfd,
+                    "seccomp": found.seccomp,
+                    "no_new_privs": found.no_new_privs,
+                    "bounding": found.bounding,
+                    "uid": uid,
+                    "gid": gid,
+                    "groups": supplementary,
+                    "cwd": session._path(cwd or "."),
+                },
+            }
+            argv = [sys.executable, "-I", "-S", str(PRIVATE_INIT_SCRIPT), str(theirs.fileno())]
+            try:
+                proc = await trio.lowlevel.open_process(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                    pass_fds=(found.pidfd, *fds.values(), theirs.fileno()),
+                )
+            except BaseException as exc:
+                channel.close()
+                if isinstance(exc, OSError):
+                    raise IssueError(
+                        "fatal", "environment_failed", f"docker session {session.name}: no private run: {exc}"
+                    ) from None
+                raise
+        finally:
+            theirs.close()
+            found.close()
+        started = False
+
+        async def hand_over() -> None:
+            nonlocal held, held_inputs, started
+            await send_private_config(channel, run_config)
+            said, received = await receive_private_ready(channel)
+            held, held_inputs = (received[0], received[1:]) if received else (None, [])
+            if said == b"ready\n" and held is not None and len(held_inputs) == len(groups):
+                try:
+                    await trio.to_thread.run_sync(
+                        write_private_inputs, held_inputs, list(groups.values()), (uid, gid), abandon_on_cancel=False
+                    )
+                except OSError as exc:
+                    raise IssueError(
+                        "fatal",
+                        "environment_failed",
+                        f"docker session {session.name}: could not write the inputs: {exc}",
+                    ) from None
+                started = True
+                try:
+                    await channel.send(b"go\n")
+                except OSError:
+                    pass  # it died meanwhile: its status says how
+            else:
+                channel.close()
+
+        try:
+            result = await _supervise(proc, session.max_output, timeout, hand_over)
+        finally:
+            channel.close()
+        if not started and not result.timed_out:
+            session._check_open()
+            raise IssueError(
+                "fatal",
+                "environment_failed",
+                f"docker session {session.name}: the private run did not start: {' '.join(result.stderr.split())[:300]}",
+            )
+        files: dict[str, bytes] = {}
+        if held is not None:
+            files = await trio.to_thread.run_sync(
+                collect_private_files, held, "/".join(sub), max_bytes, abandon_on_cancel=False
+            )
+        return result, files
+    finally:
+        for fd in [held, *held_inputs]:  # the tmpfses go with their last reference
+            if fd is not None:
+                os.close(fd)
+
+
+async def _accounts(session: DockerSession) -> tuple[str, str]:
+    texts = []
+    for path in ("/etc/passwd", "/etc/group"):
+        try:
+            data = await session.read_file(path, _ACCOUNTS_BYTES)
+        except (FileRefusedError, IssueError, OSError):
+            data = b""
+        texts.append(data.decode("utf-8", errors="replace"))
+    return texts[0], texts[1]
+
+
+async def _supervise(proc: trio.Process, max_output: int, timeout: float | None, first: Any) -> ExecResult:
+    """The run's result with each stream's tail kept; at ``timeout`` (from
+    now, ``first`` included) or any other way out the script is killed,
+    and with it (its pid 1 dies with it, by ``PDEATHSIG``) every process of
+    the private pid namespace."""
+    out, err = OutputTail(max_output), OutputTail(max_output)
+    timed_out = False
+    try:
+        async with trio.open_nursery() as nursery:
+            done = [trio.Event(), trio.Event()]
+            nursery.start_soon(_pump, proc.stdout, out, done[0])
+            nursery.start_soon(_pump, proc.stderr, err, done[1])
+            with trio.move_on_after(float("inf") if timeout is None else max(timeout, 0)) as deadline:
+                await first()
+                await proc.wait()
+            if deadline.cancelled_caught:
+                timed_out = True
+                proc.kill()
+                await proc.wait()
+            with trio.move_on_after(_DRAIN_SECONDS):
+                for event in done:
+                    await event.wait()
+            nursery.cancel_scope.cancel()
+    except BaseException:
+        with trio.move_on_at(cleanup_deadline(), shield=True):
+            proc.kill()
+            await proc.wait()
+        raise
+    finally:
+        with trio.move_on_at(cleanup_deadline(), shield=True):
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    await stream.aclose()
+    code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
+    assert code is not None
+    return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
+
+
+async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:
+    assert stream is not None
+    while chunk := await stream.receive_some(_CHUNK):
+        buffer.append(chunk)
+    done.set()
