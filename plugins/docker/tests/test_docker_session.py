@@ -196,17 +196,25 @@ async def test_storage_the_daemon_cannot_limit_is_refused_or_run_unlimited_with_
         assert "storage_mb is not enforced" in warnings[0]["message"]
 
 
-async def test_a_private_run_is_not_offered_and_the_run_log_says_so_once(docker_daemon):
+async def test_without_a_private_run_the_run_log_says_so_once(docker_daemon):
+    # Local and root here, so sessions run private; the provider's hook is
+    # what a remote daemon's session calls, once per exec_private.
     env = provider(docker_daemon)
     with hang_guard(60), structlog.testing.capture_logs() as logs:
         sessions = [await env.open(env.build_config(plan()), FULL) for _ in range(2)]
         try:
             for session in sessions:
+                result, files = await session.exec_private(
+                    "echo 1 > /logs/verifier/reward.txt", directory="/logs/verifier", max_bytes=1024
+                )
+                assert (result.exit_code, files) == (0, {"reward.txt": b"1\n"})
+            assert [e for e in logs if e["event"] == "verifier_not_private"] == []
+            for session in sessions:
                 for _ in range(2):
-                    with pytest.raises(NotImplementedError):
-                        await session.exec_private("true", directory="/logs/verifier", max_bytes=1024)
+                    session.on_not_private("the daemon is on another host")
         finally:
             for session in sessions:
                 await session.close()
     said = [entry for entry in logs if entry["event"] == "verifier_not_private"]
     assert len(said) == 1 and said[0]["log_level"] == "warning", logs
+    assert "the daemon is on another host" in said[0]["message"]
