@@ -39,7 +39,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -60,8 +60,22 @@ from agentcompass.runtime import (
     write_private_inputs,
 )
 
-if TYPE_CHECKING:
-    from ._session import DockerSession
+from ._api import Engine
+
+
+class Session(Protocol):
+    """What a private run needs of its docker session."""
+
+    name: str
+    engine: Engine
+    max_output: int
+
+    def _check_open(self) -> str: ...
+
+    def _path(self, path: str) -> str: ...
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes: ...
+
 
 #: The private tmpfs's source name prefix (then the session's name): how anyone finds it in a mount listing.
 SOURCE_PREFIX = "agentcompass-private-"
@@ -174,13 +188,14 @@ def cgroup_procs(cgroup: str, mountinfo: str) -> list[str]:
         controllers, _, path = rest.partition(":")
         if not path.startswith("/") or ".." in path.split("/"):
             continue
+        where: str | None
         if hierarchy == "0" and not controllers:
-            point = v2
+            where = v2
         else:
             names = {c.removeprefix("name=") for c in controllers.split(",")}
-            point = next((p for options, p in v1.items() if names <= options), None)
-        if point is not None:
-            paths.append(posixpath.join(point, path.lstrip("/"), "cgroup.procs"))
+            where = next((p for options, p in v1.items() if names <= options), None)
+        if where is not None:
+            paths.append(posixpath.join(where, path.lstrip("/"), "cgroup.procs"))
     return paths
 
 
@@ -225,7 +240,7 @@ def account(user: str, passwd: str, group: str) -> tuple[int, int, list[int], st
 
 
 async def exec_private(
-    session: DockerSession,
+    session: Session,
     cmd: str | list[str],
     timeout: float | None,
     cwd: str | None,
@@ -235,7 +250,7 @@ async def exec_private(
     max_bytes: int,
     inputs: Mapping[str, bytes] | None,
 ) -> tuple[ExecResult, dict[str, bytes]]:
-    """:meth:`DockerSession.exec_private` (the mechanism in the module
+    """``DockerSession.exec_private`` (the mechanism in the module
     docstring); :class:`NotLocal` when this host cannot make it."""
     container = session._check_open()
     if max_bytes < 0:
@@ -361,7 +376,7 @@ async def exec_private(
                 os.close(fd)
 
 
-async def _accounts(session: DockerSession) -> tuple[str, str]:
+async def _accounts(session: Session) -> tuple[str, str]:
     texts = []
     for path in ("/etc/passwd", "/etc/group"):
         try:
