@@ -46,9 +46,9 @@ A container that shares the host's user namespace (Docker without user
 namespace remapping) has no user namespace to enter: its configuration has
 no ``user`` descriptor and a ``confine`` object instead, the container's own
 confinement, which the command gets as an exec in it would: ``cgroup_procs``
-(the container's ``cgroup.procs`` files, joined first), ``pid`` and ``pidfd``
-(its init, whose seccomp filters are copied by ``ptrace`` while the pidfd
-shows it alive), ``seccomp`` (whether it has any), ``no_new_privs``,
+(the container's ``cgroup.procs`` files, joined first), ``parent`` (the
+runtime's pid: the script dies with it), ``filters`` (the container's
+seccomp filters, oldest first, each a base64 ``sock_filter`` array), ``no_new_privs``,
 ``bounding`` (its capability bounding set, a bit mask), ``uid``, ``gid``,
 ``groups`` and ``cwd``. The command then starts, as that user, from the
 ``argv`` looked up on the ``env``'s ``PATH``, with no other capability, no
@@ -56,6 +56,7 @@ descriptor but 0, 1 and 2, and the container's filters installed last.
 """
 
 import array  # noqa: F401 - imported late by socket.send_fds
+import base64
 import ctypes
 import errno
 import json
@@ -86,14 +87,8 @@ _AT_RECURSIVE = 0x8000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
-_PTRACE_DETACH = 17
-_PTRACE_SEIZE = 0x4206
-_PTRACE_INTERRUPT = 0x4207
-_PTRACE_SECCOMP_GET_FILTER = 0x420C
-_NR_PIDFD_SEND_SIGNAL = 424
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
-_WALL = 0x40000000
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -207,8 +202,8 @@ def _build_root(config, session_root, root_dir, private_dir, fresh):  # type: ig
         os.close(here)
     try:
         original = os.open(top, _DIR, dir_fd=session_root)
-    except FileNotFoundError:
-        original = None  # a container without it: the private one is all there is
+    except OSError:
+        original = None  # none, or a link or file the agent made: the private one is all there is
     if original is not None:
         try:
             if config["sub"]:
@@ -264,37 +259,6 @@ class _CapHeader(ctypes.Structure):
 
 class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-def _seccomp_filters(pid, pidfd):  # type: ignore[no-untyped-def]
-    """The seccomp filters of ``pid`` (each a ``sock_filter`` array), oldest
-    first, read while it is stopped by ``ptrace``; its pidfd must show it
-    alive afterwards, so they are the container's init's and no later
-    holder's of its pid number."""
-    _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-    _check(_libc.ptrace(_PTRACE_SEIZE, pid, None, None), "ptrace seize the container's init")
-    filters = []
-    try:
-        _check(_libc.ptrace(_PTRACE_INTERRUPT, pid, None, None), "ptrace interrupt")
-        os.waitpid(pid, _WALL)
-        index = 0
-        while True:
-            count = _libc.ptrace(_PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(index), None)
-            if count < 0:
-                if ctypes.get_errno() == errno.ENOENT:
-                    break
-                _check(count, "read the container's seccomp filter")
-            program = (_SockFilter * count)()
-            _check(
-                _libc.ptrace(_PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(index), ctypes.byref(program)),
-                "read the container's seccomp filter",
-            )
-            filters.append(program)
-            index += 1
-    finally:
-        _libc.ptrace(_PTRACE_DETACH, pid, None, None)
-    _check(_syscall(_NR_PIDFD_SEND_SIGNAL, pidfd, 0, None, 0), "the container's init has exited")
-    return filters[::-1]  # index 0 is the newest
 
 
 def _become_container_user(confine, filters):  # type: ignore[no-untyped-def]
@@ -407,11 +371,16 @@ def main():  # type: ignore[no-untyped-def]
     filters = []
     confine = config.get("confine")
     if confine is not None:
+        # Nothing of the run outlives the runtime: its pid 1 dies with this process, and this with the runtime.
+        _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+        if os.getppid() != confine["parent"]:
+            raise _Refused("the runtime has exited")
         for path in confine["cgroup_procs"]:  # the host's files: not yet in the container's mounts
             with open(path, "w") as procs:
                 procs.write(str(os.getpid()))
-        if confine["seccomp"]:
-            filters = _seccomp_filters(confine["pid"], confine["pidfd"])
+        for text in confine["filters"]:
+            data = base64.b64decode(text)
+            filters.append((_SockFilter * (len(data) // 8)).from_buffer_copy(data))
     for ns in ("net", "uts", "ipc", "cgroup", "mnt"):
         _check(_libc.setns(fds[ns], 0), f"setns {ns}")
     # In the session's mounts from here on: no import may find a module.

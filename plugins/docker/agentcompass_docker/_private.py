@@ -8,10 +8,14 @@ root and the container's init is one of this host's processes: its cgroup
 names the container), the run is made from the host, as under ``sandbox``,
 by :data:`agentcompass.runtime.PRIVATE_INIT_SCRIPT`:
 
-1. The script joins the container's cgroups, copies its init's seccomp
-   filters (by ``ptrace``, while the init's pidfd shows it alive), then its
-   mount, UTS, IPC, network and cgroup namespaces by descriptors opened
-   while the daemon reported that init; never its pid namespace.
+0. When the session starts, before anything of the agent's runs,
+   :func:`snapshot` copies the init's seccomp filters (by ``ptrace``, while
+   its pidfd shows it alive), capability bounding set and no_new_privs: what
+   a later run installs cannot have been changed by the agent, nor can the
+   agent make the copy fail (a process tracing the init).
+1. The script joins the container's cgroups, then its mount, UTS, IPC,
+   network and cgroup namespaces by descriptors opened while the daemon
+   reported that init; never its pid namespace.
 2. A private copy of the mounts and a new pid namespace, a child of the
    host's: no process of the container can see or name anything in it.
 3. A new root the runtime's alone: each of the container's top-level
@@ -32,6 +36,8 @@ run's log that the agent's processes can race that verifier.
 
 from __future__ import annotations
 
+import base64
+import ctypes
 import os
 import posixpath
 import select
@@ -93,19 +99,26 @@ _FIRST_ENTRIES = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc"
 
 @attrs.frozen
 class Target:
-    """The container's init as this host sees it: what a private run enters and copies."""
+    """The container's init as this host sees it: what a private run enters."""
 
     pid: int
     pidfd: int
     fds: dict[str, int]
     cgroup_procs: list[str]
-    bounding: int
-    no_new_privs: bool
-    seccomp: bool
+    status: dict[str, str]
 
     def close(self) -> None:
         for fd in (self.pidfd, *self.fds.values()):
             os.close(fd)
+
+
+@attrs.frozen
+class Snapshot:
+    """The container's confinement as it started: what every private run of the session gets."""
+
+    filters: tuple[bytes, ...]
+    bounding: int
+    no_new_privs: bool
 
 
 class NotLocal(Exception):
@@ -151,15 +164,83 @@ def target(container_id: str, info: Mapping[str, Any]) -> Target:
         if isinstance(exc, OSError):
             raise NotLocal(f"the container's process cannot be entered: {exc}") from None
         raise
-    return Target(
-        pid=pid,
-        pidfd=pidfd,
-        fds=fds,
-        cgroup_procs=procs,
-        bounding=int(status.get("CapBnd", "0"), 16),
-        no_new_privs=status.get("NoNewPrivs", "0") == "1",
-        seccomp=status.get("Seccomp", "0") != "0",
-    )
+    return Target(pid=pid, pidfd=pidfd, fds=fds, cgroup_procs=procs, status=status)
+
+
+def snapshot(container_id: str, info: Mapping[str, Any]) -> Snapshot:
+    """Blocking: the started container's confinement (see the module
+    docstring, step 0); :class:`NotLocal` when this host cannot make its
+    private runs."""
+    found = target(container_id, info)
+    try:
+        filters: tuple[bytes, ...] = ()
+        if found.status.get("Seccomp", "0") != "0":
+            filters = seccomp_filters(found.pid, found.pidfd)
+        return Snapshot(
+            filters=filters,
+            bounding=int(found.status.get("CapBnd", "0"), 16),
+            no_new_privs=found.status.get("NoNewPrivs", "0") == "1",
+        )
+    except OSError as exc:
+        raise NotLocal(f"the container's seccomp filters cannot be read: {exc}") from None
+    finally:
+        found.close()
+
+
+def snapshot_or_reason(container_id: str, info: Mapping[str, Any]) -> Snapshot | str:
+    """Blocking: :func:`snapshot`, or the reason there is none."""
+    try:
+        return snapshot(container_id, info)
+    except NotLocal as exc:
+        return str(exc)
+
+
+#: Before a session has started: nothing to run in.
+NO_SNAPSHOT = Snapshot(filters=(), bounding=0, no_new_privs=True)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+_libc.ptrace.restype = ctypes.c_long
+_PTRACE_DETACH = 17
+_PTRACE_SEIZE = 0x4206
+_PTRACE_INTERRUPT = 0x4207
+_PTRACE_SECCOMP_GET_FILTER = 0x420C
+_WALL = 0x40000000
+# One classic BPF instruction (struct sock_filter).
+_INSTRUCTION_BYTES = 8
+
+
+def seccomp_filters(pid: int, pidfd: int) -> tuple[bytes, ...]:
+    """Blocking, in one thread (the tracer is a thread): the seccomp filters
+    of ``pid``, oldest first, each its ``sock_filter`` array, read while it
+    is stopped by ``ptrace``; its pidfd must show it alive afterwards, so
+    they are its and no later holder's of its number."""
+
+    def check(result: int, what: str) -> int:
+        if result < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return result
+
+    check(_libc.ptrace(_PTRACE_SEIZE, pid, None, None), "ptrace")
+    filters: list[bytes] = []
+    try:
+        check(_libc.ptrace(_PTRACE_INTERRUPT, pid, None, None), "ptrace interrupt")
+        os.waitpid(pid, _WALL)
+        while True:
+            count = _libc.ptrace(_PTRACE_SECCOMP_GET_FILTER, pid, len(filters), None)
+            if count < 0 and ctypes.get_errno() == 2:  # ENOENT: no older filter
+                break
+            buffer = ctypes.create_string_buffer(check(count, "seccomp filter") * _INSTRUCTION_BYTES)
+            check(_libc.ptrace(_PTRACE_SECCOMP_GET_FILTER, pid, len(filters), buffer), "seccomp filter")
+            filters.append(buffer.raw)
+    finally:
+        _libc.ptrace(_PTRACE_DETACH, pid, None, None)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    if poller.poll(0):
+        raise OSError(3, "the container's process has exited")  # ESRCH
+    return tuple(reversed(filters))  # index 0 is the newest
 
 
 def cgroup_procs(cgroup: str, mountinfo: str) -> list[str]:
@@ -241,6 +322,7 @@ def account(user: str, passwd: str, group: str) -> tuple[int, int, list[int], st
 
 async def exec_private(
     session: Session,
+    snap: Snapshot,
     cmd: str | list[str],
     timeout: float | None,
     cwd: str | None,
@@ -295,12 +377,11 @@ async def exec_private(
                 "argv": ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd],
                 "env": variables,
                 "confine": {
+                    "parent": os.getpid(),
                     "cgroup_procs": found.cgroup_procs,
-                    "pid": found.pid,
-                    "pidfd": found.pidfd,
-                    "seccomp": found.seccomp,
-                    "no_new_privs": found.no_new_privs,
-                    "bounding": found.bounding,
+                    "filters": [base64.b64encode(f).decode() for f in snap.filters],
+                    "no_new_privs": snap.no_new_privs,
+                    "bounding": snap.bounding,
                     "uid": uid,
                     "gid": gid,
                     "groups": supplementary,
@@ -315,7 +396,7 @@ async def exec_private(
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                    pass_fds=(found.pidfd, *fds.values(), theirs.fileno()),
+                    pass_fds=(*fds.values(), theirs.fileno()),
                 )
             except BaseException as exc:
                 channel.close()

@@ -108,6 +108,8 @@ class DockerSession(EnvironmentSession):
     _labels: Iterator[int] = attrs.Factory(itertools.count)
     _closed: bool = False
     _close_lock: trio.Lock = attrs.Factory(trio.Lock)
+    #: The confinement a private run copies, or why there is none (``None``: not started).
+    private: _private.Snapshot | str | None = None
     #: Called with the reason each time a private run cannot be made here (the provider says so once).
     on_not_private: Any = None
 
@@ -185,6 +187,8 @@ class DockerSession(EnvironmentSession):
         await self.engine.request("POST", f"/containers/{self.container}/start")
         info = await self.engine.request("GET", f"/containers/{self.container}/json")
         self.workdir = info["Config"].get("WorkingDir") or "/"
+        # Before anything of the agent's runs (see _private).
+        self.private = await trio.to_thread.run_sync(_private.snapshot_or_reason, self.container, info)
         networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
         self.gateway = next((n.get("Gateway") for n in networks.values() if n.get("Gateway")), None)
         if policy.mode == "full":
@@ -457,8 +461,18 @@ class DockerSession(EnvironmentSession):
         log why and that a process the agent left running can race that
         verifier (docs/docker.md, "Threat model")."""
         try:
+            if isinstance(self.private, str):
+                raise _private.NotLocal(self.private)
             return await _private.exec_private(
-                self, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes, inputs=inputs
+                self,
+                self.private or _private.NO_SNAPSHOT,
+                cmd,
+                timeout,
+                cwd,
+                env,
+                directory=directory,
+                max_bytes=max_bytes,
+                inputs=inputs,
             )
         except _private.NotLocal as exc:
             if self.on_not_private is not None:

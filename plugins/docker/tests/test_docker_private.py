@@ -231,3 +231,26 @@ def test_a_daemon_planted_reward_scores_nothing_on_every_attempt(docker_daemon: 
     assert len(attempts) == 5
     assert [a["values"].get("reward") for a in attempts] == [0.0] * 5, [a["issues"] for a in attempts]
     assert "verifier_not_private" not in done.stderr + done.stdout
+
+
+async def test_links_the_agent_made_of_the_directories_neither_fail_nor_redirect_the_run(docker_daemon: Any) -> None:
+    env = provider(docker_daemon)
+    with hang_guard(120):
+        session = await env.open(env.build_config(plan()), FULL)
+        try:
+            await session.exec(
+                "rm -rf /logs /tests; mkdir -p /tmp/l/verifier /tmp/t; ln -s /tmp/l /logs; ln -s /tmp/t /tests"
+            )
+            result, files = await session.exec_private(
+                "sh /tests/test.sh",
+                directory="/logs/verifier",
+                max_bytes=1024,
+                inputs={"/tests/test.sh": b"echo 0 > /logs/verifier/reward.txt\n"},
+            )
+            assert (result.exit_code, files) == (0, {"reward.txt": b"0\n"}), result
+            assert (await session.exec("ls -A /tmp/l/verifier /tmp/t")).stdout.split() == [
+                "/tmp/l/verifier:",
+                "/tmp/t:",
+            ]
+        finally:
+            await session.close()
