@@ -147,6 +147,8 @@ def _secretize(value: Any) -> Any:
     return value
 
 
+
+
 def _structure_reuse(value: Any, _: type) -> bool | Path:
     if isinstance(value, bool):
         return value
@@ -184,16 +186,22 @@ def _make_converter(*, strict: bool) -> cattrs.Converter:
     conv.register_structure_hook(float | bool | None, _structure_any)  # type: ignore[arg-type]
     # Strict scalars: YAML's ``k: "3"`` or ``k: true`` for a number is an error, not a cast.
     conv.register_structure_hook(int, lambda v, _: _check_scalar(v, (int,), "an integer"))
-    conv.register_structure_hook(float, lambda v, _: float(_check_scalar(v, (int, float), "a number")))
+    conv.register_structure_hook(
+        float, lambda v, _: float(_check_scalar(v, (int, float), "a number"))
+    )
     conv.register_structure_hook(bool, lambda v, _: _check_scalar(v, (bool,), "true or false"))
     conv.register_structure_hook(str, lambda v, _: _check_scalar(v, (str,), "a string"))
     conv.register_structure_hook_factory(lambda t: typing.get_origin(t) is Literal, _literal_factory)
-    conv.register_structure_hook_factory(_origin_is(list), _strict((list, tuple), "a list", list_structure_factory))
+    conv.register_structure_hook_factory(
+        _origin_is(list), _strict((list, tuple), "a list", list_structure_factory)
+    )
     conv.register_structure_hook_factory(
         lambda t: typing.get_origin(t) is tuple and typing.get_args(t)[-1:] == (...,),
         _strict((list, tuple), "a list", homogenous_tuple_structure_factory),
     )
-    conv.register_structure_hook_factory(_origin_is(dict), _strict((Mapping,), "a mapping", mapping_structure_factory))
+    conv.register_structure_hook_factory(
+        _origin_is(dict), _strict((Mapping,), "a mapping", mapping_structure_factory)
+    )
     conv.register_structure_hook_factory(
         attrs.has,
         _strict((Mapping,), "a mapping", lambda t, c: make_dict_structure_fn(t, c, _cattrs_forbid_extra_keys=strict)),
@@ -218,7 +226,6 @@ def make_results_converter() -> cattrs.Converter:
     unknown keys ignored (the results store keeps them, see
     ``agentcompass._store._formats``)."""
     return _make_converter(strict=False)
-
 
 _ = RunRequest  # RunRequest.reuse is the field the bool | Path hooks serve
 

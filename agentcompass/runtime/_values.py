@@ -234,9 +234,7 @@ class GatewaySpec:
     """
 
     max_body_bytes: int = attrs.field(
-        default=8 * 1024 * 1024,
-        validator=_positive,
-        metadata={"doc": "largest request body an agent may send (413 past it)"},
+        default=8 * 1024 * 1024, validator=_positive, metadata={"doc": "largest request body an agent may send (413 past it)"}
     )
     max_json_depth: int = attrs.field(
         default=128, validator=_positive, metadata={"doc": "deepest JSON nesting of a request body (400 past it)"}
@@ -351,9 +349,7 @@ class ExecutionSpec:
     )
     sandbox: SandboxSpec = attrs.field(
         default=SandboxSpec(),
-        metadata={
-            "doc": "what each task's sandbox is (image, workdir, env, limits), over the benchmark's, field by field"
-        },
+        metadata={"doc": "what each task's sandbox is (image, workdir, env, limits), over the benchmark's, field by field"},
     )
     gateway: GatewaySpec = attrs.field(
         default=GatewaySpec(), metadata={"doc": "the model gateway's bounds on request bodies and on what is recorded"}
