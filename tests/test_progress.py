@@ -11,7 +11,7 @@ import agentcompass.testing  # noqa: F401
 from agentcompass import ComponentRef, ExecutionSpec, Orchestration, RunRequest, TaskSpec
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._progress import ProgressDisplay
-from agentcompass.testing._fake_disk import FakeDisk
+from agentcompass._store._fake_disk import FakeDisk
 
 
 def _task(i: int) -> TaskSpec:

@@ -4,7 +4,7 @@
 link, unlink, list, mkdir, make durable) and one async :meth:`Disk.run`
 that calls a blocking function made of them in a worker thread. The run
 store composes a whole commit batch into one such function, so a batch costs
-one thread hop whatever its size. :class:`~agentcompass.testing._fake_disk.FakeDisk` keeps the
+one thread hop whatever its size. :class:`~agentcompass._store._fake_disk.FakeDisk` keeps the
 primitives but runs inline with latency in Trio time and injected errors.
 
 Crash safety (SPEC 8: temp file, sync, rename): a reader sees a file's old

@@ -50,8 +50,8 @@ def atif_page(path: Path) -> bytes:
 
 
 def _summary(document: dict[str, Any]) -> list[str]:
-    agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
-    final = document.get("final_metrics") if isinstance(document.get("final_metrics"), dict) else {}
+    agent = found if isinstance(found := document.get("agent"), dict) else {}
+    final = metrics if isinstance(metrics := document.get("final_metrics"), dict) else {}
     cost = final.get("total_cost_usd")
     cards = [
         ("agent", f"{agent.get('name', '?')} {agent.get('version', '')}", "atif-agent"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, cast, overload
 
 from .._store._trajectories import TRAJECTORY_CHUNK, split_reference
 
@@ -43,10 +43,10 @@ class FileChunks(Sequence[str]):
 
     def __init__(self, path: Callable[[int], str], count: int) -> None:
         self.path = path
-        self.count = count
+        self._count = count
 
     def __len__(self) -> int:
-        return self.count
+        return self._count
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -54,14 +54,14 @@ class FileChunks(Sequence[str]):
     def __getitem__(self, index: slice) -> list[str]: ...
     def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.count))]
-        if not -self.count <= index < self.count:
+            return [self[i] for i in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
             raise IndexError(index)
-        with open(self.path(index % self.count), "rb") as f:
+        with open(self.path(index % self._count), "rb") as f:
             return f.read().decode("utf-8")
 
     def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(self.count))
+        return (self[i] for i in range(self._count))
 
 
 class Trajectory:
@@ -181,8 +181,8 @@ _DECODER = json.JSONDecoder()
 def _scan_array(text: str, start: int) -> tuple[Trajectory, int]:
     """The array of messages opening at ``text[start]`` ('['), as chunk texts
     sliced from ``text``, and the index after its ']'."""
-    scan = _DECODER.scan_once
-    ws = _WS.match
+    scan: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]  # CPython's scanner; not in typeshed
+    ws = cast("Callable[[str, int], re.Match[str]]", _WS.match)  # matches the empty string: never None
     bounds: list[int] = []
     tool_calls = 0
     i = ws(text, start + 1).end()

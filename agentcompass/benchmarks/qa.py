@@ -193,7 +193,7 @@ def _verdict(text: str) -> bool:
         raise IssueError("fatal", "judge_failed", f"judge verdict is not JSON: {text[:120]!r}") from None
     if not isinstance(data, dict) or not isinstance(data.get("correct"), bool):
         raise IssueError("fatal", "judge_failed", f"judge verdict lacks a boolean 'correct': {text[:120]!r}")
-    return data["correct"]
+    return bool(data["correct"])  # checked a bool just above; bool() types it for the caller
 
 
 def _load(path: Path) -> list[TaskSpec]:

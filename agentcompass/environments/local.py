@@ -446,7 +446,7 @@ class _Pipe:
     """One output pipe of an exec: read until EOF or, once the command has
     exited, until :data:`_DRAIN_SECONDS` of waiting for more have passed."""
 
-    def __init__(self, name: OutputStream, stream: trio.abc.ReceiveStream):
+    def __init__(self, name: OutputStream, stream: trio.lowlevel.FdStream):
         self._name: OutputStream = name
         self._stream = stream
         self._wait_left = math.inf

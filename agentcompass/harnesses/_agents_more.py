@@ -98,14 +98,14 @@ class OpenCode(InstalledAgent):
         failure = None
         for event in json_lines(logs.get("opencode.jsonl")):
             kind = event.get("type")
-            part = event.get("part") if isinstance(event.get("part"), dict) else {}
+            part = raw if isinstance(raw := event.get("part"), dict) else {}
             if kind == "step_start":
                 trajectory.append({"role": "assistant", "content": None})
             elif kind == "text" and isinstance(part.get("text"), str):
                 _assistant(trajectory)["content"] = (_assistant(trajectory).get("content") or "") + part["text"]
                 output = part["text"]
             elif kind == "tool_use":
-                state = part.get("state") if isinstance(part.get("state"), dict) else {}
+                state = raw if isinstance(raw := part.get("state"), dict) else {}
                 call_id = str(part.get("callID") or "")
                 arguments = clip(json.dumps(state.get("input"))) or ""
                 _assistant(trajectory).setdefault("tool_calls", []).append(
@@ -113,8 +113,8 @@ class OpenCode(InstalledAgent):
                 )
                 trajectory.append(step("tool", state.get("output") or state.get("error"), tool_call_id=call_id))
             elif kind == "error":
-                error = event.get("error") if isinstance(event.get("error"), dict) else {}
-                data = error.get("data") if isinstance(error.get("data"), dict) else {}
+                error = raw if isinstance(raw := event.get("error"), dict) else {}
+                data = raw if isinstance(raw := error.get("data"), dict) else {}
                 reason = clip(data.get("message")) or clip(error.get("name")) or "error"
                 failure = Issue("error", "run", "agent_failed", f"opencode stopped: {reason[:_REASON_CHARS]}")
         for entry in trajectory:
@@ -253,7 +253,7 @@ class GeminiCli(_NodeAgent):
                     content = event["error"].get("message")
                 trajectory.append(step("tool", content, tool_call_id=event.get("tool_id") or ""))
             elif kind == "result" and event.get("status") not in (None, "success"):
-                error = event.get("error") if isinstance(event.get("error"), dict) else {}
+                error = raw if isinstance(raw := event.get("error"), dict) else {}
                 reason = clip(error.get("message")) or str(event.get("status"))
                 failure = Issue("error", "run", "agent_failed", f"gemini-cli stopped: {reason[:_REASON_CHARS]}")
         for entry in trajectory:

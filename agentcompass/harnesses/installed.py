@@ -276,7 +276,7 @@ def _with_calls(steps: list[dict[str, Any]], calls: list[dict[str, Any]]) -> lis
         return steps
     steps = list(steps)
     for index, reply in zip(mine, replies, strict=True):
-        steps[index] = {**steps[index], **{k: reply[k] for k in ("call", "status", "usage", "duration_seconds") if k in reply}}
+        steps[index] = steps[index] | {k: reply[k] for k in ("call", "status", "usage", "duration_seconds") if k in reply}
     return steps
 
 

@@ -183,7 +183,7 @@ def _make_converter(*, strict: bool) -> cattrs.Converter:
     conv.register_structure_hook(NetworkPolicy, lambda v, _: NetworkPolicy.parse(v, "network policy"))
     conv.register_unstructure_hook(Path, str)
     conv.register_structure_hook(Any, _structure_any)
-    conv.register_structure_hook(float | bool | None, _structure_any)  # type: ignore[arg-type]
+    conv.register_structure_hook(float | bool | None, _structure_any)
     # Strict scalars: YAML's ``k: "3"`` or ``k: true`` for a number is an error, not a cast.
     conv.register_structure_hook(int, lambda v, _: _check_scalar(v, (int,), "an integer"))
     conv.register_structure_hook(
@@ -191,12 +191,12 @@ def _make_converter(*, strict: bool) -> cattrs.Converter:
     )
     conv.register_structure_hook(bool, lambda v, _: _check_scalar(v, (bool,), "true or false"))
     conv.register_structure_hook(str, lambda v, _: _check_scalar(v, (str,), "a string"))
-    conv.register_structure_hook_factory(lambda t: typing.get_origin(t) is Literal, _literal_factory)
+    conv.register_structure_hook_factory(_origin_is(Literal), _literal_factory)
     conv.register_structure_hook_factory(
         _origin_is(list), _strict((list, tuple), "a list", list_structure_factory)
     )
     conv.register_structure_hook_factory(
-        lambda t: typing.get_origin(t) is tuple and typing.get_args(t)[-1:] == (...,),
+        lambda t: _origin_is(tuple)(t) and typing.get_args(t)[-1:] == (...,),
         _strict((list, tuple), "a list", homogenous_tuple_structure_factory),
     )
     conv.register_structure_hook_factory(
@@ -208,8 +208,8 @@ def _make_converter(*, strict: bool) -> cattrs.Converter:
     )
     component_ref_fn = make_dict_structure_fn(ComponentRef, conv, _cattrs_forbid_extra_keys=strict)
     conv.register_structure_hook(ComponentRef, structure_component_ref)
-    conv.register_structure_hook(bool | Path, _structure_reuse)  # type: ignore[arg-type]
-    conv.register_unstructure_hook(bool | Path, _unstructure_reuse)  # type: ignore[arg-type]
+    conv.register_structure_hook(bool | Path, _structure_reuse)
+    conv.register_unstructure_hook(bool | Path, _unstructure_reuse)
     # An issue's retry hint appears in JSON only when a service gave one.
     conv.register_unstructure_hook(
         Issue, make_dict_unstructure_fn(Issue, conv, retry_after_seconds=override(omit_if_default=True))

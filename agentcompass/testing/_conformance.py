@@ -45,6 +45,7 @@ The kit runs real sessions under the real clock; do not use
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -434,7 +435,7 @@ class EnvironmentConformance(GatewayChecks):
             async with self._opened() as box:
                 session = box.session
                 for path in escapes:
-                    await self._raises(lambda path=path: session.write_file(path, b"escaped"))
+                    await self._raises(functools.partial(session.write_file, path, b"escaped"))
                     if await host_file.exists():
                         self._fail(f"write_file({path!r}) wrote the host file {target}")
                 if self.isolated:
@@ -659,7 +660,7 @@ class EnvironmentConformance(GatewayChecks):
             await self._ok(f"sweep({tag!r})", self.env.sweep(tag))
             for session in doomed:
                 result: list[Any] = []
-                if not await self._raises(lambda session=session: session.exec("echo hi"), result) and (
+                if not await self._raises(functools.partial(session.exec, "echo hi"), result) and (
                     result[0].exit_code == 0
                 ):
                     self._fail(f"a session named {tag}-... still runs commands after sweep({tag!r})")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import tempfile
 import zipfile
 from typing import ClassVar
 
-from ..harnesses._agent_table import AgentOutcome, AgentRun, InstalledAgent, load_json, register_agent
+from agentcompass.agents import AgentOutcome, AgentRun, InstalledAgent, register_agent
 
 __all__ = ["NoopAgent"]
 
@@ -103,7 +104,10 @@ class NoopAgent(InstalledAgent):
         )
 
     def outcome(self, logs: dict[str, bytes], exit_code: int) -> AgentOutcome:
-        data = load_json(logs.get("noop.json"))
+        try:  # the agent wrote it: anything may be in it, or nothing
+            data = json.loads(logs.get("noop.json") or b"null")
+        except (ValueError, RecursionError):
+            data = None
         replies = data.get("replies") if isinstance(data, dict) else None
         return AgentOutcome(output=replies[-1] if isinstance(replies, list) and replies else None)
 

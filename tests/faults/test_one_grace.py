@@ -14,6 +14,7 @@ import trio.testing
 from agentcompass import Orchestration, OrchestrationResult, register
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._store import load_run, open_run_store
+from agentcompass._store._fake_disk import FakeDisk
 from agentcompass.models import chat_client, open_model_clients
 from agentcompass.runtime import (
     DEFAULT_CLEANUP_GRACE_SECONDS,
@@ -23,7 +24,6 @@ from agentcompass.runtime import (
     cleanup_deadline,
 )
 from agentcompass.testing import FakeEnvironment, fake_request, hang_guard, reset_logs
-from agentcompass.testing._fake_disk import FakeDisk
 from agentcompass.testing._harness import FakeHarness
 
 

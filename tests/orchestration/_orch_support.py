@@ -33,8 +33,8 @@ import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, OrchestrationResult, RequestResult, RunRequest
 from agentcompass._orchestration._launch import orchestrate
 from agentcompass._store import Disk
+from agentcompass._store._fake_disk import FakeDisk
 from agentcompass.testing import Call, all_calls, fake_request
-from agentcompass.testing._fake_disk import FakeDisk
 
 
 @attrs.frozen

@@ -24,7 +24,7 @@ from _orch_support import (  # noqa: F401  (fixtures)
 )
 
 from agentcompass import AttemptsSpec, ExecutionSpec, Orchestration
-from agentcompass.testing._fake_disk import FakeDisk
+from agentcompass._store._fake_disk import FakeDisk
 
 
 def _k(k: int) -> ExecutionSpec:

@@ -31,9 +31,9 @@ from trio.testing import MockClock
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration
 from agentcompass._store import RunStore
+from agentcompass._store._fake_disk import FakeDisk
 from agentcompass.testing import FakeEnvironment, call_log, fake_request
 from agentcompass.testing._environment import FakeEnvironmentConfig
-from agentcompass.testing._fake_disk import FakeDisk
 
 
 @attrs.frozen

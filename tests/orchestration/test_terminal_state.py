@@ -41,7 +41,7 @@ async def test_a_record_that_cannot_be_written_fails_the_request_and_is_unavaila
 
     from _orch_support import read_jsonl
 
-    from agentcompass.testing._fake_disk import FakeDisk
+    from agentcompass._store._fake_disk import FakeDisk
 
     disk = FakeDisk()
     disk.fail("write", errno.ENOSPC, "*/details/*a01*", times=None)

@@ -20,8 +20,8 @@ import agentcompass
 import agentcompass.testing  # noqa: F401  (registers the fakes)
 from agentcompass import Orchestration, RunRequest
 from agentcompass._orchestration._launch import orchestrate
+from agentcompass._store._fake_disk import FakeDisk
 from agentcompass.testing import call_log
-from agentcompass.testing._fake_disk import FakeDisk
 
 
 async def launch_one(request: RunRequest, *, concurrency: int = 4) -> agentcompass.RequestResult:

@@ -26,10 +26,10 @@ from agentcompass._orchestration._launch import orchestrate
 from agentcompass._orchestration._reuse import ReusePlan, _copy_into
 from agentcompass._redact import MASK, register_secret
 from agentcompass._store import Disk, load_run, open_run_store, task_key
+from agentcompass._store._fake_disk import FakeDisk
 from agentcompass._store._trajectories import TRAJECTORY_CHUNK
 from agentcompass.runtime import AttemptRecord, RunResult, TaskRecord
 from agentcompass.testing import fake_request
-from agentcompass.testing._fake_disk import FakeDisk
 
 
 def _record_files(run_dir: str | Path) -> dict[str, Path]:

@@ -24,10 +24,10 @@ from agentcompass._store import (
     task_key,
 )
 from agentcompass._store._disk import is_temp_name, temp_name
+from agentcompass._store._fake_disk import FakeDisk
 from agentcompass._store._run_store import RUN_ID_PATTERN, RunStore
 from agentcompass._store._trajectories import TRAJECTORY_CHUNK
 from agentcompass.runtime import AttemptRecord, Issue, RunResult, TaskRecord
-from agentcompass.testing._fake_disk import FakeDisk
 
 
 def attempt(n: int, value: object = 1.0, *issues: Issue) -> AttemptRecord:

@@ -12,9 +12,9 @@ import trio
 import trio.testing
 
 from agentcompass._store import Disk, load_run, open_run_store
+from agentcompass._store._fake_disk import FakeDisk
 from agentcompass._store._run_store import PROGRESS_BATCH_SECONDS
 from agentcompass.runtime import AttemptRecord, TaskRecord
-from agentcompass.testing._fake_disk import FakeDisk
 
 
 def task(task_id: str) -> TaskRecord:

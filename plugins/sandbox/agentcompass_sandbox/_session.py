@@ -269,7 +269,8 @@ class SandboxSession(EnvironmentSession):
                 self._procs_files(init_cg),
                 None if self._netns is None else self._netns.fd,
                 BASE_ENV,
-                **({} if self._image is None else {"uid": UID_BASE, "idmap": (0, UID_BASE, ID_COUNT)}),
+                uid=_host.HOST_UID if self._image is None else UID_BASE,
+                idmap=None if self._image is None else (0, UID_BASE, ID_COUNT),
             )
         except BaseException as exc:
             os.close(out_read)

@@ -1,5 +1,9 @@
 """A :class:`~agentcompass._store._disk.Disk` for tests: real files, Trio-time latency, injected errors.
 
+It lives beside the seam it implements: the disk is private to the store, and
+no public API takes one, so the public test kit (:mod:`agentcompass.testing`)
+has no use for it; the runtime's own tests import it from here.
+
 ``FakeDisk`` does the real disk's file operations in the Trio thread (so the
 files are there for :func:`load_run` and for assertions), skips the flushes,
 and makes every :meth:`~FakeDisk.run` take ``latency`` seconds of *Trio*
@@ -43,7 +47,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from .._store._disk import Disk
+from ._disk import Disk
 
 __all__ = ["FakeDisk", "Fault"]
 
