@@ -66,6 +66,7 @@ import socket
 import stat
 import sys
 import warnings  # noqa: F401 - imported late by parts of os
+from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -99,19 +100,19 @@ class _Refused(Exception):
     pass
 
 
-def _check(result, what):  # type: ignore[no-untyped-def]
+def _check(result: int, what: str) -> int:
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
     return result
 
 
-def _syscall(number, *args):  # type: ignore[no-untyped-def]
+def _syscall(number: int, *args: int | bytes | None) -> int:
     converted = [a if isinstance(a, bytes) or a is None else ctypes.c_long(a) for a in args]
-    return _libc.syscall(ctypes.c_long(number), *converted)
+    return int(_libc.syscall(ctypes.c_long(number), *converted))
 
 
-def _fs(fstype, options, attrs):  # type: ignore[no-untyped-def]
+def _fs(fstype: str, options: list[tuple[str, str]], attrs: int) -> int:
     """A new, detached mount of ``fstype`` (a descriptor of its root)."""
     fs = _check(_syscall(_NR_FSOPEN, fstype.encode(), _FSOPEN_CLOEXEC), f"fsopen {fstype}")
     try:
@@ -123,13 +124,13 @@ def _fs(fstype, options, attrs):  # type: ignore[no-untyped-def]
         os.close(fs)
 
 
-def _attach(mount_fd, dir_fd, name):  # type: ignore[no-untyped-def]
+def _attach(mount_fd: int, dir_fd: int, name: str) -> None:
     _check(
         _syscall(_NR_MOVE_MOUNT, mount_fd, b"", dir_fd, name.encode(), _MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {name}"
     )
 
 
-def _clone_entry(src_dir, name, dst_dir):  # type: ignore[no-untyped-def]
+def _clone_entry(src_dir: int, name: str, dst_dir: int) -> None:
     """Reproduce ``src_dir/name`` in ``dst_dir``: a directory or a regular
     file as a recursive bind of it, a symlink as a copy of it, anything
     else not at all. Never follows a link."""
@@ -151,7 +152,7 @@ def _clone_entry(src_dir, name, dst_dir):  # type: ignore[no-untyped-def]
         os.close(tree)
 
 
-def _clone_entries(src_dir, dst_dir, skip, limit):  # type: ignore[no-untyped-def]
+def _clone_entries(src_dir: int, dst_dir: int, skip: set[str], limit: int) -> None:
     """Best effort over names the sandbox chose: whatever fails is left out."""
     with os.scandir(src_dir) as entries:
         names = sorted(e.name for e in entries)
@@ -162,7 +163,9 @@ def _clone_entries(src_dir, dst_dir, skip, limit):  # type: ignore[no-untyped-de
             pass
 
 
-def _build_root(config, session_root, root_dir, private_dir, fresh):  # type: ignore[no-untyped-def]
+def _build_root(
+    config: dict[str, Any], session_root: int, root_dir: int, private_dir: int, fresh: list[tuple[str, int]]
+) -> None:
     """The new root in ``root_dir``: the host's userland layout, the fresh
     /proc, the session's other top-level entries, ``top``, and the
     ``fresh`` tmpfses (``[(name, mount descriptor)]``: the inputs' and
@@ -217,7 +220,7 @@ def _build_root(config, session_root, root_dir, private_dir, fresh):  # type: ig
         _attach(mount_fd, root_dir, name)
 
 
-def _become_sandbox_user(config):  # type: ignore[no-untyped-def]
+def _become_sandbox_user(config: dict[str, Any]) -> None:
     """In the command's process: no supplementary group (dropped while
     still the host's root: the session's user namespace denies setgroups),
     the session's user namespace, the new root (the current directory),
@@ -261,7 +264,7 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def _become_container_user(confine, filters):  # type: ignore[no-untyped-def]
+def _become_container_user(confine: dict[str, Any], filters: list[ctypes.Array[_SockFilter]]) -> None:
     """In the command's process (the container shares the host's user
     namespace): the new root, the container's user and groups, its
     capability bounding set and nothing inheritable, its no_new_privs, no
@@ -299,7 +302,9 @@ def _become_container_user(confine, filters):  # type: ignore[no-untyped-def]
     os.setresuid(confine["uid"], confine["uid"], confine["uid"])
 
 
-def _pid1(config, sock, session_root, filters):  # type: ignore[no-untyped-def]
+def _pid1(
+    config: dict[str, Any], sock: socket.socket, session_root: int, filters: list[ctypes.Array[_SockFilter]]
+) -> None:
     _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
     attrs = _MOUNT_ATTR_NODEV | _MOUNT_ATTR_NOSUID
     size = [("size", str(config["size"])), ("mode", "0755")]
@@ -354,17 +359,18 @@ def _pid1(config, sock, session_root, filters):  # type: ignore[no-untyped-def]
             os._exit(code if code >= 0 else 128 - code)
 
 
-def _receive_config(sock):  # type: ignore[no-untyped-def]
+def _receive_config(sock: socket.socket) -> dict[str, Any]:
     data = b""
     while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "big"):
         chunk = sock.recv(1 << 20)
         if not chunk:
             raise _Refused("the runtime sent no configuration")
         data += chunk
-    return json.loads(data[8:])
+    config: dict[str, Any] = json.loads(data[8:])
+    return config
 
 
-def main():  # type: ignore[no-untyped-def]
+def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     config = _receive_config(sock)
     fds = config["fds"]
