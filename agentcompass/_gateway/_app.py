@@ -44,6 +44,7 @@ import trio
 from .._asgi import lifespan
 from .._models import EndpointClient, ModelError
 from .._models._budget import Meter
+from .._models._chat_wire import with_stream_usage
 from .._models._cost import priced
 from .._models._wire import Parsed, ReplyError
 from ..runtime._cleanup import cleanup_deadline
@@ -121,7 +122,7 @@ class GatewayApp:
         messages = api.conversation(parsed)
         streamed = isinstance(parsed, dict) and parsed.get("stream") is True
         if streamed and api.route == "/chat/completions" and self.meter.counts_usage():
-            body = bytearray(_with_stream_usage(parsed, body))
+            body = bytearray(with_stream_usage(parsed, body))
         del parsed  # the record takes what it keeps; the forwarded body is the buffer itself
         try:
             await self._forward(body, messages, streamed, scope, send)
@@ -261,16 +262,6 @@ class GatewayApp:
         self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(None, status, trio.current_time() - start)
         await _json(send, status, self.api.error(error.message, error.code))
-
-
-def _with_stream_usage(parsed: dict[str, Any], body: bytes | bytearray) -> bytes | bytearray:
-    """A streamed chat request that asks for its usage: without it a token or
-    cost budget could not count the call (the one field the gateway adds)."""
-    options = parsed.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return body
-    options = dict(options) if isinstance(options, dict) else {}
-    return json.dumps({**parsed, "stream_options": {**options, "include_usage": True}}).encode()
 
 
 async def _json(send: Any, status: int, body: Any) -> None:
