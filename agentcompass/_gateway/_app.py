@@ -20,8 +20,8 @@ The token is accepted as ``Authorization: Bearer`` or ``x-api-key`` (for
 Gemini also ``x-goog-api-key`` or ``?key=``, which is not forwarded); a
 request without it gets 401 and is not recorded. The body is read into one
 buffer and streamed from it to the upstream; one over the attempt's
-``max_body_bytes`` gets 413 and one nested past ``max_json_depth`` 400
-(``_bounds``), neither forwarded, and either adds one WARNING
+``max_body_bytes`` gets 413 (``_asgi.read_body``) and one nested past
+``max_json_depth`` 400 (``_bounds``), neither forwarded, and either adds one WARNING
 ``gateway_refused`` to the record, once per attempt however many. Upstream
 failures are classified as the model client classifies them (``agentcompass._models._client``; an error
 event inside a 200 stream is FATAL ``model_server_error`` too) and recorded
@@ -41,7 +41,7 @@ import attrs
 import httpx
 import trio
 
-from .._asgi import lifespan
+from .._asgi import BodyRefused, lifespan, read_body
 from .._models import EndpointClient, ModelError
 from .._models._budget import Meter
 from .._models._chat_wire import with_stream_usage
@@ -51,7 +51,7 @@ from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
 from ..runtime._values import GatewaySpec
 from ._apis import API_OF
-from ._bounds import BodyRefused, parse_body, read_body
+from ._bounds import parse_body
 from ._record import GatewayRecord
 from ._redactor import StreamRedactor
 
