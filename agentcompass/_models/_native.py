@@ -142,6 +142,14 @@ class _NativeClient(EndpointClient, Generic[_Reply]):
 
 
 @attrs.define(eq=False)
+class _ModelClient(_NativeClient[ModelReply]):
+    """A client whose replies are :class:`ModelReply` values (all but chat)."""
+
+    def _value(self, parsed: Parsed, usage: dict[str, int]) -> ModelReply:
+        return ModelReply(parsed.content, parsed.tool_calls, usage, parsed.finish_reason, parsed.raw)
+
+
+@attrs.define(eq=False)
 class ChatClient(_NativeClient[ChatReply]):
     """Chat completions (``api: openai-chat``) for one model over its endpoint's shared HTTP client.
 
@@ -183,7 +191,7 @@ class ChatClient(_NativeClient[ChatReply]):
 
 
 @attrs.define(eq=False)
-class ResponsesClient(_NativeClient[ModelReply]):
+class ResponsesClient(_ModelClient):
     """The OpenAI Responses API (``api: openai-responses``) for one model over
     its endpoint's shared HTTP client. Obtain one with
     :func:`agentcompass.models.responses_client`; it holds no connection of
@@ -196,9 +204,6 @@ class ResponsesClient(_NativeClient[ModelReply]):
 
     def _stream(self) -> ResponsesStream:
         return ResponsesStream()
-
-    def _value(self, parsed: Parsed, usage: dict[str, int]) -> ModelReply:
-        return ModelReply(parsed.content, parsed.tool_calls, usage, parsed.finish_reason, parsed.raw)
 
     async def create(
         self,
@@ -228,7 +233,7 @@ class ResponsesClient(_NativeClient[ModelReply]):
 
 
 @attrs.define(eq=False)
-class MessagesClient(_NativeClient[ModelReply]):
+class MessagesClient(_ModelClient):
     """The Anthropic Messages API (``api: anthropic-messages``) for one model
     over its endpoint's shared HTTP client. Obtain one with
     :func:`agentcompass.models.messages_client`; it holds no connection of
@@ -241,9 +246,6 @@ class MessagesClient(_NativeClient[ModelReply]):
 
     def _stream(self) -> MessagesStream:
         return MessagesStream()
-
-    def _value(self, parsed: Parsed, usage: dict[str, int]) -> ModelReply:
-        return ModelReply(parsed.content, parsed.tool_calls, usage, parsed.finish_reason, parsed.raw)
 
     async def create(
         self,
