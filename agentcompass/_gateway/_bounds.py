@@ -6,8 +6,9 @@ harness's run (the run's tag names the gateway's directory, so that
 ``reap`` and ``sweep`` find it; the request's ``execution.gateway`` bounds
 it). Outside an orchestration the defaults hold and the directory has no tag.
 
-:func:`parse_body` parses a request body (read by ``_asgi.read_body``) once (for the record) and tells a body
-nested past the depth limit, with no ``RecursionError`` escaping.
+:func:`parse_body` parses a request body (read by ``_asgi.read_body``)
+once (for the record) and tells a body nested past the depth limit, with no
+``RecursionError`` escaping.
 :class:`RecordBudget` decides what of a call the trajectory keeps.
 """
 

@@ -45,6 +45,7 @@ its ``text`` blocks as the user message; ``system`` apart); Gemini's
 
 ``ModelServer(script, fail_after=N)`` answers HTTP 500 (``fail_status``) to
 every request after N successful replies: an upstream that breaks mid-episode.
+A request body over ``max_body_bytes`` (64 MiB by default) is answered 413.
 :meth:`ModelServer.save` writes what it recorded as JSON lines.
 
 Replies: :func:`text`, :func:`tool_call`, :func:`tool_calls` (several calls in
