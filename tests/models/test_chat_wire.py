@@ -1,7 +1,8 @@
 """One reading of chat completions: the same hostile reply, complete or
 streamed, from a real loopback server, is refused with the same code and the
-same reason by the chat client and by the model gateway's record, and a
-good one reads the same through both."""
+same reason by the chat client and by the model gateway's record, a good
+one reads the same through both, and the scripted server's stream of a reply
+reads as the reply itself."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ from typing import Any
 import httpx
 import pytest
 from _http_support import MESSAGES, Answer, App, Seen, serving
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_wire_properties import completions
 
 from agentcompass import ModelSpec, NetworkPolicy
-from agentcompass._models._chat_wire import MAX_TOOL_CALLS, ChatStream, parse_completion
+from agentcompass._models._chat_wire import MAX_TOOL_CALLS, ChatStream, conversation, parse_completion
 from agentcompass._models._wire import ReplyError, events_of
 from agentcompass.environments.local import LocalEnvironment
 from agentcompass.gateway import open_gateway
 from agentcompass.models import ModelError, chat_client, open_model_clients
 from agentcompass.testing import hang_guard
+from agentcompass.testing._chat_stream import sse_events
 
 SSE = {"content-type": "text/event-stream"}
 
@@ -155,3 +160,21 @@ async def test_a_good_reply_reads_the_same_through_the_client_and_the_gateway(tm
         kept = record.trajectory[-1]
         assert kept["content"] == "ok" and kept["tool_calls"] == [{"id": "c0", "name": "bash", "arguments": "{}"}]
         assert record.usage.to_dict()["prompt_tokens"] == 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(completions(), st.integers(1, 12), st.booleans())
+def test_the_scripted_server_s_stream_reads_as_its_complete_reply(completion, chunk_chars, include_usage):
+    whole = parse_completion(completion)
+    stream = ChatStream()
+    for event in events_of(b"".join(sse_events(completion, chunk_chars, include_usage)).decode().splitlines()):
+        stream.feed(event)
+    streamed = stream.result()
+    assert (streamed.content, streamed.tool_calls, streamed.raw) == (whole.content, whole.tool_calls, whole.raw)
+    assert streamed.usage == (whole.usage if include_usage else {"prompt_tokens": 0, "completion_tokens": 0})
+    # The message a reply continues with is a request's assistant turn with the same calls.
+    (turn,) = conversation({"messages": [whole.raw]})
+    assert turn["content"] == whole.content
+    assert [(c["id"], c["name"], c["arguments"]) for c in turn.get("tool_calls", [])] == [
+        (c.id, c.name, c.arguments) for c in whole.tool_calls
+    ]
