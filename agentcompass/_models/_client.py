@@ -4,7 +4,8 @@
 and request ``params``) to the shared ``httpx.AsyncClient`` of its endpoint
 (see ``_pool``) and the one URL it posts to; ``_native`` builds the
 ``openai-chat``, ``openai-responses`` and ``anthropic-messages`` clients on
-it, and the model gateway forwards through one. A call posts once and
+it (``_gemini`` the ``google-generate-content`` one), and the model gateway
+forwards through one. A call posts once and
 returns the API's reply, or raises :class:`ModelError` classified as SPEC
 section 10 lists it:
 

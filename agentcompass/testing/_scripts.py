@@ -28,7 +28,7 @@ from ._replies import (
     text,
     tool_call,
     tool_calls,
-)  # fmt: skip
+)
 
 __all__ = ["APIS", "Api", "api_of", "by_instruction", "episode", "load_script", "message_text"]
 

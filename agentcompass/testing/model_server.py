@@ -150,7 +150,7 @@ from ._replies import (
     text,
     tool_call,
     tool_calls,
-)  # fmt: skip
+)
 from ._scripts import APIS, Api, api_of, by_instruction, episode, load_script, message_text
 
 __all__ = [
