@@ -6,6 +6,9 @@ scope: cancelling it stops the server at once; setting ``stop`` stops it
 gracefully (no new connections, replies in progress get ``grace_seconds``,
 idle keep-alive connections are closed). Either way the listening socket is
 closed when :func:`serve_asgi` returns.
+
+:func:`read_body` is the one way those apps read a request's body: into one
+buffer, counted as it arrives, refused past the caller's limit.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
-__all__ = ["lifespan", "listen", "serve_asgi"]
+__all__ = ["BodyRefused", "lifespan", "listen", "read_body", "serve_asgi"]
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
@@ -90,3 +93,29 @@ async def lifespan(receive: Callable[[], Awaitable[Any]], send: Callable[[Any], 
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+class BodyRefused(Exception):
+    """The request's body is over the limit (``left``: the client left while sending it)."""
+
+    def __init__(self, message: str, *, left: bool = False):
+        super().__init__(message)
+        self.left = left
+
+
+async def read_body(receive: Callable[[], Awaitable[Any]], limit: int) -> bytearray:
+    """The request's body in one buffer (the only copy held); raises
+    :class:`BodyRefused` as soon as it passes ``limit`` bytes (a declared
+    ``Content-Length`` is not trusted: the bytes are counted), or when the
+    client leaves before its last byte (``left``)."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BodyRefused("the client left", left=True)
+        chunk = message.get("body", b"")
+        if len(body) + len(chunk) > limit:
+            raise BodyRefused(f"request body over {limit} bytes")
+        body += chunk
+        if not message.get("more_body"):
+            return body

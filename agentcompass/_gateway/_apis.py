@@ -1,7 +1,7 @@
 """The APIs the gateway serves: per API its route, the request headers it
 forwards, how its conversations and replies are read, and its error body.
 
-Reading is the wire modules' (``_chat`` here, ``_models._responses_wire``,
+Reading is the wire modules' (``_models._chat_wire``, ``_models._responses_wire``,
 ``_models._messages_wire``, ``_models._gemini_wire``); the app never
 branches on the API.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import attrs
 
-from .._models import _gemini_wire, _messages_wire, _responses_wire
+from .._models import _chat_wire, _gemini_wire, _messages_wire, _responses_wire
 from .._models._wire import Parsed, ReplyError, events_of
-from . import _chat, _gemini
+from . import _gemini
 
 __all__ = ["API_OF", "Api"]
 
@@ -82,7 +82,12 @@ def _events(assembler: Callable[[], Any]) -> Callable[[bytes], Parsed]:
 
 API_OF: dict[str, Api] = {
     "openai-chat": Api(
-        "/chat/completions", (), _chat.conversation, _chat.parse_reply, _chat.parse_stream, _openai_error
+        "/chat/completions",
+        (),
+        _chat_wire.conversation,
+        _json(_chat_wire.parse_completion),
+        _events(_chat_wire.ChatStream),
+        _openai_error,
     ),
     "openai-responses": Api(
         "/responses",

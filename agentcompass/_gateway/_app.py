@@ -20,8 +20,8 @@ The token is accepted as ``Authorization: Bearer`` or ``x-api-key`` (for
 Gemini also ``x-goog-api-key`` or ``?key=``, which is not forwarded); a
 request without it gets 401 and is not recorded. The body is read into one
 buffer and streamed from it to the upstream; one over the attempt's
-``max_body_bytes`` gets 413 and one nested past ``max_json_depth`` 400
-(``_bounds``), neither forwarded, and either adds one WARNING
+``max_body_bytes`` gets 413 (``_asgi.read_body``) and one nested past
+``max_json_depth`` 400 (``_bounds``), neither forwarded, and either adds one WARNING
 ``gateway_refused`` to the record, once per attempt however many. Upstream
 failures are classified as the model client classifies them (``agentcompass._models._client``; an error
 event inside a 200 stream is FATAL ``model_server_error`` too) and recorded
@@ -41,16 +41,17 @@ import attrs
 import httpx
 import trio
 
-from .._asgi import lifespan
+from .._asgi import BodyRefused, lifespan, read_body
 from .._models import EndpointClient, ModelError
 from .._models._budget import Meter
+from .._models._chat_wire import with_stream_usage
 from .._models._cost import priced
 from .._models._wire import Parsed, ReplyError
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._results import Issue
 from ..runtime._values import GatewaySpec
 from ._apis import API_OF
-from ._bounds import BodyRefused, parse_body, read_body
+from ._bounds import parse_body
 from ._record import GatewayRecord
 from ._redactor import StreamRedactor
 
@@ -121,7 +122,7 @@ class GatewayApp:
         messages = api.conversation(parsed)
         streamed = isinstance(parsed, dict) and parsed.get("stream") is True
         if streamed and api.route == "/chat/completions" and self.meter.counts_usage():
-            body = bytearray(_with_stream_usage(parsed, body))
+            body = bytearray(with_stream_usage(parsed, body))
         del parsed  # the record takes what it keeps; the forwarded body is the buffer itself
         try:
             await self._forward(body, messages, streamed, scope, send)
@@ -261,16 +262,6 @@ class GatewayApp:
         self.record.add_issue(error.to_issue("run"))
         self.record.add_reply(None, status, trio.current_time() - start)
         await _json(send, status, self.api.error(error.message, error.code))
-
-
-def _with_stream_usage(parsed: dict[str, Any], body: bytes | bytearray) -> bytes | bytearray:
-    """A streamed chat request that asks for its usage: without it a token or
-    cost budget could not count the call (the one field the gateway adds)."""
-    options = parsed.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage") is True:
-        return body
-    options = dict(options) if isinstance(options, dict) else {}
-    return json.dumps({**parsed, "stream_options": {**options, "include_usage": True}}).encode()
 
 
 async def _json(send: Any, status: int, body: Any) -> None:

@@ -6,9 +6,9 @@ harness's run (the run's tag names the gateway's directory, so that
 ``reap`` and ``sweep`` find it; the request's ``execution.gateway`` bounds
 it). Outside an orchestration the defaults hold and the directory has no tag.
 
-:func:`read_body` takes a request body into one buffer, refusing it past
-the limit; :func:`parse_body` parses it once (for the record) and tells a body
-nested past the depth limit, with no ``RecursionError`` escaping.
+:func:`parse_body` parses a request body (read by ``_asgi.read_body``)
+once (for the record) and tells a body nested past the depth limit, with no
+``RecursionError`` escaping.
 :class:`RecordBudget` decides what of a call the trajectory keeps.
 """
 
@@ -24,7 +24,7 @@ import attrs
 
 from ..runtime._values import GatewaySpec
 
-__all__ = ["RecordBudget", "attempt_gateway", "current_gateway", "parse_body", "read_body"]
+__all__ = ["RecordBudget", "attempt_gateway", "current_gateway", "parse_body"]
 
 _current: contextvars.ContextVar[tuple[str, GatewaySpec] | None] = contextvars.ContextVar(
     "agentcompass_gateway", default=None
@@ -45,31 +45,6 @@ def current_gateway() -> tuple[str | None, GatewaySpec]:
     """The run's tag (None outside a run) and the bounds for a gateway opened now."""
     value = _current.get()
     return (None, GatewaySpec()) if value is None else value
-
-
-class BodyRefused(Exception):
-    """The request's body is over the limit (``left``: the client left while sending it)."""
-
-    def __init__(self, message: str, *, left: bool = False):
-        super().__init__(message)
-        self.left = left
-
-
-async def read_body(receive: Any, limit: int) -> bytearray:
-    """The request's body in one buffer (the only copy held); raises
-    :class:`BodyRefused` as soon as it passes ``limit`` bytes (a declared
-    ``Content-Length`` is not trusted: the bytes are counted)."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise BodyRefused("the client left", left=True)
-        chunk = message.get("body", b"")
-        if len(body) + len(chunk) > limit:
-            raise BodyRefused(f"request body over {limit} bytes")
-        body += chunk
-        if not message.get("more_body"):
-            return body
 
 
 def parse_body(body: bytes | bytearray, limit: int) -> tuple[Any, bool]:

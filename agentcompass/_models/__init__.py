@@ -1,11 +1,11 @@
 """The model path: a client per API, its per-endpoint pool, usage totals."""
 
-from ._client import ChatClient as ChatClient
-from ._client import ChatReply as ChatReply
 from ._client import EndpointClient as EndpointClient
 from ._client import ModelError as ModelError
 from ._client import ToolCall as ToolCall
 from ._gemini import GeminiClient as GeminiClient
+from ._native import ChatClient as ChatClient
+from ._native import ChatReply as ChatReply
 from ._native import MessagesClient as MessagesClient
 from ._native import ModelReply as ModelReply
 from ._native import ResponsesClient as ResponsesClient

@@ -1,15 +1,13 @@
-"""The ``openai-chat`` client, and what every API's client shares: one call, classified.
+"""What every API's client shares: one call, classified.
 
-:class:`EndpointClient` is the shared part (the endpoint's URL, the post,
-the classification below); ``_native`` builds the ``openai-responses`` and
-``anthropic-messages`` clients on it, and the model gateway forwards
-through one.
-
-:class:`ChatClient` binds a :class:`~agentcompass.ModelSpec` (model name and
-request ``params``) to the shared ``httpx.AsyncClient`` of its endpoint (see
-``_pool``). :meth:`ChatClient.chat` posts ``{base_url}/chat/completions``
-once and returns a :class:`ChatReply`, or raises :class:`ModelError`
-classified as SPEC section 10 lists it:
+:class:`EndpointClient` binds a :class:`~agentcompass.ModelSpec` (model name
+and request ``params``) to the shared ``httpx.AsyncClient`` of its endpoint
+(see ``_pool``) and the one URL it posts to; ``_native`` builds the
+``openai-chat``, ``openai-responses`` and ``anthropic-messages`` clients on
+it (``_gemini`` the ``google-generate-content`` one), and the model gateway
+forwards through one. A call posts once and
+returns the API's reply, or raises :class:`ModelError` classified as SPEC
+section 10 lists it:
 
 =============================== ======== ======================
 what happened                   severity code
@@ -36,12 +34,6 @@ that met a stale keep-alive connection, see ``_http``): a FATAL failure is
 retried by the runtime (a whole attempt), so the retry budget, backoff and
 records stay in one place.
 
-``chat(..., stream=True)`` asks for a streamed reply (``"stream": true``
-and ``"stream_options": {"include_usage": true}``) and assembles its
-server-sent events (text deltas, tool-call deltas by index, the usage of the
-last chunk) into the same :class:`ChatReply`; a server that answers a
-streamed request with a plain JSON reply is read as one.
-
 Messages are one line, name the model and endpoint, and carry at most 500
 characters of the server's error body with the API key and anything shaped
 like a credential masked: a server that echoes the request's headers into
@@ -64,12 +56,11 @@ from ..runtime._errors import IssueError
 from ..runtime._results import Issue, Phase, Severity
 from ..runtime._values import ModelSpec
 from ._budget import current_meter
-from ._cost import call_usage, priced
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["ChatClient", "ChatReply", "EndpointClient", "ModelError", "ToolCall"]
+__all__ = ["EndpointClient", "ModelError", "ToolCall"]
 
 _BODY_CHARS = 500
 
@@ -99,22 +90,6 @@ class ToolCall:
     id: str
     name: str
     arguments: str
-
-
-@attrs.frozen
-class ChatReply:
-    """The assistant message of one chat completion.
-
-    ``message`` is the message as the conversation should continue with it
-    (OpenAI format: ``role``, ``content``, ``tool_calls``); ``usage`` holds
-    ``prompt_tokens`` and ``completion_tokens`` (0 when the server omits them).
-    """
-
-    content: str | None
-    tool_calls: tuple[ToolCall, ...]
-    usage: dict[str, int]
-    finish_reason: str | None
-    message: dict[str, Any]
 
 
 @attrs.define(eq=False)
@@ -233,147 +208,6 @@ class EndpointClient:
         if status >= 500:  # Anthropic's 529 "overloaded" among them
             return self._error("fatal", "model_server_error", detail)
         return self._error("error", "model_bad_request", detail)
-
-
-@attrs.define(eq=False)
-class ChatClient(EndpointClient):
-    """Chat completions for one model over its endpoint's shared HTTP client.
-
-    Obtain one with :func:`agentcompass.models.chat_client`; never build an
-    ``httpx`` client of your own. It holds no connection itself: closing is
-    the orchestration's job. Cancelling :meth:`chat` closes the connection
-    the call was using (an interrupted HTTP/1.1 exchange cannot be reused).
-    """
-
-    async def chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        stream: bool = False,
-        **params: Any,
-    ) -> ChatReply:
-        """One completion of ``messages``; ``tools`` are OpenAI function tools.
-
-        The request body is ``{"model", "messages", "tools"}`` plus the
-        ModelSpec's ``params`` (temperature, max_tokens, ...), then ``params``
-        given here. ``stream`` asks for the reply as server-sent events
-        (see the module docstring); the reply is the same either way.
-        Raises :class:`ModelError`.
-        """
-        body: dict[str, Any] = {"model": self.model.name, "messages": messages}
-        if tools:
-            body["tools"] = tools
-        if stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        reply: ChatReply = await self._exchange(self._body(body, params), stream, self._parse, self._parse_stream)
-        return reply
-
-    def _parse(self, response: httpx.Response) -> ChatReply:
-        try:
-            data = response.json()
-        except ValueError:
-            raise self._error("error", "no_valid_output", "the reply is not JSON") from None
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-            raise self._error("error", "no_valid_output", "the reply has no choices")
-        choice = choices[0]
-        message = choice.get("message")
-        if not isinstance(message, dict):
-            raise self._error("error", "no_valid_output", "the reply's first choice has no message")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            raise self._error("error", "no_valid_output", "the reply's content is not text")
-        calls: list[ToolCall] = []
-        for raw in message.get("tool_calls") or ():
-            function = raw.get("function") if isinstance(raw, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise self._error("error", "no_valid_output", "the reply has a malformed tool call")
-            arguments = function.get("arguments")
-            if not isinstance(arguments, str):
-                arguments = json.dumps(arguments if arguments is not None else {})
-            calls.append(ToolCall(str(raw.get("id") or f"call_{len(calls)}"), function["name"], arguments))
-        usage = data.get("usage")
-        return self._reply(content, calls, usage, choice.get("finish_reason"))
-
-    async def _parse_stream(self, response: httpx.Response) -> ChatReply:
-        """Assemble a streamed reply. Only ``data:`` lines carry anything in
-        OpenAI's streams (no event names, ids or retries), so that is all of
-        the event-stream format read here; ``data: [DONE]`` ends it."""
-        text: list[str] = []
-        calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument pieces]]
-        usage: Any = None
-        finish: str | None = None
-        chunks = 0
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                break
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                raise self._error("error", "no_valid_output", "a streamed chunk is not JSON") from None
-            if not isinstance(chunk, dict):
-                raise self._error("error", "no_valid_output", "a streamed chunk is not an object")
-            if chunk.get("error") is not None:
-                detail = " ".join(json.dumps(chunk["error"]).split())[:_BODY_CHARS]
-                raise self._error("fatal", "model_server_error", f"the stream ended in an error: {detail}")
-            if isinstance(chunk.get("usage"), dict):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or ():
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    continue
-                chunks += 1
-                finish = choice.get("finish_reason") or finish
-                delta = choice.get("delta")
-                if not isinstance(delta, dict):
-                    continue
-                piece = delta.get("content")
-                if piece is not None and not isinstance(piece, str):
-                    raise self._error("error", "no_valid_output", "the reply's content is not text")
-                if piece is not None:
-                    text.append(piece)
-                for raw in delta.get("tool_calls") or ():
-                    if not isinstance(raw, dict):
-                        raise self._error("error", "no_valid_output", "the reply has a malformed tool call")
-                    index = raw.get("index", len(calls))
-                    call = calls.setdefault(index if isinstance(index, int) else len(calls), [None, None, []])
-                    function: dict[str, Any] = raw["function"] if isinstance(raw.get("function"), dict) else {}
-                    call[0] = raw.get("id") or call[0]
-                    if isinstance(function.get("name"), str):
-                        call[1] = (call[1] or "") + function["name"]
-                    if isinstance(function.get("arguments"), str):
-                        call[2].append(function["arguments"])
-        if not chunks:
-            raise self._error("error", "no_valid_output", "the streamed reply has no choices")
-        tool_calls: list[ToolCall] = []
-        for _, (call_id, name, pieces) in sorted(calls.items()):
-            if not name:
-                raise self._error("error", "no_valid_output", "the reply has a malformed tool call")
-            tool_calls.append(ToolCall(str(call_id or f"call_{len(tool_calls)}"), name, "".join(pieces) or "{}"))
-        content = "".join(text) if text else None
-        if content == "" and tool_calls:
-            content = None  # as a complete reply gives a tool-call message
-        return self._reply(content, tool_calls, usage, finish)
-
-    def _reply(self, content: str | None, calls: list[ToolCall], usage: Any, finish: Any) -> ChatReply:
-        if content is None and not calls:
-            raise self._error("error", "no_valid_output", "the reply has neither content nor tool calls")
-        out: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-            ]
-        return ChatReply(
-            content=content,
-            tool_calls=tuple(calls),
-            usage=priced(call_usage(usage), self.model.pricing),
-            finish_reason=finish if isinstance(finish, str) else None,
-            message=out,
-        )
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import attrs
 
 from ._gemini_wire import GeminiStream, parse_reply
-from ._native import ModelReply, _NativeClient
+from ._native import ModelReply, _ModelClient
 from ._wire import Parsed
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def model_path(base: httpx.URL, model: str, stream: bool) -> httpx.URL:
 
 
 @attrs.define(eq=False)
-class GeminiClient(_NativeClient):
+class GeminiClient(_ModelClient):
     """The Gemini API (``api: google-generate-content``) for one model over
     its endpoint's shared HTTP client. Obtain one with
     :func:`agentcompass.models.gemini_client`; it holds no connection of its

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from .._redact import register_secret
 from ..runtime._errors import ConfigError
 from ..runtime._values import ModelSpec
-from ._client import ChatClient, EndpointClient
+from ._client import EndpointClient
 from ._gemini import GeminiClient
-from ._native import MessagesClient, ResponsesClient
+from ._native import ChatClient, MessagesClient, ResponsesClient
 
 if TYPE_CHECKING:
     import ssl

@@ -1,7 +1,8 @@
-"""What the Responses and Messages wire modules share: the parsed reply, its
-failure, and the server-sent-events reader both APIs stream in.
+"""What the wire modules share: the parsed reply, its failure, and the
+server-sent-events reader every API streams in.
 
-A wire module (``_responses_wire``, ``_messages_wire``) knows one API's
+A wire module (``_chat_wire``, ``_responses_wire``, ``_messages_wire``,
+``_gemini_wire``) knows one API's
 request and reply formats and nothing of HTTP: the clients classify what it
 raises, the gateway records what it returns, and the scripted model server
 reads the conversations it finds, from the same code. A conversation is a

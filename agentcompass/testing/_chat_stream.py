@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .._models._chat_wire import chunk
+
 __all__ = ["sse_events"]
 
 
@@ -29,7 +31,9 @@ def sse_events(body: Any, chunk_chars: int, include_usage: bool, failure: str | 
     chunks = _chunks(body if isinstance(body, dict) else {}, chunk_chars, include_usage and failure is None)
     if failure is not None:
         error = {"error": {"message": failure, "type": "server_error", "code": None}}
-        return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks[:-1]] + [f"data: {json.dumps(error)}\n\n".encode()]
+        return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks[:-1]] + [
+            f"data: {json.dumps(error)}\n\n".encode()
+        ]
     return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
 
 
@@ -48,23 +52,22 @@ def _chunks(body: dict[str, Any], size: int, include_usage: bool) -> list[dict[s
     if include_usage:
         head["usage"] = None  # as OpenAI sends it: null on every chunk but the last
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
-
     chunks = []
     for choice in body.get("choices") or []:
         index, message = choice.get("index", 0), choice.get("message") or {}
         content, calls = message.get("content"), message.get("tool_calls") or []
-        chunks.append(chunk(index, {"role": message.get("role", "assistant"), "content": "" if content else None}))
-        chunks += [chunk(index, {"content": piece}) for piece in _pieces(content or "", size)]
+        chunks.append(
+            chunk(head, index, {"role": message.get("role", "assistant"), "content": "" if content else None})
+        )
+        chunks += [chunk(head, index, {"content": piece}) for piece in _pieces(content or "", size)]
         for n, call in enumerate(calls):
             function = call.get("function") or {}
             opening = {"index": n, "id": call.get("id"), "type": "function",
                        "function": {"name": function.get("name"), "arguments": ""}}  # fmt: skip
-            chunks.append(chunk(index, {"tool_calls": [opening]}))
+            chunks.append(chunk(head, index, {"tool_calls": [opening]}))
             for piece in _pieces(function.get("arguments") or "", size):
-                chunks.append(chunk(index, {"tool_calls": [{"index": n, "function": {"arguments": piece}}]}))
-        chunks.append(chunk(index, {}, choice.get("finish_reason") or "stop"))
+                chunks.append(chunk(head, index, {"tool_calls": [{"index": n, "function": {"arguments": piece}}]}))
+        chunks.append(chunk(head, index, {}, choice.get("finish_reason") or "stop"))
     if include_usage:
         chunks.append({**head, "choices": [], "usage": body.get("usage") or {}})
     return chunks

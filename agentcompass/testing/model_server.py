@@ -45,6 +45,7 @@ its ``text`` blocks as the user message; ``system`` apart); Gemini's
 
 ``ModelServer(script, fail_after=N)`` answers HTTP 500 (``fail_status``) to
 every request after N successful replies: an upstream that breaks mid-episode.
+A request body over ``max_body_bytes`` (64 MiB by default) is answered 413.
 :meth:`ModelServer.save` writes what it recorded as JSON lines.
 
 Replies: :func:`text`, :func:`tool_call`, :func:`tool_calls` (several calls in
@@ -126,7 +127,6 @@ event with no ``[DONE]``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -137,10 +137,21 @@ from typing import Any
 import attrs
 import trio
 
-from .._asgi import lifespan, listen, serve_asgi
-from .._models import _gemini_wire, _messages_wire, _responses_wire
-from . import _gemini_render, _messages_render, _responses_render
-from ._chat_stream import sse_events
+from .._asgi import BodyRefused, lifespan, listen, read_body, serve_asgi
+from ._replies import (
+    RecordedRequest,
+    Reply,
+    Script,
+    echo_headers,
+    empty_choices,
+    error,
+    malformed,
+    stream_error,
+    text,
+    tool_call,
+    tool_calls,
+)
+from ._scripts import APIS, Api, api_of, by_instruction, episode, load_script, message_text
 
 __all__ = [
     "ModelServer",
@@ -160,269 +171,27 @@ __all__ = [
     "tool_calls",
 ]
 
-_ids = itertools.count(1)
-_CHUNK_CHARS = 8
 
-
-@attrs.frozen
-class Reply:
-    """One scripted HTTP reply. ``body`` is JSON-encoded unless it is ``bytes``
-    (a chat completion is rendered in the route's API, and an error reply's
-    ``None`` body as the API's error object); ``echo_headers`` replaces the
-    body with the request's headers; ``stream_error`` ends a streamed reply
-    with the API's error event.
-    ``chunk_chars`` and ``chunk_delay`` shape the reply to a streaming request:
-    the size of each content or arguments piece and the pause between events."""
-
-    status: int = 200
-    body: Any = None
-    headers: dict[str, str] = attrs.Factory(dict)
-    delay: float = 0.0
-    echo_headers: bool = False
-    chunk_chars: int = _CHUNK_CHARS
-    chunk_delay: float = 0.0
-    #: Streamed: the reply's deltas, then the API's error event with this message.
-    stream_error: str | None = None
-    #: When > 0, the body goes out in pieces of this many bytes (a secret split across chunks).
-    piece_bytes: int = 0
-
-    def after(self, seconds: float) -> Reply:
-        """This reply, sent ``seconds`` after the request arrived."""
-        return attrs.evolve(self, delay=seconds)
-
-
-@attrs.frozen
-class RecordedRequest:
-    """A request as the server received it (header names lower-case)."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-    @property
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body)
-        except ValueError:
-            return None
-
-
-def _completion(message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{next(_ids)}",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "scripted",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def text(content: str, *, prompt_tokens: int = 10, completion_tokens: int = 5) -> Reply:
-    """An assistant message with ``content`` and no tool call."""
-    message = {"role": "assistant", "content": content}
-    return Reply(body=_completion(message, "stop", prompt_tokens, completion_tokens))
-
-
-def tool_call(
-    name: str,
-    arguments: dict[str, Any] | str,
-    *,
-    call_id: str | None = None,
-    content: str | None = None,
-    prompt_tokens: int = 10,
-    completion_tokens: int = 5,
-) -> Reply:
-    """An assistant message calling tool ``name`` with ``arguments`` (a dict is JSON-encoded)."""
-    return tool_calls(
-        [(name, arguments, call_id)], content=content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
-    )
-
-
-def tool_calls(
-    calls: Sequence[tuple[str, dict[str, Any] | str] | tuple[str, dict[str, Any] | str, str | None]],
-    *,
-    content: str | None = None,
-    prompt_tokens: int = 10,
-    completion_tokens: int = 5,
-) -> Reply:
-    """An assistant message with one tool call per ``(name, arguments[, call_id])``."""
-    made = []
-    for name, arguments, *rest in calls:
-        args = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        call_id = (rest[0] if rest else None) or f"call_{next(_ids)}"
-        made.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}})
-    message = {"role": "assistant", "content": content, "tool_calls": made}
-    return Reply(body=_completion(message, "tool_calls", prompt_tokens, completion_tokens))
-
-
-def error(status: int, *, headers: dict[str, str] | None = None, body: Any = None) -> Reply:
-    """An HTTP error reply; ``body`` defaults to the route's API error object
-    (``{"error": {"message": "scripted HTTP 500", ...}}``, or for Messages
-    ``{"type": "error", "error": {"type": "overloaded_error", ...}}`` and the like)."""
-    return Reply(status=status, body=body, headers=dict(headers or {}))
-
-
-def stream_error(message: str = "scripted stream error", *, content: str = "partial") -> Reply:
-    """A streamed reply that breaks: ``content``'s deltas, then the API's
-    error event with ``message`` (chat: a ``data: {"error": ...}`` chunk;
-    Responses: ``response.failed``; Messages: ``event: error``,
-    ``overloaded_error``). A request that did not ask to stream gets HTTP 500."""
-    return attrs.evolve(text(content), stream_error=message)
-
-
-def malformed(body: str = '{"choices": [') -> Reply:
-    """A 200 reply whose body is not valid JSON."""
-    return Reply(body=body.encode())
-
-
-def empty_choices() -> Reply:
-    """A 200 reply with ``"choices": []``."""
-    return Reply(body={"id": "chatcmpl-empty", "object": "chat.completion", "choices": [], "usage": {}})
-
-
-def echo_headers(status: int = 500) -> Reply:
-    """A reply whose body repeats every request header, ``Authorization``
-    included: an error body for a status >= 400; for 200 a completion (in the
-    route's API) whose text is the headers as JSON, streamed as one delta
-    when asked to stream, and either way sent in 7-byte pieces, so that a
-    secret in it is split across chunks."""
-    return Reply(status=status, echo_headers=True, piece_bytes=7 if status == 200 else 0)
-
-
-Script = Callable[[RecordedRequest], Reply]
-
-
-def message_text(message: Any) -> str:
-    """A message's content as text: a string, or the ``text`` of a list of parts."""
-    content = message.get("content") if isinstance(message, dict) else None
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return content if isinstance(content, str) else ""
-
-
-def _chat_messages(body: Any) -> list[Any]:
-    messages = body.get("messages", []) if isinstance(body, dict) else []
-    return messages if isinstance(messages, list) else []
-
-
-@attrs.frozen
-class _Api:
-    """One API the server speaks: its route, where a request keeps its
-    conversation (as chat-like messages, see ``_models._wire``), and how a
-    scripted chat completion, its stream and an error body are rendered."""
-
-    route: str | tuple[str, ...]
-    conversation: Callable[[Any], list[Any]]
-    body: Callable[[Any], Any]
-    events: Callable[[Any, int, bool, str | None], list[bytes]]
-    error: Callable[[int, str], Any]
-    #: Whether a request (its path, its JSON body) asks for a stream.
-    streams: Callable[[str, Any], bool] = lambda _path, body: isinstance(body, dict) and body.get("stream") is True
-
-
-def _openai_error(status: int, message: str) -> Any:
-    return {"error": {"message": message, "type": "scripted", "code": status}}
-
-
-_APIS = (
-    _Api("/chat/completions", _chat_messages, lambda body: body, sse_events, _openai_error),
-    _Api(
-        "/responses",
-        _responses_wire.conversation,
-        _responses_render.response_body,
-        lambda body, size, _usage, failure: _responses_render.response_events(body, size, failure),
-        _openai_error,
-    ),
-    _Api(
-        "/messages",
-        _messages_wire.conversation,
-        _messages_render.message_body,
-        lambda body, size, _usage, failure: _messages_render.message_events(body, size, failure),
-        _messages_render.error_body,
-    ),
-    _Api(
-        (":generateContent", ":streamGenerateContent"),
-        _gemini_wire.conversation,
-        _gemini_render.generate_body,
-        lambda body, size, _usage, failure: _gemini_render.generate_events(body, size, failure),
-        _gemini_render.error_body,
-        _gemini_render.streams,
-    ),
-)
-
-
-def _api(path: str) -> _Api | None:
-    route = path.split("?")[0].rstrip("/")
-    return next((api for api in _APIS if route.endswith(api.route)), None)
-
-
-def _messages(request: RecordedRequest) -> list[Any]:
-    return (_api(request.path) or _APIS[0]).conversation(request.json)
-
-
-def _turn(messages: list[Any], start: int) -> int:
-    return sum(1 for m in messages[start:] if isinstance(m, dict) and m.get("role") == "assistant")
-
-
-def episode(steps: Sequence[Reply], *, delay: float = 0.0, start: Callable[[list[Any]], int] | None = None) -> Script:
-    """Reply ``steps[n]`` to a request whose conversation has ``n`` assistant
-    messages (the last step repeats), each after ``delay`` unless it has its own.
-    ``start(messages)``, when given, is the index of the message the episode
-    counts from (assistant messages before it, such as an agent's example
-    exchanges, are not turns)."""
-    replies = [s if s.delay or not delay else s.after(delay) for s in steps]
-
-    def reply(request: RecordedRequest) -> Reply:
-        messages = _messages(request)
-        turn = _turn(messages, start(messages) if start is not None else 0)
-        return replies[min(turn, len(replies) - 1)]
-
-    return reply
-
-
-def _anchor(messages: list[Any], needle: str) -> int | None:
-    """The index of the first user or tool message containing ``needle``."""
-    for index, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") in ("user", "tool") and needle in message_text(message):
-            return index
-    return None
-
-
-def by_instruction(episodes: Sequence[tuple[str, Script]], default: Script | None = None) -> Script:
-    """The script of the first ``(substring, script)`` whose substring is in a
-    user or tool message of the conversation (text or a list of text parts),
-    searched from its last such message back; else ``default`` (else HTTP
-    400). An :func:`episode` built by :func:`load_script` counts its turns
-    from the first message that holds the substring, so example exchanges an
-    agent sends before the task do not shift the script."""
-
-    def reply(request: RecordedRequest) -> Reply:
-        messages = _messages(request)
-        for message in reversed(messages):
-            if not (isinstance(message, dict) and message.get("role") in ("user", "tool")):
-                continue
-            text = message_text(message)
-            for needle, script in episodes:
-                if needle in text:
-                    return script(request)
-        if default is not None:
-            return default(request)
-        return error(400, body={"error": {"message": "no scripted episode matches this conversation"}})
-
-    return reply
+#: The largest request body the server reads, by default (413 past it).
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class ModelServer:
-    """The server (see the module docstring). Start it with ``await nursery.start(server.serve)``."""
+    """The server (see the module docstring). Start it with ``await nursery.start(server.serve)``.
 
-    def __init__(self, script: Sequence[Reply] | Script, *, fail_after: int | None = None, fail_status: int = 500):
+    A request body over ``max_body_bytes`` is answered 413 in the route's
+    API error shape, unread past the limit, and is neither recorded nor a step."""
+
+    def __init__(
+        self,
+        script: Sequence[Reply] | Script,
+        *,
+        fail_after: int | None = None,
+        fail_status: int = 500,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ):
         self._script = script
+        self.max_body_bytes = max_body_bytes
         self._next = 0
         #: After this many successful (2xx) replies, every request gets ``fail_status``.
         self.fail_after = fail_after
@@ -454,7 +223,7 @@ class ModelServer:
         self._stop.set()
 
     def _reply_for(self, request: RecordedRequest) -> Reply:
-        if request.method != "POST" or _api(request.path) is None:
+        if request.method != "POST" or api_of(request.path) is None:
             return error(404, body={"error": {"message": f"no route {request.method} {request.path}"}})
         if self.fail_after is not None and self.good >= self.fail_after:
             return error(self.fail_status)
@@ -508,10 +277,17 @@ class ModelServer:
         if peer is None or peer not in self._peers:
             self._peers.add(peer)
             self.connections += 1
-        body = await _read_body(receive)
-        if body is None:
-            return  # the client left mid-request
-        request = _recorded(scope, body)
+        try:
+            body = await read_body(receive, self.max_body_bytes)
+        except BodyRefused as exc:
+            if not exc.left:  # else the client left mid-request
+                api = api_of(scope["path"]) or APIS[0]
+                payload = json.dumps(api.error(413, str(exc))).encode()
+                await send({"type": "http.response.start", "status": 413, "headers": _json_headers(payload)})
+                await send({"type": "http.response.body", "body": payload})
+            return
+        request = _recorded(scope, bytes(body))
+        del body
         self.requests.append(request)
         self._notify()
         reply = self._reply_for(request)
@@ -520,7 +296,7 @@ class ModelServer:
             self._notify()
             return
         asked = request.json if isinstance(request.json, dict) else {}
-        api = _api(request.path) or _APIS[0]
+        api = api_of(request.path) or APIS[0]
         if reply.echo_headers and reply.status == 200:
             content = json.dumps(request.headers)
             reply = attrs.evolve(
@@ -545,8 +321,8 @@ class ModelServer:
             payload = json.dumps(api.body(reply.body)).encode()
         else:
             payload = json.dumps(reply.body).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers + _headers(reply)})
+        headers = _json_headers(payload) + _headers(reply)
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await _send_body(send, payload, reply.piece_bytes, last=True)
 
 
@@ -558,20 +334,12 @@ async def _send_body(send: Any, data: bytes, piece: int, *, last: bool) -> None:
         await send({"type": "http.response.body", "body": chunk, "more_body": not last or n < len(pieces) - 1})
 
 
+def _json_headers(payload: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+
+
 def _headers(reply: Reply) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    """The request's body, or None if the client disconnected first."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return bytes(body)
 
 
 def _recorded(scope: dict[str, Any], body: bytes) -> RecordedRequest:
@@ -590,7 +358,7 @@ async def _client_left_during(receive: Any, seconds: float) -> bool:
     return False
 
 
-async def _stream(send: Any, receive: Any, reply: Reply, api: _Api, include_usage: bool) -> bool:
+async def _stream(send: Any, receive: Any, reply: Reply, api: Api, include_usage: bool) -> bool:
     """Send ``reply`` as ``api``'s server-sent events; True if the client left midway."""
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
     await send({"type": "http.response.start", "status": 200, "headers": headers + _headers(reply)})
@@ -603,53 +371,6 @@ async def _stream(send: Any, receive: Any, reply: Reply, api: _Api, include_usag
             return True
         await _send_body(send, event, reply.piece_bytes, last=n == len(events) - 1)
     return False
-
-
-def _step(raw: dict[str, Any], delay: float) -> Reply:
-    if not isinstance(raw, dict):
-        raise ValueError(f"a script step must be an object, got {raw!r}")
-    raw = dict(raw)
-    step_delay = float(raw.pop("delay", delay))
-    headers = {str(k): str(v) for k, v in (raw.pop("headers", None) or {}).items()}
-    chunk_chars = int(raw.pop("chunk_chars", _CHUNK_CHARS))
-    chunk_delay = float(raw.pop("chunk_delay", 0.0))
-    if "text" in raw:
-        reply = text(str(raw["text"]))
-    elif "tool_call" in raw:
-        call = raw["tool_call"]
-        reply = tool_call(call["name"], call.get("arguments", {}))
-    elif "tool_calls" in raw:
-        reply = tool_calls([(call["name"], call.get("arguments", {})) for call in raw["tool_calls"]])
-    elif "status" in raw:
-        reply = error(int(raw["status"]), body=raw.get("body"))
-    elif "malformed" in raw:
-        reply = malformed(str(raw["malformed"]))
-    elif "empty_choices" in raw:
-        reply = empty_choices()
-    elif "echo_headers" in raw:
-        reply = echo_headers(int(raw["echo_headers"]))
-    elif "stream_error" in raw:
-        reply = stream_error(str(raw["stream_error"]))
-    else:
-        raise ValueError(f"unknown script step {sorted(raw)}")
-    reply = attrs.evolve(reply, headers={**reply.headers, **headers}, chunk_chars=chunk_chars, chunk_delay=chunk_delay)
-    return reply.after(step_delay) if step_delay else reply
-
-
-def load_script(data: dict[str, Any]) -> Script:
-    """The script a JSON script file describes (see the module docstring)."""
-    delay = float(data.get("delay", 0))
-    episodes = [
-        (e["match"], episode([_step(s, delay) for s in e["steps"]], start=partial(_start, e["match"])))
-        for e in data.get("episodes", [])
-    ]
-    default = episode([_step(s, delay) for s in data["default"]]) if data.get("default") else None
-    return by_instruction(episodes, default)
-
-
-def _start(needle: str, messages: list[Any]) -> int:
-    anchor = _anchor(messages, needle)
-    return 0 if anchor is None else anchor
 
 
 async def _main(server: ModelServer, port: int, command: list[str], record: str | None) -> int:

@@ -142,7 +142,9 @@ async def test_an_oversized_body_is_refused_before_anything_is_forwarded(setup):
 
 
 def test_a_streamed_reply_with_tool_calls_is_assembled_for_the_record():
-    from agentcompass._gateway._chat import parse_stream
+    from agentcompass._gateway._apis import API_OF
+
+    parse_stream = API_OF["openai-chat"].stream
 
     events = [
         {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
