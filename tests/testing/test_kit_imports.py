@@ -17,7 +17,19 @@ KIT = Path(agentcompass.testing.__file__).parent
 SHARED_WITH_THE_MODEL_PATH = ("agentcompass._asgi", "agentcompass._models", "agentcompass._gateway")
 ALLOWED = {
     "__init__.py": ("agentcompass.runtime._public",),
-    "model_server.py": SHARED_WITH_THE_MODEL_PATH,
+    # The scripted model server and its parts speak the wire the client and the gateway speak.
+    **dict.fromkeys(
+        (
+            "model_server.py",
+            "_replies.py",
+            "_scripts.py",
+            "_chat_stream.py",
+            "_responses_render.py",
+            "_messages_render.py",
+            "_gemini_render.py",
+        ),
+        SHARED_WITH_THE_MODEL_PATH,
+    ),
     "_gateway_checks.py": SHARED_WITH_THE_MODEL_PATH,
     "_gateway_load.py": SHARED_WITH_THE_MODEL_PATH,
 }
