@@ -185,7 +185,7 @@ async def test_a_name_in_use_fails_the_open_and_leaves_the_other_session_alone(d
     with hang_guard(60):
         first = await env.open(config, NONE, name=name)
         try:
-            with pytest.raises(IssueError, match="already has a state directory"):
+            with pytest.raises(IssueError, match="already exists"):
                 await env.open(config, NONE, name=name)
             inside = await first.expose_directory(str(shared))
             assert (await first.exec(f"cat {inside}/tool.txt")).stdout == "from the host\n"
