@@ -73,7 +73,7 @@ class SessionFiles:
     async def expose_directory(self, host_path: str) -> str:
         """Bind ``host_path`` read-only (and ``nosuid``, ``nodev``) into the
         running sandbox at ``/run/agentcompass/<n>`` and return that path;
-        how the bind reaches a running sandbox is :func:`._host.expose`.
+        how the bind reaches a running sandbox is :func:`._mounts.expose`.
         The bind goes with the session (``close``, ``reap`` and ``sweep``
         detach it; the host directory is never deleted)."""
         self._check_open()

@@ -15,7 +15,13 @@ the sandboxes are gone. Where Docker's firewall drops forwarded packets,
 each veth that needs egress also has accept rules of its own in Docker's
 ``DOCKER-USER`` chain (:mod:`._forward`), removed with the veth.
 
-Everything here blocks and runs in a worker thread.
+The parts, one concept each: :mod:`._paths` (names, constants, host
+commands), :mod:`._statedir` (the state directory and its marker),
+:mod:`._mounts` (image roots, sysfs, exposures), :mod:`._cgroups` and
+:mod:`._leases` (the subnet leases, veths and the host table); this module
+re-exports them for the session and the provider and keeps what needs them
+all: :func:`destroy` and :func:`names_with_prefix`. Everything here blocks
+and runs in a worker thread.
 """
 
 from __future__ import annotations
