@@ -138,7 +138,7 @@ async def test_a_name_in_use_fails_the_open_and_leaves_the_other_session_alone(d
     with hang_guard(60):
         first = await env.open(config, NONE, name=name)
         try:
-            with pytest.raises(IssueError, match="already exists"):
+            with pytest.raises(IssueError, match="already has a state directory"):
                 await env.open(config, NONE, name=name)
             inside = await first.expose_directory(str(shared))
             assert (await first.exec(f"cat {inside}/tool.txt")).stdout == "from the host\n"
@@ -209,7 +209,7 @@ def test_a_daemon_that_does_not_see_the_hosts_files_gives_sessions_without_expos
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": tests},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
