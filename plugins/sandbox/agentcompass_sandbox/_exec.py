@@ -26,10 +26,10 @@ _CHUNK = 65536
 # After the command exits, how long to keep reading output a background process may hold.
 _DRAIN_SECONDS = 0.5
 # Puts the process into the cgroups named before "--", then becomes the command.
-_WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 # The sandbox's init: says it is up, then holds until the runtime closes its
 # stdin (close(), or the runtime's exit).
-_INIT = "echo ready; read _"
+INIT = "echo ready; read _"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: The whole environment of every process the runtime starts for a session
 #: (bwrap and its init, nsenter and its wrapper): the runtime's own
@@ -38,7 +38,7 @@ BASE_ENV = {"PATH": _PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
 #: The namespaces an exec enters, as nsenter names them.
 _NAMESPACES = (("user", "user"), ("mnt", "mount"), ("pid", "pid"), ("uts", "uts"), ("ipc", "ipc"),
                ("net", "net"), ("cgroup", "cgroup"))  # fmt: skip
-_NAMESPACE_NAMES = tuple(ns for ns, _ in _NAMESPACES)
+NAMESPACE_NAMES = tuple(ns for ns, _ in _NAMESPACES)
 
 
 def image_bwrap_argv(root: str, sysfs: str | None, hosts: str | None, exposed: str, share: list[str]) -> list[str]:
@@ -58,7 +58,7 @@ def image_bwrap_argv(root: str, sysfs: str | None, hosts: str | None, exposed: s
         "--cap-add", "ALL", "--uid", "0", "--gid", "0", "--hostname", "sandbox", *mounts,
         # One wait on fd 4 (bwrap closes it after): for the maps, which the
         # spawner writes once bwrap and its child are in their cgroups.
-        "--chdir", "/", "--info-fd", "3", "--", "sh", "-c", _INIT,
+        "--chdir", "/", "--info-fd", "3", "--", "sh", "-c", INIT,
     ]  # fmt: skip
 
 
@@ -69,7 +69,7 @@ def fail(message: str) -> IssueError:
 _root_binds_cache: list[str] | None = None
 
 
-def _root_binds() -> list[str]:
+def root_binds() -> list[str]:
     """bwrap arguments mounting the host's userland read-only (blocking: reads /
     once per process; the layout of / does not change under a running runtime)."""
     global _root_binds_cache

@@ -17,7 +17,7 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _CLONE_NEWNET = 0x40000000
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
     def enc(text: str | None) -> bytes | None:
         return None if text is None else text.encode()
 
@@ -26,7 +26,7 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
         raise HostError(f"mount {target}: {os.strerror(err)}")
 
 
-def _on_tmpfs(path: Path) -> bool:
+def on_tmpfs(path: Path) -> bool:
     """Whether the longest mount point containing ``path`` is a tmpfs."""
     best, fstype = "", ""
     target = str(path.resolve())
@@ -71,7 +71,7 @@ def make_image_root(name: str, lower: str, storage_bytes: int, owner: int) -> st
     os.chown(path, owner, owner)
     upper = f"{path}/{UPPER}"
     os.mkdir(upper, 0o700)
-    _mount("agentcompass-upper", upper, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={storage_bytes},mode=0700")
+    mount("agentcompass-upper", upper, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={storage_bytes},mode=0700")
     lower_root = os.stat(lower)
     os.mkdir(f"{upper}/u", 0o755)
     os.chown(f"{upper}/u", lower_root.st_uid, lower_root.st_gid)
@@ -80,7 +80,7 @@ def make_image_root(name: str, lower: str, storage_bytes: int, owner: int) -> st
     root = f"{path}/{ROOT}"
     os.mkdir(root, 0o755)
     options = f"lowerdir={lower},upperdir={upper}/u,workdir={upper}/w"
-    _mount("agentcompass-overlay", root, "overlay", _MS_NODEV, options)
+    mount("agentcompass-overlay", root, "overlay", _MS_NODEV, options)
     return root
 
 
@@ -113,7 +113,7 @@ def mount_sysfs(name: str, netns_fd: int) -> str:
         try:
             if _libc.setns(netns_fd, _CLONE_NEWNET) != 0:
                 raise HostError(f"setns: {os.strerror(ctypes.get_errno())}")
-            _mount("sysfs", target, "sysfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+            mount("sysfs", target, "sysfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
         except BaseException as exc:
             failures.append(exc)
 
@@ -125,7 +125,7 @@ def mount_sysfs(name: str, netns_fd: int) -> str:
     return target
 
 
-def _remove_image_root(path: str) -> None:
+def remove_image_root(path: str) -> None:
     """Detach the overlay, then its upper tmpfs (nothing mounted is fine)."""
     if os.path.isdir(f"{path}/{IMAGE}"):
         unmount(f"{path}/{IMAGE}/{SYS}")
@@ -133,7 +133,7 @@ def _remove_image_root(path: str) -> None:
         unmount(f"{path}/{IMAGE}/{UPPER}")
 
 
-def _remove_stages(path: str) -> None:
+def remove_stages(path: str) -> None:
     """Detach every stage of :func:`expose` and remove its (then empty) mount
     point. Never a recursive delete: a stage still mounted is the host's
     directory, so what cannot be detached stays and raises."""

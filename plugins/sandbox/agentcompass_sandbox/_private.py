@@ -93,13 +93,13 @@ from agentcompass.runtime import cleanup_deadline, write_beneath
 from . import _host
 from ._collect import collect
 from ._exec import (
-    _WRAP,
     BASE_ENV,
     INIT_GONE_EXIT_CODE,
+    WRAP,
     InitGone,
-    _root_binds,
     command_line,
     fail,
+    root_binds,
     supervise,
 )
 from ._images import UID_BASE, ImageRoot
@@ -194,7 +194,7 @@ def userland_layout() -> list[tuple[str, str, str]]:
     """Blocking: the top-level userland entries as bwrap made them,
     ``(name, "symlink", target)`` or ``(name, "dir", "")``."""
     layout = []
-    args = _root_binds()
+    args = root_binds()
     for index in range(0, len(args), 3):
         option, first, path = args[index : index + 3]
         name = path.lstrip("/")
@@ -265,7 +265,7 @@ async def exec_private(
                 "env": BASE_ENV,
             }
             full = [
-                "/bin/sh", "-c", _WRAP, "sh", *session._procs_files(leaf), "--",
+                "/bin/sh", "-c", WRAP, "sh", *session._procs_files(leaf), "--",
                 sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()),
             ]  # fmt: skip
             try:

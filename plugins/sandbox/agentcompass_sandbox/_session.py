@@ -33,18 +33,18 @@ from agentcompass.runtime import cleanup_deadline
 
 from . import _host, _pool, _private, _spawner
 from ._exec import (
-    _INIT,
-    _NAMESPACE_NAMES,
-    _WRAP,
     BASE_ENV,
+    INIT,
     INIT_GONE_EXIT_CODE,
+    NAMESPACE_NAMES,
     TIMEOUT_EXIT_CODE,
+    WRAP,
     InitGone,
-    _root_binds,
     command_line,
     fail,
     image_bwrap_argv,
     nsenter_args,
+    root_binds,
     supervise,
 )
 from ._files import SessionFiles
@@ -177,7 +177,7 @@ class SandboxSession(SessionFiles, SessionNetwork, EnvironmentSession):
         init_cg = _host.exec_cgroup(self._cgroups["track"], "init")
         own_hosts = (self._dir / "hosts").exists()
         log_fd = os.open(self._dir / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        return init_cg, _root_binds() if self._image is None else [], own_hosts, log_fd
+        return init_cg, root_binds() if self._image is None else [], own_hosts, log_fd
 
     def _procs_files(self, track_leaf: str) -> list[str]:
         files = [os.path.join(track_leaf, "cgroup.procs")]
@@ -204,7 +204,7 @@ class SandboxSession(SessionFiles, SessionNetwork, EnvironmentSession):
             # The root tmpfs is the sandbox user's: read-only, so no command can
             # replace /lib64 (every later program's ELF interpreter) or /bin.
             "--remount-ro", "/",
-            "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", _INIT,
+            "--chdir", "/app", "--info-fd", "3", "--block-fd", "4", "--", "sh", "-c", INIT,
         ]  # fmt: skip
         if self._image is not None:
             assert self._root is not None
@@ -292,7 +292,7 @@ class SandboxSession(SessionFiles, SessionNetwork, EnvironmentSession):
             return ExecResult(exit_code=INIT_GONE_EXIT_CODE, stderr=f"sandbox {self.name}: {exc}; nothing ran\n")
         uid, gid = self.inside_ids()
         full = [
-            "/bin/sh", "-c", _WRAP, "sh", *self._procs_files(leaf), "--",
+            "/bin/sh", "-c", WRAP, "sh", *self._procs_files(leaf), "--",
             *nsenter_args(fds), "-S", str(uid), "-G", str(gid), *self.command_line(cmd, cwd, env),
         ]  # fmt: skip
         try:
@@ -363,7 +363,7 @@ class SandboxSession(SessionFiles, SessionNetwork, EnvironmentSession):
             *(f"{k}={v}" for k, v in variables.items()), *argv,
         ]  # fmt: skip
 
-    def namespace_fds(self, which: tuple[str, ...] = _NAMESPACE_NAMES) -> dict[str, int]:
+    def namespace_fds(self, which: tuple[str, ...] = NAMESPACE_NAMES) -> dict[str, int]:
         """Blocking: new descriptors of the init's namespaces ``which`` (the
         caller closes them), opened while the session's pidfd shows the init
         alive throughout, so they are its own and never a later holder's of

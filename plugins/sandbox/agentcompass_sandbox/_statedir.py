@@ -15,7 +15,7 @@ from agentcompass.host import FileLock, HostError, claim_state_dir, unmount
 from agentcompass.host import read_marker as _read_marker
 from agentcompass.host import write_marker as _write_marker
 
-from ._mounts import _mount, _on_tmpfs, _remove_image_root, _remove_stages
+from ._mounts import mount, on_tmpfs, remove_image_root, remove_stages
 from ._paths import EXPOSED, FILES, HOST_UID, LEASE_DIR, MARKER, STAGE, STATE_ROOT, SUBDIRS, run, session_dir
 
 _MS_BIND, _MS_SHARED = 0x1000, 1 << 20
@@ -39,14 +39,14 @@ def ensure_state_root() -> None:
         if entries == [LEASE_DIR.name] and not os.listdir(LEASE_DIR):
             LEASE_DIR.rmdir()  # left empty by earlier runs
             entries = []
-        if not entries and not _on_tmpfs(STATE_ROOT):
+        if not entries and not on_tmpfs(STATE_ROOT):
             with contextlib.suppress(HostError):
                 run(["mount", "-t", "tmpfs", "-o", "mode=0711", "agentcompass-sandbox", str(STATE_ROOT)])
         # Each session's files are a tmpfs mounted below: shared, so the
         # spawner's mount namespace (a slave of this one) sees them.
         if not os.path.ismount(STATE_ROOT):
-            _mount(str(STATE_ROOT), str(STATE_ROOT), None, _MS_BIND, None)
-        _mount(None, str(STATE_ROOT), None, _MS_SHARED, None)
+            mount(str(STATE_ROOT), str(STATE_ROOT), None, _MS_BIND, None)
+        mount(None, str(STATE_ROOT), None, _MS_SHARED, None)
     _state_root_ready = True
 
 
@@ -59,7 +59,7 @@ def make_session_dir(name: str, files_bytes: int) -> Path:
     write_marker(name, {"name": name, "created": time.time(), "runtime_pid": os.getpid()})
     files = f"{path}/{FILES}"
     os.mkdir(files, 0o755)
-    _mount("agentcompass-files", files, "tmpfs", 0, f"size={files_bytes},mode=0755")
+    mount("agentcompass-files", files, "tmpfs", 0, f"size={files_bytes},mode=0755")
     for sub in SUBDIRS:
         sub_path = f"{files}/{sub}"
         os.mkdir(sub_path, 0o755)
@@ -92,9 +92,9 @@ def read_marker(name: str) -> dict[str, Any]:
 
 def remove_session_dir(name: str) -> None:
     path = f"{STATE_ROOT}/{name}"
-    _remove_image_root(path)
+    remove_image_root(path)
     unmount(f"{path}/{FILES}")
-    _remove_stages(path)
+    remove_stages(path)
     try:
         entries = list(os.scandir(path))
     except FileNotFoundError:
