@@ -15,6 +15,7 @@ import agentcompass
 import agentcompass.agents
 import agentcompass.datasets
 import agentcompass.gateway
+import agentcompass.host
 import agentcompass.models
 import agentcompass.netpolicy
 import agentcompass.runtime
@@ -140,6 +141,16 @@ def test_netpolicy_exports_what_namespace_providers_share():
     }  # fmt: skip
 
 
+def test_host_exports_what_providers_share():
+    # sandbox, docker, remote and the runtime's store and agent cache lock, bind and mark with it (docs/plugins.md).
+    assert _public(agentcompass.host) == set(agentcompass.host.__all__) == {
+        "FileLock", "HostError", "SessionExists", "bind_read_only", "claim_state_dir", "read_marker", "unmount",
+        "write_marker",
+    }  # fmt: skip
+    assert issubclass(agentcompass.host.SessionExists, agentcompass.host.HostError)
+    assert issubclass(agentcompass.host.HostError, RuntimeError)
+
+
 def test_datasets_exports_the_registry_and_cache_api():
     # compass datasets, the terminal benchmark and users' scripts resolve and fetch datasets through it.
     assert _public(agentcompass.datasets) == {
@@ -232,6 +243,7 @@ PUBLIC_MODULES = (
     agentcompass.gateway,
     agentcompass.agents,
     agentcompass.datasets,
+    agentcompass.host,
     agentcompass.testing,
 )
 

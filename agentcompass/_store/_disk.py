@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import itertools
 import os
 import time
@@ -26,6 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import trio
+
+from ..host import FileLock
 
 __all__ = ["Disk", "RunLockedError", "is_temp_name", "temp_name"]
 
@@ -171,15 +172,11 @@ class Disk:
     def lock(self, path: str) -> Iterator[None]:
         """Hold directory ``path``'s writer lock, without waiting: raise
         :class:`RunLockedError` when a live run holds it."""
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RunLockedError(f"{path} is already open by another writer") from None
+        held = FileLock.try_acquire(path, mode=None)
+        if held is None:
+            raise RunLockedError(f"{path} is already open by another writer")
+        with held:
             yield
-        finally:
-            os.close(fd)
 
 
 def _limiter() -> trio.CapacityLimiter:

@@ -15,8 +15,7 @@ system's ``python3`` (:func:`host_python`).
 
 Builds are serialized per entry by an exclusive ``flock`` on
 ``<root>/<agent>-<version>.lock``, so concurrent attempts, requests and
-processes wait for one build and then share it; within a process a Trio
-lock keeps them from holding a worker thread each for the file lock. The entry is
+processes wait for one build and then share it (``agentcompass.host.FileLock``). The entry is
 world-readable and never written after it is complete: sessions see it
 read-only (``EnvironmentSession.expose_directory``).
 
@@ -30,14 +29,12 @@ before anything is created, locked or removed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import json
 import os
 import re
 import shutil
 import sys
-import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -47,10 +44,10 @@ import attrs
 import trio
 
 from agentcompass import IssueError
+from agentcompass.host import FileLock
 
 __all__ = ["CacheEntry", "cache_root", "ensure_installed", "host_npm", "path_component"]
 
-_locks: dict[str, trio.Lock] = {}
 #: A config value that becomes one path component: a plain name, never ``..`` nor a separator.
 _COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@-]{0,127}")
 
@@ -116,60 +113,22 @@ async def ensure_installed(
     root = entry.parent
     if await trio.Path(entry / "installed.json").is_file():
         return CacheEntry(entry, False, 0.0)
-    lock = _locks.setdefault(str(entry), trio.Lock())
-    async with lock:
-        await trio.to_thread.run_sync(_make_root, root)
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-        fd = await trio.to_thread.run_sync(os.open, str(root / f"{key}.lock"), flags, 0o644)
-        waiter = _Waiter(fd)
-        try:
-            await trio.to_thread.run_sync(waiter.wait, abandon_on_cancel=True)
-        except BaseException:
-            waiter.abandon()
-            raise
-        try:
-            if await trio.Path(entry / "installed.json").is_file():
-                return CacheEntry(entry, False, 0.0)
-            start = time.monotonic()
-            if installer == "npm":
-                await _build_npm(entry, requirements, binaries or {})
-            else:
-                await _build(entry, requirements)
-            return CacheEntry(entry, True, time.monotonic() - start)
-        finally:
-            os.close(fd)  # releases the flock
+    await trio.to_thread.run_sync(_make_root, root)
+    async with FileLock.open(root / f"{key}.lock"):
+        if await trio.Path(entry / "installed.json").is_file():
+            return CacheEntry(entry, False, 0.0)
+        start = time.monotonic()
+        if installer == "npm":
+            await _build_npm(entry, requirements, binaries or {})
+        else:
+            await _build(entry, requirements)
+        return CacheEntry(entry, True, time.monotonic() - start)
 
 
 def _make_root(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         os.chmod(root, 0o755)
-
-
-class _Waiter:
-    """A blocking ``flock`` in a worker thread that its caller may abandon
-    (cancellation): whichever side finishes second closes the descriptor,
-    so an abandoned wait never keeps the lock once it gets it."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self._mutex = threading.Lock()
-        self._abandoned = self._locked = False
-
-    def wait(self) -> None:
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        finally:
-            with self._mutex:
-                self._locked = True
-                if self._abandoned:
-                    os.close(self.fd)
-
-    def abandon(self) -> None:
-        with self._mutex:
-            self._abandoned = True
-            if self._locked:
-                os.close(self.fd)
 
 
 #: Where a session that runs on the host's userland (``sandbox``) finds a Python.
@@ -227,7 +186,9 @@ async def _run(entry: Path, requirements: list[str], argv: list[str], env: dict[
         tail = " ".join(output.decode(errors="replace").split())[-400:]
         await trio.to_thread.run_sync(_clear, entry)
         raise IssueError(
-            "fatal", "agent_install_failed", f"installing {' '.join(requirements)} failed ({' '.join(argv[1:4])}): {tail}"
+            "fatal",
+            "agent_install_failed",
+            f"installing {' '.join(requirements)} failed ({' '.join(argv[1:4])}): {tail}",
         )
 
 

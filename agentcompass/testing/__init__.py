@@ -51,7 +51,10 @@ between tests. The fakes' state is per process: in-process executor only.
 server on 127.0.0.1 with scripted replies, for the model path.
 
 Provider authors check their Environment with :func:`check_environment`
-(or :func:`environment_conformance_tests` for one pytest test per check).
+(or :func:`environment_conformance_tests` for one pytest test per check);
+one whose sessions are isolated from the host's files also with
+:func:`check_exposed_directory`, :func:`check_exposed_socket` and
+:func:`check_sweep_detaches_exposures`.
 A test that needs a provider of its own builds its sessions on
 :class:`MemorySession` (files in a dict, every command exits 0). Components
 that run in another process (a ``compass`` subprocess, a Ray worker) report
@@ -74,6 +77,9 @@ from ._conformance import check_environment as check_environment
 from ._conformance import environment_conformance_tests as environment_conformance_tests
 from ._environment import FakeEnvironment as FakeEnvironment
 from ._environment import FakeSession as FakeSession
+from ._expose_checks import check_exposed_directory as check_exposed_directory
+from ._expose_checks import check_exposed_socket as check_exposed_socket
+from ._expose_checks import check_sweep_detaches_exposures as check_sweep_detaches_exposures
 from ._harness import FakeHarness as FakeHarness
 from ._harness import FakeHarnessSession as FakeHarnessSession
 from ._helpers import HangGuard as HangGuard

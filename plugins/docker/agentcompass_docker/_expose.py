@@ -15,11 +15,12 @@ Layout, per session (``<STATE_ROOT>/<name>``, root's, 0700)::
     stage/<label>     the host directory bound and made read-only first
 
 The stage is there because a bind copies its source's flags while a
-remount never propagates: the directory is bound at the stage (which no
-container sees) and remounted ``ro,nosuid,nodev`` there, and only then the
-stage is bound under ``exposed/``, so the copy that propagates arrives
-read-only. Nothing in the container can remount or unmount it (no
-``CAP_SYS_ADMIN``), root included.
+remount never propagates (``agentcompass.host.bind_read_only``): the
+directory is bound at the stage (which no container sees) and remounted
+``ro,nosuid,nodev`` there, and only then the stage is bound under
+``exposed/``, so the copy that propagates arrives read-only. Nothing in
+the container can remount or unmount it (no ``CAP_SYS_ADMIN``), root
+included.
 
 Teardown (:func:`destroy`, shared by ``close``, ``reap`` and ``sweep``)
 detaches every mount and removes the then-empty directories; it never
@@ -30,9 +31,12 @@ directory untouched and raises.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 from pathlib import Path
+
+from agentcompass.host import HostError, SessionExists, bind_read_only, claim_state_dir, unmount
+
+__all__ = ["HostError", "SessionExists"]  # re-exported: the session and the provider catch them here
 
 #: Where session state directories live (one per session, named after it).
 STATE_ROOT = Path("/run/agentcompass-docker")
@@ -40,16 +44,7 @@ STATE_ROOT = Path("/run/agentcompass-docker")
 INSIDE = "/run/agentcompass"
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
-_MS_BIND, _MS_SHARED, _MNT_DETACH = 0x1000, 1 << 20, 2
-
-
-class HostError(RuntimeError):
-    """A mount or directory operation failed; the message is one line."""
-
-
-class SessionExists(HostError):
-    """A state directory of that name exists already: nothing was made, nothing is ours to remove."""
+_MS_BIND, _MS_SHARED = 0x1000, 1 << 20
 
 
 def session_dir(name: str) -> Path:
@@ -59,12 +54,7 @@ def session_dir(name: str) -> Path:
 def prepare(name: str) -> str:
     """Make the state directory of session ``name`` and its shared
     ``exposed/``; return the host path the container must bind at :data:`INSIDE`."""
-    STATE_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = session_dir(name)
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        raise SessionExists(f"docker session {name!r} already has a state directory ({path})") from None
+    path = claim_state_dir(STATE_ROOT, name, what="docker session")
     exposed = f"{path}/exposed"
     os.mkdir(exposed, 0o755)
     os.mkdir(f"{path}/stage", 0o700)
@@ -79,16 +69,8 @@ def expose(name: str, host_path: str, label: str) -> str:
 
     The mount point is made with mode 0 so that whoever looks can tell it
     from the bound directory (see :func:`reached`)."""
-    if not os.path.isdir(host_path):
-        raise HostError(f"cannot expose {host_path!r}: not a directory")
     path = session_dir(name)
-    stage, target = f"{path}/stage/{label}", f"{path}/exposed/{label}"
-    os.mkdir(stage, 0o700)
-    _mount(host_path, stage, _MS_BIND)
-    _mount(None, stage, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    os.mkdir(target, 0)
-    os.chmod(target, 0)
-    _mount(stage, target, _MS_BIND)
+    bind_read_only(host_path, f"{path}/stage/{label}", f"{path}/exposed/{label}", target_mode=0)
     return f"{INSIDE}/{label}"
 
 
@@ -104,7 +86,7 @@ def unexpose(name: str, label: str) -> None:
     """Undo one :func:`expose` (an exposure the container did not get)."""
     path = session_dir(name)
     for point in (f"{path}/exposed/{label}", f"{path}/stage/{label}"):
-        _unmount(point)
+        unmount(point)
         _rmdir(point)
 
 
@@ -115,12 +97,12 @@ def destroy(name: str) -> None:
         return
     exposed, stage = f"{path}/exposed", f"{path}/stage"
     for label in _listdir(exposed):
-        _unmount(f"{exposed}/{label}")
-    _unmount(exposed)
+        unmount(f"{exposed}/{label}")
+    unmount(exposed)
     for label in _listdir(exposed):
         _rmdir(f"{exposed}/{label}")
     for label in _listdir(stage):
-        _unmount(f"{stage}/{label}")
+        unmount(f"{stage}/{label}")
         _rmdir(f"{stage}/{label}")
     for point in (exposed, stage, str(path)):
         _rmdir(point)
@@ -152,11 +134,3 @@ def _rmdir(path: str) -> None:
 def _mount(source: str | None, target: str, flags: int) -> None:
     if _libc.mount(None if source is None else source.encode(), target.encode(), None, flags, None) != 0:
         raise HostError(f"mount {target}: {os.strerror(ctypes.get_errno())}")
-
-
-def _unmount(target: str) -> None:
-    """Detach the mount at ``target``; nothing mounted there is fine."""
-    if _libc.umount2(target.encode(), _MNT_DETACH) != 0:
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOENT):
-            raise HostError(f"umount {target}: {os.strerror(err)}")

@@ -13,7 +13,6 @@ without ``--host`` it only makes the tarball.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import shutil
 import subprocess
@@ -22,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 import httpx
+
+from agentcompass.host import FileLock
 
 from ._api import API_VERSION, socket_path
 
@@ -51,8 +52,7 @@ def base_tarball(directory: Path | None = None) -> Path:
     tarball = directory / "bookworm-minbase.tar"
     if tarball.exists():
         return tarball
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock.acquire(directory / ".lock"):
         if tarball.exists():
             return tarball
         if shutil.which("debootstrap") is None:

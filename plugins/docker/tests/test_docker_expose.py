@@ -11,18 +11,21 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import trio
 from _docker_support import labelled, provider
 from agentcompass_docker import _expose
 
 from agentcompass import ComponentRef, ExecutionPlan, IssueError, NetworkPolicy, SandboxSpec
-from agentcompass.testing import hang_guard
+from agentcompass.testing import (
+    check_exposed_directory,
+    check_exposed_socket,
+    check_sweep_detaches_exposures,
+    hang_guard,
+)
 
 NONE = NetworkPolicy("none")
 FULL = NetworkPolicy("full")
@@ -53,36 +56,8 @@ def leftovers(name: str) -> list[str]:
 
 @pytest.mark.parametrize("user", ["root", "nobody"])
 async def test_an_exposed_directory_is_readable_never_writable_even_by_root(docker_daemon, tmp_path, user):
-    shared = host_dir(tmp_path)
     env = provider(docker_daemon)
-    name = f"ex{secrets.token_hex(4)}-0"
-    with hang_guard(60):
-        session = await env.open(env.build_config(plan(user=user)), NONE, name=name)
-        try:
-            inside = await session.expose_directory(str(shared))
-            assert inside.startswith("/run/agentcompass/")
-            read = await session.exec(f"cat {inside}/tool.txt && {inside}/sub/run.sh")
-            assert (read.stdout, read.exit_code) == ("from the host\nran\n", 0), read
-            for attack in (
-                f"echo x > {inside}/tool.txt",
-                f"touch {inside}/new",
-                f"rm -f {inside}/tool.txt",
-                f"chmod 777 {inside}/tool.txt",
-                f"mkdir {inside}/../planted",
-                f"mount -o remount,rw {inside}",
-                f"umount {inside}",
-                "umount -l /run/agentcompass",
-            ):
-                result = await session.exec(attack)
-                assert result.exit_code != 0, (attack, result)
-            # Nothing else of the host's is reachable through it.
-            assert (await session.exec("ls -A /run/agentcompass")).stdout.split() == [os.path.basename(inside)]
-            assert leftovers(name)
-        finally:
-            await session.close()
-    assert leftovers(name) == []
-    assert sorted(p.name for p in shared.iterdir()) == ["sub", "tool.txt"]
-    assert (shared / "tool.txt").read_text() == "from the host\n"
+    await check_exposed_directory(env, env.build_config(plan(user=user)), tmp_path, tag=f"ex{secrets.token_hex(4)}")
 
 
 async def test_a_session_sees_none_of_another_sessions_exposures_and_nothing_after_close(docker_daemon, tmp_path):
@@ -110,70 +85,48 @@ async def test_a_session_sees_none_of_another_sessions_exposures_and_nothing_aft
 
 
 async def test_an_exposed_socket_is_connectable_under_policy_none(docker_daemon, tmp_path):
-    directory = tmp_path / "sock"
-    directory.mkdir()
-    os.chmod(tmp_path, 0o755)
-    os.chmod(directory, 0o711)
-    path = str(directory / "s")
-    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await listener.bind(path)
-    os.chmod(path, 0o666)
-    listener.listen()
+    env = provider(docker_daemon)
+    await check_exposed_socket(env, env.build_config(plan(user="nobody")), tmp_path, tag=f"es{secrets.token_hex(4)}")
+
+
+async def test_a_session_under_policy_none_has_loopback_only(docker_daemon):
+    # What makes exposing a socket the one way out under policy none.
     env = provider(docker_daemon)
     with hang_guard(60):
         session = await env.open(env.build_config(plan(user="nobody")), NONE)
         try:
-            inside = await session.expose_socket(path)
-            assert inside.startswith("/run/agentcompass/") and inside.endswith("/s")
-            # The base image's perl: a unix socket client with no network interface but loopback.
-            script = (
-                f"use IO::Socket::UNIX; my $s = IO::Socket::UNIX->new(Peer => '{inside}') or die $!;"
-                " print $s 'ping'; $s->shutdown(1); print <$s>;"
-            )
-            async with trio.open_nursery() as nursery:
-
-                async def answer() -> None:
-                    conn, _ = await listener.accept()
-                    with conn:
-                        assert await conn.recv(4) == b"ping"
-                        await conn.send(b"pong")
-
-                nursery.start_soon(answer)
-                result = await session.exec(["perl", "-e", script], timeout=30)
-            assert (result.stdout, result.exit_code) == ("pong", 0), result
             assert (await session.exec("grep -c : /proc/net/dev")).stdout == "1\n"  # lo only
         finally:
-            listener.close()
             await session.close()
-    assert leftovers(session.name) == []
-    assert os.path.exists(path)
 
 
-async def test_sweep_and_reap_after_a_killed_runtime_detach_everything_and_keep_the_host_directory(
-    docker_daemon, tmp_path
-):
+async def test_sweep_after_a_killed_runtime_detaches_everything_and_keeps_the_host_directory(docker_daemon, tmp_path):
+    tag = f"ek{secrets.token_hex(4)}"
+    env = provider(docker_daemon)
+    # A new provider (a new process) sweeps what the killed runtime left.
+    await check_sweep_detaches_exposures(
+        env, env.build_config(plan()), tmp_path, tag=tag, sweeper=provider(docker_daemon)
+    )
+    assert leftovers(f"{tag}-w") == [] and labelled(docker_daemon, tag) == []
+
+
+async def test_reap_after_a_killed_runtime_detaches_everything_and_keeps_the_host_directory(docker_daemon, tmp_path):
     shared = host_dir(tmp_path)
     tag = f"ek{secrets.token_hex(4)}"
     env = provider(docker_daemon)
-    config = env.build_config(plan())
     with hang_guard(90):
-        swept = await env.open(config, NONE, name=f"{tag}-0")
-        reaped = await env.open(config, FULL, name=f"x{tag}-0")
+        reaped = await env.open(env.build_config(plan()), FULL, name=f"x{tag}-0")
         try:
-            for session in (swept, reaped):
-                await session.expose_directory(str(shared))
-                await session.expose_socket(str(shared / "tool.txt"))
+            await reaped.expose_directory(str(shared))
+            await reaped.expose_socket(str(shared / "tool.txt"))
             # What a runtime killed now leaves; a new provider (a new process) cleans up.
             later = provider(docker_daemon)
-            await later.sweep(tag)
-            assert leftovers(swept.name) == [] and labelled(docker_daemon, tag) == []
             assert leftovers(reaped.name)
             await later.reap(reaped.handle)
             await later.reap(reaped.handle)
             assert leftovers(reaped.name) == [] and labelled(docker_daemon, f"x{tag}") == []
         finally:
-            for session in (swept, reaped):
-                await session.close()
+            await reaped.close()
     assert sorted(p.name for p in shared.iterdir()) == ["sub", "tool.txt"]
 
 
@@ -256,7 +209,7 @@ def test_a_daemon_that_does_not_see_the_hosts_files_gives_sessions_without_expos
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": tests},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])

@@ -26,7 +26,6 @@ it either, and sweeps it by its run's tag.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import secrets
@@ -36,6 +35,8 @@ from typing import Any
 
 import attrs
 import trio
+
+from agentcompass.host import FileLock
 
 from ._listen import log
 
@@ -71,36 +72,29 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _try_lock(path: Path) -> int | None:
-    """A descriptor holding an exclusive lock on ``path``, or None when
-    another process holds it."""
+def _try_lock(path: Path) -> FileLock | None:
+    """An exclusive lock on ``path``, or None when another process holds it."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return FileLock.try_acquire(path, mode=0o600)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
-def _make_own(root: Path, provider: str) -> tuple[Path, int]:
+def _make_own(root: Path, provider: str) -> tuple[Path, FileLock]:
     """This server's directory, locked before it gets its final name (so no
     other server ever sees it unlocked)."""
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     instance = f"{os.getpid()}-{secrets.token_hex(4)}"
     staging = root / f".{instance}"
     staging.mkdir(mode=0o700)
-    fd = _try_lock(staging / _LOCK)
-    if fd is None:
+    lock = _try_lock(staging / _LOCK)
+    if lock is None:
         raise OSError(f"cannot lock {staging / _LOCK}")
     _write_durably(staging, _INFO, json.dumps({"provider": provider, "pid": os.getpid()}).encode())
     own = root / instance
     os.rename(staging, own)
     _fsync_dir(root)
-    return own, fd
+    return own, lock
 
 
 def _remove_dir(directory: Path) -> None:
@@ -110,16 +104,16 @@ def _remove_dir(directory: Path) -> None:
         directory.rmdir()
 
 
-def _dead_servers(root: Path, own: Path) -> list[tuple[Path, int]]:
+def _dead_servers(root: Path, own: Path) -> list[tuple[Path, FileLock]]:
     """The directories of dead servers under ``root``, each locked now."""
     found = []
     for directory in sorted(root.iterdir()):
         # A dot-name is a server being made (or killed while it was): it records nothing yet.
         if directory == own or directory.name.startswith(".") or not directory.is_dir() or directory.is_symlink():
             continue
-        fd = _try_lock(directory / _LOCK)
-        if fd is not None:
-            found.append((directory, fd))
+        lock = _try_lock(directory / _LOCK)
+        if lock is not None:
+            found.append((directory, lock))
     return found
 
 
@@ -153,13 +147,13 @@ class StateDir:
 
     root: Path
     own: Path
-    _lock_fd: int
+    _lock: FileLock
     _limiter: trio.CapacityLimiter
 
     @classmethod
     async def open(cls, root: Path, provider: str) -> StateDir:
-        own, fd = await trio.to_thread.run_sync(_make_own, root, provider, abandon_on_cancel=False)
-        return cls(root, own, fd, trio.CapacityLimiter(4))
+        own, lock = await trio.to_thread.run_sync(_make_own, root, provider, abandon_on_cancel=False)
+        return cls(root, own, lock, trio.CapacityLimiter(4))
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         # Never abandoned: a record is either on disk whole or not at all.
@@ -182,7 +176,7 @@ class StateDir:
         """Reap every session a dead server of ``provider`` left, with
         ``reap(record)``; return how many were reaped."""
         reaped = 0
-        for directory, fd in await self._run(_dead_servers, self.root, self.own):
+        for directory, lock in await self._run(_dead_servers, self.root, self.own):
             try:
                 leftovers = await self._run(_read_leftovers, directory, provider)
                 if leftovers is None:
@@ -200,7 +194,7 @@ class StateDir:
                 if not failed:
                     await self._run(_remove_dir, directory)
             finally:
-                os.close(fd)
+                lock.release()
         return reaped
 
     async def close(self) -> None:
@@ -212,6 +206,6 @@ class StateDir:
                 if not any(p.name != _INFO and p.suffix == ".json" for p in self.own.iterdir()):
                     _remove_dir(self.own)
             finally:
-                os.close(self._lock_fd)
+                self._lock.release()
 
         await self._run(release)

@@ -73,39 +73,61 @@ the agent may have written, and whatever it runs can write its result.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import posixpath
 import shutil
 import socket
-import stat
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-from agentcompass import ExecResult, FileRefusedError
-from agentcompass.runtime import cleanup_deadline, read_beneath, write_beneath
+from agentcompass import ExecResult
+from agentcompass.runtime import cleanup_deadline, write_beneath
 
 from . import _host
-from ._images import UID_BASE
-from ._session import (
-    _WRAP,
+from ._collect import collect
+from ._exec import (
     BASE_ENV,
     INIT_GONE_EXIT_CODE,
+    WRAP,
     InitGone,
-    _root_binds,
     command_line,
     fail,
+    root_binds,
     supervise,
 )
+from ._images import UID_BASE, ImageRoot
 
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
-    from ._session import SandboxSession
+class SandboxSession(Protocol):
+    """What a private run uses of :class:`._session.SandboxSession` (which imports this module)."""
+
+    name: str
+    _cgroups: dict[str, str]
+    _env: dict[str, str]
+    _labels: itertools.count[int]
+    _max_output: int
+    _tmpfs_bytes: int
+
+    @property
+    def image(self) -> ImageRoot | None: ...
+
+    def _check_open(self) -> None: ...
+
+    def _procs_files(self, track_leaf: str) -> list[str]: ...
+
+    def command_line(self, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]: ...
+
+    def inside_ids(self) -> tuple[int, int]: ...
+
+    def namespace_fds(self, which: tuple[str, ...] = ...) -> dict[str, int]: ...
+
 
 #: The private tmpfs holds at least this much, so a verifier writing more
 #: than ``max_bytes`` fails on a full disk only far past what is returned.
@@ -172,7 +194,7 @@ def userland_layout() -> list[tuple[str, str, str]]:
     """Blocking: the top-level userland entries as bwrap made them,
     ``(name, "symlink", target)`` or ``(name, "dir", "")``."""
     layout = []
-    args = _root_binds()
+    args = root_binds()
     for index in range(0, len(args), 3):
         option, first, path = args[index : index + 3]
         name = path.lstrip("/")
@@ -243,7 +265,7 @@ async def exec_private(
                 "env": BASE_ENV,
             }
             full = [
-                "/bin/sh", "-c", _WRAP, "sh", *session._procs_files(leaf), "--",
+                "/bin/sh", "-c", WRAP, "sh", *session._procs_files(leaf), "--",
                 sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()),
             ]  # fmt: skip
             try:
@@ -389,67 +411,6 @@ def _prepare(session: SandboxSession, label: str) -> tuple[dict[str, int], str, 
         for fd in fds.values():
             os.close(fd)
         raise
-
-
-def collect(root_fd: int, sub: str, max_bytes: int) -> dict[str, bytes]:
-    """Blocking: the regular files under ``sub`` of the directory ``root_fd``
-    (relative path -> bytes), in path order, each while it fits in what is
-    left of ``max_bytes``; links and special files are skipped and nothing
-    is followed."""
-    files: dict[str, bytes] = {}
-    left = max_bytes
-    base = sub.split("/") if sub else []
-    try:
-        start = _open_beneath(root_fd, base)
-    except OSError:
-        return files  # the command removed it, or made it a link
-    pending: list[tuple[int, str]] = [(start, "")]
-    try:
-        while pending:
-            dir_fd, rel = pending.pop()
-            try:
-                with os.scandir(dir_fd) as entries:
-                    names = sorted(
-                        (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)) for e in entries
-                    )
-                subdirs = []
-                for name, is_dir, is_file in names:
-                    path = f"{rel}{name}"
-                    if is_dir:
-                        subdirs.append(name)
-                    elif is_file:
-                        try:
-                            data = read_beneath(root_fd, posixpath.join(sub, path) if sub else path, left)
-                        except (FileRefusedError, OSError):
-                            continue  # larger than what is left, or changed meanwhile
-                        files[path] = data
-                        left -= len(data)
-                for name in reversed(subdirs):
-                    try:
-                        pending.append((os.open(name, _DIR_FLAGS, dir_fd=dir_fd), f"{rel}{name}/"))
-                    except OSError:
-                        continue
-            finally:
-                os.close(dir_fd)
-    finally:
-        for dir_fd, _ in pending:
-            os.close(dir_fd)
-    return files
-
-
-def _open_beneath(root_fd: int, parts: list[str]) -> int:
-    fd = os.dup(root_fd)
-    try:
-        for name in parts:
-            next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 __all__ = [
