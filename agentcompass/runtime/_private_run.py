@@ -65,7 +65,7 @@ def private_input_groups(inputs: Mapping[str, bytes] | None, top: str) -> dict[s
         if len(parts) < 2 or parts[0] not in PRIVATE_TOPS:
             raise ValueError(f"input {path!r} is not a file under /app, /tests, /logs or /solution")
         if parts[0] == top:
-            raise ValueError(f"input {path!r} is in /{top}, the directory of the private directory")
+            raise ValueError(f"input {path!r} is in /{top}, the Harbor directory of the private directory")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ValueError(f"input {path!r} is not bytes but {type(data).__name__}")
         group = groups.setdefault(parts[0], {})

@@ -8,7 +8,7 @@ of the verifier they can *see* in their pid namespace is one whose
 ``/proc/<pid>/root`` (and ``cwd``, ``fd``, ptrace) they may use. So the
 private command is never in the session's pid namespace, nor in a child of it.
 
-How (the root side is :mod:`._private_init`, a script of its own):
+How (the root side is :data:`agentcompass.runtime.PRIVATE_INIT_SCRIPT`, a script of its own):
 
 1. The exec's wrapper puts the script into a leaf of the session's cgroup
    (so a timeout, a cancellation and ``close`` kill the run as they kill an exec).
@@ -63,7 +63,7 @@ no dotfile or user site-packages of the session's ``HOME`` (``/tmp``) is
 read, and no cache survives from one run to the next. Top-level entries
 the agent made, and entries of the covered Harbor directory other than
 ``directory``, are bound back as they were when the command started (at
-most :data:`MAX_ENTRIES` each); what the agent adds there later is not
+most :data:`agentcompass.runtime.PRIVATE_MAX_ENTRIES` each); what the agent adds there later is not
 seen. Processes the command starts in the background end with it; a
 command killed by a signal exits with 128 + the signal's number. Don't
 confuse this with a sandbox for the command: it runs code and reads files
@@ -74,24 +74,32 @@ from __future__ import annotations
 
 import errno
 import itertools
-import json
 import os
-import posixpath
 import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Protocol
 
 import trio
 
 from agentcompass import ExecResult
-from agentcompass.runtime import cleanup_deadline, write_beneath
+from agentcompass.runtime import (
+    PRIVATE_INIT_SCRIPT,
+    PRIVATE_MAX_ENTRIES,
+    PRIVATE_TMPFS_MIN_BYTES,
+    cleanup_deadline,
+    collect_private_files,
+    private_directory_parts,
+    private_input_bytes,
+    private_input_groups,
+    receive_private_ready,
+    send_private_config,
+    write_private_inputs,
+)
 
 from . import _host
-from ._collect import collect
 from ._exec import (
     BASE_ENV,
     INIT_GONE_EXIT_CODE,
@@ -129,65 +137,26 @@ class SandboxSession(Protocol):
     def namespace_fds(self, which: tuple[str, ...] = ...) -> dict[str, int]: ...
 
 
-#: The private tmpfs holds at least this much, so a verifier writing more
-#: than ``max_bytes`` fails on a full disk only far past what is returned.
-_TMPFS_MIN_BYTES = 64 * 1024 * 1024
 #: The private tmpfs's source name, then the session's (``-root`` after it:
 #: the new root's): how anyone finds them in a mount listing.
 SOURCE_PREFIX = "agentcompass-private-"
-#: How many entries the agent made are bound back at most, at the top level
-#: and in the covered Harbor directory (it chooses them: a bounded setup cost).
-MAX_ENTRIES = 256
 _NAMESPACES = ("user", "mnt", "uts", "ipc", "net", "cgroup")
 # What bwrap makes at the top of a session besides the userland and the Harbor directories.
 _SESSION_MOUNTS = ("tmp", "dev", "run")
-_SCRIPT = Path(__file__).with_name("_private_init.py")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The private run's ``HOME``: a top-level name no session entry can take
 #: there (the session has none of it: its ``/`` is read-only), as in Harbor's
 #: images, where the verifier runs as root.
 HOME = "/root"
-#: The mode of every input file.
-INPUT_MODE = 0o755
 
 
 def split_directory(directory: str) -> tuple[str, list[str]]:
     """(Harbor directory's name, components beneath it) of ``directory``;
     only a Harbor directory or a path under one can be made private."""
-    norm = posixpath.normpath(directory)
-    parts = norm.split("/")[1:] if posixpath.isabs(norm) else []
-    if not parts or parts[0] not in _host.SUBDIRS:
-        raise fail(f"private directory {directory!r} is not /app, /tests, /logs or /solution or a path under one")
-    return parts[0], parts[1:]
-
-
-def split_inputs(inputs: Mapping[str, bytes] | None, top: str) -> dict[str, dict[str, bytes]]:
-    """``inputs`` by the Harbor directory they go to (name -> path beneath
-    it -> bytes), in name order; :exc:`ValueError` for a path that is not a
-    file under a Harbor directory other than ``top`` (that of
-    ``directory``), one named twice, or one beneath another."""
-    groups: dict[str, dict[str, bytes]] = {}
-    for path, data in (inputs or {}).items():
-        if not isinstance(path, str) or not posixpath.isabs(path) or "\0" in path:
-            raise ValueError(f"input {path!r} is not an absolute path")
-        parts = posixpath.normpath(path).split("/")[1:]
-        if len(parts) < 2 or parts[0] not in _host.SUBDIRS:
-            raise ValueError(f"input {path!r} is not a file under /app, /tests, /logs or /solution")
-        if parts[0] == top:
-            raise ValueError(f"input {path!r} is in /{top}, the Harbor directory of the private directory")
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise ValueError(f"input {path!r} is not bytes but {type(data).__name__}")
-        group = groups.setdefault(parts[0], {})
-        rel = "/".join(parts[1:])
-        if rel in group:
-            raise ValueError(f"input {path!r} is named twice")
-        group[rel] = bytes(data)
-    for name, group in groups.items():
-        for rel in group:
-            for index in range(1, rel.count("/") + 1):
-                if rel.rsplit("/", index)[0] in group:
-                    raise ValueError(f"input /{name}/{rel} is beneath another input, a file")
-    return {name: groups[name] for name in sorted(groups)}
+    try:
+        return private_directory_parts(directory)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 def userland_layout() -> list[tuple[str, str, str]]:
@@ -218,7 +187,7 @@ async def exec_private(
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     top, sub = split_directory(directory)
-    groups = split_inputs(inputs, top)
+    groups = private_input_groups(inputs, top)
     label = f"p{next(session._labels)}"
     try:
         fds, leaf, layout, program = await trio.to_thread.run_sync(_prepare, session, label)
@@ -247,7 +216,7 @@ async def exec_private(
                 "fds": fds,
                 "top": top,
                 "sub": sub,
-                "size": max(_TMPFS_MIN_BYTES, 2 * max_bytes),
+                "size": max(PRIVATE_TMPFS_MIN_BYTES, 2 * max_bytes),
                 "source": SOURCE_PREFIX + session.name,
                 "userland": [] if image else layout,
                 "reserved": [] if image else list(_host.USERLAND),
@@ -256,8 +225,8 @@ async def exec_private(
                 "inside_uid": session.inside_ids()[0],
                 "inside_gid": session.inside_ids()[1],
                 "keep_capabilities": image,
-                "max_entries": MAX_ENTRIES,
-                "inputs": [[name, _input_bytes(group)] for name, group in groups.items()],
+                "max_entries": PRIVATE_MAX_ENTRIES,
+                "inputs": [[name, private_input_bytes(group)] for name, group in groups.items()],
                 "home": "" if image else HOME.lstrip("/"),
                 "home_size": session._tmpfs_bytes,
                 "program": program,
@@ -266,7 +235,7 @@ async def exec_private(
             }
             full = [
                 "/bin/sh", "-c", WRAP, "sh", *session._procs_files(leaf), "--",
-                sys.executable, "-I", "-S", str(_SCRIPT), str(theirs.fileno()),
+                sys.executable, "-I", "-S", str(PRIVATE_INIT_SCRIPT), str(theirs.fileno()),
             ]  # fmt: skip
             try:
                 proc = await trio.lowlevel.open_process(
@@ -292,14 +261,18 @@ async def exec_private(
             # The configuration, then ``ready`` with the tmpfs descriptors, the
             # inputs written through them, then ``go``: all within the timeout.
             nonlocal held, held_inputs, started
-            await _send_config(channel, config)
-            said, received = await _receive_ready(channel)
+            await send_private_config(channel, config)
+            said, received = await receive_private_ready(channel)
             # Adopted before the next checkpoint: the finally below closes them.
             held, held_inputs = (received[0], received[1:]) if received else (None, [])
             if said == b"ready\n" and held is not None and len(held_inputs) == len(groups):
                 try:
                     await trio.to_thread.run_sync(
-                        _write_inputs, held_inputs, list(groups.values()), abandon_on_cancel=False
+                        write_private_inputs,
+                        held_inputs,
+                        list(groups.values()),
+                        (_host.HOST_UID, _host.HOST_UID),
+                        abandon_on_cancel=False,
                     )
                 except OSError as exc:
                     raise fail(f"sandbox {session.name}: could not write the inputs: {exc}") from None
@@ -322,7 +295,9 @@ async def exec_private(
             )
         files: dict[str, bytes] = {}
         if held is not None:
-            files = await trio.to_thread.run_sync(collect, held, "/".join(sub), max_bytes, abandon_on_cancel=False)
+            files = await trio.to_thread.run_sync(
+                collect_private_files, held, "/".join(sub), max_bytes, abandon_on_cancel=False
+            )
         return result, files
     finally:
         # Acquired together, released together: the tree (nothing of it
@@ -334,58 +309,6 @@ async def exec_private(
             for fd in held_inputs:
                 os.close(fd)
             await trio.to_thread.run_sync(_host.kill_cgroup, leaf, True)
-
-
-async def _send_config(channel: trio.socket.SocketType, config: dict[str, object]) -> None:
-    """The configuration, length first; a run that ended before reading it
-    is seen by what comes next (no ``ready``)."""
-    body = json.dumps(config).encode()
-    view = memoryview(len(body).to_bytes(8, "big") + body)
-    try:
-        while view:
-            view = view[await channel.send(view) :]
-    except OSError:
-        pass
-
-
-async def _receive_ready(channel: trio.socket.SocketType) -> tuple[bytes, list[int]]:
-    """What the private run's pid 1 says up to its first newline, and the
-    descriptors it sent with it (``b""`` and none if it ended first)."""
-    said = b""
-    received: list[int] = []
-    space = socket.CMSG_SPACE(4 * (1 + len(_host.SUBDIRS)))
-    try:
-        while b"\n" not in said:
-            data, ancillary, _flags, _addr = await channel.recvmsg(64, space, socket.MSG_CMSG_CLOEXEC)
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    usable = len(payload) - len(payload) % 4
-                    received += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4)]
-            if not data:
-                break
-            said += data
-    except BaseException:
-        for fd in received:
-            os.close(fd)
-        raise
-    return said, received
-
-
-def _input_bytes(group: dict[str, bytes]) -> int:
-    """The size of an inputs tmpfs: room for the inputs twice over (the
-    command may write beside them: caches, ``__pycache__``), at least
-    what the private directory's has."""
-    return max(_TMPFS_MIN_BYTES, 2 * sum(len(data) + 4096 for data in group.values()))
-
-
-def _write_inputs(fds: list[int], groups: list[dict[str, bytes]]) -> None:
-    """Blocking: each group's files beneath its tmpfs, owned by the sandbox
-    user, mode :data:`INPUT_MODE`, no link followed; the descriptors stay
-    the caller's to close."""
-    owner = (_host.HOST_UID, _host.HOST_UID)
-    for fd, group in zip(fds, groups, strict=True):
-        for rel, data in group.items():
-            write_beneath(fd, rel, data, owner, mode=INPUT_MODE)
 
 
 def _argv(session: SandboxSession, cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]:
@@ -415,12 +338,8 @@ def _prepare(session: SandboxSession, label: str) -> tuple[dict[str, int], str, 
 
 __all__ = [
     "HOME",
-    "INPUT_MODE",
-    "MAX_ENTRIES",
     "SOURCE_PREFIX",
-    "collect",
     "exec_private",
     "split_directory",
-    "split_inputs",
     "userland_layout",
 ]
