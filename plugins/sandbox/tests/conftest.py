@@ -1,10 +1,21 @@
+"""Fixtures of the ``sandbox`` tests; the repository's ``tests/`` helpers
+(``_common``, ``_hoststate``) are importable here too, whichever test
+directories a run collects."""
+
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from _sandbox_support import census, new_tag
 from agentcompass_sandbox import SandboxEnvironment
+
+_TESTS = Path(__file__).resolve().parents[3] / "tests"
+if str(_TESTS) not in sys.path:
+    sys.path.append(str(_TESTS))
+
+from _sandbox_support import census, new_tag  # noqa: E402
 
 
 @pytest.fixture
