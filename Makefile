@@ -85,7 +85,7 @@ test: $(STAMP) agents
 # venv of their own, under the tests that exercise each dependency.
 FLOORS := .venv-floors
 FLOOR_TESTS := tests/test_floors.py tests/test_exports.py tests/test_convert.py tests/test_config.py \
-	tests/test_limits.py tests/test_observations.py tests/engine tests/orchestration tests/store \
+	tests/test_limits.py tests/test_observations.py tests/orchestration tests/store \
 	tests/models tests/view/test_view_server.py plugins/remote/tests/test_remote_session.py
 
 test-floors:
