@@ -86,7 +86,8 @@ test: $(STAMP) agents
 FLOORS := .venv-floors
 FLOOR_TESTS := tests/rules/test_floors.py tests/test_exports.py tests/runtime/test_convert.py tests/test_config.py \
 	tests/test_limits.py tests/test_observations.py tests/orchestration tests/store \
-	tests/models tests/view/test_view_server.py plugins/remote/tests/test_remote_session.py
+	tests/models tests/benchmarks/test_qa.py tests/harnesses/test_react.py tests/testing/test_model_server.py \
+	tests/testing/test_model_server_agents.py tests/view/test_view_server.py plugins/remote/tests/test_remote_session.py
 
 test-floors:
 	rm -rf $(FLOORS)
