@@ -1,6 +1,4 @@
-"""Fixtures of the ``sandbox`` tests; the repository's ``tests/`` helpers
-(``_common``, ``_hoststate``) are importable here too, whichever test
-directories a run collects."""
+"""The ``sandbox`` tests' fixtures; ``tests/`` helpers import here too, whatever a run collects."""
 
 from __future__ import annotations
 
