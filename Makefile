@@ -81,18 +81,19 @@ TEST_WORKERS ?= 2
 test: $(STAMP) agents lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests $(wildcard plugins/*/tests)
 
-# The declared dependency floors, installed exactly (tests/floors.py pins them) into a
+# The declared dependency floors, installed exactly (tests/rules/floors.py pins them) into a
 # venv of their own, under the tests that exercise each dependency.
 FLOORS := .venv-floors
-FLOOR_TESTS := tests/test_floors.py tests/test_exports.py tests/test_convert.py tests/test_config.py \
-	tests/test_limits.py tests/test_observations.py tests/engine tests/orchestration tests/store \
-	tests/models tests/view/test_view_server.py plugins/remote/tests/test_remote_session.py
+FLOOR_TESTS := tests/rules/test_floors.py tests/test_exports.py tests/runtime/test_convert.py tests/test_config.py \
+	tests/test_limits.py tests/test_observations.py tests/orchestration tests/store \
+	tests/models tests/benchmarks/test_qa.py tests/harnesses/test_react.py tests/testing/test_model_server.py \
+	tests/testing/test_model_server_agents.py tests/view/test_view_server.py plugins/remote/tests/test_remote_session.py
 
 test-floors:
 	rm -rf $(FLOORS)
 	$(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q --upgrade pip
-	$(FLOORS)/bin/python tests/floors.py > $(FLOORS)/constraints.txt
+	$(FLOORS)/bin/python tests/rules/floors.py > $(FLOORS)/constraints.txt
 	$(FLOORS)/bin/python -m pip install -q -c $(FLOORS)/constraints.txt -e '.[test]' -e plugins/remote -e plugins/sandbox
 	COMPASS_FLOORS=1 $(FLOORS)/bin/python -m pytest -q -p no:cacheprovider $(FLOOR_TESTS)
 

@@ -1,5 +1,7 @@
-"""Hooks for every test directory (``tests`` and ``plugins/*/tests``): how
-tests share resources and the machine under pytest-xdist (``tests/_xdist_support.py``)."""
+"""Hooks and autouse fixtures for every test directory (``tests`` and
+``plugins/*/tests``): how tests share resources and the machine under
+pytest-xdist (``tests/_xdist_support.py``), and each test starting and ending
+with clean module-level state."""
 
 from __future__ import annotations
 
@@ -55,3 +57,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 _LOCK = pytest.StashKey[Any]()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logs() -> Iterator[None]:
+    """The fakes of ``agentcompass.testing`` keep their call logs and script
+    counters at module level: every test starts and ends with none."""
+    from agentcompass.testing import reset_logs
+
+    reset_logs()
+    try:
+        yield
+    finally:
+        reset_logs()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_as_found() -> Iterator[None]:
+    """``structlog.testing.capture_logs`` leaves structlog marked configured
+    (with its print-everything defaults) after it restores the processors:
+    later launches would then leave it alone. Each test ends as it found it."""
+    import structlog
+
+    configured = structlog.is_configured()
+    try:
+        yield
+    finally:
+        if not configured:
+            structlog.reset_defaults()

@@ -24,7 +24,7 @@ from agentcompass._store._metrics import compute_metrics
 from agentcompass._view._data import RunData
 from agentcompass.runtime._convert import unstructure
 from agentcompass.testing import FakeBenchmark
-from tests.engine._support import make_context, make_request
+from tests.orchestration._support import make_context, make_request
 
 SCALARS = (
     st.none()

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import attrs
 import pytest
+from _common import serving
+from _model_support import launch, react_request
 
 from agentcompass import ExecutionSpec, Limits, Pricing
 from agentcompass._atif import SCHEMA_VERSION, validate
 from agentcompass.testing.model_server import episode, tool_call
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from _common import serving  # noqa: E402
-from _model_support import launch, react_request  # noqa: E402
 
 EXAMPLE = json.loads((Path(__file__).with_name("rfc_0001_example.json")).read_text())
 

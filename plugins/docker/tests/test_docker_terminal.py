@@ -94,7 +94,7 @@ def test_the_image_tasks_pass_with_oracle_under_docker(docker_daemon: Any, tmp_p
     os.geteuid() != 0 or shutil.which("bwrap") is None, reason="the sandbox provider needs root and bwrap"
 )
 def test_under_sandbox_they_need_their_image_unless_host_userland(tmp_path: Path) -> None:
-    sandbox = {"id": "sandbox", "config": {"images": False}}  # with images, see tests/sandbox/test_sandbox_images.py
+    sandbox = {"id": "sandbox", "config": {"images": False}}  # with images, see plugins/sandbox/tests/test_sandbox_images.py
     done, run = _launch(_config(tmp_path, "sandboxed", sandbox, {"path": str(IMAGES)}), tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     records = _records(run)

@@ -52,7 +52,7 @@ def config(daemon: Any, cache: str, **extra: Any) -> dict[str, Any]:
 
 
 #: The docker tests' image with python3 in it.
-PYTHON_IMAGE = Path(__file__).resolve().parents[2] / "plugins" / "docker" / "tests" / "images" / "python3"
+PYTHON_IMAGE = Path(__file__).resolve().parents[3] / "plugins" / "docker" / "tests" / "images" / "python3"
 
 
 def plan(**sandbox: Any) -> ExecutionPlan:

@@ -14,7 +14,7 @@ from _common import read_jsonl
 import agentcompass
 from agentcompass import AttemptsSpec, ComponentRef, ExecutionSpec, Orchestration, RunRequest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "benchmarks_data" / "terminal-smoke"
 
 

@@ -39,7 +39,7 @@ def test_cli_exits_2_with_one_line_before_anything_runs(tmp_path: Path) -> None:
         "plugins: [nobwrap.py]\n"
         "requests:\n"
         "  - name: r\n"
-        f"    benchmark: {{id: terminal, config: {{path: {Path(__file__).parents[2] / 'benchmarks_data/terminal-smoke'}}}}}\n"
+        f"    benchmark: {{id: terminal, config: {{path: {Path(__file__).parents[3] / 'benchmarks_data/terminal-smoke'}}}}}\n"
         "    harness: {id: oracle}\n"
         "    environment: {id: sandbox-no-bwrap}\n"
     )

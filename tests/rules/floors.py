@@ -1,7 +1,7 @@
 """The dependency floors the distributions declare (``setup.cfg`` of the
 package and of each plugin): every requirement is ``name>=version``.
 
-``python tests/floors.py`` prints them as exact pins (``name==version``), the
+``python tests/rules/floors.py`` prints them as exact pins (``name==version``), the
 constraints ``make test-floors`` installs into a venv of its own to run a
 focused subset of the tests on the oldest versions the floors allow.
 """
@@ -12,7 +12,7 @@ import configparser
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The distributions' setup.cfg files: the package's first, then the plugins'.
 SETUP_FILES = (ROOT / "setup.cfg", *sorted((ROOT / "plugins").glob("*/setup.cfg")))
 #: Extras whose floors are checked too (lint tools are not run on the floors).

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _sandbox_support import census, requires_sandbox
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMOKE = REPO / "benchmarks_data" / "terminal-smoke"
 
 

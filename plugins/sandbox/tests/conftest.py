@@ -1,10 +1,19 @@
+"""The ``sandbox`` tests' fixtures; ``tests/`` helpers import here too, whatever a run collects."""
+
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
-from _sandbox_support import census, new_tag
 from agentcompass_sandbox import SandboxEnvironment
+
+_TESTS = Path(__file__).resolve().parents[3] / "tests"
+if str(_TESTS) not in sys.path:
+    sys.path.append(str(_TESTS))
+
+from _sandbox_support import census, new_tag  # noqa: E402
 
 
 @pytest.fixture

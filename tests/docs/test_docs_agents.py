@@ -8,7 +8,7 @@ from pathlib import Path
 from agentcompass.agents import agent_table
 from agentcompass.harnesses import installed  # noqa: F401  (registers the built-in agents)
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "agents.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 
 
 def test_every_built_in_agent_has_a_row_with_its_version_and_api():

@@ -11,7 +11,7 @@ from agentcompass import ComponentRef, ExecutionSpec, ModelSpec, Orchestration, 
 from agentcompass.testing import hang_guard
 from agentcompass.testing.model_server import ModelServer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "benchmarks_data" / "terminal-smoke"
 QA = REPO / "benchmarks_data" / "qa" / "questions.jsonl"
 KEY = "sk-test-model-key-0123456789"

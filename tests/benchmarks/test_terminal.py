@@ -29,7 +29,7 @@ from agentcompass.runtime import (
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="bash tasks")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "benchmarks_data" / "terminal-smoke"
 SMOKE_IDS = sorted(d.name for d in SMOKE.iterdir() if d.is_dir())
 WRONG_SOLUTION = "reverse-lines"  # solve.sh is deliberately wrong
