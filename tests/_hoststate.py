@@ -11,8 +11,10 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
-#: The sandbox's shared host table: any sandbox run on the machine may install it.
+#: The sandbox's shared host table: there while any sandbox of the machine has
+#: egress (a sandbox test on another worker, say); gone with the last one.
 _SHARED_TABLES = {"table ip agentcompass_sandbox"}
+IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 _COUNTERS = re.compile(r"\[\d+:\d+\]")
 
 
@@ -22,16 +24,36 @@ def _out(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
 
-def firewall() -> str:
-    """Every iptables, ip6tables and nftables rule of the host (packet counters and
-    the sandbox's shared table left out: they change without anyone adding a rule)."""
-    text = []
+def firewall(*, whole: bool = False) -> str:
+    """Every iptables, ip6tables and nftables rule of the host, packet counters
+    left out. Unless ``whole``, also the sandbox's shared table, which a sandbox
+    test running beside may hold; ``whole`` (for a test no other runs beside)
+    has it and ``net.ipv4.ip_forward`` too."""
+    text = [f"ip_forward={ip_forward()}"] if whole else []
     for save in ("iptables-save", "ip6tables-save"):
         text += [_COUNTERS.sub("", line) for line in _out(save).splitlines() if line and not line.startswith("#")]
-    tables = [line for line in _out("nft", "list", "tables").splitlines() if line not in _SHARED_TABLES]
+    tables = [line for line in _out("nft", "list", "tables").splitlines() if whole or line not in _SHARED_TABLES]
     for table in tables:
         text += _out("nft", "-s", "list", *table.split()).splitlines()
     return "\n".join(text)
+
+
+def ip_forward() -> str:
+    with open(IP_FORWARD) as file:
+        return file.read().strip()
+
+
+@contextlib.contextmanager
+def forwarding_off() -> Iterator[None]:
+    """The host as one that forwards nothing, for the body; then as it was."""
+    was = ip_forward()
+    with open(IP_FORWARD, "w") as file:
+        file.write("0")
+    try:
+        yield
+    finally:
+        with open(IP_FORWARD, "w") as file:
+            file.write(was)
 
 
 def addresses(link: str) -> list[str]:

@@ -1,6 +1,12 @@
 """A session's own network, where it has a veth: the lease of its /30
 subnet (a file holding the session's name), the veth, and the host's NAT
-table shared by every sandbox. Blocking; runs in a worker thread."""
+table shared by every sandbox. Blocking; runs in a worker thread.
+
+The host's side lives exactly as long as some lease does (SPEC 12 "Host
+safety"): under one lock, the first lease installs the table and turns on
+``net.ipv4.ip_forward`` if it was off (recording that it was), and the
+release of the last one deletes the table and puts forwarding back as it
+was, whichever process or runtime holds the leases."""
 
 from __future__ import annotations
 
@@ -10,14 +16,46 @@ import hashlib
 import os
 from pathlib import Path
 
+from agentcompass.host import FileLock
+
 from . import _forward, _netlink
-from ._paths import LEASE_DIR, LEASES, NFT_HOST_TABLE, SUBNET_PREFIX, HostError, lease_addresses, run, veth_name
+from ._paths import (
+    LEASE_DIR,
+    LEASES,
+    NFT_HOST_TABLE,
+    STATE_ROOT,
+    SUBNET_PREFIX,
+    HostError,
+    lease_addresses,
+    run,
+    veth_name,
+)
+
+#: Held while a lease is taken or released and the host's side follows.
+NAT_LOCK = STATE_ROOT / ".nat.lock"
+#: The host's ``ip_forward`` before the first lease turned it on (absent: it was on).
+FORWARDING_WAS = STATE_ROOT / ".forwarding-was"
+_IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
 
 def acquire_lease(name: str) -> int:
     """Claim a free /30 for the session (first free slot from a hash of the
-    name); the lease file holds the name so ``sweep`` can release it."""
+    name); the lease file holds the name so ``sweep`` can release it. The
+    host's NAT table and forwarding are there once it returns."""
     LEASE_DIR.mkdir(parents=True, exist_ok=True)
+    with FileLock.acquire(NAT_LOCK, 0o600):
+        first = not _leased()
+        index = _claim(name)
+        try:
+            if first or not _nat_installed:
+                ensure_nat()
+        except BaseException:
+            release_lease(name, index, locked=True)
+            raise
+        return index
+
+
+def _claim(name: str) -> int:
     start = int(hashlib.sha1(name.encode()).hexdigest(), 16) % LEASES
     routed = _routed_subnets()
     for step in range(LEASES):
@@ -47,24 +85,53 @@ def _routed_subnets() -> set[str]:
     return routed
 
 
-def release_lease(name: str, index: int) -> None:
-    path = f"{LEASE_DIR}/{index}"
-    with contextlib.suppress(OSError):
-        with open(path) as f:
-            owner = f.read()
-        if owner == name:
-            os.unlink(path)
+def release_lease(name: str, index: int, *, locked: bool = False) -> None:
+    """Release lease ``index`` if ``name`` holds it; the last one takes the host's side with it."""
+    with contextlib.nullcontext() if locked else FileLock.acquire(NAT_LOCK, 0o600):
+        path = f"{LEASE_DIR}/{index}"
+        with contextlib.suppress(OSError):
+            with open(path) as f:
+                owner = f.read()
+            if owner == name:
+                os.unlink(path)
+        _after_release()
 
 
 def release_leases(name: str) -> None:
+    """Release every lease ``name`` holds (``sweep``, a close that lost its number)."""
     if not LEASE_DIR.is_dir():
         return
-    for entry in os.scandir(LEASE_DIR):
-        with contextlib.suppress(OSError):
-            with open(entry.path) as f:
-                owner = f.read()
-            if owner == name:
-                os.unlink(entry.path)
+    with FileLock.acquire(NAT_LOCK, 0o600):
+        for entry in os.scandir(LEASE_DIR):
+            with contextlib.suppress(OSError):
+                with open(entry.path) as f:
+                    owner = f.read()
+                if owner == name:
+                    os.unlink(entry.path)
+        _after_release()
+
+
+def _leased() -> bool:
+    if not LEASE_DIR.is_dir():
+        return False
+    with os.scandir(LEASE_DIR) as entries:
+        return any(True for _ in entries)
+
+
+def _after_release() -> None:
+    """Under the lock: with no lease left, the table goes and forwarding is put back."""
+    global _nat_installed
+    if _leased():
+        return
+    with contextlib.suppress(HostError):
+        run(["nft", "-f", "-"], input=f"table ip {NFT_HOST_TABLE}\ndelete table ip {NFT_HOST_TABLE}\n".encode())
+    _nat_installed = False
+    with contextlib.suppress(FileNotFoundError):
+        was = FORWARDING_WAS.read_text().strip()
+        if was in ("0", "1"):
+            with contextlib.suppress(OSError):
+                _IP_FORWARD.write_text(was)
+        FORWARDING_WAS.unlink()
 
 
 def leases_with_prefix(tag: str) -> set[str]:
@@ -80,10 +147,9 @@ def leases_with_prefix(tag: str) -> set[str]:
 
 def make_veth(name: str, netns_fd: int, index: int) -> None:
     """A veth pair: host end ``veth_name(name)``, ``eth0`` in the sandbox's
-    namespace, addresses and default route; NAT for it on the host (and
-    forwarding beside Docker's firewall, see :mod:`._forward`)."""
+    namespace, addresses and default route (the lease brought NAT for it on
+    the host), and forwarding beside Docker's firewall (:mod:`._forward`)."""
     host_ip, sandbox_ip = lease_addresses(index)
-    ensure_nat()
     try:
         _forward.admit(veth_name(name), name)
         _netlink.make_veth(veth_name(name), netns_fd, host_ip, sandbox_ip)
@@ -95,11 +161,9 @@ _nat_installed = False
 
 
 def ensure_nat() -> None:
-    """Install the shared host table (once per process; replacing it is atomic
-    and idempotent, so concurrent runtimes agree)."""
+    """Under the lock: install the shared host table (replacing it is atomic
+    and idempotent) and turn on forwarding."""
     global _nat_installed
-    if _nat_installed:
-        return
     a, b = SUBNET_PREFIX
     run(
         ["nft", "-f", "-"],
@@ -118,11 +182,13 @@ def ensure_nat() -> None:
 
 
 def enable_forwarding() -> None:
-    """NAT egress needs IPv4 forwarding on the host (left on: other users may rely on it)."""
-    path = Path("/proc/sys/net/ipv4/ip_forward")
+    """NAT egress needs IPv4 forwarding on the host: turned on if it was
+    off, and that recorded (once) so the last lease's release turns it off."""
     with contextlib.suppress(OSError):
-        if path.read_text().strip() != "1":
-            path.write_text("1")
+        if _IP_FORWARD.read_text().strip() != "1":
+            if not FORWARDING_WAS.exists():
+                FORWARDING_WAS.write_text("0")
+            _IP_FORWARD.write_text("1")
 
 
 def apply_ruleset_in(netns_fd: int, ruleset: str) -> None:

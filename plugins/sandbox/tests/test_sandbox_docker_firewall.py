@@ -107,10 +107,12 @@ async def test_a_full_session_has_egress_beside_dockers_forward_drop_and_leaves_
         expected = {info[4][0] for info in socket.getaddrinfo(DNS_NAME, None, proto=socket.IPPROTO_TCP)}
     except OSError:
         expected = set()  # no resolver on this host: the name part is not shown here
-    rules = _hoststate.firewall()
-    # A namespace made per session, destroyed at close: what close removes is seen here.
+    # A host that forwards nothing (turned on for the session, off again after it) and
+    # a namespace made per session, destroyed at close: what close removes is seen here.
     provider = SandboxEnvironment({"reuse_network_namespaces": False})
-    with hang_guard(120):
+    with hang_guard(120), _hoststate.forwarding_off():
+        rules = _hoststate.firewall(whole=True)
+        assert "table ip agentcompass_sandbox" not in rules, "a sandbox's leases left from before"
         try:
             with docker_forward_rules():
                 async with server_beyond_a_veth() as server:
@@ -124,12 +126,14 @@ async def test_a_full_session_has_egress_beside_dockers_forward_drop_and_leaves_
                         await session.set_network_policy(NetworkPolicy("allowlist", (f"{server[0]}:{server[1]}",)))
                         assert await _fetch(session, server) == "hello from beyond\n"
                         assert any(owner.startswith("@pool-") for owner in _ours()), "rules for its veth"
+                        assert _hoststate.ip_forward() == "1"
                     finally:
                         await session.close()
                     assert not _ours(), "close removes the rules its namespace had"
         finally:
             await provider.sweep(tag)
-    assert _hoststate.firewall() == rules
+        # The NAT table and forwarding went with the last lease: the host as it was.
+        assert _hoststate.firewall(whole=True) == rules
 
 
 async def test_sweep_removes_the_rules_a_killed_runtime_left(tag: str) -> None:
