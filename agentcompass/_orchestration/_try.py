@@ -26,7 +26,6 @@ from functools import partial
 from typing import Any
 
 import attrs
-import trio
 
 from .._gateway._bounds import attempt_gateway
 from .._logging import debug_enabled, get_logger
@@ -37,7 +36,9 @@ from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
 from ..runtime._values import ExecutionPlan, PreparedTask, TaskSpec
 from ._context import RequestContext
 from ._issues import classify, redact_issue
+from ._phase_deadline import deadline_scope
 from ._session import GuardedSession, TrackedSession, run_cleanup
+from ._try_outcome import TryOutcome, retryable_issues
 
 
 def build_config(environment: BaseEnvironment, plan: ExecutionPlan) -> Any:
@@ -59,72 +60,10 @@ def build_config(environment: BaseEnvironment, plan: ExecutionPlan) -> Any:
         )
     return environment.build_config(plan)
 
+
 __all__ = ["TryOutcome", "run_evaluation_try", "run_full_try", "retryable_issues"]
 
 log = get_logger("agentcompass.attempt")
-
-
-@attrs.define(eq=False)
-class TryOutcome:
-    """What one try produced. ``task_issues`` belong to the task Environment
-    stage (setup, run, collect and its cleanup); ``eval_issues`` to the
-    evaluation stage, which an evaluation-only retry replaces."""
-
-    task_issues: list[Issue] = attrs.Factory(list)
-    eval_issues: list[Issue] = attrs.Factory(list)
-    diagnostics: list[dict[str, Any]] = attrs.Factory(list)
-    prepared: PreparedTask | None = None
-    run_result: RunResult | None = None
-    values: dict[str, Any] = attrs.Factory(dict)
-    evaluated: bool = False
-    timings: dict[str, float] = attrs.Factory(dict)
-    #: Log files opening an Environment produced (``build.log``), kept in the attempt's ``logs/``.
-    logs: dict[str, bytes] = attrs.Factory(dict)
-
-    @property
-    def issues(self) -> list[Issue]:
-        return self.task_issues + self.eval_issues
-
-    def rounded_timings(self) -> dict[str, float]:
-        return {name: round(seconds, 6) for name, seconds in self.timings.items()}
-
-
-def retryable_issues(issues: list[Issue], patterns: list[Any]) -> list[tuple[Issue, str | None]]:
-    """FATAL always; ERROR when a pattern matches its message or code; never a
-    WARNING. Returns each retryable issue with the pattern that matched."""
-    found: list[tuple[Issue, str | None]] = []
-    for issue in issues:
-        if issue.severity == "fatal":
-            found.append((issue, None))
-        elif issue.severity == "error":
-            for pattern in patterns:
-                if pattern.search(issue.message) or pattern.search(issue.code):
-                    found.append((issue, pattern.pattern))
-                    break
-    return found
-
-
-class _NoDeadline:
-    """Stands in for a cancel scope when a phase has no timeout, which is
-    most phases of most attempts: with a ``trio.CancelScope`` in every phase
-    the row it holds, bench ``overhead`` "x Inspect AI samples/s", falls to
-    its target or below (figures in docs/performance.md)."""
-
-    cancelled_caught = False
-
-    def __enter__(self) -> _NoDeadline:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
-_NO_DEADLINE = _NoDeadline()
-
-
-def _deadline_scope(deadline: float) -> trio.CancelScope | _NoDeadline:
-    """A cancel scope with ``deadline``, or none at all for no deadline."""
-    return _NO_DEADLINE if deadline == math.inf else trio.CancelScope(deadline=deadline)
 
 
 class _Stop(Exception):
@@ -228,7 +167,9 @@ class _Try:
         try:
             await grants.open_token(provider)
             await self._write_plan(phase, issues)
-            session = TrackedSession(ctx, phase=phase, grace=self.grace, issues=issues, diagnostics=self.out.diagnostics)
+            session = TrackedSession(
+                ctx, phase=phase, grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
+            )
             try:
                 await body(session)
             except _Stop:
@@ -285,7 +226,7 @@ class _Try:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = self.now()
-        with _deadline_scope(self.setup_deadline) as scope:
+        with deadline_scope(self.setup_deadline) as scope:
             try:
                 env = await self._open(session, config, issues)
             except _Stop:
@@ -295,7 +236,14 @@ class _Try:
             if debug_enabled():
                 self._trace("open", start, session=session.session_id, handle=session.handle)
             prepared = await self._step(
-                issues, "prepare_task", "setup", ctx.benchmark.prepare_task, self.task, env, ctx.request, plan.benchmark_plan
+                issues,
+                "prepare_task",
+                "setup",
+                ctx.benchmark.prepare_task,
+                self.task,
+                env,
+                ctx.request,
+                plan.benchmark_plan,
             )
             self.out.prepared = self._check(prepared, PreparedTask, "prepare_task()", issues, "prepare_task", "setup")
             if debug_enabled():
@@ -314,10 +262,17 @@ class _Try:
         started = False
         try:
             start = self.now()
-            with _deadline_scope(self.setup_deadline) as scope:
+            with deadline_scope(self.setup_deadline) as scope:
                 if harness is not None:
                     self.harness_session = await self._step(
-                        issues, "start_session", "setup", harness.start_session, self.out.prepared, env, ctx.request.model, plan
+                        issues,
+                        "start_session",
+                        "setup",
+                        harness.start_session,
+                        self.out.prepared,
+                        env,
+                        ctx.request.model,
+                        plan,
                     )
                     started = True
                 if plan.run_network_policy != env.policy:
@@ -334,7 +289,12 @@ class _Try:
         harness = self.ctx.harness
         assert harness is not None
         await run_cleanup(
-            self.grace, self.out.task_issues, self.out.diagnostics, "closing the harness session", harness.close_session, harness_session
+            self.grace,
+            self.out.task_issues,
+            self.out.diagnostics,
+            "closing the harness session",
+            harness.close_session,
+            harness_session,
         )
 
     async def _run(self, env: GuardedSession) -> None:
@@ -348,7 +308,7 @@ class _Try:
         self._enter("run")
         start = self.now()
         result: Any = None
-        with _deadline_scope(self.now() + hard_stop) as scope, metering(limits) as meter:
+        with deadline_scope(self.now() + hard_stop) as scope, metering(limits) as meter:
             try:
                 if ctx.harness is not None:
                     where = "harness_run"
@@ -389,7 +349,7 @@ class _Try:
         # the way to the score, so the evaluation timeout bounds it too, and a
         # collection that overruns it is a FATAL collect failure.
         timeout = self.plan.evaluation_timeout_seconds
-        with _deadline_scope(self._after(timeout)) as scope:
+        with deadline_scope(self._after(timeout)) as scope:
             result = await self._step(
                 issues,
                 "collect_artifacts",
@@ -401,7 +361,9 @@ class _Try:
             )
         self._mark("collect", start)
         if scope.cancelled_caught:
-            issues.append(Issue("fatal", "collect", "collect_failed", f"collect_artifacts did not finish within {timeout}s"))
+            issues.append(
+                Issue("fatal", "collect", "collect_failed", f"collect_artifacts did not finish within {timeout}s")
+            )
             raise _Stop
         result = self._check(result, RunResult, "collect_artifacts()", issues, "collect_artifacts", "collect")
         self._add(issues, result.issues)
@@ -422,7 +384,7 @@ class _Try:
         start = self.now()
         evaluation: Any = None
         raised = False
-        with _deadline_scope(deadline) as scope:
+        with deadline_scope(deadline) as scope:
             try:
                 evaluation = await ctx.benchmark.evaluate(self.out.prepared, self.out.run_result, env, ctx.request)
             except Exception as exc:
@@ -431,7 +393,9 @@ class _Try:
         self._mark("evaluate", start)
         self.out.evaluated = True
         if scope.cancelled_caught:
-            issues.append(Issue("error", "evaluate", "evaluation_timeout", f"evaluation did not finish within {timeout}s"))
+            issues.append(
+                Issue("error", "evaluate", "evaluation_timeout", f"evaluation did not finish within {timeout}s")
+            )
             self.out.values = dict(ctx.benchmark.evaluation_timeout_values)
             return
         if raised:
@@ -457,7 +421,7 @@ class _Try:
         deadline = self._evaluation_deadline()
         try:
             if plan.evaluation_network_policy != env.policy:
-                with _deadline_scope(deadline) as scope:
+                with deadline_scope(deadline) as scope:
                     try:
                         await env.set_network_policy(plan.evaluation_network_policy)
                     except Exception as exc:
@@ -492,10 +456,12 @@ class _Try:
 
     async def _fresh_stage(self, config: Any, issues: list[Issue], session: TrackedSession) -> None:
         timeout = self.ctx.request.execution.setup_timeout_seconds
-        with _deadline_scope(self._after(timeout)) as scope:
+        with deadline_scope(self._after(timeout)) as scope:
             env = await self._open(session, config, issues)
         if scope.cancelled_caught:
-            issues.append(Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s"))
+            issues.append(
+                Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s")
+            )
             raise _Stop
         await self._evaluate_in(env, issues)
 
