@@ -82,10 +82,7 @@ class SessionLoop:
             while True:
                 message = await self.ws.get_message()
                 if isinstance(message, bytes):
-                    channel, kind, payload = p.unpack_chunk(message)
-                    if kind != p.CHANNEL:
-                        raise p.ProtocolError("binary data outside a write_file")
-                    channels.data(channel, payload)
+                    _relayed_data(channels, message)
                     continue
                 request = p.decode(message)
                 kind, op = request["type"], request.get("id")
@@ -292,3 +289,11 @@ class SessionLoop:
         # Accepting only now: a channel is never announced before its relay.
         for _, relay, listener in listeners:
             nursery.start_soon(accept_relay, listener, relay, channels, send, nursery)
+
+
+def _relayed_data(channels: Channels, message: bytes) -> None:
+    """Binary data between operations: only a relayed channel's."""
+    channel, kind, payload = p.unpack_chunk(message)
+    if kind != p.CHANNEL:
+        raise p.ProtocolError("binary data outside a write_file")
+    channels.data(channel, payload)

@@ -276,38 +276,50 @@ class SandboxServer:
             with hosted.scope:
                 await SessionLoop(ws, hosted, self.max_file_bytes, self._state).serve()
         finally:
-            grace_deadline = trio.current_time() + self.grace
-            close_error = None
-            if session is not None:
-                with trio.move_on_at(grace_deadline, shield=True) as grace:
-                    try:
-                        await session.close()
-                    except Exception as exc:  # noqa: BLE001 - the client is told below when it still listens
-                        close_error = " ".join(str(exc).split()) or type(exc).__name__
-                if grace.cancelled_caught:
-                    close_error = f"closing the session took longer than the server's {self.grace}s grace"
-                if hosted is not None:
-                    # After the provider's close: nothing of the session holds the directory now.
-                    hosted.channels.close_all()
-                    if hosted.scratch is not None and close_error is None:
-                        with trio.move_on_at(grace_deadline, shield=True) as removal:
-                            await trio.to_thread.run_sync(_expose.remove_scratch, hosted.scratch)
-                        if removal.cancelled_caught:
-                            close_error = f"removing {hosted.scratch} took longer than the server's {self.grace}s grace"
-                if close_error is None and hosted is not None and self._state is not None:
-                    with trio.move_on_at(grace_deadline, shield=True):
-                        await self._state.forget(hosted.session_id)
+            await self._end_session(ws, name, session, hosted)
+
+    async def _end_session(
+        self,
+        ws: trio_websocket.WebSocketConnection,
+        name: str,
+        session: EnvironmentSession | None,
+        hosted: Hosted | None,
+    ) -> None:
+        """Close a hosted session on every way out of :meth:`_host`, within
+        the grace: the provider's close, the exposed copies, the state
+        record, then the client told whether the sandbox is gone."""
+        grace_deadline = trio.current_time() + self.grace
+        close_error = None
+        if session is not None:
+            with trio.move_on_at(grace_deadline, shield=True) as grace:
+                try:
+                    await session.close()
+                except Exception as exc:  # noqa: BLE001 - the client is told below when it still listens
+                    close_error = " ".join(str(exc).split()) or type(exc).__name__
+            if grace.cancelled_caught:
+                close_error = f"closing the session took longer than the server's {self.grace}s grace"
             if hosted is not None:
-                self.sessions.pop(name, None)
-                hosted.closed.set()
-                # Shielded, and on every way out: a server shutting down still
-                # tells its client whether the sandbox is gone (a client told
-                # nothing must assume it was left behind).
+                # After the provider's close: nothing of the session holds the directory now.
+                hosted.channels.close_all()
+                if hosted.scratch is not None and close_error is None:
+                    with trio.move_on_at(grace_deadline, shield=True) as removal:
+                        await trio.to_thread.run_sync(_expose.remove_scratch, hosted.scratch)
+                    if removal.cancelled_caught:
+                        close_error = f"removing {hosted.scratch} took longer than the server's {self.grace}s grace"
+            if close_error is None and hosted is not None and self._state is not None:
                 with trio.move_on_at(grace_deadline, shield=True):
-                    try:
-                        await ws.send_message(p.encode({"type": "closed", "error": close_error}))
-                    except trio_websocket.ConnectionClosed:
-                        pass
+                    await self._state.forget(hosted.session_id)
+        if hosted is not None:
+            self.sessions.pop(name, None)
+            hosted.closed.set()
+            # Shielded, and on every way out: a server shutting down still
+            # tells its client whether the sandbox is gone (a client told
+            # nothing must assume it was left behind).
+            with trio.move_on_at(grace_deadline, shield=True):
+                try:
+                    await ws.send_message(p.encode({"type": "closed", "error": close_error}))
+                except trio_websocket.ConnectionClosed:
+                    pass
 
     # -- reap and sweep ------------------------------------------------------
 
