@@ -17,8 +17,8 @@ __all__ = ["GrantDesk"]
 
 @attrs.define(eq=False)
 class GrantDesk:
-    """Answers the workers' grant requests; ``grants`` are the run's, set by
-    the first task, ``nursery`` holds the waits that cannot be answered at once."""
+    """Answers the workers' grant requests from ``grants``, the run's (set by
+    ``RayExecutor.run_task``); ``nursery`` holds the waits not answered at once."""
 
     grants: Grants | None = None
     nursery: trio.Nursery | None = None
