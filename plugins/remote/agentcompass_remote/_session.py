@@ -65,7 +65,7 @@ class RemoteSession(EnvironmentSession):
     ):
         self._server = server
         self._max_output = max_output
-        self._x = Exchange(conn, name, server.url, partial(server.mark_down, retry_down_seconds))
+        self._exchange = Exchange(conn, name, server.url, partial(server.mark_down, retry_down_seconds))
         self._handle = {"url": server.url, "name": name, "session": reply.get("session")}
         inner = reply.get("handle")
         if isinstance(inner, dict):
@@ -113,7 +113,7 @@ class RemoteSession(EnvironmentSession):
             await on_output(stream, payload)
 
         message = {"type": "exec", "cmd": cmd, "timeout": timeout, "cwd": cwd, "env": env}
-        reply = await self._x.request(message, on_chunk)
+        reply = await self._exchange.request(message, on_chunk)
         exit_code = reply.get("exit_code")
         if reply["type"] != "exit" or not isinstance(exit_code, int):
             raise fail(f"unexpected reply {reply['type']!r} to exec")
@@ -164,7 +164,9 @@ class RemoteSession(EnvironmentSession):
         }
         if listed:  # absent for none: a request as before inputs existed
             message["inputs"] = [[path, len(content)] for path, content in listed]
-        reply = await self._x.request(message, keep, b"".join(content for _, content in listed) if listed else None)
+        reply = await self._exchange.request(
+            message, keep, b"".join(content for _, content in listed) if listed else None
+        )
         exit_code, sizes = reply.get("exit_code"), reply.get("files")
         if reply["type"] != "private_exit" or not isinstance(exit_code, int) or not isinstance(sizes, list):
             raise fail(f"unexpected reply {reply['type']!r} to exec_private")
@@ -208,17 +210,17 @@ class RemoteSession(EnvironmentSession):
                 raise p.ProtocolError(f"the server sent more than the {limit} bytes asked for")
             chunks.append(payload)
 
-        await self._x.request({"type": "read_file", "path": path, "max_bytes": max_bytes}, keep)
+        await self._exchange.request({"type": "read_file", "path": path, "max_bytes": max_bytes}, keep)
         return b"".join(chunks)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write a file (``str`` as UTF-8), sent in chunks."""
         check_path(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        await self._x.request({"type": "write_file", "path": path, "size": len(payload)}, data=payload)
+        await self._exchange.request({"type": "write_file", "path": path, "size": len(payload)}, data=payload)
 
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
-        await self._x.request({"type": "policy", "policy": p.policy_message(policy)})
+        await self._exchange.request({"type": "policy", "policy": p.policy_message(policy)})
 
     async def expose_directory(self, host_path: str) -> str:
         """Make the host directory ``host_path`` visible read-only in the
@@ -243,7 +245,7 @@ class RemoteSession(EnvironmentSession):
         cached = await trio.to_thread.run_sync(_expose.cache_entry_name, host_path)
         if cached is not None:
             name, info = cached
-            reply = await self._x.request({"type": "expose_cached", "entry": name, "installed": info})
+            reply = await self._exchange.request({"type": "expose_cached", "entry": name, "installed": info})
             return self._exposed(reply, host_path)
         files, sockets = await trio.to_thread.run_sync(_expose.list_small_directory, host_path)
         return await self._expose_copy(host_path, files, sockets)
@@ -273,7 +275,7 @@ class RemoteSession(EnvironmentSession):
             "files": [[path, len(data), executable] for path, data, executable in files],
             "sockets": sockets,
         }
-        reply = await self._x.request(message, data=b"".join(data for _, data, _ in files))
+        reply = await self._exchange.request(message, data=b"".join(data for _, data, _ in files))
         return self._exposed(reply, directory)
 
     def _exposed(self, reply: dict[str, Any], directory: str) -> str:
@@ -284,7 +286,7 @@ class RemoteSession(EnvironmentSession):
         for entry in relays:
             if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], int)):
                 raise fail("expose: a malformed list of relays")
-            self._x.channels.relays[entry[1]] = os.path.join(directory, str(entry[0]))
+            self._exchange.channels.relays[entry[1]] = os.path.join(directory, str(entry[0]))
         return path
 
     async def close(self) -> None:
@@ -297,7 +299,7 @@ class RemoteSession(EnvironmentSession):
         the session reapable. If this is cancelled, the connection is
         dropped, and the server closes the session on its own within its
         grace."""
-        x = self._x
+        x = self._exchange
         if x.closed:
             return
         x.closed = True
