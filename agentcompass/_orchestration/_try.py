@@ -35,10 +35,11 @@ from ..runtime._errors import ComponentError, IssueError
 from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
 from ..runtime._values import ExecutionPlan, PreparedTask, TaskSpec
 from ._context import RequestContext
-from ._issues import classify, redact_issue
+from ._issues import classify
 from ._phase_deadline import deadline_scope
 from ._session import GuardedSession, TrackedSession, run_cleanup
 from ._try_outcome import TryOutcome, retryable_issues
+from ._try_steps import Stop, TrySteps
 
 
 def build_config(environment: BaseEnvironment, plan: ExecutionPlan) -> Any:
@@ -66,77 +67,8 @@ __all__ = ["TryOutcome", "run_evaluation_try", "run_full_try", "retryable_issues
 log = get_logger("agentcompass.attempt")
 
 
-class _Stop(Exception):
-    """Internal: the try cannot usefully continue (the issue is recorded)."""
-
-
-class _Try:
-    def __init__(self, ctx: RequestContext, task: TaskSpec, plan: ExecutionPlan, retries_left: bool):
-        self.ctx = ctx
-        self.task = task
-        self.plan = plan
-        self.retries_left = retries_left
-        self.out = TryOutcome()
-        self.grace = ctx.grace
-        # The run's clock, read directly: several readings per attempt.
-        self.now = ctx.now
-        self.setup_deadline = math.inf
-        self.harness_session: Any = None
-        self.collected = False
-
-    # -- helpers -----------------------------------------------------------
-
-    def _enter(self, stage: Phase) -> None:
-        on_stage = self.ctx.on_stage
-        if on_stage is not None:
-            on_stage(self.task.task_id, self.plan.attempt, stage)
-
-    def _add(self, issues: list[Issue], new: list[Issue]) -> None:
-        if new:
-            issues.extend(redact_issue(i) for i in new)
-
-    def _should_stop(self, issues: list[Issue]) -> bool:
-        if not issues:
-            return False
-        if any(i.severity == "fatal" for i in issues):
-            return True
-        return self.retries_left and bool(retryable_issues(issues, self.ctx.patterns))
-
-    async def _step(self, issues: list[Issue], where: str, phase: Phase, fn: Any, *args: Any) -> Any:
-        """Await one component call; an exception becomes an Issue and stops the stage."""
-        try:
-            return await fn(*args)
-        except Exception as exc:
-            issues.append(classify(exc, where, phase, self.out.diagnostics))
-            raise _Stop from None
-
-    def _check(self, value: Any, kind: type, what: str, issues: list[Issue], where: str, phase: Phase) -> Any:
-        if not isinstance(value, kind):
-            exc = ComponentError(f"{what} returned {type(value).__name__}, expected {kind.__name__}")
-            issues.append(classify(exc, where, phase, self.out.diagnostics))
-            raise _Stop
-        return value
-
-    def _mark(self, name: str, start: float) -> None:
-        # Rounded once, when the record is made (TryOutcome.rounded_timings).
-        timings = self.out.timings
-        timings[name] = timings.get(name, 0.0) + self.now() - start
-        if name != "setup" and debug_enabled():
-            self._trace(name, start)
-
-    def _trace(self, step: str, start: float, **extra: Any) -> None:
-        """The attempt lifecycle at debug level (``--log-level debug``; ``log.jsonl`` too)."""
-        log.debug(
-            f"attempt_{step}",
-            request=self.ctx.request.name,
-            task_id=self.task.task_id,
-            attempt=self.plan.attempt,
-            seconds=round(self.now() - start, 6),
-            **extra,
-        )
-
-    def _after(self, timeout: float | None) -> float:
-        return math.inf if timeout is None else self.now() + timeout
+class _Try(TrySteps):
+    """The stages of one try, each step taken as :class:`TrySteps` takes it."""
 
     # -- the task Environment stage ------------------------------------------
 
@@ -160,7 +92,7 @@ class _Try:
         """Hold a capacity permit and an open-rate token and run
         ``body(session)`` with a new :class:`TrackedSession` (``body`` opens
         it); close the session and release the permit on every way out. A
-        ``_Stop`` ends ``body`` quietly (its issue is recorded)."""
+        ``Stop`` ends ``body`` quietly (its issue is recorded)."""
         ctx = self.ctx
         grants, provider, holder = ctx.grants, ctx.provider, object()
         await grants.acquire_capacity(provider, holder)
@@ -172,7 +104,7 @@ class _Try:
             )
             try:
                 await body(session)
-            except _Stop:
+            except Stop:
                 pass
             finally:
                 closing, was_open = self.now(), session.raw is not None
@@ -191,7 +123,7 @@ class _Try:
             await self.ctx.reporter.attempt_plan(self.task.task_id, self.plan.attempt, self.plan)
         except Exception as exc:
             issues.append(classify(exc, "prepare_task", phase, self.out.diagnostics))
-            raise _Stop from None
+            raise Stop from None
 
     async def _task_stage(self, config: Any, session: TrackedSession) -> None:
         """Steps 2-6 in the task Environment (evaluation only in ``reuse`` mode)."""
@@ -209,7 +141,7 @@ class _Try:
     def _setup_timed_out(self) -> None:
         timeout = self.ctx.request.execution.setup_timeout_seconds
         self.out.task_issues.append(Issue("fatal", "setup", "setup_timeout", f"setup did not finish within {timeout}s"))
-        raise _Stop
+        raise Stop
 
     async def _open(self, session: TrackedSession, config: Any, issues: list[Issue]) -> GuardedSession:
         """Open ``session`` under the baseline policy (the caller closes it)."""
@@ -217,7 +149,7 @@ class _Try:
             return await session.open(config, self.plan.baseline_network_policy)
         except IssueError as exc:
             issues.append(classify(exc, "environment", session.phase, self.out.diagnostics))
-            raise _Stop from None
+            raise Stop from None
         finally:
             self.out.logs.update(session.logs)
             self.out.timings.update(session.timings)
@@ -229,7 +161,7 @@ class _Try:
         with deadline_scope(self.setup_deadline) as scope:
             try:
                 env = await self._open(session, config, issues)
-            except _Stop:
+            except Stop:
                 self._mark("setup", start)  # an attempt that failed to open keeps its setup seconds
                 raise
             opened = self.now()
@@ -319,7 +251,7 @@ class _Try:
                     benchmark = ctx.benchmark
                     assert isinstance(benchmark, HarnessFreeBenchmark)
                     result = await benchmark.run_task(self.out.prepared, env, ctx.request.model, budget)
-            except _Stop:
+            except Stop:
                 raise
             except Exception as exc:
                 issues.append(classify(exc, where, "run", self.out.diagnostics))
@@ -338,7 +270,7 @@ class _Try:
             issues.append(limited)  # a harness that swallowed the refusal still ran into it
         self.out.run_result = result if result is not None else RunResult()
         if self._should_stop(issues):
-            raise _Stop
+            raise Stop
 
     async def _collect(self, env: GuardedSession) -> None:
         ctx, issues = self.ctx, self.out.task_issues
@@ -364,13 +296,13 @@ class _Try:
             issues.append(
                 Issue("fatal", "collect", "collect_failed", f"collect_artifacts did not finish within {timeout}s")
             )
-            raise _Stop
+            raise Stop
         result = self._check(result, RunResult, "collect_artifacts()", issues, "collect_artifacts", "collect")
         self._add(issues, result.issues)
         self.out.run_result = attrs.evolve(result, issues=[]) if result.issues else result
         self.collected = True
         if self._should_stop(issues):
-            raise _Stop
+            raise Stop
 
     # -- the evaluation stage ------------------------------------------------
 
@@ -426,11 +358,11 @@ class _Try:
                         await env.set_network_policy(plan.evaluation_network_policy)
                     except Exception as exc:
                         issues.append(classify(exc, "environment", "evaluate", self.out.diagnostics))
-                        raise _Stop from None
+                        raise Stop from None
                 if scope.cancelled_caught:
                     message = "switching to the evaluation network policy did not finish within the evaluation timeout"
                     issues.append(Issue("fatal", "evaluate", "environment_failed", message))
-                    raise _Stop
+                    raise Stop
             await self._evaluate(env, issues, deadline)
         finally:
             if env.policy != plan.baseline_network_policy:
@@ -462,7 +394,7 @@ class _Try:
             issues.append(
                 Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s")
             )
-            raise _Stop
+            raise Stop
         await self._evaluate_in(env, issues)
 
 
