@@ -13,17 +13,15 @@ from __future__ import annotations
 import collections
 import enum
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
 
+from ..runtime._executor import TaskReporter
 from ..runtime._results import TaskRecord
 from ..runtime._values import TaskSpec
 from ._reuse import PendingTask
-
-if TYPE_CHECKING:
-    from ._request import Reporter
 
 __all__ = ["MAX_FAILURE_NOTES", "Landing", "Life", "Stage", "Prepared", "Tally", "Tasks"]
 
@@ -154,7 +152,7 @@ class Tasks:
 
     pending: collections.deque[PendingTask] = attrs.Factory(collections.deque)
     nursery: trio.Nursery | None = None
-    reporter: Reporter | None = None
+    reporter: TaskReporter | None = None
     active: int = 0
     unsettled: int = 0
     #: task id -> its checkpoints on their way.

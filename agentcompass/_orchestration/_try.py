@@ -26,7 +26,6 @@ from functools import partial
 from typing import Any
 
 import attrs
-import trio
 
 from .._gateway._bounds import attempt_gateway
 from .._logging import debug_enabled, get_logger
@@ -36,8 +35,11 @@ from ..runtime._errors import ComponentError, IssueError
 from ..runtime._results import Evaluation, Issue, Phase, RunBudget, RunResult
 from ..runtime._values import ExecutionPlan, PreparedTask, TaskSpec
 from ._context import RequestContext
-from ._issues import classify, redact_issue
+from ._issues import classify
+from ._phase_deadline import deadline_scope
 from ._session import GuardedSession, TrackedSession, run_cleanup
+from ._try_outcome import TryOutcome, retryable_issues
+from ._try_steps import Stop, TrySteps
 
 
 def build_config(environment: BaseEnvironment, plan: ExecutionPlan) -> Any:
@@ -59,145 +61,14 @@ def build_config(environment: BaseEnvironment, plan: ExecutionPlan) -> Any:
         )
     return environment.build_config(plan)
 
+
 __all__ = ["TryOutcome", "run_evaluation_try", "run_full_try", "retryable_issues"]
 
 log = get_logger("agentcompass.attempt")
 
 
-@attrs.define(eq=False)
-class TryOutcome:
-    """What one try produced. ``task_issues`` belong to the task Environment
-    stage (setup, run, collect and its cleanup); ``eval_issues`` to the
-    evaluation stage, which an evaluation-only retry replaces."""
-
-    task_issues: list[Issue] = attrs.Factory(list)
-    eval_issues: list[Issue] = attrs.Factory(list)
-    diagnostics: list[dict[str, Any]] = attrs.Factory(list)
-    prepared: PreparedTask | None = None
-    run_result: RunResult | None = None
-    values: dict[str, Any] = attrs.Factory(dict)
-    evaluated: bool = False
-    timings: dict[str, float] = attrs.Factory(dict)
-    #: Log files opening an Environment produced (``build.log``), kept in the attempt's ``logs/``.
-    logs: dict[str, bytes] = attrs.Factory(dict)
-
-    @property
-    def issues(self) -> list[Issue]:
-        return self.task_issues + self.eval_issues
-
-    def rounded_timings(self) -> dict[str, float]:
-        return {name: round(seconds, 6) for name, seconds in self.timings.items()}
-
-
-def retryable_issues(issues: list[Issue], patterns: list[Any]) -> list[tuple[Issue, str | None]]:
-    """FATAL always; ERROR when a pattern matches its message or code; never a
-    WARNING. Returns each retryable issue with the pattern that matched."""
-    found: list[tuple[Issue, str | None]] = []
-    for issue in issues:
-        if issue.severity == "fatal":
-            found.append((issue, None))
-        elif issue.severity == "error":
-            for pattern in patterns:
-                if pattern.search(issue.message) or pattern.search(issue.code):
-                    found.append((issue, pattern.pattern))
-                    break
-    return found
-
-
-class _NoDeadline:
-    """Stands in for a cancel scope when a phase has no timeout, which is
-    most phases of most attempts: with a ``trio.CancelScope`` in every phase
-    the row it holds, bench ``overhead`` "x Inspect AI samples/s", falls to
-    its target or below (figures in docs/performance.md)."""
-
-    cancelled_caught = False
-
-    def __enter__(self) -> _NoDeadline:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
-_NO_DEADLINE = _NoDeadline()
-
-
-def _deadline_scope(deadline: float) -> trio.CancelScope | _NoDeadline:
-    """A cancel scope with ``deadline``, or none at all for no deadline."""
-    return _NO_DEADLINE if deadline == math.inf else trio.CancelScope(deadline=deadline)
-
-
-class _Stop(Exception):
-    """Internal: the try cannot usefully continue (the issue is recorded)."""
-
-
-class _Try:
-    def __init__(self, ctx: RequestContext, task: TaskSpec, plan: ExecutionPlan, retries_left: bool):
-        self.ctx = ctx
-        self.task = task
-        self.plan = plan
-        self.retries_left = retries_left
-        self.out = TryOutcome()
-        self.grace = ctx.grace
-        # The run's clock, read directly: several readings per attempt.
-        self.now = ctx.now
-        self.setup_deadline = math.inf
-        self.harness_session: Any = None
-        self.collected = False
-
-    # -- helpers -----------------------------------------------------------
-
-    def _enter(self, stage: Phase) -> None:
-        on_stage = self.ctx.on_stage
-        if on_stage is not None:
-            on_stage(self.task.task_id, self.plan.attempt, stage)
-
-    def _add(self, issues: list[Issue], new: list[Issue]) -> None:
-        if new:
-            issues.extend(redact_issue(i) for i in new)
-
-    def _should_stop(self, issues: list[Issue]) -> bool:
-        if not issues:
-            return False
-        if any(i.severity == "fatal" for i in issues):
-            return True
-        return self.retries_left and bool(retryable_issues(issues, self.ctx.patterns))
-
-    async def _step(self, issues: list[Issue], where: str, phase: Phase, fn: Any, *args: Any) -> Any:
-        """Await one component call; an exception becomes an Issue and stops the stage."""
-        try:
-            return await fn(*args)
-        except Exception as exc:
-            issues.append(classify(exc, where, phase, self.out.diagnostics))
-            raise _Stop from None
-
-    def _check(self, value: Any, kind: type, what: str, issues: list[Issue], where: str, phase: Phase) -> Any:
-        if not isinstance(value, kind):
-            exc = ComponentError(f"{what} returned {type(value).__name__}, expected {kind.__name__}")
-            issues.append(classify(exc, where, phase, self.out.diagnostics))
-            raise _Stop
-        return value
-
-    def _mark(self, name: str, start: float) -> None:
-        # Rounded once, when the record is made (TryOutcome.rounded_timings).
-        timings = self.out.timings
-        timings[name] = timings.get(name, 0.0) + self.now() - start
-        if name != "setup" and debug_enabled():
-            self._trace(name, start)
-
-    def _trace(self, step: str, start: float, **extra: Any) -> None:
-        """The attempt lifecycle at debug level (``--log-level debug``; ``log.jsonl`` too)."""
-        log.debug(
-            f"attempt_{step}",
-            request=self.ctx.request.name,
-            task_id=self.task.task_id,
-            attempt=self.plan.attempt,
-            seconds=round(self.now() - start, 6),
-            **extra,
-        )
-
-    def _after(self, timeout: float | None) -> float:
-        return math.inf if timeout is None else self.now() + timeout
+class _Try(TrySteps):
+    """The stages of one try, each step taken as :class:`TrySteps` takes it."""
 
     # -- the task Environment stage ------------------------------------------
 
@@ -221,17 +92,19 @@ class _Try:
         """Hold a capacity permit and an open-rate token and run
         ``body(session)`` with a new :class:`TrackedSession` (``body`` opens
         it); close the session and release the permit on every way out. A
-        ``_Stop`` ends ``body`` quietly (its issue is recorded)."""
+        ``Stop`` ends ``body`` quietly (its issue is recorded)."""
         ctx = self.ctx
         grants, provider, holder = ctx.grants, ctx.provider, object()
         await grants.acquire_capacity(provider, holder)
         try:
             await grants.open_token(provider)
             await self._write_plan(phase, issues)
-            session = TrackedSession(ctx, phase=phase, grace=self.grace, issues=issues, diagnostics=self.out.diagnostics)
+            session = TrackedSession(
+                ctx, phase=phase, grace=self.grace, issues=issues, diagnostics=self.out.diagnostics
+            )
             try:
                 await body(session)
-            except _Stop:
+            except Stop:
                 pass
             finally:
                 closing, was_open = self.now(), session.raw is not None
@@ -250,7 +123,7 @@ class _Try:
             await self.ctx.reporter.attempt_plan(self.task.task_id, self.plan.attempt, self.plan)
         except Exception as exc:
             issues.append(classify(exc, "prepare_task", phase, self.out.diagnostics))
-            raise _Stop from None
+            raise Stop from None
 
     async def _task_stage(self, config: Any, session: TrackedSession) -> None:
         """Steps 2-6 in the task Environment (evaluation only in ``reuse`` mode)."""
@@ -268,7 +141,7 @@ class _Try:
     def _setup_timed_out(self) -> None:
         timeout = self.ctx.request.execution.setup_timeout_seconds
         self.out.task_issues.append(Issue("fatal", "setup", "setup_timeout", f"setup did not finish within {timeout}s"))
-        raise _Stop
+        raise Stop
 
     async def _open(self, session: TrackedSession, config: Any, issues: list[Issue]) -> GuardedSession:
         """Open ``session`` under the baseline policy (the caller closes it)."""
@@ -276,7 +149,7 @@ class _Try:
             return await session.open(config, self.plan.baseline_network_policy)
         except IssueError as exc:
             issues.append(classify(exc, "environment", session.phase, self.out.diagnostics))
-            raise _Stop from None
+            raise Stop from None
         finally:
             self.out.logs.update(session.logs)
             self.out.timings.update(session.timings)
@@ -285,17 +158,24 @@ class _Try:
         """Steps 2-3: open the task Environment under the baseline policy, prepare."""
         ctx, plan, issues = self.ctx, self.plan, self.out.task_issues
         start = self.now()
-        with _deadline_scope(self.setup_deadline) as scope:
+        with deadline_scope(self.setup_deadline) as scope:
             try:
                 env = await self._open(session, config, issues)
-            except _Stop:
+            except Stop:
                 self._mark("setup", start)  # an attempt that failed to open keeps its setup seconds
                 raise
             opened = self.now()
             if debug_enabled():
                 self._trace("open", start, session=session.session_id, handle=session.handle)
             prepared = await self._step(
-                issues, "prepare_task", "setup", ctx.benchmark.prepare_task, self.task, env, ctx.request, plan.benchmark_plan
+                issues,
+                "prepare_task",
+                "setup",
+                ctx.benchmark.prepare_task,
+                self.task,
+                env,
+                ctx.request,
+                plan.benchmark_plan,
             )
             self.out.prepared = self._check(prepared, PreparedTask, "prepare_task()", issues, "prepare_task", "setup")
             if debug_enabled():
@@ -314,10 +194,17 @@ class _Try:
         started = False
         try:
             start = self.now()
-            with _deadline_scope(self.setup_deadline) as scope:
+            with deadline_scope(self.setup_deadline) as scope:
                 if harness is not None:
                     self.harness_session = await self._step(
-                        issues, "start_session", "setup", harness.start_session, self.out.prepared, env, ctx.request.model, plan
+                        issues,
+                        "start_session",
+                        "setup",
+                        harness.start_session,
+                        self.out.prepared,
+                        env,
+                        ctx.request.model,
+                        plan,
                     )
                     started = True
                 if plan.run_network_policy != env.policy:
@@ -334,7 +221,12 @@ class _Try:
         harness = self.ctx.harness
         assert harness is not None
         await run_cleanup(
-            self.grace, self.out.task_issues, self.out.diagnostics, "closing the harness session", harness.close_session, harness_session
+            self.grace,
+            self.out.task_issues,
+            self.out.diagnostics,
+            "closing the harness session",
+            harness.close_session,
+            harness_session,
         )
 
     async def _run(self, env: GuardedSession) -> None:
@@ -348,7 +240,7 @@ class _Try:
         self._enter("run")
         start = self.now()
         result: Any = None
-        with _deadline_scope(self.now() + hard_stop) as scope, metering(limits) as meter:
+        with deadline_scope(self.now() + hard_stop) as scope, metering(limits) as meter:
             try:
                 if ctx.harness is not None:
                     where = "harness_run"
@@ -359,7 +251,7 @@ class _Try:
                     benchmark = ctx.benchmark
                     assert isinstance(benchmark, HarnessFreeBenchmark)
                     result = await benchmark.run_task(self.out.prepared, env, ctx.request.model, budget)
-            except _Stop:
+            except Stop:
                 raise
             except Exception as exc:
                 issues.append(classify(exc, where, "run", self.out.diagnostics))
@@ -378,7 +270,7 @@ class _Try:
             issues.append(limited)  # a harness that swallowed the refusal still ran into it
         self.out.run_result = result if result is not None else RunResult()
         if self._should_stop(issues):
-            raise _Stop
+            raise Stop
 
     async def _collect(self, env: GuardedSession) -> None:
         ctx, issues = self.ctx, self.out.task_issues
@@ -389,7 +281,7 @@ class _Try:
         # the way to the score, so the evaluation timeout bounds it too, and a
         # collection that overruns it is a FATAL collect failure.
         timeout = self.plan.evaluation_timeout_seconds
-        with _deadline_scope(self._after(timeout)) as scope:
+        with deadline_scope(self._after(timeout)) as scope:
             result = await self._step(
                 issues,
                 "collect_artifacts",
@@ -401,14 +293,16 @@ class _Try:
             )
         self._mark("collect", start)
         if scope.cancelled_caught:
-            issues.append(Issue("fatal", "collect", "collect_failed", f"collect_artifacts did not finish within {timeout}s"))
-            raise _Stop
+            issues.append(
+                Issue("fatal", "collect", "collect_failed", f"collect_artifacts did not finish within {timeout}s")
+            )
+            raise Stop
         result = self._check(result, RunResult, "collect_artifacts()", issues, "collect_artifacts", "collect")
         self._add(issues, result.issues)
         self.out.run_result = attrs.evolve(result, issues=[]) if result.issues else result
         self.collected = True
         if self._should_stop(issues):
-            raise _Stop
+            raise Stop
 
     # -- the evaluation stage ------------------------------------------------
 
@@ -422,7 +316,7 @@ class _Try:
         start = self.now()
         evaluation: Any = None
         raised = False
-        with _deadline_scope(deadline) as scope:
+        with deadline_scope(deadline) as scope:
             try:
                 evaluation = await ctx.benchmark.evaluate(self.out.prepared, self.out.run_result, env, ctx.request)
             except Exception as exc:
@@ -431,7 +325,9 @@ class _Try:
         self._mark("evaluate", start)
         self.out.evaluated = True
         if scope.cancelled_caught:
-            issues.append(Issue("error", "evaluate", "evaluation_timeout", f"evaluation did not finish within {timeout}s"))
+            issues.append(
+                Issue("error", "evaluate", "evaluation_timeout", f"evaluation did not finish within {timeout}s")
+            )
             self.out.values = dict(ctx.benchmark.evaluation_timeout_values)
             return
         if raised:
@@ -457,16 +353,16 @@ class _Try:
         deadline = self._evaluation_deadline()
         try:
             if plan.evaluation_network_policy != env.policy:
-                with _deadline_scope(deadline) as scope:
+                with deadline_scope(deadline) as scope:
                     try:
                         await env.set_network_policy(plan.evaluation_network_policy)
                     except Exception as exc:
                         issues.append(classify(exc, "environment", "evaluate", self.out.diagnostics))
-                        raise _Stop from None
+                        raise Stop from None
                 if scope.cancelled_caught:
                     message = "switching to the evaluation network policy did not finish within the evaluation timeout"
                     issues.append(Issue("fatal", "evaluate", "environment_failed", message))
-                    raise _Stop
+                    raise Stop
             await self._evaluate(env, issues, deadline)
         finally:
             if env.policy != plan.baseline_network_policy:
@@ -492,11 +388,13 @@ class _Try:
 
     async def _fresh_stage(self, config: Any, issues: list[Issue], session: TrackedSession) -> None:
         timeout = self.ctx.request.execution.setup_timeout_seconds
-        with _deadline_scope(self._after(timeout)) as scope:
+        with deadline_scope(self._after(timeout)) as scope:
             env = await self._open(session, config, issues)
         if scope.cancelled_caught:
-            issues.append(Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s"))
-            raise _Stop
+            issues.append(
+                Issue("fatal", "evaluate", "setup_timeout", f"evaluation environment not open within {timeout}s")
+            )
+            raise Stop
         await self._evaluate_in(env, issues)
 
 

@@ -5,7 +5,8 @@ Imported only when a config names ``orchestration.executor: {id: ray}``
 there); ``ray`` itself is imported only by :func:`open_ray_executor`.
 ``_settings`` holds the config, ``_cluster`` the ``address: local``
 cluster, ``_worker`` the worker actor, ``_driver`` the executor and its
-exchange with the workers (its docstring describes the protocol) and
+exchange with the workers (its docstring describes the protocol; what it
+follows of each worker is ``_link``, the provider grants ``_grants``) and
 ``_messages`` what that exchange carries. From the orchestration it takes
 only the executor seam, :mod:`agentcompass._orchestration.seam`.
 """

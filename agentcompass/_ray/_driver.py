@@ -58,7 +58,6 @@ import attrs
 import trio
 
 from .. import _registry
-from .._limits import provider_limits
 from .._logging import debug_enabled, get_logger
 from .._orchestration.seam import (
     Checkpoint,
@@ -72,15 +71,16 @@ from .._orchestration.seam import (
     after_loss,
 )
 from ..runtime._executor import Executor, Grants, TaskReporter
-from ..runtime._results import AttemptRecord, Phase, TaskRecord
+from ..runtime._results import Phase, TaskRecord
 from ..runtime._values import RunRequest
+from ._grants import GrantDesk
+from ._link import LOST, DriverRequest, Link, Remote
 from ._messages import (
     Abandon,
     Acked,
     AcquireCapacity,
     CancelTask,
     Forget,
-    Granted,
     OpenToken,
     Release,
     Reported,
@@ -104,96 +104,40 @@ POLL_WAIT = 0.5
 SEND_COALESCE = 0.002
 
 
-@attrs.define(eq=False)
-class _Link:
-    """The driver's side of one worker."""
-
-    index: int
-    actor: Any
-    pid: int
-    alive: bool = True
-    tasks: set[int] = attrs.Factory(set)
-    outgoing: list[Any] = attrs.Factory(list)
-    wake: trio.Event = attrs.Factory(trio.Event)
-    batches: Any = attrs.Factory(itertools.count)
-    known: set[int] = attrs.Factory(set)
-    #: grant id -> (provider, holder) of a capacity permit held for the worker
-    held: dict[int, tuple[str, tuple[int, int]]] = attrs.Factory(dict)
-    #: grant id -> the scope of the driver task waiting for it
-    granting: dict[int, trio.CancelScope] = attrs.Factory(dict)
-    #: driver session id -> (request id, provider, handle) journalled open
-    sessions: dict[str, tuple[int, str, dict[str, Any]]] = attrs.Factory(dict)
-
-
-@attrs.define(eq=False)
-class _Remote:
-    """One task running on a worker, as the driver follows it."""
-
-    key: int
-    request_id: int
-    task_id: str
-    link: _Link
-    finished: trio.Event = attrs.Factory(trio.Event)
-    #: How it ended: TaskDone, TaskFailed or TaskCancelled, or _LOST with its worker.
-    outcome: Any = None
-    checkpoints: dict[int, AttemptRecord] = attrs.Factory(dict)
-    #: attempt -> the try number of its latest ``attempt_started``
-    tries: dict[int, int] = attrs.Factory(dict)
-    #: attempt -> the stage its latest try is in (setup, run, collect, evaluate)
-    stages: dict[int, Phase] = attrs.Factory(dict)
-    current: int | None = None
-
-    def end(self, outcome: Any) -> None:
-        if self.outcome is None:
-            self.outcome = outcome
-            self.finished.set()
-
-
-#: The outcome of a task whose worker was lost.
-_LOST = "lost"
-
-
-@attrs.define(eq=False)
-class _Request:
-    request: RunRequest
-    reporter: TaskReporter
-    tasks: dict[str, _Remote] = attrs.Factory(dict)
-
-
 class RayExecutor(Executor):
     """Runs tasks on Ray worker actors (see the module docstring)."""
 
     def __init__(self, ray: Any, actors: list[tuple[Any, int]], worker_concurrency: int):
         self._ray = ray
-        self.links = [_Link(i, actor, pid) for i, (actor, pid) in enumerate(actors)]
+        self.links = [Link(i, actor, pid) for i, (actor, pid) in enumerate(actors)]
         self.worker_concurrency = worker_concurrency
         self._keys = itertools.count(1)
-        self._remotes: dict[int, _Remote] = {}
-        self._requests: dict[int, _Request] = {}
+        self._remotes: dict[int, Remote] = {}
+        self._requests: dict[int, DriverRequest] = {}
         self._request_ids: dict[int, int] = {}
         # Never reused: a forgotten request's id in a worker's messages
         # must not name a request that started after it.
         self._request_numbers = itertools.count(1)
         self._room = trio.lowlevel.ParkingLot()
-        self._grants: Grants | None = None
+        self._desk = GrantDesk()
         self._grace: GraceClock | None = None
         self._nursery: trio.Nursery | None = None
         self._sweeps: dict[int, tuple[int, trio.Event, list[str]]] = {}
         self._closing = False
-        self._handlers: dict[type, Callable[[_Link, Any], Awaitable[None]]] = {
+        self._handlers: dict[type, Callable[[Link, Any], Awaitable[None]]] = {
             Reported: self._on_reported,
             Stages: self._on_stages,
-            AcquireCapacity: self._on_ask,
-            OpenToken: self._on_ask,
-            Abandon: self._on_abandon,
-            Release: self._on_release,
+            AcquireCapacity: self._desk.ask,
+            OpenToken: self._desk.ask,
+            Abandon: self._desk.abandon,
+            Release: self._desk.release,
             TaskDone: self._on_end,
             TaskFailed: self._on_end,
             TaskCancelled: self._on_end,
             Swept: self._on_swept,
         }
         # The driver's bookkeeping of a report, before it reaches the request's reporter.
-        self._observers: dict[type, Callable[[_Link, int, _Request, Any], Report]] = {
+        self._observers: dict[type, Callable[[Link, int, DriverRequest, Any], Report]] = {
             ProgressEvent: self._saw_event,
             SessionOpened: self._saw_opened,
             SessionClosed: self._saw_closed,
@@ -208,7 +152,7 @@ class RayExecutor(Executor):
         way out what is still open is swept by each run's tag on every worker."""
         self._grace = grace
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self._nursery = self._desk.nursery = nursery
             for link in self.links:
                 nursery.start_soon(self._pump, link)
                 nursery.start_soon(self._sender, link)
@@ -224,11 +168,11 @@ class RayExecutor(Executor):
 
     async def run_task(self, job: TaskJob, grants: Grants, reporter: TaskReporter) -> TaskRecord:
         assert self._grace is not None, "RayExecutor.running() is not entered"
-        self._grants = grants
+        self._desk.grants = grants
         request_id = self._request_ids.get(id(job.request))
         if request_id is None:
             request_id = self._request_ids[id(job.request)] = next(self._request_numbers)
-            self._requests[request_id] = _Request(job.request, reporter)
+            self._requests[request_id] = DriverRequest(job.request, reporter)
         while True:
             # No attempt starts again once the run is stopping.
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -263,11 +207,11 @@ class RayExecutor(Executor):
         for link in self.links:
             if request_id in link.known:
                 link.known.discard(request_id)
-                self._send(link, Forget(request_id))
+                link.send(Forget(request_id))
 
     # -- running one task ------------------------------------------------------------
 
-    async def _pick(self) -> _Link | None:
+    async def _pick(self) -> Link | None:
         """The live worker with the fewest tasks (waits while all are full)."""
         while True:
             live = [link for link in self.links if link.alive]
@@ -278,24 +222,24 @@ class RayExecutor(Executor):
                 return link
             await self._room.park()
 
-    def _start(self, link: _Link, request_id: int, job: TaskJob, tag: str) -> _Remote:
+    def _start(self, link: Link, request_id: int, job: TaskJob, tag: str) -> Remote:
         key = next(self._keys)
-        remote = _Remote(key, request_id, job.task.task_id, link)
+        remote = Remote(key, request_id, job.task.task_id, link)
         self._remotes[key] = remote
         self._requests[request_id].tasks[job.task.task_id] = remote
         link.tasks.add(key)
         link.known.add(request_id)
-        self._send(link, StartTask(key, request_id, tag, job))
+        link.send(StartTask(key, request_id, tag, job))
         return remote
 
-    async def _outcome(self, remote: _Remote) -> Any:
+    async def _outcome(self, remote: Remote) -> Any:
         try:
             await remote.finished.wait()
         except trio.Cancelled:
             assert self._grace is not None
             deadline = self._grace.deadline()
             if remote.link.alive:
-                self._send(remote.link, CancelTask(remote.key, max(0.0, deadline - trio.current_time())))
+                remote.link.send(CancelTask(remote.key, max(0.0, deadline - trio.current_time())))
             # The worker closes the task's sessions within the grace; an
             # attempt finished in that cleanup is a result all the same.
             with trio.move_on_at(deadline, shield=True):
@@ -306,7 +250,7 @@ class RayExecutor(Executor):
         assert remote.outcome is not None
         return remote.outcome
 
-    def _drop(self, remote: _Remote) -> None:
+    def _drop(self, remote: Remote) -> None:
         self._remotes.pop(remote.key, None)
         request = self._requests.get(remote.request_id)
         if request is not None and request.tasks.get(remote.task_id) is remote:
@@ -316,11 +260,7 @@ class RayExecutor(Executor):
 
     # -- the exchange --------------------------------------------------------------------
 
-    def _send(self, link: _Link, message: Any) -> None:
-        link.outgoing.append(message)
-        link.wake.set()
-
-    async def _sender(self, link: _Link) -> None:
+    async def _sender(self, link: Link) -> None:
         while link.alive:
             await link.wake.wait()
             # Let this scheduling batch add its messages (grants, acks) too.
@@ -332,7 +272,7 @@ class RayExecutor(Executor):
                 # shows in the pump, not here.
                 link.actor.deliver.remote(next(link.batches), batch)
 
-    async def _pump(self, link: _Link) -> None:
+    async def _pump(self, link: Link) -> None:
         ray = self._ray
         while True:
             ref = link.actor.poll.remote(POLL_WAIT)
@@ -346,7 +286,7 @@ class RayExecutor(Executor):
             for message in batch:
                 await self._handlers[type(message)](link, message)
 
-    async def _on_reported(self, link: _Link, message: Reported) -> None:
+    async def _on_reported(self, link: Link, message: Reported) -> None:
         """A reporter call: the driver's bookkeeping, then the same call on the
         request's reporter, then the answer if the worker waits for one."""
         request = self._requests.get(message.request_id)
@@ -362,7 +302,7 @@ class RayExecutor(Executor):
                 return
         await self._report(link, request, report, message.ack)
 
-    async def _report(self, link: _Link, request: _Request | None, report: Report, ack: int | None) -> None:
+    async def _report(self, link: Link, request: DriverRequest | None, report: Report, ack: int | None) -> None:
         error: str | None = None
         try:
             if request is not None:
@@ -373,9 +313,9 @@ class RayExecutor(Executor):
             error = str(exc)
         finally:
             if ack is not None and link.alive:
-                self._send(link, Acked(ack, error))
+                link.send(Acked(ack, error))
 
-    def _saw_event(self, link: _Link, request_id: int, request: _Request, report: ProgressEvent) -> Report:
+    def _saw_event(self, link: Link, request_id: int, request: DriverRequest, report: ProgressEvent) -> Report:
         if report.kind == "attempt_started":
             remote = request.tasks.get(report.fields.get("task"))  # type: ignore[arg-type]
             if remote is not None:
@@ -383,118 +323,59 @@ class RayExecutor(Executor):
                 remote.tries[report.fields["attempt"]] = report.fields.get("attempt_try", 1)
         return report
 
-    def _saw_opened(self, link: _Link, request_id: int, request: _Request, report: SessionOpened) -> Report:
+    def _saw_opened(self, link: Link, request_id: int, request: DriverRequest, report: SessionOpened) -> Report:
         # Session ids are unique per worker: the journal names the worker too.
         report = attrs.evolve(report, session_id=f"w{link.index}.{report.session_id}")
         link.sessions[report.session_id] = (request_id, report.provider, report.handle)
         return report
 
-    def _saw_closed(self, link: _Link, request_id: int, request: _Request, report: SessionClosed) -> Report:
+    def _saw_closed(self, link: Link, request_id: int, request: DriverRequest, report: SessionClosed) -> Report:
         report = attrs.evolve(report, session_id=f"w{link.index}.{report.session_id}")
         link.sessions.pop(report.session_id, None)
         return report
 
-    def _saw_checkpoint(self, link: _Link, request_id: int, request: _Request, report: Checkpoint) -> Report:
+    def _saw_checkpoint(self, link: Link, request_id: int, request: DriverRequest, report: Checkpoint) -> Report:
         remote = request.tasks.get(report.task_id)
         if remote is not None:
             remote.checkpoints[report.record.attempt] = report.record
         return report
 
-    async def _on_stages(self, link: _Link, message: Stages) -> None:
+    async def _on_stages(self, link: Link, message: Stages) -> None:
         for (request_id, task_id, attempt), stage in message.stages.items():
             request = self._requests.get(request_id)
             remote = request.tasks.get(task_id) if request is not None else None
             if remote is not None:
                 self._stage(link, remote, attempt, stage)  # type: ignore[arg-type]
 
-    async def _on_ask(self, link: _Link, message: AcquireCapacity | OpenToken) -> None:
-        if not self._grant_now(link, message):
-            assert self._nursery is not None
-            self._nursery.start_soon(self._grant, link, message)
-
-    async def _on_abandon(self, link: _Link, message: Abandon) -> None:
-        if message.grant in link.granting:
-            link.granting[message.grant].cancel()
-        else:
-            self._give_back(link, message.grant)
-
-    async def _on_release(self, link: _Link, message: Release) -> None:
-        self._give_back(link, message.grant)
-
-    async def _on_end(self, link: _Link, message: TaskDone | TaskFailed | TaskCancelled) -> None:
+    async def _on_end(self, link: Link, message: TaskDone | TaskFailed | TaskCancelled) -> None:
         remote = self._remotes.get(message.key)
         if remote is not None:
             remote.end(message)
 
-    async def _on_swept(self, link: _Link, message: Swept) -> None:
+    async def _on_swept(self, link: Link, message: Swept) -> None:
         entry = self._sweeps.get(message.number)
         if entry is not None:
             entry[2].extend(message.notes)
             entry[1].set()
 
-    def _stage(self, link: _Link, remote: _Remote, attempt: int, stage: Phase) -> None:
+    def _stage(self, link: Link, remote: Remote, attempt: int, stage: Phase) -> None:
         remote.stages[attempt] = stage
         if debug_enabled():
             log.debug("attempt_stage", worker=link.index, task_id=remote.task_id, attempt=attempt, stage=stage)
 
-    async def _grant(self, link: _Link, message: AcquireCapacity | OpenToken) -> None:
-        grants = self._grants
-        assert grants is not None
-        grant = message.grant
-        holder = (link.index, grant)
-        with trio.CancelScope() as scope:
-            link.granting[grant] = scope
-            try:
-                if isinstance(message, AcquireCapacity):
-                    await grants.acquire_capacity(message.provider, holder)
-                    link.held[grant] = (message.provider, holder)
-                else:
-                    await grants.open_token(message.provider)
-            finally:
-                link.granting.pop(grant, None)
-            if link.alive:
-                self._send(link, Granted(grant))
-            else:
-                self._give_back(link, grant)
-
-    def _grant_now(self, link: _Link, message: AcquireCapacity | OpenToken) -> bool:
-        """Grant at once what is free (a permit nobody queues for, a token of
-        an unlimited open rate), without a task per grant; False: wait for it."""
-        registry = provider_limits()
-        grant, provider = message.grant, message.provider
-        if isinstance(message, AcquireCapacity):
-            holder = (link.index, grant)
-            try:
-                registry.capacity(provider).acquire_on_behalf_of_nowait(holder)
-            except trio.WouldBlock:
-                return False
-            link.held[grant] = (provider, holder)
-        elif registry.open_rate_bucket(provider) is not None:
-            return False
-        self._send(link, Granted(grant))
-        return True
-
-    def _give_back(self, link: _Link, grant: int) -> None:
-        held = link.held.pop(grant, None)
-        if held is not None and self._grants is not None:
-            self._grants.release_capacity(*held)
-
     # -- a lost worker ----------------------------------------------------------------
 
-    async def _lost(self, link: _Link, exc: BaseException) -> None:
+    async def _lost(self, link: Link, exc: BaseException) -> None:
         """The worker died: its permits go back, its tasks' running attempts
         end ``worker_lost``, the sessions it left open are reaped."""
         link.alive = False
         link.wake.set()
         log.warning("worker_lost", worker=link.index, pid=link.pid, error=f"{type(exc).__name__}")
-        for scope in list(link.granting.values()):
-            scope.cancel()
-        for grant in list(link.held):
-            self._give_back(link, grant)
+        self._desk.give_back_all(link)
         for key in list(link.tasks):
             remote = self._remotes.get(key)
             if remote is not None:
-                remote.end(_LOST)
+                remote.end(LOST)
         self._room.unpark_all()
         assert self._grace is not None
         with trio.move_on_at(self._grace.deadline(), shield=True):
@@ -532,8 +413,8 @@ class RayExecutor(Executor):
                 number = len(self._sweeps) + 1
                 swept = trio.Event()
                 self._sweeps[number] = (number, swept, [])
-                self._send(link, Shutdown(0.0))
-                self._send(link, Sweep(number, items))
+                link.send(Shutdown(0.0))
+                link.send(Sweep(number, items))
                 waits.append(swept)
         for swept in waits:
             await swept.wait()

@@ -1,4 +1,4 @@
-"""What a session's container is created with."""
+"""What a session's container is created with, and how it and its network are removed."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import trio
 
 from agentcompass import IssueError
 
-from ._api import EngineError
+from ._api import Engine, EngineError
 from ._expose import INSIDE
 
 
@@ -102,3 +103,35 @@ class ContainerSpec:
         if self.user:
             body["User"] = self.user
         return body
+
+
+async def remove(engine: Engine, container: str | None, network: str | None) -> None:
+    """Remove a container (forced, with its anonymous volumes) and a network; absent ones are fine."""
+    if container:
+        try:
+            await engine.request("DELETE", f"/containers/{container}", params={"force": True, "v": True})
+        except EngineError as exc:
+            if exc.status == 409 and "in progress" in exc.message:
+                # An earlier close, cut short, is removing it: wait until it is gone.
+                await _until_gone(engine, f"/containers/{container}/json")
+            elif exc.status != 404:
+                raise
+    if network:
+        try:
+            await engine.request("DELETE", f"/networks/{network}")
+        except EngineError as exc:
+            if exc.status != 404:
+                raise
+
+
+async def _until_gone(engine: Engine, path: str) -> None:
+    pause = 0.01
+    while True:
+        try:
+            await engine.request("GET", path)
+        except EngineError as exc:
+            if exc.status == 404:
+                return
+            raise
+        await trio.sleep(pause)
+        pause = min(pause * 2, 0.5)

@@ -30,9 +30,9 @@ from agentcompass.runtime import cleanup_deadline
 
 from . import _expose
 from ._api import Engine, EngineError, socket_path
-from ._container import ContainerSpec
+from ._container import ContainerSpec, remove
 from ._images import ImageCache
-from ._session import SESSION_LABEL, DockerSession, fail, remove
+from ._session import SESSION_LABEL, DockerSession, fail
 
 log = structlog.get_logger("agentcompass_docker")
 

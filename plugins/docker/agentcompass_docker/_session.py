@@ -8,21 +8,15 @@ policy's rules are nftables rules installed from the host in the container's
 network namespace, which its processes cannot change (``NET_ADMIN`` is not
 among their capabilities).
 
-Every ``exec`` is an Engine API exec whose output is the daemon's
-multiplexed stream (8-byte frame headers), read as a streamed response. The
-exec's process is the leader of a session of its own inside the container;
-at a timeout or a cancellation the runtime runs, as root inside the same
-container, a small ``sh`` that kills that process group and every process
-of that session: the command's whole tree, except what moved itself into a
-session of its own (a daemon that ``setsid`` itself is the agent's and lives
-until ``close``, as with ``sandbox``).
+Every ``exec`` is an Engine API exec read as the daemon's multiplexed
+stream; at a timeout or a cancellation the command's whole tree is killed
+inside the container (``_exec``).
 """
 
 from __future__ import annotations
 
 import io
 import itertools
-import math
 import os
 import posixpath
 import tarfile
@@ -31,7 +25,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
-import httpx
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy, netpolicy
@@ -43,14 +36,12 @@ from agentcompass.runtime import (
 )
 
 from . import _expose, _private
-from ._api import Engine, EngineError, demultiplex
+from ._api import Engine, EngineError
 from ._archive import first_member
-from ._container import ContainerSpec, create_failed, storage_unsupported
+from ._container import ContainerSpec, create_failed, remove, storage_unsupported
+from ._exec import run_command
+from ._network import install_ruleset
 
-#: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
-TIMEOUT_EXIT_CODE = 124
-#: ``exit_code`` of an exec whose container no longer runs (nothing ran).
-CONTAINER_GONE_EXIT_CODE = 255
 #: The labels on everything a session is made of.
 SESSION_LABEL = "agentcompass.session"
 RUN_LABEL = "agentcompass.run"
@@ -59,18 +50,8 @@ RUN_LABEL = "agentcompass.run"
 #: names do not resolve inside (an allowlisted name is allowed at the
 #: addresses it had on the host when the policy was applied).
 EMBEDDED_DNS = "127.0.0.11"
-# After the command's own process exits, how long output a background process holds is still read.
-_DRAIN_SECONDS = 0.5
 #: How long a container or network create may take (it is not cut short, see DockerSession._made).
 CREATE_SECONDS = 60
-# How often a long exec asks whether its own process has exited (a background child may hold the stream).
-_POLL_SECONDS = 0.5
-# Kills the process group and the session led by pid $1 (stat fields after "comm)": state ppid pgrp session).
-_KILL_TREE = (
-    'kill -9 -- "-$1" 2>/dev/null; for d in /proc/[0-9]*; do s=$(cat "$d/stat" 2>/dev/null) || continue; '
-    's=${s##*) }; set -- "$1" $s; [ "$5" = "$1" ] || [ "$6" = "$1" ] && kill -9 "${d#/proc/}" 2>/dev/null; done; '
-    "exit 0"
-)
 
 
 def fail(message: str) -> IssueError:
@@ -244,7 +225,7 @@ class DockerSession(EnvironmentSession):
         *,
         on_output: OutputCallback,
     ) -> ExecResult:
-        """:meth:`exec`, handing the output to ``on_output`` as the daemon sends it."""
+        """:meth:`exec`, handing the output to ``on_output`` as the daemon sends it (see ``_exec``)."""
         container = self._check_open()
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [os.fspath(a) for a in cmd]
         body: dict[str, Any] = {
@@ -256,85 +237,7 @@ class DockerSession(EnvironmentSession):
             "Env": [f"{k}={v}" for k, v in (env or {}).items()],
             "WorkingDir": self._path(cwd or "."),
         }
-        try:
-            made = await self.engine.request("POST", f"/containers/{container}/exec", body=body)
-        except EngineError as exc:
-            if exc.status in (404, 409):
-                # The container is gone or stopped: nothing runs any more.
-                return ExecResult(exit_code=CONTAINER_GONE_EXIT_CODE, stderr=f"docker session {self.name}: {exc}\n")
-            raise
-        exec_id = made["Id"]
-        timed_out = False
-        info: dict[str, Any] = {}
-        try:
-            with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
-                info = await self._run(exec_id, on_output)
-            if deadline.cancelled_caught:
-                timed_out = True
-                with trio.move_on_at(cleanup_deadline(), shield=True):
-                    await self._kill_tree(container, exec_id)
-        except BaseException:
-            with trio.move_on_at(cleanup_deadline(), shield=True):
-                await self._kill_tree(container, exec_id)
-            raise
-        if timed_out:
-            return ExecResult(exit_code=TIMEOUT_EXIT_CODE, timed_out=True)
-        code = info.get("ExitCode")
-        return ExecResult(exit_code=code if isinstance(code, int) else CONTAINER_GONE_EXIT_CODE)
-
-    async def _run(self, exec_id: str, on_output: OutputCallback) -> dict[str, Any]:
-        """Read the exec's frames until the stream ends, or until a little
-        after its own process exited (a background child may hold the stream)."""
-        body = {"Detach": False, "Tty": False}
-        async with self.engine.stream("POST", f"/exec/{exec_id}/start", body=body) as response:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_exit, exec_id, nursery.cancel_scope)
-                await demultiplex(response, on_output)
-                nursery.cancel_scope.cancel()
-        # The stream can end before the process does (it closed its output).
-        pause = 0.005
-        while (info := await self.engine.request("GET", f"/exec/{exec_id}/json")).get("Running"):
-            await trio.sleep(pause)
-            pause = min(pause * 2, _POLL_SECONDS)
-        return info
-
-    async def _watch_exit(self, exec_id: str, scope: trio.CancelScope) -> None:
-        while True:
-            await trio.sleep(_POLL_SECONDS)
-            info = await self.engine.request("GET", f"/exec/{exec_id}/json")
-            if not info.get("Running"):
-                await trio.sleep(_DRAIN_SECONDS)
-                scope.cancel()
-                return
-
-    async def _kill_tree(self, container: str, exec_id: str) -> None:
-        """Kill the exec's process group and session inside the container (see the module docstring)."""
-        try:
-            info = await self.engine.request("GET", f"/exec/{exec_id}/json")
-            host_pid = info.get("Pid") or 0
-            if not info.get("Running") or host_pid <= 0:
-                return
-            inside = await trio.to_thread.run_sync(_namespace_pid, host_pid)
-            if inside is None:
-                return
-            killer = await self.engine.request(
-                "POST",
-                f"/containers/{container}/exec",
-                body={
-                    "Cmd": ["/bin/sh", "-c", _KILL_TREE, "sh", str(inside)],
-                    "User": "0",
-                    "Tty": False,
-                    "AttachStdout": True,
-                    "AttachStderr": True,
-                },
-            )
-            # Attached, so the tree is gone when its output ends (it prints nothing).
-            start = f"/exec/{killer['Id']}/start"
-            async with self.engine.stream("POST", start, body={"Detach": False, "Tty": False}) as response:
-                async for _ in response.aiter_raw():
-                    pass
-        except (EngineError, httpx.HTTPError):
-            pass  # the container is gone, and the tree with it
+        return await run_command(self.engine, container, f"docker session {self.name}", body, timeout, on_output)
 
     # -- files -------------------------------------------------------------
 
@@ -447,32 +350,21 @@ class DockerSession(EnvironmentSession):
         max_bytes: int,
         inputs: Mapping[str, bytes] | None = None,
     ) -> tuple[ExecResult, dict[str, bytes]]:
-        """Run ``cmd`` as :meth:`exec` does, with ``directory`` and the
-        inputs' directories private (see
-        :meth:`agentcompass.EnvironmentSession.exec_private`).
-
-        Made from the host (``_private``) where the daemon runs on this host
-        and the runtime is root: the command is in the container's
-        namespaces but its pid one, its cgroups and confinement (user,
-        capabilities, no_new_privs, seccomp filters), in a pid namespace and
-        over a root no process of the container can see or reach. Elsewhere
-        :exc:`NotImplementedError`, so the caller falls back to :meth:`exec`
-        and :meth:`read_file`, after the provider has said once in the run's
-        log why and that a process the agent left running can race that
-        verifier (docs/docker.md, "Threat model")."""
+        """:meth:`agentcompass.EnvironmentSession.exec_private`, made from
+        the host (``_private``) where the daemon runs on this host and the
+        runtime is root: in the container's namespaces but its pid one, its
+        cgroups and confinement (user, capabilities, no_new_privs, seccomp
+        filters), in a pid namespace and over a root no process of the
+        container can see or reach. Elsewhere :exc:`NotImplementedError`, so
+        the caller falls back to :meth:`exec` and :meth:`read_file`, after the
+        provider has said once in the run's log why and that a process the
+        agent left running can race that verifier (docs/docker.md)."""
         try:
             if isinstance(self.private, str):
                 raise _private.NotLocal(self.private)
+            snap = self.private or _private.NO_SNAPSHOT
             return await _private.exec_private(
-                self,
-                self.private or _private.NO_SNAPSHOT,
-                cmd,
-                timeout,
-                cwd,
-                env,
-                directory=directory,
-                max_bytes=max_bytes,
-                inputs=inputs,
+                self, snap, cmd, timeout, cwd, env, directory=directory, max_bytes=max_bytes, inputs=inputs
             )
         except _private.NotLocal as exc:
             if self.on_not_private is not None:
@@ -525,35 +417,7 @@ class DockerSession(EnvironmentSession):
             self.gateway = next((c["Gateway"] for c in configs if c.get("Gateway")), None)
 
     async def _install(self, ruleset: str) -> None:
-        """Run ``nft -f -`` in the container's network namespace, entered by
-        a descriptor opened while the container was known to run with that pid."""
-        container = self._check_open()
-        info = await self.engine.request("GET", f"/containers/{container}/json")
-        pid = (info.get("State") or {}).get("Pid") or 0
-        if pid <= 0:
-            raise IssueError("fatal", "environment_failed", f"docker session {self.name}: the container is not running")
-        fd = await trio.to_thread.run_sync(os.open, f"/proc/{pid}/ns/net", os.O_RDONLY)
-        try:
-            again = await self.engine.request("GET", f"/containers/{container}/json")
-            if (again.get("State") or {}).get("Pid") != pid:
-                raise IssueError("fatal", "environment_failed", f"docker session {self.name}: the container restarted")
-            result = await trio.run_process(
-                ["nsenter", f"--net=/proc/self/fd/{fd}", "nft", "-f", "-"],
-                stdin=ruleset.encode(),
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                pass_fds=(fd,),
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-            )
-        finally:
-            os.close(fd)
-        if result.returncode != 0:
-            raise IssueError(
-                "fatal",
-                "environment_failed",
-                f"docker session {self.name}: nft failed: {result.stderr.decode(errors='replace').strip()[:300]}",
-            )
+        await install_ruleset(self.engine, self._check_open(), f"docker session {self.name}", ruleset)
 
     # -- closing -----------------------------------------------------------
 
@@ -575,47 +439,3 @@ class DockerSession(EnvironmentSession):
                 if self._state:
                     await trio.to_thread.run_sync(_expose.destroy, self.name)
                     self._state = False
-
-
-async def remove(engine: Engine, container: str | None, network: str | None) -> None:
-    """Remove a container (forced, with its anonymous volumes) and a network; absent ones are fine."""
-    if container:
-        try:
-            await engine.request("DELETE", f"/containers/{container}", params={"force": True, "v": True})
-        except EngineError as exc:
-            if exc.status == 409 and "in progress" in exc.message:
-                # An earlier close, cut short, is removing it: wait until it is gone.
-                await _until_gone(engine, f"/containers/{container}/json")
-            elif exc.status != 404:
-                raise
-    if network:
-        try:
-            await engine.request("DELETE", f"/networks/{network}")
-        except EngineError as exc:
-            if exc.status != 404:
-                raise
-
-
-async def _until_gone(engine: Engine, path: str) -> None:
-    pause = 0.01
-    while True:
-        try:
-            await engine.request("GET", path)
-        except EngineError as exc:
-            if exc.status == 404:
-                return
-            raise
-        await trio.sleep(pause)
-        pause = min(pause * 2, 0.5)
-
-
-def _namespace_pid(host_pid: int) -> int | None:
-    """The pid of ``host_pid`` in its innermost pid namespace (``NSpid``), or None if it is gone."""
-    try:
-        with open(f"/proc/{host_pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None

@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from agentcompass import SandboxSpec
+from agentcompass import NetworkPolicy, SandboxSpec
 
 __all__ = [
     "CHUNK",
@@ -38,6 +38,7 @@ __all__ = [
     "decode",
     "encode",
     "pack_chunk",
+    "policy_message",
     "set_keepalive",
     "unpack_chunk",
 ]
@@ -138,6 +139,11 @@ def check_path(path: Any, what: str = "path") -> str:
 
 _SANDBOX_TEXT = ("image", "workdir", "user", "build_context")
 _SANDBOX_NUMBERS = ("build_timeout_seconds", "cpus", "memory_mb", "storage_mb")
+
+
+def policy_message(policy: NetworkPolicy) -> dict[str, Any]:
+    """A network policy as the server reads it (``_operations.parse_policy``)."""
+    return {"mode": policy.mode, "allow": list(policy.allow)}
 
 
 def sandbox_message(spec: SandboxSpec) -> dict[str, Any]:

@@ -43,13 +43,13 @@ from agentcompass import (
 
 from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost, parse_url
-from ._session import RemoteSession, fail, policy_message, reason, reply_error
+from ._failures import fail, reason, reply_error
+from ._pool import PoolServer
+from ._session import RemoteSession
 
 __all__ = ["RemoteEnvironment"]
 
 _DEFAULT_MAX_OUTPUT = 1024 * 1024
-#: The free capacity of a server without a limit (so ties break on load).
-_UNLIMITED = 10**12
 
 
 def _urls(value: Any) -> tuple[str, ...]:
@@ -66,28 +66,6 @@ def _urls(value: Any) -> tuple[str, ...]:
     if len(set(urls)) != len(urls):
         raise ComponentError("environment 'remote': url lists a server twice")
     return urls
-
-
-@attrs.define(eq=False)
-class _Server:
-    """What the provider knows about one server of its pool."""
-
-    url: str
-    capacity: int | None = None  # None: never heard from
-    load: int = 0  # sessions open there, as last advertised plus our own since
-    pending: int = 0  # our opens choosing it right now
-    down_until: float = -1.0
-    failures: int = 0
-
-    def free(self) -> int:
-        """Free capacity as far as we know: a server with no limit, or never
-        heard from, counts as very large, less what is open and opening there."""
-        capacity = self.capacity or _UNLIMITED
-        return capacity - self.load - self.pending
-
-    def mark_down(self, retry_seconds: float) -> None:
-        self.failures += 1
-        self.down_until = trio.current_time() + retry_seconds * min(2 ** (self.failures - 1), 8)
 
 
 @register
@@ -112,7 +90,7 @@ class RemoteEnvironment(BaseEnvironment):
 
     def __init__(self, config: dict[str, Any] | None = None):
         super().__init__(config)
-        self._servers = [_Server(url) for url in _urls(self.options.url)]
+        self._servers = [PoolServer(url) for url in _urls(self.options.url)]
         self._probe_lock = trio.Lock()
         token = self.options.token
         self._token = token.reveal() if isinstance(token, Secret) else ""
@@ -152,9 +130,9 @@ class RemoteEnvironment(BaseEnvironment):
             "task_id": plan.task_id,
             "sandbox": p.sandbox_message(plan.sandbox),
             "policies": {
-                "baseline": policy_message(plan.baseline_network_policy),
-                "run": policy_message(plan.run_network_policy),
-                "evaluation": policy_message(plan.evaluation_network_policy),
+                "baseline": p.policy_message(plan.baseline_network_policy),
+                "run": p.policy_message(plan.run_network_policy),
+                "evaluation": p.policy_message(plan.evaluation_network_policy),
             },
         }
 
@@ -167,7 +145,7 @@ class RemoteEnvironment(BaseEnvironment):
             "name": name,
             "provider": self.options.provider,
             "provider_config": self.options.provider_config,
-            "policy": policy_message(policy),
+            "policy": p.policy_message(policy),
             **(config if isinstance(config, dict) else {}),
         }
         if any(s.capacity is None and s.down_until < 0 for s in self._servers):
@@ -190,7 +168,7 @@ class RemoteEnvironment(BaseEnvironment):
         async with self._probe_lock:
             unknown = [s for s in self._servers if s.capacity is None and s.down_until < 0]
 
-            async def probe(server: _Server) -> None:
+            async def probe(server: PoolServer) -> None:
                 try:
                     with trio.fail_after(self.options.connect_timeout_seconds):
                         conn, welcome = await self._connect(server.url, {"type": "bye"})
@@ -204,7 +182,7 @@ class RemoteEnvironment(BaseEnvironment):
                 for server in unknown:
                     nursery.start_soon(probe, server)
 
-    def _order(self) -> list[_Server]:
+    def _order(self) -> list[PoolServer]:
         """Servers to try, best first: those due to be tried again after a
         failure, then the others by free capacity; servers still skipped last."""
         now = trio.current_time()
@@ -213,7 +191,7 @@ class RemoteEnvironment(BaseEnvironment):
         skipped = sorted((s for s in self._servers if s.down_until > now), key=lambda s: s.down_until)
         return due + up + skipped
 
-    async def _open_on(self, server: _Server, request: dict[str, Any], refusals: list[str]) -> RemoteSession | None:
+    async def _open_on(self, server: PoolServer, request: dict[str, Any], refusals: list[str]) -> RemoteSession | None:
         try:
             with trio.fail_after(self.options.connect_timeout_seconds):
                 conn, welcome = await self._connect(server.url, request)
@@ -227,7 +205,14 @@ class RemoteEnvironment(BaseEnvironment):
             reply = await conn.receive_json()
             kind = reply["type"]
             if kind == "opened":
-                session = RemoteSession(self, server, conn, request["name"], reply)
+                session = RemoteSession(
+                    server,
+                    conn,
+                    request["name"],
+                    reply,
+                    max_output=self._max_output,
+                    retry_down_seconds=self.options.retry_down_seconds,
+                )
                 server.load += 1
                 return session
             await conn.abort()
@@ -313,9 +298,3 @@ class RemoteEnvironment(BaseEnvironment):
                 unreachable.append(exc.message)
         if unreachable:
             raise IssueError("warning", "cleanup_failed", "could not sweep: " + "; ".join(unreachable))
-
-    def _closed(self, server: _Server) -> None:
-        server.load = max(0, server.load - 1)
-
-    def _lost(self, server: _Server) -> None:
-        server.mark_down(self.options.retry_down_seconds)

@@ -13,6 +13,9 @@ every session the same way. With a ``state_dir``, every open session is
 recorded there until it is closed, and a server starting on the same
 directory first reaps what a server killed with SIGKILL left (see ``_state``).
 
+One hosted session's requests are served by ``_hosted``; what each
+operation does on the provider's session is ``_operations``.
+
 Non-goals: TLS (put the server behind a TLS terminator and use ``wss://``)
 and reattaching to a session after its connection dropped.
 """
@@ -20,11 +23,8 @@ and reattaching to a session after its connection dropped.
 from __future__ import annotations
 
 import hmac
-import inspect
 import itertools
 import json
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -37,66 +37,17 @@ from agentcompass import (
     ComponentRef,
     EnvironmentSession,
     ExecutionPlan,
-    FileRefusedError,
-    IssueError,
-    NetworkPolicy,
 )
 from agentcompass import build_component as _build_component
-from agentcompass.runtime import DEFAULT_MAX_READ_BYTES
 
 from . import _expose
 from . import _protocol as p
+from ._hosted import Hosted, SessionLoop
 from ._listen import Admission, accept_loop, log
-from ._relay import CONTROL, MAX_CHANNELS, MAX_RELAYS, Channel, Channels
+from ._operations import error_reply, open_session, output_limit, parse_policy
 from ._state import StateDir
 
 __all__ = ["SandboxServer", "serve_sandboxes"]
-
-
-def _policy(raw: Any) -> NetworkPolicy:
-    if not isinstance(raw, dict) or raw.get("mode") not in ("none", "allowlist", "full"):
-        raise p.ProtocolError(f"not a network policy: {raw!r}")
-    allow = raw.get("allow") or []
-    if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
-        raise p.ProtocolError(f"not a network policy: {raw!r}")
-    return NetworkPolicy(raw["mode"], tuple(allow))
-
-
-def _error(op: int | None, exc: BaseException) -> dict[str, Any]:
-    """An operation's failure as a message (one line, no traceback)."""
-    message = " ".join(str(exc).split()) or type(exc).__name__
-    reply: dict[str, Any] = {"type": "error", "id": op, "severity": "fatal", "code": "environment_failed"}
-    if isinstance(exc, FileRefusedError):
-        # What the session made, not a failure of the server: the client raises it as such.
-        reply.update(code=p.FILE_REFUSED, message=message)
-    elif isinstance(exc, NotImplementedError):
-        # An optional operation the provider lacks (``exec_private``): the caller falls back.
-        reply.update(code=p.NOT_IMPLEMENTED, message=message)
-    elif isinstance(exc, IssueError):
-        reply.update(severity=exc.severity, code=exc.code, message=exc.message)
-    elif isinstance(exc, OSError) and exc.errno is not None:
-        reply.update(errno=exc.errno, message=exc.strerror or message)
-    else:
-        reply["message"] = message
-    return reply
-
-
-@attrs.define(eq=False)
-class _Hosted:
-    """A session the server hosts: the backend's session and how to stop it."""
-
-    name: str
-    session_id: str
-    backend: EnvironmentSession
-    scope: trio.CancelScope
-    record: dict[str, Any] = attrs.Factory(dict)
-    closed: trio.Event = attrs.Factory(trio.Event)
-    #: Relayed connections (``expose``), and the directory holding what was exposed.
-    channels: Channels = attrs.Factory(Channels)
-    scratch: str | None = None
-    exposed: int = 0
-    #: One ``expose`` at a time: the directory and the relay limit are checked, then made.
-    exposing: trio.Lock = attrs.Factory(trio.Lock)
 
 
 @attrs.define(eq=False)
@@ -130,7 +81,7 @@ class SandboxServer:
     max_file_bytes: int = 256 * 1024 * 1024
     default_config: dict[str, Any] = attrs.Factory(dict)
     state_dir: Path | None = None
-    sessions: dict[str, _Hosted] = attrs.field(factory=dict, init=False)
+    sessions: dict[str, Hosted] = attrs.field(factory=dict, init=False)
     #: Sessions opened since the server started, and the most open at once.
     opened_total: int = attrs.field(default=0, init=False)
     peak_load: int = attrs.field(default=0, init=False)
@@ -194,7 +145,7 @@ class SandboxServer:
         except* (trio_websocket.ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the peer went away (or never spoke WebSocket)
         except* Exception as group:
-            log.warning("connection failed: %s", _error(None, group.exceptions[0])["message"])
+            log.warning("connection failed: %s", error_reply(None, group.exceptions[0])["message"])
         finally:
             if not authenticated:
                 self.admission.leave()
@@ -284,31 +235,31 @@ class SandboxServer:
         policies = message.get("policies") or {}
         if not isinstance(config, dict) or not isinstance(policies, dict):
             raise p.ProtocolError("provider_config and policies must be objects")
-        policy = _policy(message.get("policy"))
+        policy = parse_policy(message.get("policy"))
         plan = ExecutionPlan(
             task_id=str(message.get("task_id") or name),
             attempt=0,
             environment=ComponentRef(self.provider, {**config, **self.default_config}),
-            baseline_network_policy=_policy(policies.get("baseline", message.get("policy"))),
-            run_network_policy=_policy(policies.get("run", message.get("policy"))),
-            evaluation_network_policy=_policy(policies.get("evaluation", message.get("policy"))),
+            baseline_network_policy=parse_policy(policies.get("baseline", message.get("policy"))),
+            run_network_policy=parse_policy(policies.get("run", message.get("policy"))),
+            evaluation_network_policy=parse_policy(policies.get("evaluation", message.get("policy"))),
             sandbox=p.sandbox_from_message(message.get("sandbox")),
         )
         self._opening += 1
         self.peak_load = max(self.peak_load, self.load)
         session: EnvironmentSession | None = None
-        hosted: _Hosted | None = None
+        hosted: Hosted | None = None
         try:
             try:
                 backend = self._backend(config)  # a bad provider_config is this open's error
-                session = await _open(backend, backend.build_config(plan), policy, name)
+                session = await open_session(backend, backend.build_config(plan), policy, name)
             except Exception as exc:
-                await ws.send_message(p.encode(_error(None, exc)))
+                await ws.send_message(p.encode(error_reply(None, exc)))
                 return
             finally:
                 self._opening -= 1
             record = {"name": name, "config": {**config, **self.default_config}, "handle": session.handle}
-            hosted = _Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope(), record)
+            hosted = Hosted(name, f"{name}.{next(self._ids)}", session, trio.CancelScope(), record)
             self.sessions[name] = hosted
             self.opened_total += 1
             if self._state is not None:
@@ -319,267 +270,56 @@ class SandboxServer:
                 "type": "opened",
                 "session": hosted.session_id,
                 "handle": session.handle,
-                "output_limit": _output_limit(backend, session),
+                "output_limit": output_limit(backend, session),
             }
             await ws.send_message(p.encode(opened))
             with hosted.scope:
-                await self._serve_session(ws, hosted)
+                await SessionLoop(ws, hosted, self.max_file_bytes, self._state).serve()
         finally:
-            grace_deadline = trio.current_time() + self.grace
-            close_error = None
-            if session is not None:
-                with trio.move_on_at(grace_deadline, shield=True) as grace:
-                    try:
-                        await session.close()
-                    except Exception as exc:  # noqa: BLE001 - the client is told below when it still listens
-                        close_error = " ".join(str(exc).split()) or type(exc).__name__
-                if grace.cancelled_caught:
-                    close_error = f"closing the session took longer than the server's {self.grace}s grace"
-                if hosted is not None:
-                    # After the provider's close: nothing of the session holds the directory now.
-                    hosted.channels.close_all()
-                    if hosted.scratch is not None and close_error is None:
-                        with trio.move_on_at(grace_deadline, shield=True) as removal:
-                            await trio.to_thread.run_sync(_expose.remove_scratch, hosted.scratch)
-                        if removal.cancelled_caught:
-                            close_error = f"removing {hosted.scratch} took longer than the server's {self.grace}s grace"
-                if close_error is None and hosted is not None and self._state is not None:
-                    with trio.move_on_at(grace_deadline, shield=True):
-                        await self._state.forget(hosted.session_id)
-            if hosted is not None:
-                self.sessions.pop(name, None)
-                hosted.closed.set()
-                # Shielded, and on every way out: a server shutting down still
-                # tells its client whether the sandbox is gone (a client told
-                # nothing must assume it was left behind).
-                with trio.move_on_at(grace_deadline, shield=True):
-                    try:
-                        await ws.send_message(p.encode({"type": "closed", "error": close_error}))
-                    except trio_websocket.ConnectionClosed:
-                        pass
+            await self._end_session(ws, name, session, hosted)
 
-    async def _serve_session(self, ws: trio_websocket.WebSocketConnection, hosted: _Hosted) -> None:
-        """Read the client's requests until ``close`` or a dropped connection.
-        Operations run as tasks so that ``cancel`` can reach a running exec."""
-        running: dict[int, trio.CancelScope] = {}
-        # Operations hand their messages to one writer over an unbuffered
-        # channel: a cancelled operation never cuts a frame in half, and an
-        # operation waits while the client is slow (backpressure, no queue).
-        outbox, outgoing = trio.open_memory_channel[dict[str, Any] | bytes](0)
-
-        async def send(message: dict[str, Any] | bytes) -> None:
-            await outbox.send(message)
-
-        async def write() -> None:
-            async for message in outgoing:
-                await ws.send_message(p.encode(message) if isinstance(message, dict) else message)
-
-        async def run(op: int, scope: trio.CancelScope, fn: Any, *args: Any) -> None:
-            with scope:
-                try:
-                    await fn(send, op, *args)
-                except Exception as exc:
-                    await send(_error(op, exc))
-                finally:
-                    del running[op]
-            if scope.cancelled_caught:
-                await send({"type": "cancelled", "id": op})
-
-        def start(op: int, fn: Any, *args: Any) -> None:
-            # Registered before the task starts, so a cancel right behind the request finds it.
-            running[op] = trio.CancelScope()
-            nursery.start_soon(run, op, running[op], fn, *args)
-
-        channels = hosted.channels
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(write)
-            while True:
-                message = await ws.get_message()
-                if isinstance(message, bytes):
-                    channel, kind, payload = p.unpack_chunk(message)
-                    if kind != p.CHANNEL:
-                        raise p.ProtocolError("binary data outside a write_file")
-                    channels.data(channel, payload)
-                    continue
-                request = p.decode(message)
-                kind, op = request["type"], request.get("id")
-                if kind in CONTROL:
-                    channels.control(request)
-                    continue
-                if kind == "close":
-                    nursery.cancel_scope.cancel()
-                    return
-                if not isinstance(op, int) or op < 0 or op in running:
-                    raise p.ProtocolError(f"operation id {op!r} is missing or in use")
-                if kind == "cancel":
-                    target = request.get("target")
-                    if target in running:
-                        running[target].cancel()
-                    continue
-                session = hosted.backend
-                if kind == "exec":
-                    start(op, _exec, session, request)
-                elif kind == "exec_private":
-                    limit = self._read_limit(request.get("max_bytes"))
-                    inputs = await self._receive_inputs(ws, op, request.get("inputs"), channels)
-                    start(op, _exec_private, session, request, limit, inputs)
-                elif kind == "read_file":
-                    start(op, _read, session, request.get("path"), self._read_limit(request.get("max_bytes")))
-                elif kind == "write_file":
-                    data = await self._receive_file(ws, op, request, "write_file", channels)
-                    start(op, _write, session, request.get("path"), data)
-                elif kind == "policy":
-                    start(op, _set_policy, session, _policy(request.get("policy")))
-                elif kind == "expose":
-                    files, sockets = _expose.check_listing(
-                        request.get("files"), request.get("sockets"), _expose.COPY_MAX_BYTES
-                    )
-                    data = await self._receive_file(
-                        ws, op, {"size": sum(size for _, size, _ in files)}, "expose", channels
-                    )
-                    start(op, self._expose, hosted, nursery, files, data, sockets)
-                elif kind == "expose_cached":
-                    start(op, _expose_cached, session, request.get("entry"), request.get("installed"))
-                else:
-                    raise p.ProtocolError(f"unknown operation {kind!r}")
-
-    def _read_limit(self, max_bytes: Any) -> int:
-        """The client's ``max_bytes`` of a ``read_file`` or ``exec_private``
-        (None: the runtime's default), capped by the server's own limit."""
-        if max_bytes is None:
-            max_bytes = DEFAULT_MAX_READ_BYTES
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
-            raise p.ProtocolError(f"read_file max_bytes {max_bytes!r} is not a byte count")
-        return min(max_bytes, self.max_file_bytes)
-
-    async def _receive_inputs(
-        self, ws: trio_websocket.WebSocketConnection, op: int, listed: Any, channels: Channels
-    ) -> dict[str, bytes]:
-        """The files an ``exec_private`` names in ``inputs`` (``[[path,
-        size], ...]``, absent for none), whose bytes follow it in that order,
-        at most ``max_file_bytes`` in all."""
-        if listed is None:
-            return {}
-        if not isinstance(listed, list):
-            raise p.ProtocolError("exec_private inputs must be a list of [path, size]")
-        sizes: dict[str, int] = {}
-        for entry in listed:
-            if not (isinstance(entry, list) and len(entry) == 2):
-                raise p.ProtocolError("exec_private inputs must be a list of [path, size]")
-            path, size = entry
-            p.check_path(path, "input")
-            if not path.startswith("/") or path in sizes:
-                raise p.ProtocolError(f"input {path!r} is not absolute, or is named twice")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise p.ProtocolError(f"input {path!r} size {size!r} is not a byte count")
-            sizes[path] = size
-        data = await self._receive_file(ws, op, {"size": sum(sizes.values())}, "exec_private inputs", channels)
-        inputs, offset = {}, 0
-        for path, size in sizes.items():
-            inputs[path] = data[offset : offset + size]
-            offset += size
-        return inputs
-
-    async def _receive_file(
+    async def _end_session(
         self,
         ws: trio_websocket.WebSocketConnection,
-        op: int,
-        request: dict[str, Any],
-        what: str = "write_file",
-        channels: Channels | None = None,
-    ) -> bytes:
-        size = request.get("size")
-        if not isinstance(size, int) or not 0 <= size <= self.max_file_bytes:
-            raise p.ProtocolError(f"{what} size {size!r} is not between 0 and {self.max_file_bytes}")
-        data = bytearray()
-        while len(data) < size:
-            chunk = await ws.get_message()
-            if not isinstance(chunk, bytes):
-                control = p.decode(chunk)
-                if control["type"] not in CONTROL or channels is None:
-                    raise p.ProtocolError("expected file data")
-                channels.control(control)
-                continue
-            chunk_op, kind, payload = p.unpack_chunk(chunk)
-            if kind == p.CHANNEL and channels is not None:
-                channels.data(chunk_op, payload)  # relayed bytes may cross the request on the wire
-                continue
-            if chunk_op != op or kind != p.FILE or len(data) + len(payload) > size:
-                raise p.ProtocolError(f"file data does not match its {what}")
-            data += payload
-        return bytes(data)
-
-    # -- expose ---------------------------------------------------------------
-
-    async def _expose(
-        self,
-        send: Any,
-        op: int,
-        hosted: _Hosted,
-        nursery: trio.Nursery,
-        files: list[tuple[str, int, bool]],
-        data: bytes,
-        sockets: list[str],
+        name: str,
+        session: EnvironmentSession | None,
+        hosted: Hosted | None,
     ) -> None:
-        """Write the client's copy into a fresh directory of the session's
-        own, listen on a relay for each socket it named, and have the
-        provider's session expose the directory."""
-        async with hosted.exposing:
-            await self._expose_locked(send, op, hosted, nursery, files, data, sockets)
-
-    async def _expose_locked(
-        self,
-        send: Any,
-        op: int,
-        hosted: _Hosted,
-        nursery: trio.Nursery,
-        files: list[tuple[str, int, bool]],
-        data: bytes,
-        sockets: list[str],
-    ) -> None:
-        channels = hosted.channels
-        if len(channels.relays) + len(sockets) > MAX_RELAYS:
-            raise IssueError("fatal", "environment_failed", f"a session relays at most {MAX_RELAYS} sockets")
-        if hosted.scratch is None:
-            hosted.scratch = await trio.to_thread.run_sync(_expose.make_scratch)
-            if self._state is not None:
-                # Recorded before anything is made in it: a reap after a SIGKILL removes it.
-                hosted.record["scratch"] = hosted.scratch
-                await self._state.record(hosted.session_id, hosted.record)
-        hosted.exposed += 1
-        directory = os.path.join(hosted.scratch, str(hosted.exposed))
-        contents, offset = [], 0
-        for path, size, executable in files:
-            contents.append((path, data[offset : offset + size], executable))
-            offset += size
-        await trio.to_thread.run_sync(_expose.write_copy, directory, contents)
-        listeners: list[tuple[str, int, trio.socket.SocketType]] = []
-        try:
-            for path in sockets:
-                listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                listeners.append((path, channels.next_id(), listener))
-                target = os.path.join(directory, path)
-                await trio.to_thread.run_sync(os.makedirs, os.path.dirname(target), 0o755, True)
-                await listener.bind(target)
-                os.chmod(target, 0o666)  # the session's user connects; only this session sees it
-                listener.listen(MAX_CHANNELS)
-            inside = await hosted.backend.expose_directory(directory)
-        except BaseException:
-            for _, _, listener in listeners:
-                listener.close()
-            raise
-        for path, relay, _ in listeners:
-            channels.relays[relay] = os.path.join(directory, path)
-        try:
-            relays = [[path, relay] for path, relay, _ in listeners]
-            await send({"type": "exposed", "id": op, "path": inside, "relays": relays})
-        except BaseException:
-            for _, _, listener in listeners:
-                listener.close()
-            raise
-        # Accepting only now: a channel is never announced before its relay.
-        for _, relay, listener in listeners:
-            nursery.start_soon(_accept_relay, listener, relay, channels, send, nursery)
+        """Close a hosted session on every way out of :meth:`_host`, within
+        the grace: the provider's close, the exposed copies, the state
+        record, then the client told whether the sandbox is gone."""
+        grace_deadline = trio.current_time() + self.grace
+        close_error = None
+        if session is not None:
+            with trio.move_on_at(grace_deadline, shield=True) as grace:
+                try:
+                    await session.close()
+                except Exception as exc:  # noqa: BLE001 - the client is told below when it still listens
+                    close_error = " ".join(str(exc).split()) or type(exc).__name__
+            if grace.cancelled_caught:
+                close_error = f"closing the session took longer than the server's {self.grace}s grace"
+            if hosted is not None:
+                # After the provider's close: nothing of the session holds the directory now.
+                hosted.channels.close_all()
+                if hosted.scratch is not None and close_error is None:
+                    with trio.move_on_at(grace_deadline, shield=True) as removal:
+                        await trio.to_thread.run_sync(_expose.remove_scratch, hosted.scratch)
+                    if removal.cancelled_caught:
+                        close_error = f"removing {hosted.scratch} took longer than the server's {self.grace}s grace"
+            if close_error is None and hosted is not None and self._state is not None:
+                with trio.move_on_at(grace_deadline, shield=True):
+                    await self._state.forget(hosted.session_id)
+        if hosted is not None:
+            self.sessions.pop(name, None)
+            hosted.closed.set()
+            # Shielded, and on every way out: a server shutting down still
+            # tells its client whether the sandbox is gone (a client told
+            # nothing must assume it was left behind).
+            with trio.move_on_at(grace_deadline, shield=True):
+                try:
+                    await ws.send_message(p.encode({"type": "closed", "error": close_error}))
+                except trio_websocket.ConnectionClosed:
+                    pass
 
     # -- reap and sweep ------------------------------------------------------
 
@@ -632,141 +372,10 @@ _REFUSAL_SECONDS = 1.0
 async def _hang_up(ws: trio_websocket.WebSocketConnection, exc: BaseException, code: int) -> None:
     with trio.move_on_after(1):
         try:
-            await ws.send_message(p.encode(_error(None, exc)))
+            await ws.send_message(p.encode(error_reply(None, exc)))
             await ws.aclose(code, "protocol error" if code == 1008 else "server error")
         except trio_websocket.ConnectionClosed:
             pass
-
-
-async def _open(backend: BaseEnvironment, config: Any, policy: NetworkPolicy, name: str) -> EnvironmentSession:
-    """The backend's ``open``, passing the session name to providers that take it."""
-    if "name" in inspect.signature(backend.open).parameters:
-        return await backend.open(config, policy, name=name)  # type: ignore[call-arg]
-    return await backend.open(config, policy)
-
-
-def _output_limit(backend: BaseEnvironment, session: EnvironmentSession) -> int | None:
-    """The per-stream limit the client applies to streamed exec output: the
-    provider's ``max_output_bytes`` when the session streams raw output (its
-    own ``exec_stream``); ``None`` when the output arrives as the provider's
-    final, already truncated text (the default ``exec_stream``)."""
-    if type(session).exec_stream is EnvironmentSession.exec_stream:
-        return None
-    limit = getattr(getattr(backend, "options", None), "max_output_bytes", None)
-    return limit if isinstance(limit, int) and limit > 0 else None
-
-
-def _exec_args(request: dict[str, Any]) -> tuple[str | list[str], float | None, str | None, dict[str, str] | None]:
-    """``cmd``, ``timeout``, ``cwd`` and ``env`` of an exec request, checked."""
-    cmd = request.get("cmd")
-    if not (isinstance(cmd, str) or (isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd))):
-        raise p.ProtocolError("cmd must be a string or a non-empty list of strings")
-    cwd = request.get("cwd")
-    if cwd is not None:
-        p.check_path(cwd, "cwd")
-    env = request.get("env")
-    if env is not None and not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
-        raise p.ProtocolError("env must map names to strings")
-    timeout = request.get("timeout")
-    if timeout is not None and not isinstance(timeout, int | float):
-        raise p.ProtocolError("timeout must be a number")
-    return cmd, timeout, cwd, env
-
-
-async def _exec(send: Any, op: int, session: EnvironmentSession, request: dict[str, Any]) -> None:
-    cmd, timeout, cwd, env = _exec_args(request)
-
-    async def forward(stream: str, chunk: bytes) -> None:
-        # Awaiting the send is the backpressure: a slow client stalls the command's pipe.
-        kind = p.STDOUT if stream == "stdout" else p.STDERR
-        data = memoryview(chunk)
-        for start in range(0, len(data), p.OUTPUT_CHUNK):
-            await send(p.pack_chunk(op, kind, data[start : start + p.OUTPUT_CHUNK]))
-
-    result = await session.exec_stream(cmd, timeout, cwd, env, on_output=forward)
-    await send({"type": "exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out})
-
-
-async def _send_data(send: Any, op: int, kind: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    for start in range(0, len(view), p.OUTPUT_CHUNK):
-        await send(p.pack_chunk(op, kind, view[start : start + p.OUTPUT_CHUNK]))
-
-
-async def _exec_private(
-    send: Any, op: int, session: EnvironmentSession, request: dict[str, Any], max_bytes: int, inputs: dict[str, bytes]
-) -> None:
-    """The backend's ``exec_private`` with the client's inputs: its output,
-    then the files it brought back (their bytes in the order of the final
-    message's ``files``)."""
-    cmd, timeout, cwd, env = _exec_args(request)
-    directory = p.check_path(request.get("directory"), "directory")
-    options: dict[str, Any] = {"directory": directory, "max_bytes": max_bytes}
-    if inputs:  # providers written before inputs keep working without them
-        options["inputs"] = inputs
-    result, files = await session.exec_private(cmd, timeout, cwd, env, **options)
-    await _send_data(send, op, p.STDOUT, result.stdout.encode("utf-8", errors="surrogateescape"))
-    await _send_data(send, op, p.STDERR, result.stderr.encode("utf-8", errors="surrogateescape"))
-    sizes = []
-    for path, content in files.items():
-        await _send_data(send, op, p.FILE, content)
-        sizes.append([path, len(content)])
-    final = {"type": "private_exit", "id": op, "exit_code": result.exit_code, "timed_out": result.timed_out}
-    await send({**final, "files": sizes})
-
-
-async def _accept_relay(
-    listener: trio.socket.SocketType, relay: int, channels: Channels, send: Any, nursery: trio.Nursery
-) -> None:
-    """Every connection to a relay's socket becomes a channel, up to the
-    session's limit (one more is closed at once); ends with the session."""
-    with listener:
-        while True:
-            try:
-                sock, _ = await listener.accept()
-            except OSError as exc:
-                log.warning("relay %d: accept failed: %s", relay, exc)
-                await trio.sleep(0.1)  # out of descriptors: the connection waits in the backlog
-                continue
-            if len(channels.open) >= MAX_CHANNELS:
-                sock.close()
-                continue
-            channel = Channel(channels.next_id(), sock)
-            channels.open[channel.id] = channel
-            await send({"type": "channel", "relay": relay, "channel": channel.id})
-            nursery.start_soon(channels.serve, channel, send)
-
-
-async def _expose_cached(send: Any, op: int, session: EnvironmentSession, entry: Any, installed: Any) -> None:
-    """Expose this server's own agent cache entry ``entry`` when it is the
-    client's install (see ``_expose.server_entry``)."""
-    path = await trio.to_thread.run_sync(_expose.server_entry, entry, installed)
-    inside = await session.expose_directory(path)
-    await send({"type": "exposed", "id": op, "path": inside, "relays": []})
-
-
-async def _read(send: Any, op: int, session: EnvironmentSession, path: Any, max_bytes: int) -> None:
-    path = p.check_path(path)
-    if "max_bytes" in inspect.signature(session.read_file).parameters:
-        content = await session.read_file(path, max_bytes)
-    else:  # a provider written before max_bytes: the cap is applied here
-        content = await session.read_file(path)
-    if len(content) > max_bytes:
-        raise FileRefusedError(f"{path!r} is larger than {max_bytes} bytes")
-    data = memoryview(content)
-    for start in range(0, len(data), p.OUTPUT_CHUNK):
-        await send(p.pack_chunk(op, p.FILE, data[start : start + p.OUTPUT_CHUNK]))
-    await send({"type": "done", "id": op, "size": len(data)})
-
-
-async def _write(send: Any, op: int, session: EnvironmentSession, path: Any, data: bytes) -> None:
-    await session.write_file(p.check_path(path), data)
-    await send({"type": "done", "id": op})
-
-
-async def _set_policy(send: Any, op: int, session: EnvironmentSession, policy: NetworkPolicy) -> None:
-    await session.set_network_policy(policy)
-    await send({"type": "done", "id": op})
 
 
 async def serve_sandboxes(

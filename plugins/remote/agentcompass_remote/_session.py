@@ -1,9 +1,7 @@
 """One ``remote`` session: requests over the session's own connection.
 
-Operations run one at a time (a lock): each sends its request whole, then
-reads its replies until its final message. A cancelled operation is
-cancelled on the server too, and its replies drained, so the session stays
-usable; a lost connection is FATAL ``environment_failed``.
+Operations run one at a time over its :class:`~._exchange.Exchange` (see
+there how a cancelled operation or a lost connection is handled).
 
 Relayed sockets (``expose_socket``, ``expose_directory``: see ``_relay``
 and ``_expose``) are pumped by tasks of the operation that reads the
@@ -18,30 +16,30 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-from typing import TYPE_CHECKING, Any, Literal
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from agentcompass import EnvironmentSession, ExecResult, FileRefusedError, IssueError, NetworkPolicy
+from agentcompass import EnvironmentSession, ExecResult, IssueError, NetworkPolicy
 from agentcompass.runtime import (
     DEFAULT_MAX_READ_BYTES,
     OutputCallback,
     OutputStream,
-    cleanup_deadline,
     exec_keeping_tails,
 )
 
 from . import _expose
 from . import _protocol as p
 from ._client import ClientConnection, ConnectionLost
-from ._relay import CONTROL, MAX_CHANNELS, Channel, Channels
+from ._exchange import Exchange
+from ._failures import check_path, fail, reason
+from ._pool import PoolServer
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ._provider import RemoteEnvironment, _Server
-
-__all__ = ["RemoteSession", "fail", "policy_message", "reason", "reply_error"]
+__all__ = ["RemoteSession"]
 
 #: When the server's provider sends its final text rather than raw output
 #: (no ``output_limit``), the client keeps at most this multiple of the
@@ -51,228 +49,34 @@ _OUTPUT_SLACK = 4
 _STREAMS: dict[int, OutputStream] = {p.STDOUT: "stdout", p.STDERR: "stderr"}
 
 
-def fail(message: str) -> IssueError:
-    return IssueError("fatal", "environment_failed", message)
-
-
-def policy_message(policy: NetworkPolicy) -> dict[str, Any]:
-    return {"mode": policy.mode, "allow": list(policy.allow)}
-
-
-def _check_path(path: str) -> None:
-    try:
-        p.check_path(path)
-    except p.ProtocolError as exc:
-        raise fail(str(exc)) from None
-
-
-def reason(exc: BaseException) -> str:
-    if isinstance(exc, trio.TooSlowError):
-        return "no answer in time"
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def reply_error(reply: dict[str, Any]) -> Exception:
-    message = str(reply.get("message") or "the server reported an error")
-    if reply.get("code") == p.FILE_REFUSED:
-        return FileRefusedError(message)
-    if reply.get("code") == p.NOT_IMPLEMENTED:
-        return NotImplementedError(message)
-    errno = reply.get("errno")
-    if isinstance(errno, int):
-        return OSError(errno, message)
-    severity: Literal["fatal", "error", "warning"] = "fatal"
-    if reply.get("severity") in ("error", "warning"):
-        severity = reply["severity"]
-    return IssueError(severity, str(reply.get("code") or "environment_failed"), message)
-
-
-class _SessionEnded(Exception):
-    """The server closed the session (a reap or sweep from elsewhere)."""
-
-
 class RemoteSession(EnvironmentSession):
     """One session on a server. Its connection is its lifetime: closing the
     session, or losing the connection, ends the sandbox on the server."""
 
     def __init__(
-        self, env: RemoteEnvironment, server: _Server, conn: ClientConnection, name: str, reply: dict[str, Any]
+        self,
+        server: PoolServer,
+        conn: ClientConnection,
+        name: str,
+        reply: dict[str, Any],
+        *,
+        max_output: int,
+        retry_down_seconds: float,
     ):
-        self._env = env
         self._server = server
-        self._conn = conn
-        self._lock = trio.Lock()
-        self._ops = 0
-        self._closed = False
-        self._ended = False  # the server closed the session and said so
-        self._channels = Channels()
-        self._pumps: trio.Nursery | None = None  # the running operation's, while it reads
+        self._max_output = max_output
+        self._exchange = Exchange(conn, name, server.url, partial(server.mark_down, retry_down_seconds))
         self._handle = {"url": server.url, "name": name, "session": reply.get("session")}
         inner = reply.get("handle")
         if isinstance(inner, dict):
             self._handle["inner"] = inner
         limit = reply.get("output_limit")
         # Raw output is cut as the provider cuts it; final text only bounded.
-        self._output_limit = limit if isinstance(limit, int) and limit > 0 else env._max_output * _OUTPUT_SLACK
+        self._output_limit = limit if isinstance(limit, int) and limit > 0 else max_output * _OUTPUT_SLACK
 
     @property
     def handle(self) -> dict[str, Any]:
         return dict(self._handle)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise fail(f"remote session {self._handle['name']} on {self._server.url} is closed")
-        if self._conn.closed:
-            raise fail(f"the connection to {self._server.url} for session {self._handle['name']} was lost")
-
-    async def _request(
-        self, message: dict[str, Any], on_chunk: Any = None, data: bytes | None = None
-    ) -> dict[str, Any]:
-        """Send one operation and read its replies until it ends. A lost
-        connection is FATAL ``environment_failed``; a cancellation asks the
-        server to cancel the operation and waits (briefly, shielded) for it."""
-        async with self._lock:
-            self._check_open()
-            self._ops += 1
-            op = self._ops
-            try:
-                if data is None:
-                    await self._send({**message, "id": op})
-                else:
-                    # The request and the first chunk go in one write.
-                    view = memoryview(data)
-                    first = [p.pack_chunk(op, p.FILE, view[: p.CHUNK])] if view else []
-                    await self._send({**message, "id": op}, *first)
-                    for start in range(p.CHUNK, len(view), p.CHUNK):
-                        await self._send(p.pack_chunk(op, p.FILE, view[start : start + p.CHUNK]))
-                reply = await self._until_done_relaying(op, on_chunk)
-            except _SessionEnded:
-                self._ended = True
-                self._channels.close_all()
-                await self._conn.abort()
-                raise fail(f"the server closed session {self._handle['name']} (reaped or swept)") from None
-            except (ConnectionLost, p.ProtocolError) as exc:
-                self._channels.close_all()
-                await self._conn.abort()
-                self._env._lost(self._server)
-                raise fail(f"sandbox server {self._server.url}: {reason(exc)}") from None
-            except BaseException:
-                await self._abandon(op)
-                raise
-        if reply["type"] == "error":
-            raise reply_error(reply)
-        return reply
-
-    async def _send(self, *messages: dict[str, Any] | bytes) -> None:
-        """Send whole messages even when cancelled (briefly, shielded): a
-        write cut short would leave half a frame on the connection and lose
-        the session; a cancellation lands at the next receive instead."""
-        with trio.move_on_at(cleanup_deadline(), shield=True):
-            await self._conn.send(*messages)
-            return
-        await self._conn.abort()
-        raise ConnectionLost("a write to the server did not finish")
-
-    async def _until_done_relaying(self, op: int, on_chunk: Any) -> dict[str, Any]:
-        """:meth:`_until_done`, with the relayed channels pumped meanwhile
-        (in tasks of their own, stopped when it returns: see ``_relay``)."""
-        if not self._channels.relays:
-            return await self._until_done(op, on_chunk)
-        pumping = trio.CancelScope()
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self._pump, pumping)
-                try:
-                    return await self._until_done(op, on_chunk)
-                finally:
-                    pumping.cancel()
-        except BaseExceptionGroup as group:
-            # The pumps never raise: what failed is the reading, raised as itself.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
-
-    async def _pump(self, scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
-        with scope:
-            try:
-                async with trio.open_nursery() as pumps:
-                    self._pumps = pumps
-                    for channel in list(self._channels.open.values()):
-                        pumps.start_soon(self._channels.serve, channel, self._send_frame)
-                    task_status.started()
-                    await trio.sleep_forever()
-            finally:
-                self._pumps = None
-
-    async def _send_frame(self, message: dict[str, Any] | bytes) -> None:
-        await self._send(message)
-
-    def _relayed(self, message: dict[str, Any] | bytes) -> bool:
-        """Take a relay message (channel data, a new channel, a window, an
-        end); False for anything else. Never waits."""
-        if isinstance(message, bytes):
-            channel, kind, payload = p.unpack_chunk(message)
-            if kind != p.CHANNEL:
-                return False
-            self._channels.data(channel, payload)
-            return True
-        kind = message["type"]
-        if kind in CONTROL:
-            self._channels.control(message)
-            return True
-        if kind != "channel":
-            return False
-        cid, relay = message.get("channel"), message.get("relay")
-        if not isinstance(cid, int) or cid in self._channels.open:
-            raise p.ProtocolError(f"a new channel {cid!r} that is not new")
-        target = self._channels.relays.get(relay) if isinstance(relay, int) else None
-        # An unknown relay, or one channel too many: reset by the pump (its connect fails).
-        opened = Channel(cid, None, target if len(self._channels.open) < MAX_CHANNELS else None)
-        self._channels.open[cid] = opened
-        if self._pumps is not None:
-            self._pumps.start_soon(self._channels.serve, opened, self._send_frame)
-        return True
-
-    async def _until_done(self, op: int, on_chunk: Any) -> dict[str, Any]:
-        """Replies of ``op`` up to its last one (``error`` included)."""
-        while True:
-            message = await self._conn.receive()
-            if self._relayed(message):
-                continue
-            if isinstance(message, bytes):
-                chunk_op, kind, payload = p.unpack_chunk(message)
-                if chunk_op != op or on_chunk is None:
-                    raise p.ProtocolError("unexpected binary data")
-                await on_chunk(kind, payload)
-                continue
-            kind = message["type"]
-            if kind == "closed":
-                raise _SessionEnded
-            if message.get("id") != op:
-                raise p.ProtocolError(f"a reply for operation {message.get('id')!r} while waiting for {op}")
-            return message
-
-    async def _abandon(self, op: int) -> None:
-        """The caller gave up on ``op`` (cancelled): cancel it on the server
-        and drain its replies, or drop the connection if that overruns."""
-        if self._conn.closed:
-            return
-        with trio.move_on_at(cleanup_deadline(), shield=True):
-            try:
-                self._ops += 1
-                await self._conn.send({"type": "cancel", "id": self._ops, "target": op})
-                while True:
-                    message = await self._conn.receive()
-                    if self._relayed(message):
-                        continue  # kept for the next operation's pumps
-                    if isinstance(message, dict) and (message.get("id") == op or message["type"] == "closed"):
-                        if message["type"] != "closed":
-                            return  # the operation ended (cancelled, or finished first)
-                        self._ended = True
-                        break
-            except (ConnectionLost, p.ProtocolError):
-                pass
-        await self._conn.abort()
 
     async def exec(
         self,
@@ -309,7 +113,7 @@ class RemoteSession(EnvironmentSession):
             await on_output(stream, payload)
 
         message = {"type": "exec", "cmd": cmd, "timeout": timeout, "cwd": cwd, "env": env}
-        reply = await self._request(message, on_chunk)
+        reply = await self._exchange.request(message, on_chunk)
         exit_code = reply.get("exit_code")
         if reply["type"] != "exit" or not isinstance(exit_code, int):
             raise fail(f"unexpected reply {reply['type']!r} to exec")
@@ -332,15 +136,15 @@ class RemoteSession(EnvironmentSession):
         ``inputs`` travel as file data after the request (at most the
         server's ``max_file_bytes`` in all). A provider without it raises
         :exc:`NotImplementedError`, and so does this."""
-        _check_path(directory)
+        check_path(directory)
         listed = []
         for path, content in (inputs or {}).items():
-            _check_path(path)
+            check_path(path)
             if not isinstance(content, bytes | bytearray | memoryview):
                 raise ValueError(f"input {path!r} is not bytes but {type(content).__name__}")
             listed.append((path, bytes(content)))
         streams = {p.STDOUT: bytearray(), p.STDERR: bytearray(), p.FILE: bytearray()}
-        bounds = {p.STDOUT: self._env._max_output * _OUTPUT_SLACK, p.FILE: max_bytes}
+        bounds = {p.STDOUT: self._max_output * _OUTPUT_SLACK, p.FILE: max_bytes}
         bounds[p.STDERR] = bounds[p.STDOUT]
 
         async def keep(kind: int, payload: bytes) -> None:
@@ -360,7 +164,9 @@ class RemoteSession(EnvironmentSession):
         }
         if listed:  # absent for none: a request as before inputs existed
             message["inputs"] = [[path, len(content)] for path, content in listed]
-        reply = await self._request(message, keep, b"".join(content for _, content in listed) if listed else None)
+        reply = await self._exchange.request(
+            message, keep, b"".join(content for _, content in listed) if listed else None
+        )
         exit_code, sizes = reply.get("exit_code"), reply.get("files")
         if reply["type"] != "private_exit" or not isinstance(exit_code, int) or not isinstance(sizes, list):
             raise fail(f"unexpected reply {reply['type']!r} to exec_private")
@@ -392,7 +198,7 @@ class RemoteSession(EnvironmentSession):
         the server's provider takes them; ``..`` out of the session and
         absolute paths outside ``/app``, ``/tests``, ``/logs``, ``/solution``
         are refused."""
-        _check_path(path)
+        check_path(path)
         limit = DEFAULT_MAX_READ_BYTES if max_bytes is None else max_bytes
         chunks: list[bytes] = []
         size = 0
@@ -404,17 +210,17 @@ class RemoteSession(EnvironmentSession):
                 raise p.ProtocolError(f"the server sent more than the {limit} bytes asked for")
             chunks.append(payload)
 
-        await self._request({"type": "read_file", "path": path, "max_bytes": max_bytes}, keep)
+        await self._exchange.request({"type": "read_file", "path": path, "max_bytes": max_bytes}, keep)
         return b"".join(chunks)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write a file (``str`` as UTF-8), sent in chunks."""
-        _check_path(path)
+        check_path(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        await self._request({"type": "write_file", "path": path, "size": len(payload)}, data=payload)
+        await self._exchange.request({"type": "write_file", "path": path, "size": len(payload)}, data=payload)
 
     async def set_network_policy(self, policy: NetworkPolicy) -> None:
-        await self._request({"type": "policy", "policy": policy_message(policy)})
+        await self._exchange.request({"type": "policy", "policy": p.policy_message(policy)})
 
     async def expose_directory(self, host_path: str) -> str:
         """Make the host directory ``host_path`` visible read-only in the
@@ -439,7 +245,7 @@ class RemoteSession(EnvironmentSession):
         cached = await trio.to_thread.run_sync(_expose.cache_entry_name, host_path)
         if cached is not None:
             name, info = cached
-            reply = await self._request({"type": "expose_cached", "entry": name, "installed": info})
+            reply = await self._exchange.request({"type": "expose_cached", "entry": name, "installed": info})
             return self._exposed(reply, host_path)
         files, sockets = await trio.to_thread.run_sync(_expose.list_small_directory, host_path)
         return await self._expose_copy(host_path, files, sockets)
@@ -469,7 +275,7 @@ class RemoteSession(EnvironmentSession):
             "files": [[path, len(data), executable] for path, data, executable in files],
             "sockets": sockets,
         }
-        reply = await self._request(message, data=b"".join(data for _, data, _ in files))
+        reply = await self._exchange.request(message, data=b"".join(data for _, data, _ in files))
         return self._exposed(reply, directory)
 
     def _exposed(self, reply: dict[str, Any], directory: str) -> str:
@@ -480,7 +286,7 @@ class RemoteSession(EnvironmentSession):
         for entry in relays:
             if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], int)):
                 raise fail("expose: a malformed list of relays")
-            self._channels.relays[entry[1]] = os.path.join(directory, str(entry[0]))
+            self._exchange.channels.relays[entry[1]] = os.path.join(directory, str(entry[0]))
         return path
 
     async def close(self) -> None:
@@ -493,22 +299,23 @@ class RemoteSession(EnvironmentSession):
         the session reapable. If this is cancelled, the connection is
         dropped, and the server closes the session on its own within its
         grace."""
-        if self._closed:
+        x = self._exchange
+        if x.closed:
             return
-        self._closed = True
-        self._env._closed(self._server)
-        conn = self._conn
+        x.closed = True
+        self._server.session_closed()
+        conn = x.conn
         where = f"sandbox server {self._server.url}"
         if conn.closed:
-            self._channels.close_all()
-            if self._ended:
+            x.channels.close_all()
+            if x.ended:
                 return
             raise IssueError(
                 "warning", "cleanup_failed", f"{where}: the connection was lost; the session may be left there"
             )
         error = None
         try:
-            async with self._lock:
+            async with x.lock:
                 await conn.send({"type": "close"})
                 while True:
                     message = await conn.receive()
@@ -518,7 +325,7 @@ class RemoteSession(EnvironmentSession):
         except (ConnectionLost, p.ProtocolError) as exc:
             error = f"{reason(exc)}, and the close was never confirmed; the session may be left there"
         finally:
-            self._channels.close_all()
+            x.channels.close_all()
             await conn.abort()
         if error:
             raise IssueError("warning", "cleanup_failed", f"{where}: {error}")

@@ -197,7 +197,7 @@ async def test_a_silent_reader_inside_stalls_only_its_own_channel(
         # Neither side holds more than a window of it; the flood is held back.
         hosted = next(h for h in served.server.sessions.values() if h.channels.open)
         assert hosted.channels.buffered <= WINDOW
-        assert session._channels.buffered <= WINDOW
+        assert session._exchange.channels.buffered <= WINDOW
         assert flood.sent < 8 * 1024 * 1024
         assert not flood.ended.is_set()
     finally:
@@ -214,7 +214,9 @@ async def test_channels_and_relays_are_gone_after_close(nursery: trio.Nursery, t
     with trio.fail_after(WAIT_SECONDS):
         await flood.ended.wait()  # the host's end of the channel was closed
     assert served.server.sessions == {} and not os.path.exists(scratch)
-    assert hosted.channels.open == {} and session._channels.open == {} and session._channels.relays == {}
+    assert (
+        hosted.channels.open == {} and session._exchange.channels.open == {} and session._exchange.channels.relays == {}
+    )
 
 
 async def test_channels_and_relays_are_gone_after_the_client_disconnects(
@@ -225,7 +227,7 @@ async def test_channels_and_relays_are_gone_after_the_client_disconnects(
     hosted = served.hosted()
     scratch = hosted.scratch
     assert scratch is not None
-    await session._conn.abort()  # a driver killed mid-session
+    await session._exchange.conn.abort()  # a driver killed mid-session
     await poll_until(lambda: served.server.load == 0, "the server to close the session", WAIT_SECONDS)
     assert hosted.closed.is_set() and hosted.channels.open == {} and hosted.channels.relays == {}
     assert not os.path.exists(scratch)
