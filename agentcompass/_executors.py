@@ -12,7 +12,7 @@ executors, which import it.
 :func:`check_executor` is the preflight check; :func:`open_executor` starts
 the executor before the orchestration deadline starts and stops it after
 the run, within the cleanup grace. What crosses between the orchestration
-and an executor is :mod:`agentcompass._orchestration.seam`'s.
+and an executor is :mod:`agentcompass._seam`'s.
 """
 
 from __future__ import annotations

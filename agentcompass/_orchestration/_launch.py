@@ -25,6 +25,7 @@ from .._limits import provider_limits
 from .._logging import get_logger, launch_logging
 from .._models import open_model_clients
 from .._preflight import check_data, has_data_checks, preflight
+from .._seam import InProcessExecutor
 from .._store import Disk, open_run_store
 from .._store._layout import RunLayout
 from ..runtime._cleanup import using_cleanup_clock
@@ -36,7 +37,6 @@ from ._request import RequestRun
 from ._request_state import Stage
 from ._reuse import refuse_other_experiments
 from ._scheduler import Dispatcher
-from .seam import InProcessExecutor
 
 __all__ = ["launch", "orchestrate", "run_evaluation"]
 

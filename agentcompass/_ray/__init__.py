@@ -8,7 +8,7 @@ cluster, ``_worker`` the worker actor, ``_driver`` the executor and its
 exchange with the workers (its docstring describes the protocol; what it
 follows of each worker is ``_link``, the provider grants ``_grants``) and
 ``_messages`` what that exchange carries. From the orchestration it takes
-only the executor seam, :mod:`agentcompass._orchestration.seam`.
+only the executor seam, :mod:`agentcompass._seam`.
 """
 
 from __future__ import annotations

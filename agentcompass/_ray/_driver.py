@@ -59,7 +59,7 @@ import trio
 
 from .. import _registry
 from .._logging import debug_enabled, get_logger
-from .._orchestration.seam import (
+from .._seam import (
     Checkpoint,
     GraceClock,
     LostTry,

@@ -2,7 +2,7 @@
 
 One frozen class per message; each side dispatches on the class (a table
 of handlers, one per class it receives). The task reporter's calls cross
-as the seam's own messages (:class:`~agentcompass._orchestration.seam.Report`),
+as the seam's own messages (:class:`~agentcompass._seam.Report`),
 wrapped in :class:`Reported` with the request they belong to.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from .._orchestration.seam import Report, TaskJob
+from .._seam import Report, TaskJob
 from ..runtime._results import TaskRecord
 
 __all__ = [

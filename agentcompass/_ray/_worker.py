@@ -41,7 +41,7 @@ import trio
 
 from .. import _registry
 from .._models import open_model_clients
-from .._orchestration.seam import ForwardingReporter, GraceClock, Report, RequestContext, run_job
+from .._seam import ForwardingReporter, GraceClock, Report, RequestContext, run_job
 from ..runtime._cleanup import using_cleanup_clock
 from ..runtime._values import RunRequest
 from ._messages import (

@@ -1,4 +1,4 @@
-"""The executor seam (``_orchestration/seam.py``): what crosses between the
+"""The executor seam (``agentcompass/_seam.py``): what crosses between the
 orchestration and an executor, checked without Ray (SPEC section 11)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import trio
 from _support import MemoryReporter, make_context, make_request
 
 import agentcompass
-from agentcompass._orchestration.seam import (
+from agentcompass._seam import (
     WORKER_LOST,
     Checkpoint,
     DiscardedTry,
@@ -175,7 +175,7 @@ def test_ray_takes_only_the_seam_from_the_orchestration() -> None:
         f"{path.name}: {name}"
         for path in sorted((PACKAGE / "_ray").glob("*.py"))
         for name in _imports(path)
-        if name.startswith("agentcompass._orchestration.") and not name.startswith("agentcompass._orchestration.seam")
+        if name.startswith("agentcompass._orchestration")
     }
     assert reached == set()
 

@@ -39,12 +39,12 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from ..runtime._executor import Executor, Grants, TaskJob, TaskReporter
-from ..runtime._results import AttemptRecord, Phase, TaskRecord
-from ..runtime._values import ExecutionPlan, RunRequest
-from ._attempt import WORKER_LOST, lost_try, retry_after_loss
-from ._context import GraceClock, RequestContext
-from ._task import run_task, task_record
+from ._orchestration._attempt import WORKER_LOST, lost_try, retry_after_loss
+from ._orchestration._context import GraceClock, RequestContext
+from ._orchestration._task import run_task, task_record
+from .runtime._executor import Executor, Grants, TaskJob, TaskReporter
+from .runtime._results import AttemptRecord, Phase, TaskRecord
+from .runtime._values import ExecutionPlan, RunRequest
 
 __all__ = [
     "WORKER_LOST",
