@@ -278,7 +278,7 @@ def _resume_args(ctx: click.Context) -> list[str]:
 
 def _run_dirs(orchestration: Orchestration) -> set[Path]:
     """Every run directory of the orchestration's requests that exists now."""
-    found = set()
+    found: set[Path] = set()
     for request in orchestration.requests:
         request_dir = Path(request.output_root) / request.name
         if request_dir.is_dir():
