@@ -46,16 +46,26 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 import yaml
 
 from . import _registry
-from .runtime._convert import _ENV_REF, SECRET_CONFIG_KEYS, resolve_paths, structure
+from ._config_keys import COMPONENT_FIELDS, COMPONENT_LISTS
+from ._config_keys import REQUEST_FIELDS as REQUEST_FIELDS
+from ._config_keys import TOP_LEVEL_KEYS as TOP_LEVEL_KEYS
+from ._env_refs import expand_config
+from ._overrides import apply_override as apply_override
+from ._yaml_limits import MAX_ALIAS_VALUES as MAX_ALIAS_VALUES
+from ._yaml_limits import MAX_NESTING as MAX_NESTING
+from ._yaml_limits import check_nesting as check_nesting
+from ._yaml_limits import one_line, yaml_where
+from ._yaml_limits import one_line as _one_line  # noqa: F401 - imported from here by _preflight
+from ._yaml_limits import safe_load as safe_load
+from .runtime._convert import resolve_paths, structure
 from .runtime._errors import ComponentError, ConfigError
 from .runtime._values import (
     ComponentRef,
@@ -69,10 +79,6 @@ __all__ = [
     "load_config",
 ]
 
-TOP_LEVEL_KEYS = ("plugins", "orchestration", "requests")
-REQUEST_FIELDS = frozenset(f.name for f in attrs.fields(RunRequest))
-_COMPONENT_FIELDS = ("benchmark", "harness", "environment")
-_COMPONENT_LISTS = ("recipes", "analyzers")
 _SETTINGS_KEYS = frozenset(f.name for f in attrs.fields(Orchestration)) - {"requests", "plugins"}
 
 # ---------------------------------------------------------------- reading
@@ -95,177 +101,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {_one_line(exc)}") from None
+        raise ConfigError(f"cannot read config file {path}: {one_line(exc)}") from None
     try:
         data = safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML in {path}{_yaml_where(exc)}") from None
+        raise ConfigError(f"invalid YAML in {path}{yaml_where(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must be a mapping with a 'requests' list, got {type(data).__name__}")
     return data
-
-
-def _yaml_where(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or _one_line(exc)
-    if mark is None:
-        return f": {problem}"
-    return f" line {mark.line + 1}: {problem}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
-# ---------------------------------------------------------------- bounded YAML
-
-#: The deepest nesting of mappings and lists a config may have, counting the
-#: top-level mapping as 1 and a value reached through an alias as if written
-#: out there. Deeper is refused while parsing, before the parser's own
-#: recursion (or any later walk of the data) can overflow the stack.
-MAX_NESTING = 100
-#: How many values (scalars, lists and mappings) all the aliases of one
-#: document may add when written out in full. A few anchors for a shared model
-#: block add tens; a "billion laughs" document (aliases of aliases of lists)
-#: would add ~10**9 from a few hundred bytes, and is refused while parsing.
-MAX_ALIAS_VALUES = 100_000
-_SHOWN_PATH_PARTS = 8
-
-
-class _LimitError(yaml.MarkedYAMLError):
-    """A document beyond :data:`MAX_NESTING` or :data:`MAX_ALIAS_VALUES`."""
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses, while composing, nesting deeper than
-    :data:`MAX_NESTING`, aliases that add more than :data:`MAX_ALIAS_VALUES`
-    values, and recursive aliases (``&a [*a]``).
-
-    Composition is where a document's size can explode: an alias is one event
-    but stands for its whole anchored node. Each finished collection's height
-    and written-out size are recorded (an alias only ever names a finished
-    node, or an open one, which is recursion), so the check costs one pass
-    over the nodes as written, never the expansion. Construction then builds
-    the same shared objects ``yaml.safe_load`` would.
-    """
-
-    def __init__(self, stream: str, depth: int = 0, where: Sequence[str] = ()) -> None:
-        super().__init__(stream)
-        self._depth = depth  # collections open around the next node
-        self._where = list(where)  # the key path to the next node, for messages
-        self._shapes: dict[int, tuple[int, int]] = {}  # id(collection node): (height, written-out size)
-        self._alias_values = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        label = _label(parent, index)
-        if label:
-            self._where.append(label)
-        try:
-            if self.check_event(yaml.AliasEvent):
-                return self._compose_alias(parent, index)
-            event = self.peek_event()
-            if not isinstance(event, yaml.CollectionStartEvent):
-                return super().compose_node(parent, index)
-            if self._depth >= MAX_NESTING:
-                self._refuse(f"nesting deeper than {MAX_NESTING} levels", event.start_mark)
-            self._depth += 1
-            try:
-                node = super().compose_node(parent, index)
-            finally:
-                self._depth -= 1
-            self._shapes[id(node)] = _shape(node, self._shapes)
-            return node
-        finally:
-            if label:
-                self._where.pop()
-
-    def _compose_alias(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        event = self.peek_event()
-        node = self.anchors.get(event.anchor)
-        if isinstance(node, yaml.CollectionNode):
-            shape = self._shapes.get(id(node))
-            if shape is None:
-                self._refuse(f"recursive alias *{event.anchor} (it is inside its own anchor)", event.start_mark)
-            height, size = shape
-            if self._depth + height > MAX_NESTING:
-                self._refuse(
-                    f"nesting deeper than {MAX_NESTING} levels through alias *{event.anchor}", event.start_mark
-                )
-        else:
-            size = 1
-        self._alias_values += size
-        if self._alias_values > MAX_ALIAS_VALUES:
-            self._refuse(f"aliases expand to more than {MAX_ALIAS_VALUES} values (alias-bomb limit)", event.start_mark)
-        return super().compose_node(parent, index)  # undefined aliases: yaml's own error
-
-    def _refuse(self, problem: str, mark: Any) -> NoReturn:
-        where = "".join(self._where[:_SHOWN_PATH_PARTS]).lstrip(".")
-        if len(self._where) > _SHOWN_PATH_PARTS:
-            where += "..."
-        raise _LimitError(problem=f"{problem} @ {where or 'top level'}", problem_mark=mark)
-
-
-def _label(parent: yaml.Node | None, index: Any) -> str:
-    if isinstance(parent, yaml.SequenceNode):
-        return f"[{index}]"
-    if isinstance(parent, yaml.MappingNode):
-        return f".{index.value}" if isinstance(index, yaml.ScalarNode) else ".<key>"
-    return ""
-
-
-def _shape(node: yaml.Node, shapes: dict[int, tuple[int, int]]) -> tuple[int, int]:
-    """(height, size) of a finished collection ``node`` with every alias written out."""
-    children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
-    height, size = 0, 1
-    for child in children:
-        child_height, child_size = shapes.get(id(child), (0, 1))  # a scalar: (0, 1)
-        height = max(height, child_height)
-        size += child_size
-    return height + 1, size
-
-
-def safe_load(text: str, *, depth: int = 0, where: Sequence[str] = ()) -> Any:
-    """``yaml.safe_load`` within :data:`MAX_NESTING` and :data:`MAX_ALIAS_VALUES`.
-
-    ``depth`` is the number of collections the text's value will sit in
-    (for an override's value), ``where`` the key path labels to it
-    (``["requests", "[0]", ".model"]``), for messages. Raises ``yaml.YAMLError``.
-    """
-    loader = _BoundedLoader(text, depth, where)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-def check_nesting(data: Any, where: str = "") -> None:
-    """Raise :class:`ConfigError` if ``data`` (parsed already, e.g. from JSON or
-    given by the SDK) nests deeper than :data:`MAX_NESTING`, naming the path to a
-    too-deep value. Shared and recursive containers are walked once per level,
-    so this is linear in the distinct containers, never their expansion."""
-    # Breadth first, one level at a time; an entry is (container, its parent entry, key).
-    level: list[tuple[Any, Any, str]] = [(data, None, where)] if isinstance(data, (dict, list)) else []
-    for _ in range(MAX_NESTING):
-        seen: set[int] = set()
-        deeper: list[tuple[Any, Any, str]] = []
-        for entry in level:
-            container = entry[0]
-            items = container.items() if isinstance(container, dict) else enumerate(container)
-            for key, value in items:
-                if isinstance(value, (dict, list)) and id(value) not in seen:
-                    seen.add(id(value))
-                    deeper.append((value, entry, f"[{key}]" if isinstance(container, list) else f".{key}"))
-        level = deeper
-    if level:
-        parts: list[str] = []
-        entry = level[0]
-        while entry is not None:
-            parts.append(entry[2])
-            entry = entry[1]
-        parts.reverse()
-        shown = "".join(parts[:_SHOWN_PATH_PARTS]).lstrip(".") + ("..." if len(parts) > _SHOWN_PATH_PARTS else "")
-        raise ConfigError(f"config nested deeper than {MAX_NESTING} levels @ {shown or 'top level'}")
 
 
 def build_orchestration(
@@ -285,7 +128,7 @@ def build_orchestration(
     unknown = [k for k in data if k not in TOP_LEVEL_KEYS]
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} @ top level (expected {', '.join(TOP_LEVEL_KEYS)})")
-    data = _expand_config(data)
+    data = expand_config(data)
     settings = data.get("orchestration") or {}
     if not isinstance(settings, dict):
         raise ConfigError(f"expected a mapping, got {settings!r} @ orchestration")
@@ -356,11 +199,11 @@ def _resolve_request_paths(request: RunRequest, raw: _FromFile, base_dir: Path) 
         changes["output_root"] = _relative_to(request.output_root, base_dir)
     if isinstance(request.reuse, Path) and raw.from_file("reuse"):
         changes["reuse"] = _relative_to(request.reuse, base_dir)
-    for kind in _COMPONENT_FIELDS:
+    for kind in COMPONENT_FIELDS:
         ref = getattr(request, kind)
         if ref.id != "none":
             changes[kind] = _resolve_ref_paths(kind, ref, base_dir, lambda key, k=kind: raw.from_file(k, "config", key))
-    for field in _COMPONENT_LISTS:
+    for field in COMPONENT_LISTS:
         kind = field[:-1]
         changes[field] = [
             _resolve_ref_paths(kind, ref, base_dir, lambda key, f=field, j=j: raw.from_file(f, j, "config", key))
@@ -379,200 +222,3 @@ def _resolve_ref_paths(kind: str, ref: ComponentRef, base_dir: Path, from_file: 
     resolved = resolve_paths(ref.config, cls.Config, base_dir)
     config = {key: value if from_file(key) else ref.config[key] for key, value in resolved.items()}
     return attrs.evolve(ref, config=config)
-
-
-# ---------------------------------------------------------------- --set overrides
-
-_KEY_PART = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
-
-
-def apply_override(data: dict[str, Any], override: str) -> None:
-    """Apply one ``dotted.key=value`` override to raw config ``data`` in place.
-
-    ``value`` is parsed as YAML (``=3`` is an int, ``=true`` a bool, ``=[a, b]``
-    a list). Keys start with a top-level key (``orchestration.task_concurrency=8``,
-    ``requests[0].execution.max_retries=2`` or ``requests.0.execution...``) or
-    with a request field, which sets it in every request
-    (``execution.max_retries=2``). Missing mappings on the way are created.
-    """
-    key, sep, raw = override.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"invalid override {override!r}: expected key=value")
-    path = _parse_key(key.strip(), override)
-    # Collections around the value: one per key part, the last one's included
-    # (the top-level mapping holds ``path[0]``); a request field is also inside
-    # the requests list and a request.
-    depth = len(path) if path[0] in TOP_LEVEL_KEYS else len(path) + 2
-    if depth > MAX_NESTING:
-        raise ConfigError(f"invalid override {_shown(override)}: key nested deeper than {MAX_NESTING} levels")
-    try:
-        value = safe_load(raw, depth=depth, where=[f"[{p}]" if isinstance(p, int) else f".{p}" for p in path])
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid override {_shown(override)}: bad YAML value{_yaml_where(exc)}") from None
-    head = path[0]
-    if head in TOP_LEVEL_KEYS:
-        _set_path(data, path, value, override)
-    elif head in REQUEST_FIELDS:
-        requests = data.get("requests")
-        if not isinstance(requests, list) or not requests:
-            raise ConfigError(f"invalid override {override!r}: there are no requests to set it in")
-        for request in requests:
-            _set_path(request, path, value, override)
-    else:
-        raise ConfigError(
-            f"invalid override {override!r}: unknown key {head!r} "
-            f"(expected {', '.join(TOP_LEVEL_KEYS)} or a request field)"
-        )
-
-
-def _shown(override: str, limit: int = 80) -> str:
-    # An override as messages quote it: a bomb given with --set stays one short line.
-    return repr(override) if len(override) <= limit else repr(override[:limit]) + "..."
-
-
-def _parse_key(key: str, override: str) -> list[str | int]:
-    # Parts are ``name`` or ``name[0][1]``; an all-digit name after the first is an index.
-    path: list[str | int] = []
-    for part in key.split("."):
-        match = _KEY_PART.fullmatch(part)
-        if match is None:
-            raise ConfigError(f"invalid override {override!r}: bad key {key!r}")
-        name, indexes = match.groups()
-        path.append(int(name) if name.isdigit() and path else name)
-        path.extend(int(i) for i in re.findall(r"\d+", indexes))
-    if isinstance(path[0], int):
-        raise ConfigError(f"invalid override {override!r}: bad key {key!r}")
-    return path
-
-
-def _set_path(node: Any, path: list[str | int], value: Any, override: str) -> None:
-    for i, part in enumerate(path):
-        last = i == len(path) - 1
-        if isinstance(node, dict) and isinstance(part, str):
-            if last:
-                node[part] = value
-            elif node.get(part) is None:
-                if isinstance(path[i + 1], int):
-                    raise ConfigError(f"invalid override {override!r}: {_dotted(path[: i + 1])} is not a list")
-                node[part] = {}
-        elif isinstance(node, list) and isinstance(part, int):
-            if part >= len(node):
-                raise ConfigError(
-                    f"invalid override {override!r}: index {part} out of range "
-                    f"({_dotted(path[:i])} has {len(node)} item(s))"
-                )
-            if last:
-                node[part] = value
-        else:
-            kind = "a list" if isinstance(part, int) else "a mapping"
-            raise ConfigError(f"invalid override {override!r}: {_dotted(path[:i]) or 'the config'} is not {kind}")
-        if not last and isinstance(node[part], str) and _is_component_position(path[: i + 1]):
-            node[part] = {"id": node[part]}  # ``harness: oracle`` shorthand, now being edited
-        node = node[part]
-
-
-def _is_component_position(path: list[str | int]) -> bool:
-    tail = path[-2:]
-    return tail[-1] in _COMPONENT_FIELDS or (
-        len(tail) == 2 and tail[0] in _COMPONENT_LISTS and isinstance(tail[1], int)
-    )
-
-
-def _dotted(path: list[str | int]) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
-
-
-# ---------------------------------------------------------------- ${VAR} expansion
-
-_VAR = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _expand_config(data: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in data.items():
-        if key == "requests" and isinstance(value, list):
-            out[key] = [_expand_request(r, f"requests[{i}]") for i, r in enumerate(value)]
-        else:
-            out[key] = _expand(value, key)
-    return out
-
-
-def _expand_request(request: Any, where: str) -> Any:
-    if not isinstance(request, dict):
-        return request
-    out = {}
-    for key, value in request.items():
-        path = f"{where}.{key}"
-        if key == "model":
-            out[key] = _expand_model(value, path)
-        elif key in _COMPONENT_FIELDS:
-            out[key] = _expand_component(value, path)
-        elif key in _COMPONENT_LISTS and isinstance(value, list):
-            out[key] = [_expand_component(v, f"{path}[{i}]") for i, v in enumerate(value)]
-        else:
-            out[key] = _expand(value, path)
-    return out
-
-
-def _expand_model(model: Any, where: str) -> Any:
-    """Expand a model mapping, keeping a whole ``${VAR}`` api_key as a reference:
-    preflight checks it is set, and only when the request calls a model."""
-    if not isinstance(model, dict):
-        return _expand(model, where)
-    return {
-        k: v if k == "api_key" and isinstance(v, str) and _ENV_REF.match(v) else _expand(v, f"{where}.{k}")
-        for k, v in model.items()
-    }
-
-
-def _expand_component(ref: Any, where: str) -> Any:
-    if not isinstance(ref, dict):
-        return _expand(ref, where)
-    return {
-        key: _expand(value, f"{where}.{key}", SECRET_CONFIG_KEYS if key == "config" else frozenset())
-        for key, value in ref.items()
-    }
-
-
-def _expand(value: Any, where: str, secret_keys: frozenset[str] = frozenset(), deep: bool = True) -> Any:
-    """Expand strings under ``value``; keys in ``secret_keys`` are secret positions
-    (at every depth when ``deep``, else only directly under ``value``)."""
-    if isinstance(value, str):
-        return _expand_string(value, where)
-    if isinstance(value, list):
-        return [_expand(v, f"{where}[{i}]", secret_keys, deep) for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        inner = secret_keys if deep else frozenset()
-        return {
-            k: _expand_secret(v, f"{where}.{k}")
-            if k in secret_keys and isinstance(v, str)
-            else _expand(v, f"{where}.{k}", inner, deep)
-            for k, v in value.items()
-        }
-    return value
-
-
-def _expand_secret(value: str, where: str) -> str:
-    match = _ENV_REF.match(value)
-    if match is None:
-        return _expand_string(value, where)
-    _getenv(match.group(1), where)
-    return value  # the converter turns the reference into Secret.from_env
-
-
-def _expand_string(value: str, where: str) -> str:
-    if "$" not in value:
-        return value
-
-    def substitute(match: re.Match[str]) -> str:
-        escaped, name = match.groups()
-        return f"${{{name}}}" if escaped else _getenv(name, where)
-
-    return _VAR.sub(substitute, value)
-
-
-def _getenv(name: str, where: str) -> str:
-    value = os.environ.get(name)
-    if value is None:
-        raise ConfigError(f"environment variable {name} is not set @ {where}")
-    return value

@@ -22,34 +22,34 @@ durable before B awaits A first.
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
-import math
 import os
-import re
-import secrets
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import orjson
 import trio
 
 from .. import _redact
 from ..runtime._cleanup import cleanup_deadline
 from ..runtime._convert import unstructure
 from ..runtime._results import AttemptRecord, TaskRecord
-from . import _commit
 from ._commit import Write
-from ._disk import Disk, RunLockedError, timed_out
-from ._formats import FORMAT, Overlay, merge, stamp
-from ._index import task_row
+from ._committer import PROGRESS_BATCH_SECONDS as PROGRESS_BATCH_SECONDS
+from ._committer import PROGRESS_INTERVAL as PROGRESS_INTERVAL
+from ._committer import Committer
+from ._committer import StoreClosedError as StoreClosedError
+from ._disk import Disk, RunLockedError
+from ._encode import compact, mask, pretty
+from ._formats import FORMAT, Overlay, stamp
 from ._keys import task_key
 from ._layout import SEVERITIES, RunLayout
-from ._trajectories import split_trajectories
+from ._records import TaskRecords
+from ._run_ids import RUN_ID_PATTERN as RUN_ID_PATTERN
+from ._run_ids import check_name
+from ._run_ids import new_run_id as new_run_id
+from ._run_ids import new_run_tag as new_run_tag
 
 __all__ = [
     "PROGRESS_BATCH_SECONDS",
@@ -66,42 +66,9 @@ __all__ = [
     "write_journals_now",
 ]
 
-#: Minimum seconds between two rewrites of ``progress.json``.
-PROGRESS_INTERVAL = 0.5
-#: How long progress lines and snapshots wait for a batch to ride with.
-PROGRESS_BATCH_SECONDS = 0.05
-
-
-def _json_default(value: Any) -> Any:
-    # Free-form data never fails to serialize: an odd field (a Path, an
-    # exception) is written as text rather than losing the line.
-    return unstructure(value) if attrs.has(type(value)) else str(value)
-
-
-_COMPACT = json.JSONEncoder(separators=(",", ":"), default=_json_default)
-_PRETTY = json.JSONEncoder(indent=2, default=_json_default)
-# Dates and dataclasses go through ``_json_default`` as with the standard encoder.
-_ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
-
-
-def _compact(data: Any) -> str:
-    """One-line JSON text of ``data`` (records, checkpoints, journal and
-    progress lines): orjson, as the standard encoder calls back into
-    Python for every float (bench: overhead). The standard
-    encoder takes what orjson refuses (a lone surrogate, an integer beyond
-    64 bits). NaN and infinities are written as ``null``."""
-    try:
-        return orjson.dumps(data, default=_json_default, option=_ORJSON_OPTIONS).decode()
-    except orjson.JSONEncodeError:
-        return _COMPACT.encode(data)
-
 
 #: Every store open in this process (for :func:`write_journals_now`).
 _OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
-
-
-class StoreClosedError(RuntimeError):
-    """The run store was already closed when asked to write."""
 
 
 def write_journals_now() -> None:
@@ -113,7 +80,11 @@ def write_journals_now() -> None:
     appear twice (readers match lines by session id). Errors are ignored.
     """
     for store in list(_OPEN_STORES):
-        lines = [w for w in (*store._pending, *store._in_flight) if w.path == store._sessions and not w.written]
+        lines = [
+            w
+            for w in (*store._committer.pending, *store._committer.in_flight)
+            if w.path == store._sessions and not w.written
+        ]
         with contextlib.suppress(OSError):
             store._disk.append(store._sessions, b"".join(w.data for w in lines))
             for w in lines:
@@ -140,37 +111,6 @@ def run_is_live(run_dir: Path) -> bool:
         return False
 
 
-def new_run_id() -> str:
-    """A fresh run id, e.g. ``20261129T233501.482Z-a7f3``: UTC time to the
-    millisecond (the greatest id is the latest run) and a random suffix (two
-    runs never share a directory)."""
-    now = datetime.now(UTC)
-    return f"{now:%Y%m%dT%H%M%S}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(2)}"
-
-
-def new_run_tag() -> str:
-    """A fresh run tag, e.g. ``ac3f9a1c2b7d``: the prefix of every Environment
-    session name of one run, recorded in its ``run_info.json`` so that
-    ``sweep(tag)`` finds what a killed run left. Fixed length, so that no
-    run's tag is a prefix of another's."""
-    return f"ac{secrets.token_hex(5)}"
-
-
-#: What :func:`new_run_id` makes (and the older second-resolution form).
-RUN_ID_PATTERN = re.compile(r"\d{8}T\d{6}(\.\d{3})?Z(-[0-9a-f]+)?")
-
-
-def _check_name(name: str, what: str) -> None:
-    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(f"{what} {name!r} cannot be used as a directory name")
-
-
-def _mask(text: str) -> str:
-    """``text`` with every registered secret and credential shape masked,
-    without breaking the JSON (SPEC 8: no secret in any file)."""
-    return _redact.redact_json_text(text)
-
-
 @attrs.define(eq=False)
 class RunStore:
     """The one writer of a run directory; make it with :func:`open_run_store`.
@@ -190,43 +130,33 @@ class RunStore:
         init=False, default=attrs.Factory(lambda self: RunLayout(self.run_dir), takes_self=True)
     )
     _sessions: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.layout.sessions, takes_self=True))
-    _index: str = attrs.field(init=False, default=attrs.Factory(lambda self: self.layout.index, takes_self=True))
-    _pending: list[Write] = attrs.Factory(list)
-    _in_flight: list[Write] = attrs.Factory(list)
-    _wake: trio.Event = attrs.Factory(trio.Event)
-    _lines: list[tuple[str, float, dict[str, Any]]] = attrs.Factory(list)
-    _lines_due: float = math.inf
-    _snapshot: dict[str, Any] | Callable[[], dict[str, Any]] | None = None
-    _snapshot_due: float = math.inf
-    _snapshot_written: float = -math.inf
-    _deadline: float = math.inf
-    _scopes: set[trio.CancelScope] = attrs.Factory(set)
-    _closed: bool = False
-    _failure: str | None = None
-    _notes: list[str] = attrs.Factory(list)
-    # The files of each task this store wrote (its record, its checkpoints), so
-    # that a record's clean-up knows its targets without listing directories
-    # (complete only in a run directory it created).
-    _written: dict[str, set[str]] = attrs.Factory(dict)
-    # Keys this version does not know, to write again with values read back (see carry).
-    _carried: dict[int, tuple[Any, Overlay]] = attrs.Factory(dict)
+    _committer: Committer = attrs.field(
+        init=False,
+        default=attrs.Factory(lambda self: Committer(self._disk, self.layout, self._known_dirs), takes_self=True),
+    )
+    _records: TaskRecords = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda self: TaskRecords(self._disk, self.layout, self._fresh, self._committer), takes_self=True
+        ),
+    )
 
     @property
     def failure(self) -> str | None:
         """The first error of a write nobody waited for (``progress.jsonl``,
         ``progress.json``), as one line; None while there was none."""
-        return self._failure
+        return self._committer.failure
 
     @property
     def closed(self) -> bool:
         """The store refuses writes and events (it is closing or closed)."""
-        return self._closed
+        return self._committer.closed
 
     @property
     def notes(self) -> list[str]:
         """Problems that did not fail a write, for ``run_info.json``: e.g. a
         checkpoint that could not be removed after its record was saved."""
-        return list(self._notes)
+        return list(self._committer.notes)
 
     # -- progress (non-blocking) --------------------------------------------
 
@@ -239,11 +169,7 @@ class RunStore:
         JSON cannot hold is written as text; fields named ``event`` or ``t``
         are overridden. All queued lines are on disk once the store closed.
         """
-        self._check_open()
-        self._lines.append((kind, self._disk.now(), fields))
-        if self._lines_due == math.inf:
-            self._lines_due = trio.current_time() + PROGRESS_BATCH_SECONDS
-            self._wake.set()
+        self._committer.event(kind, fields)
 
     def set_progress(self, snapshot: dict[str, Any] | Callable[[], dict[str, Any]]) -> None:
         """Make ``snapshot`` the next ``progress.json`` (total, pending, active,
@@ -253,12 +179,7 @@ class RunStore:
         :data:`PROGRESS_INTERVAL` seconds and at close. A callable is called
         when the snapshot is written.
         """
-        self._check_open()
-        self._snapshot = snapshot if callable(snapshot) else dict(snapshot)
-        if self._snapshot_due == math.inf:
-            now = trio.current_time()
-            self._snapshot_due = max(now + PROGRESS_BATCH_SECONDS, self._snapshot_written + PROGRESS_INTERVAL)
-            self._wake.set()
+        self._committer.set_progress(snapshot)
 
     # -- durable writes -------------------------------------------------------
 
@@ -276,35 +197,27 @@ class RunStore:
 
     async def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` as indented JSON to ``name`` (relative to the run directory)."""
-        payload = _mask(_PRETTY.encode(unstructure(data))) + "\n"
-        await self._write([Write(self._path(name), payload.encode())])
+        payload = mask(pretty(unstructure(data))) + "\n"
+        await self._committer.write([Write(self._path(name), payload.encode())])
 
     async def write_text(self, name: str, text: str) -> None:
         """Write ``text`` (UTF-8) to ``name`` (relative to the run directory)."""
         data = _redact.redact(text).encode("utf-8", "backslashreplace")
-        await self._write([Write(self._path(name), data)])
+        await self._committer.write([Write(self._path(name), data)])
 
     async def save_checkpoint(self, task_id: str, record: AttemptRecord) -> None:
         """Write ``tasks/<key>/attempt-<n>/checkpoint.json`` for an evaluated
         attempt: ``{"task_id": ..., "record": <AttemptRecord>}``, ``n`` being
         ``record.attempt``."""
-        attempt = unstructure(record)
-        if self._carried:
-            self._put_back(record, attempt)
-        key = task_key(task_id)
-        chunks = self._chunk_writes(key, [attempt])
-        data = _mask(_compact({"task_id": task_id, "record": attempt, "format": FORMAT}))
-        path = self.layout.checkpoint(key, record.attempt)
-        self._written.setdefault(task_id, set()).add(path)
-        await self._write([*chunks, Write(path, data.encode())])
+        await self._records.save_checkpoint(task_id, record)
 
     async def save_plan(self, task_id: str, attempt: int, plan: Any) -> None:
         """Write ``tasks/<key>/attempt-<n>/plan.json`` (``{"task_id", "attempt",
         "plan", "format"}``, the plan unstructured and masked as in records);
         returns once it is durable, so the caller opens the attempt's
         environment only then."""
-        data = _compact({"task_id": task_id, "attempt": attempt, "plan": unstructure(plan), "format": FORMAT})
-        await self._write([Write(self.layout.plan(task_key(task_id), attempt), _mask(data).encode())])
+        data = compact({"task_id": task_id, "attempt": attempt, "plan": unstructure(plan), "format": FORMAT})
+        await self._committer.write([Write(self.layout.plan(task_key(task_id), attempt), mask(data).encode())])
 
     async def save_retry(self, task_id: str, attempt: int, try_number: int, data: dict[str, Any]) -> None:
         """Write a discarded try to ``tasks/<key>/attempt-<n>/retries/<try_number>.json``.
@@ -313,16 +226,16 @@ class RunStore:
         ``retry_delay_seconds``, redacted plan); the task id and the results
         ``format`` are added to it.
         """
-        payload = _mask(_compact({"task_id": task_id, **unstructure(data), "format": FORMAT}))
+        payload = mask(compact({"task_id": task_id, **unstructure(data), "format": FORMAT}))
         path = self.layout.retry(task_key(task_id), attempt, try_number)
-        await self._write([Write(path, payload.encode())])
+        await self._committer.write([Write(path, payload.encode())])
 
     async def save_logs(self, task_id: str, attempt: int, files: dict[str, bytes]) -> None:
         """Write an attempt's kept logs under ``tasks/<key>/attempt-<n>/logs/``
         (``files``: safe relative path -> bytes, see ``_logs.take_logs``), each
         passed through the one redaction (a session's log may hold what it was given)."""
         top = self.layout.logs(task_key(task_id), attempt)
-        await self._write(
+        await self._committer.write(
             [Write(os.path.join(top, *rel.split("/")), _redact.redact_bytes(data)) for rel, data in files.items()]
         )
 
@@ -330,8 +243,8 @@ class RunStore:
         """Write attempts' ATIF trajectories (attempt -> document) in one batch,
         ``tasks/<key>/attempt-<n>/agent/trajectory.json``, each masked."""
         key = task_key(task_id)
-        await self._write(
-            [Write(self.layout.agent_trajectory(key, n), _mask(_compact(d)).encode()) for n, d in documents.items()]
+        await self._committer.write(
+            [Write(self.layout.agent_trajectory(key, n), mask(compact(d)).encode()) for n, d in documents.items()]
         )
 
     async def save_task(self, record: TaskRecord, data: bytes | None = None) -> None:
@@ -341,7 +254,7 @@ class RunStore:
         already masked, e.g. a reused record's file). Once it is durable the
         task's checkpoints and its record under another severity are removed.
         """
-        await self._save_tasks([(record, data)])
+        await self._records.save([(record, data)])
 
     async def link_tasks(self, links: list[tuple[TaskRecord, str, bytes]]) -> None:
         """Store records whose files already exist elsewhere, unchanged and
@@ -358,22 +271,7 @@ class RunStore:
         fresh run directory: there no older record of the task can lose a
         "newest record wins" contest against the shared older mtime.
         """
-        if self._fresh:
-            targets = []
-            for record, source, _ in links:
-                targets.append((source, self._record_path(record.severity, record.task_id)))
-                self._written.setdefault(record.task_id, set()).add(targets[-1][1])
-            failed = set(range(len(links)))  # until the links are known durable
-            try:
-                failed = await self._run(_commit.link, self._disk, targets)
-            finally:
-                for index in failed:
-                    self._written[links[index][0].task_id].discard(targets[index][1])
-            for k, (record, _, data) in enumerate(links):
-                if k not in failed:
-                    self._queue(self._index_line(record, None, data))
-            links = [links[index] for index in sorted(failed)]
-        await self._save_tasks([(record, data) for record, _, data in links])
+        await self._records.link(links)
 
     async def journal_session(
         self,
@@ -402,20 +300,13 @@ class RunStore:
             entry["name"] = name
         entry["handle"] = handle
         entry["t"] = self._disk.now()
-        write = Write(self._sessions, (_mask(_compact(entry)) + "\n").encode(), append=True)
+        write = Write(self._sessions, (mask(compact(entry)) + "\n").encode(), append=True)
         if durable:
-            await self._write([write])
+            await self._committer.write([write])
         else:
-            self._queue(write)
+            self._committer.queue(write)
 
     # -- helpers ----------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("the run store is closed")
-
-    def _record_path(self, severity: str, task_id: str) -> str:
-        return self.layout.record(severity, task_key(task_id))
 
     def _path(self, name: str) -> str:
         """``name``: a path of :attr:`layout`, or one relative to the run directory."""
@@ -426,175 +317,19 @@ class RunStore:
             raise ValueError(f"{name!r} is not a path inside the run directory")
         return str(self.run_dir / relative)
 
-    async def _save_tasks(self, records: list[tuple[TaskRecord, bytes | None]]) -> None:
-        """Write task records (see :meth:`save_task`), all in the same batches."""
-        self._check_open()
-        for record, _ in records:
-            if record.severity not in SEVERITIES:
-                raise ValueError(f"unknown task severity {record.severity!r}")
-        writes = []
-        chunks: list[Write] = []
-        lines: list[Write] = []
-        for record, data in records:
-            task_id = record.task_id
-            if data is None:
-                unstructured = unstructure(record)
-                if self._carried:
-                    self._put_back(record, unstructured)
-                chunks += self._chunk_writes(task_key(task_id), unstructured["attempts"])
-                unstructured["format"] = FORMAT
-                data = _mask(_compact(unstructured)).encode()
-            else:
-                unstructured = None
-            lines.append(self._index_line(record, unstructured, data))
-            path = self._record_path(record.severity, task_id)
-            # No sync for the removals: if a crash undoes one, readers still
-            # prefer the record (and the newest of two, see _load).
-            if self._fresh:
-                older = self._written.pop(task_id, set()) - {path}
-                write = Write(path, data, remove=tuple(sorted(older)))
-            else:  # files of an earlier writer may be anywhere
-                others = tuple(self._record_path(s, task_id) for s in SEVERITIES if s != record.severity)
-                write = Write(path, data, remove=others, sweep=(self.layout, task_key(task_id)))
-            self._written[task_id] = {path}
-            writes.append(write)
-        try:
-            # Index lines are not waited for (the index only speeds readers
-            # up, see _index); the chunks are renamed before the records naming them.
-            for line in lines:
-                self._queue(line)
-            await self._write([*chunks, *writes])
-        finally:
-            for write, (record, _) in zip(writes, records, strict=True):
-                if write.error is not None:  # maybe not written: a later save still cleans up all
-                    self._written.setdefault(record.task_id, set()).update(write.remove)
-
     def carry(self, unknown: list[tuple[Any, Overlay]]) -> None:
         """Write with each value of ``unknown`` (a record or an attempt read
         back, see ``LoadedRun.unknown``) the keys it held that this version
         does not know, whenever it is saved (e.g. copied by ``--reuse``)."""
-        for value, overlay in unknown:
-            self._carried[id(value)] = (value, overlay)
-
-    def _put_back(self, record: TaskRecord | AttemptRecord, unstructured: dict[str, Any]) -> None:
-        """Merge the carried keys of ``record`` (and of its attempts) into its JSON form."""
-        found = self._carried.get(id(record))
-        if found is not None and found[0] is record:
-            merge(unstructured, found[1])
-        if isinstance(record, TaskRecord):
-            for attempt, data in zip(record.attempts, unstructured["attempts"], strict=True):
-                found = self._carried.get(id(attempt))
-                if found is not None and found[0] is attempt:
-                    merge(data, found[1])
-
-    def _index_line(self, record: TaskRecord, unstructured: Any, data: bytes) -> Write:
-        """The ``index.jsonl`` line of a record saved as ``data`` (see
-        ``_index``); ``unstructured`` is its JSON form, None to parse ``data``."""
-        if unstructured is None:
-            try:
-                unstructured = orjson.loads(data)
-            except orjson.JSONDecodeError:  # a lone surrogate, escaped
-                unstructured = json.loads(data.decode("utf-8", "surrogateescape"))
-        line = {"bytes": len(data), **task_row(unstructured)}
-        return Write(self._index, (_mask(_compact(line)) + "\n").encode(), append=True)
-
-    def _chunk_writes(self, key: str, attempts: list[Any]) -> list[Write]:
-        """The files of the long trajectories of ``attempts`` (unstructured,
-        each replaced by its reference), each masked on its own."""
-        return [Write(path, _mask(_compact(messages)).encode())
-                for path, messages in split_trajectories(attempts, self.layout, key)]
-
-    def _queue(self, write: Write) -> None:
-        self._check_open()
-        self._pending.append(write)
-        self._wake.set()
-
-    async def _write(self, writes: list[Write]) -> None:
-        """Queue ``writes``; return once every one is done, raising the first error."""
-        done = []
-        for write in writes:
-            write.done = trio.Event()
-            done.append(write.done)
-            self._queue(write)
-        for event in done:
-            await event.wait()
-        for write in writes:
-            if write.error is not None:
-                # A fresh exception per caller: one error may fail a whole batch.
-                err = write.error
-                if isinstance(err, OSError):
-                    raise OSError(err.errno, err.strerror, err.filename) from err
-                raise RuntimeError("the run store failed to write") from err
-
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the disk, shielded until the close deadline."""
-        with trio.CancelScope(shield=True, deadline=self._deadline) as scope:
-            self._scopes.add(scope)
-            try:
-                return await self._disk.run(fn, *args)
-            finally:
-                self._scopes.discard(scope)
-        raise timed_out()
-
-    def _set_deadline(self, deadline: float) -> None:
-        self._deadline = deadline
-        for scope in self._scopes:
-            scope.deadline = deadline
-
-    # -- the committer -----------------------------------------------------------
-
-    async def _committer(self) -> None:
-        while True:
-            with trio.move_on_at(min(self._lines_due, self._snapshot_due)):
-                await self._wake.wait()
-            await self._commit(final=False)
-
-    def _has_work(self) -> bool:
-        return bool(self._pending or self._lines or self._snapshot is not None)
-
-    async def _commit(self, *, final: bool) -> None:
-        """Take what is queued and make it durable (one batch)."""
-        self._wake = trio.Event()
-        now = trio.current_time()
-        batch, self._pending = self._pending, []
-        lines: list[tuple[str, float, dict[str, Any]]] = []
-        if final or batch or now >= self._lines_due:
-            lines, self._lines, self._lines_due = self._lines, [], math.inf
-        snapshot = None
-        if self._snapshot is not None and (final or now >= self._snapshot_due):
-            snapshot, self._snapshot, self._snapshot_due = self._snapshot, None, math.inf
-            self._snapshot_written = now
-            if callable(snapshot):
-                snapshot = snapshot()
-        if not (batch or lines or snapshot is not None):
-            return
-        unattended = []  # writes nobody waits for
-        if lines:
-            unattended.append(Write(self.layout.progress_lines, _encode_lines(lines), append=True))
-        if snapshot is not None:
-            unattended.append(Write(self.layout.progress, (_PRETTY.encode(snapshot) + "\n").encode()))
-        self._in_flight = batch
-        try:
-            self._notes.extend(await self._run(_commit.commit, self._disk, batch + unattended, self._known_dirs))
-        except Exception as exc:  # noqa: BLE001 - out of grace or a bug: every write of the batch fails
-            for write in (*batch, *unattended):
-                write.error = write.error or exc
-        finally:
-            self._in_flight = []
-            for write in unattended:
-                if write.error is not None and self._failure is None:
-                    self._failure = f"could not write progress: {write.error}".splitlines()[0]
-            for write in batch:
-                if write.done is not None:
-                    write.done.set()
+        self._records.carry(unknown)
 
     @classmethod
     def _open_sync(cls, disk: Disk, output_root: Path, request_name: str, run_id: str | None) -> RunStore:
-        _check_name(request_name, "request name")
+        check_name(request_name, "request name")
         request_dir = Path(output_root) / request_name
         disk.makedirs(str(request_dir))
         if run_id is not None:
-            _check_name(run_id, "run id")
+            check_name(run_id, "run id")
             run_dir = request_dir / run_id
             fresh = disk.mkdir(str(run_dir))
         else:  # a fresh id until one is free: two runs may start in the same millisecond
@@ -616,18 +351,6 @@ class RunStore:
             lock.close()
             raise
         return cls(run_dir=run_dir, disk=disk, fresh=fresh, lock=lock, known_dirs={str(run_dir), *subdirs})
-
-
-def _encode_lines(events: list[tuple[str, float, dict[str, Any]]]) -> bytes:
-    """``progress.jsonl`` lines, masked as one text (no pattern spans a line:
-    JSON escapes every newline inside a string)."""
-    lines = []
-    for kind, now, fields in events:
-        if "event" in fields or "t" in fields:
-            fields = {name: value for name, value in fields.items() if name != "event" and name != "t"}
-        lines.append(_compact({"event": kind, "t": now, **fields}))
-    lines.append("")
-    return _mask("\n".join(lines)).encode()
 
 
 @contextlib.asynccontextmanager
@@ -659,24 +382,16 @@ async def open_run_store(
     _OPEN_STORES.add(store)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store._committer)
+            nursery.start_soon(store._committer.serve)
             try:
                 yield store
             finally:
-                store._set_deadline(close_deadline())
+                store._committer.set_deadline(close_deadline())
                 nursery.cancel_scope.cancel()  # a batch in flight finishes (shielded)
     finally:
         try:
             # Writes queued meanwhile (by tasks ending at the same deadline) still go.
-            with trio.move_on_at(close_deadline(), shield=True):
-                while store._has_work():
-                    await store._commit(final=True)
+            await store._committer.close(close_deadline())
         finally:
-            store._closed = True
-            leftovers, store._pending = store._pending, []
-            for write in leftovers:
-                write.error = OSError(errno.ECANCELED, "run store closed before this write")
-                if write.done is not None:
-                    write.done.set()
             _OPEN_STORES.discard(store)
             store._lock.close()

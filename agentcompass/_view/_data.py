@@ -19,26 +19,27 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._store._formats import Undetermined, upgrade
-from .._store._index import task_row
 from .._store._keys import task_key
 from .._store._layout import SEVERITIES, RunLayout, has_run_info, is_run_dir
-from .._store._load import IndexReader, attempt_numbers, list_records, read_retries, stat_key
+from .._store._load import attempt_numbers, read_retries, stat_key
 from .._store._metrics import reduce_attempt_values
+from ._live import LiveProgress
+from ._live import writer_alive as writer_alive
 from ._logs import list_logs, read_log
-from ._trajectory import CHUNK_STEPS, LARGE_RECORD, RawJSON, Trajectory, read_record
+from ._record_cache import RECORD_CACHE_CHARS as RECORD_CACHE_CHARS
+from ._record_cache import RecordCache
+from ._rows import TaskRows, read_json
+from ._trajectory import CHUNK_STEPS, RawJSON, Trajectory
+from ._trajectory import LARGE_RECORD as LARGE_RECORD  # noqa: F401 - imported from here by tests
+from ._trajectory import read_record as read_record  # noqa: F401 - imported from here by tests
 
 __all__ = ["CHUNK_STEPS", "RunData", "find_runs", "writer_alive"]
 
-#: Characters of parsed records (trajectory chunks as JSON text) kept per run.
-RECORD_CACHE_CHARS = 256 * 1024 * 1024
 #: How long a run page request reads rows before answering with placeholders.
 ROW_BUDGET_SECONDS = 0.3
 _PRIMARY_FALLBACK = ("reward", "passed", "correct", "score", "accuracy")
@@ -73,11 +74,6 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
-def _read_json(path: str | Path) -> Any:
-    with open(path, "rb") as f:
-        return json.loads(f.read())
-
-
 class RunData:
     """One run directory as the viewer sees it (blocking reads: call from
     worker threads; the caches are shared under a lock)."""
@@ -85,17 +81,25 @@ class RunData:
     def __init__(self, run_dir: Path, *, record_cache_chars: int = RECORD_CACHE_CHARS) -> None:
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(self.run_dir)
-        self._lock = threading.Lock()
-        self._rows: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}  # file -> (stat, row)
-        self._records: OrderedDict[str, tuple[tuple[int, int], Any, int]] = OrderedDict()  # file -> (stat, value, chars)
-        self._record_chars = 0
-        self._record_cache_chars = record_cache_chars
-        self._loading: dict[str, threading.Lock] = {}
-        #: Files parsed in full so far (records and checkpoints): what the cache saves.
-        self.records_read = 0
-        self._progress: tuple[tuple[int, int], dict[str, Any]] | None = None
-        self._files: tuple[tuple[tuple[int, int] | None, ...], dict[str, tuple[str, str, tuple[int, int]]]] | None = None
-        self._index = IndexReader(self.layout)
+        self._cache = RecordCache(record_cache_chars)
+        self._rows = TaskRows(self.layout, self._cache)
+        self._progress = LiveProgress(self.layout.progress_lines)
+
+    @property
+    def records_read(self) -> int:
+        """Files parsed in full so far (records and checkpoints): what the cache saves."""
+        return self._cache.records_read
+
+    def warm(self, check: Callable[[], None] = lambda: None) -> None:
+        """Read every row ahead of the page requests (see :meth:`TaskRows.warm <._rows.TaskRows.warm>`)."""
+        self._rows.warm(check)
+
+    def _load(self, path: str, stat: tuple[int, int], key: str) -> Any:
+        """The parsed file at ``path``, from the bounded cache or read once."""
+        return self._cache.load(path, stat, lambda attempt, index: self.layout.chunk(key, attempt, index))
+
+    def _live(self) -> dict[str, Any]:
+        return self._progress.read()
 
     # ------------------------------------------------------------ run page
 
@@ -141,7 +145,7 @@ class RunData:
         metrics = self._optional_json(self.layout.metrics)
         progress = self._optional_json(self.layout.progress)
         series = list(((metrics or {}).get("series") or {}).keys())
-        rows, pending = self._task_rows(budget)
+        rows, pending = self._rows.rows(budget)
         if not series:
             series = _guess_series([r for r in rows if r is not None and "pending" not in r])
         primary = series[0] if series else None
@@ -164,10 +168,20 @@ class RunData:
             for name, amount in row["timings"].items():
                 timings[name] += amount
             retries += row["retries"]
-            tasks.append([
-                row["task_id"], row["key"], row["category"], row["severity"], row["statuses"],
-                value, row["codes"], row["retries"], row["attempts"], round(row["seconds"], 3),
-            ])
+            tasks.append(
+                [
+                    row["task_id"],
+                    row["key"],
+                    row["category"],
+                    row["severity"],
+                    row["statuses"],
+                    value,
+                    row["codes"],
+                    row["retries"],
+                    row["attempts"],
+                    round(row["seconds"], 3),
+                ]
+            )
         for task_id in live["active"]:
             if task_id not in done:
                 state = "running" if header["status"] == "running" else "unfinished"
@@ -189,23 +203,20 @@ class RunData:
             "timings": {k: round(v, 3) for k, v in timings.items()},
             "retries": retries,
             "pending": pending,
-            "columns": ["task_id", "key", "category", "severity", "statuses", "value", "codes",
-                        "retries", "attempts", "seconds"],
+            "columns": [
+                "task_id",
+                "key",
+                "category",
+                "severity",
+                "statuses",
+                "value",
+                "codes",
+                "retries",
+                "attempts",
+                "seconds",
+            ],
             "tasks": tasks,
         }
-
-    def warm(self, check: Callable[[], None] = lambda: None) -> None:
-        """Read every row, small records first then large ones (whose parsed
-        form the cache keeps for their attempt pages), from the end of the
-        listing: a page request reads from its start, so the two rarely
-        read the same record."""
-        files = self._detail_files()
-        small = [k for k, (_, _, st) in files.items() if st[1] < LARGE_RECORD]
-        large = [k for k, (_, _, st) in files.items() if st[1] >= LARGE_RECORD]
-        for key in sorted(small, reverse=True) + sorted(large, key=lambda k: files[k][2][1]):
-            check()
-            path, _, stat = files[key]
-            self._row_of(key, path, stat)
 
     def _run_info(self) -> dict[str, Any]:
         info = self._optional_json(self.layout.run_info)
@@ -213,119 +224,9 @@ class RunData:
 
     def _optional_json(self, path: str) -> Any:
         try:
-            return _read_json(path)
+            return read_json(path)
         except (OSError, ValueError):
             return None
-
-    def _detail_files(self) -> dict[str, tuple[str, str, tuple[int, int]]]:
-        """Task key -> (path, severity, stat) of its countable record (the
-        newest if two).
-
-        Cached until one of the ``details/<severity>`` directories changes
-        (the store renames records into them, which updates their mtime)."""
-        stamp = tuple(stat_key(self.layout.severity_dir(s)) for s in SEVERITIES)
-        with self._lock:
-            if self._files is not None and self._files[0] == stamp:
-                return self._files[1]
-        files = self._scan_details()
-        with self._lock:
-            self._files = (stamp, files)
-        return files
-
-    def _scan_details(self) -> dict[str, tuple[str, str, tuple[int, int]]]:
-        return list_records(self.layout)
-
-    def _task_rows(self, budget: float | None) -> tuple[list[dict[str, Any]], int]:
-        files = self._detail_files()
-        index = self._read_index()
-        deadline = None if budget is None else time.monotonic() + budget
-        rows = []
-        pending = 0
-        for key, (path, severity, stat) in sorted(files.items()):
-            with self._lock:
-                cached = self._rows.get(path)
-            if cached is not None and cached[0] == stat:
-                rows.append(cached[1])
-                continue
-            line = index.get(key)
-            if line is not None and line["severity"] == severity and line["bytes"] == stat[1]:
-                rows.append(line)
-                continue
-            if deadline is not None and (stat[1] >= LARGE_RECORD or time.monotonic() > deadline):
-                rows.append(_placeholder(key, severity))
-                pending += 1
-                continue
-            row = self._row_of(key, path, stat)
-            if row is not None:
-                rows.append(row)
-        with self._lock:
-            paths = {path for path, _, _ in files.values()}
-            for path in [p for p in self._rows if p not in paths]:
-                del self._rows[path]
-        return rows, pending
-
-    def _read_index(self) -> dict[str, dict[str, Any]]:
-        """``index.jsonl``'s last valid line per task key (see ``_store._index``)."""
-        with self._lock:
-            return self._index.read()
-
-    def _row_of(self, key: str, path: str, stat: tuple[int, int]) -> dict[str, Any] | None:
-        with self._lock:
-            cached = self._rows.get(path)
-        if cached is not None and cached[0] == stat:
-            return cached[1]
-        try:
-            if stat[1] >= LARGE_RECORD:
-                record = self._load(path, stat, key)
-            else:
-                record = _read_json(path)
-            row = {**task_row(record), "key": key}
-        except (OSError, ValueError, TypeError, AttributeError, KeyError):
-            return None
-        with self._lock:
-            self._rows[path] = (stat, row)
-        return row
-
-    def _live(self) -> dict[str, Any]:
-        """Active tasks and the last event, from ``progress.jsonl``."""
-        path = self.layout.progress_lines
-        stat = stat_key(path)
-        if stat is None:
-            return {"running": False, "active": [], "events": 0, "last": None}
-        with self._lock:
-            if self._progress is not None and self._progress[0] == stat:
-                return self._progress[1]
-        started: dict[str, None] = {}
-        finished: set[str] = set()
-        running = False
-        events = 0
-        last = None
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by a crash
-                events += 1
-                kind = event.get("event")
-                last = {"event": kind, "t": event.get("t")}
-                if kind == "run_started":
-                    running = True
-                elif kind == "run_finished":
-                    running = False
-                elif kind == "task_started":
-                    started[str(event.get("task"))] = None
-                elif kind == "task_finished":
-                    finished.add(str(event.get("task")))
-        live = {
-            "running": running,
-            "active": [t for t in started if t not in finished],
-            "events": events,
-            "last": last,
-        }
-        with self._lock:
-            self._progress = (stat, live)
-        return live
 
     def _checkpointed(self, task_id: str) -> tuple[str | None, list[Any]]:
         """The key and attempt statuses of a task that so far only has
@@ -424,16 +325,22 @@ class RunData:
         return Path(self.layout.logs(key, n))
 
     def task_keys(self) -> list[str]:
-        return sorted(self._detail_files())
+        return sorted(self._rows.detail_files())
 
     def _record(self, key: str) -> dict[str, Any] | None:
-        found = self._detail_files().get(key)
+        found = self._rows.detail_files().get(key)
         if found is None:
             attempts = self._checkpoints(key)
             if not attempts:
                 return None
-            return {"task_id": _task_id_of(attempts) or key, "key": key, "category": None,
-                    "severity": None, "checkpointed": True, "attempts": attempts}
+            return {
+                "task_id": _task_id_of(attempts) or key,
+                "key": key,
+                "category": None,
+                "severity": None,
+                "checkpointed": True,
+                "attempts": attempts,
+            }
         path, _, stat = found
         try:
             record = self._load(path, stat, key)
@@ -441,52 +348,9 @@ class RunData:
             return None
         return record if isinstance(record, dict) else None
 
-    def _load(self, path: str, stat: tuple[int, int], key: str) -> Any:
-        """The parsed file at ``path`` with its trajectories as
-        :class:`Trajectory`, from the bounded cache or read once (two
-        threads asking for the same file wait for one read)."""
-        with self._lock:
-            cached = self._records.get(path)
-            if cached is not None and cached[0] == stat:
-                self._records.move_to_end(path)
-                return cached[1]
-            gate = self._loading.setdefault(path, threading.Lock())
-        with gate:
-            with self._lock:
-                cached = self._records.get(path)
-                if cached is not None and cached[0] == stat:
-                    self._records.move_to_end(path)
-                    return cached[1]
-            try:
-                value, chars = read_record(path, lambda attempt, index: self.layout.chunk(key, attempt, index))
-                value = _current_shape(value)
-                with self._lock:
-                    self.records_read += 1
-            finally:
-                with self._lock:
-                    self._loading.pop(path, None)
-            with self._lock:
-                old = self._records.pop(path, None)
-                if old is not None:
-                    self._record_chars -= old[2]
-                self._records[path] = (stat, value, chars)
-                self._record_chars += chars
-                while self._record_chars > self._record_cache_chars and len(self._records) > 1:
-                    _, (_, _, freed) = self._records.popitem(last=False)
-                    self._record_chars -= freed
-            return value
-
     def _discarded(self, key: str) -> list[dict[str, Any]]:
         """Discarded tries of every attempt, in attempt then try order."""
         return read_retries(self.layout, key)
-
-
-def _current_shape(record: Any) -> Any:
-    """A record of any results format as the store reads it (``_formats``): the viewer shows what ``show`` does."""
-    try:
-        return upgrade(record, "record")
-    except Undetermined:  # shown as written: the store does not reuse it, the viewer still lists it
-        return record
 
 
 def _task_id_of(attempts: list[dict[str, Any]]) -> str | None:
@@ -495,28 +359,6 @@ def _task_id_of(attempts: list[dict[str, Any]]) -> str | None:
         if isinstance(plan, dict) and isinstance(plan.get("task_id"), str):
             return plan["task_id"]
     return None
-
-
-def _placeholder(key: str, severity: str) -> dict[str, Any]:
-    """A row not read yet: what the listing tells (key and severity)."""
-    return {"task_id": key, "key": key, "category": None, "severity": severity, "statuses": ["loading"],
-            "codes": [], "values": [], "usage": {}, "timings": {}, "seconds": 0.0, "retries": 0,
-            "attempts": 0, "pending": True}
-
-
-def writer_alive(run_dir: Path) -> bool | None:
-    """Whether a process holds the run directory's writer lock (the store's
-    ``flock``), read from ``/proc/locks`` so the viewer never takes a lock
-    itself; None where that cannot be told (no ``/proc/locks``)."""
-    try:
-        st = os.stat(run_dir)
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            lines = f.readlines()
-    except OSError:
-        return None
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    return any(len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == ident
-               for fields in (line.split() for line in lines))
 
 
 def _ref_id(ref: Any) -> str | None:

@@ -50,17 +50,11 @@ one kill loop). Sessions closing at the same time share their passes over ``/pro
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import math
 import os
 import posixpath
 import re
 import secrets
-import shutil
-import tempfile
-import time
 from collections.abc import Callable, Collection
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
@@ -78,7 +72,6 @@ from agentcompass.runtime import (
     IssueError,
     NetworkPolicy,
     OutputCallback,
-    OutputStream,
     cleanup_deadline,
     exec_keeping_tails,
     read_beneath,
@@ -86,32 +79,21 @@ from agentcompass.runtime import (
 )
 
 from ._child import Child, spawn
+from ._pipe import Pipe
 from ._procs import SANDBOX_ENV, SANDBOX_NAME_ENV, Marked, kill_marked
+from ._sandbox_dirs import DIR_PREFIX as DIR_PREFIX
+from ._sandbox_dirs import MARKER_FILE as MARKER_FILE
+from ._sandbox_dirs import SUBDIRS as SUBDIRS
+from ._sandbox_dirs import is_leftover_sandbox, make_sandbox, remove_sandbox, tagged_sandboxes
 
 __all__ = ["LocalEnvironment", "LocalSession"]
 
-#: The sandbox subdirectories; each is also a virtual root (``/app`` ...) for file paths.
-SUBDIRS = ("app", "tests", "logs", "solution")
-#: Created at open; ``reap`` removes only directories that carry it.
-MARKER_FILE = ".agentcompass-sandbox"
-#: Prefix of every sandbox directory, followed by the session name.
-DIR_PREFIX = "agentcompass-local-"
 _NAME = re.compile(r"[a-z0-9-]{1,40}")
 #: What every process of a session starts from besides the sandbox's own
 #: variables (``HOME`` is set to the sandbox directory at open).
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 #: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
 TIMEOUT_EXIT_CODE = 124
-
-_CHUNK = 65536
-# A pipe that a read fills is given this much buffer where the kernel allows
-# (Linux, within the user's pipe quota): the command and the reader then take
-# turns 16 times less often (bench scenario remote_stream).
-_BUSY_PIPE_BYTES = 1 << 20
-# After the command exits, how long to keep waiting for output that a background
-# process holding the pipes might still write; exec never waits for its EOF.
-# Time spent handing output to a streaming consumer is not counted.
-_DRAIN_SECONDS = 0.5
 
 
 def _fail(message: str) -> IssueError:
@@ -180,7 +162,7 @@ class LocalEnvironment(BaseEnvironment):
             name = f"local-{secrets.token_hex(4)}"
         elif not _NAME.fullmatch(name):
             raise _fail(f"session name {name!r} is not 1-40 characters of [a-z0-9-]")
-        root = await trio.to_thread.run_sync(_make_sandbox, options.root, name)
+        root = await trio.to_thread.run_sync(make_sandbox, options.root, name)
         # No checkpoint between making the directory and handing over the session
         # that owns it, so a cancellation cannot leak it.
         return LocalSession(root, options.max_output_bytes, name, options.env)
@@ -192,9 +174,9 @@ class LocalEnvironment(BaseEnvironment):
         path = handle.get("path") if isinstance(handle, dict) else None
         if not isinstance(path, str) or not os.path.isabs(path):
             raise IssueError("warning", "cleanup_failed", f"not a local sandbox handle: {handle!r}")
-        if await trio.to_thread.run_sync(_is_leftover_sandbox, path):
+        if await trio.to_thread.run_sync(is_leftover_sandbox, path):
             await kill_marked(_in_sandboxes({path}))
-            await trio.to_thread.run_sync(_remove_sandbox, path)
+            await trio.to_thread.run_sync(remove_sandbox, path)
 
     async def sweep(self, tag: str) -> None:
         """Kill every process and remove every sandbox directory under ``root``
@@ -204,12 +186,12 @@ class LocalEnvironment(BaseEnvironment):
         its empty subdirectories and marker is removed even without a marker."""
         if not tag or not _NAME.fullmatch(tag):
             raise ValueError(f"sweep tag {tag!r} is not 1-40 characters of [a-z0-9-]")
-        paths = await trio.to_thread.run_sync(_tagged_sandboxes, self.options.root, tag)
+        paths = await trio.to_thread.run_sync(tagged_sandboxes, self.options.root, tag)
         # Also the processes of a sandbox whose directory is already gone.
         in_paths = _in_sandboxes(paths)
         await kill_marked(lambda p: in_paths(p) or (p.name is not None and p.name.startswith(tag)))
         for path in paths:
-            await trio.to_thread.run_sync(_remove_sandbox, path)
+            await trio.to_thread.run_sync(remove_sandbox, path)
 
 
 class LocalSession(EnvironmentSession):
@@ -334,7 +316,7 @@ class LocalSession(EnvironmentSession):
             raise _fail(f"could not start {argv[0]!r}: {exc}") from None
         # start_new_session makes the child a group leader: its pid is the pgid.
         self._pgids.add(child.pid)
-        pipes = (_Pipe("stdout", child.stdout), _Pipe("stderr", child.stderr))
+        pipes = (Pipe("stdout", child.stdout), Pipe("stderr", child.stderr))
         timed_out = False
         try:
             self._check_open()  # close() may have run while the process was starting
@@ -438,172 +420,10 @@ class LocalSession(EnvironmentSession):
         # that will not die): killing and removing are safe to leave running,
         # and an interrupted close is finished by another close or by reap.
         await kill_marked(_in_sandboxes({root}), set(self._pgids))
-        await trio.to_thread.run_sync(_remove_sandbox, root, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(remove_sandbox, root, abandon_on_cancel=True)
         self._removed = True
-
-
-class _Pipe:
-    """One output pipe of an exec: read until EOF or, once the command has
-    exited, until :data:`_DRAIN_SECONDS` of waiting for more have passed."""
-
-    def __init__(self, name: OutputStream, stream: trio.lowlevel.FdStream):
-        self._name: OutputStream = name
-        self._stream = stream
-        self._wait_left = math.inf
-        self._waiting_since = 0.0
-        self._scope: trio.CancelScope | None = None
-        self._read_size = _CHUNK
-        self._grown = False
-
-    def command_exited(self) -> None:
-        now = trio.current_time()
-        self._wait_left, self._waiting_since = _DRAIN_SECONDS, now
-        if self._scope is not None:  # waiting right now: from now on, for at most the drain
-            self._scope.deadline = now + _DRAIN_SECONDS
-
-    async def pump(self, on_output: OutputCallback) -> None:
-        while True:
-            self._waiting_since = trio.current_time()
-            chunk = b""
-            with trio.CancelScope(deadline=self._waiting_since + self._wait_left) as self._scope:
-                chunk = await self._stream.receive_some(self._read_size)
-            self._scope = None
-            self._wait_left -= trio.current_time() - self._waiting_since
-            if not chunk:
-                return
-            if len(chunk) == _CHUNK and not self._grown:
-                self._grown = True
-                self._read_size = _grow_pipe(self._stream)
-            await on_output(self._name, chunk)
-
-
-def _grow_pipe(stream: trio.abc.ReceiveStream) -> int:
-    """Give a busy pipe a larger buffer where the kernel allows; the read size to use."""
-    fileno = getattr(stream, "fileno", None)
-    if fileno is None or not hasattr(fcntl, "F_SETPIPE_SZ"):
-        return _CHUNK
-    try:
-        return max(_CHUNK, fcntl.fcntl(fileno(), fcntl.F_SETPIPE_SZ, _BUSY_PIPE_BYTES))
-    except OSError:  # EPERM beyond the user's pipe quota: the pipe keeps its size
-        return _CHUNK
-
-
-def _make_sandbox(root: str | Path | None, name: str) -> str:
-    """Blocking: make a sandbox directory (named after the session) with its
-    subdirectories and marker."""
-    if root is not None:
-        os.makedirs(root, exist_ok=True)
-    path = os.path.realpath(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{name}-", dir=root))
-    try:
-        marker = {"provider": "local", "name": name, "pid": os.getpid(), "created": time.time()}
-        Path(path, MARKER_FILE).write_text(json.dumps(marker))
-        for sub in SUBDIRS:
-            os.mkdir(os.path.join(path, sub))
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    return path
-
-
-def _remove_sandbox(root: str) -> None:
-    """Blocking: remove a sandbox directory, the marker last, so that a
-    removal cut short can still be recognised (and reaped) later."""
-    # Every step tolerates a concurrent removal: a close whose grace ran out
-    # leaves its removal running while another close finishes the job.
-    try:
-        with os.scandir(root) as listing:
-            # The entry's type comes with the listing: no stat per entry.
-            entries = [(entry.path, entry.is_dir(follow_symlinks=False)) for entry in listing]
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for path, is_dir in entries:
-        if os.path.basename(path) == MARKER_FILE:
-            continue
-        if is_dir:
-            try:
-                os.rmdir(path)  # most subdirectories are empty: one call instead of a tree walk
-            except FileNotFoundError:
-                pass
-            except OSError:
-                _rmtree(path)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(root, MARKER_FILE))
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(root)
-
-
-def _rmtree(path: str) -> None:
-    try:
-        shutil.rmtree(path, onerror=_unless_missing)
-    except OSError:
-        # An agent may have left read-only or unreadable directories behind
-        # (chmod -R a-rwx); we own them, so grant ourselves access and retry.
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(path, 0o700)
-        for parent, subdirs, _ in os.walk(path):
-            for name in subdirs:
-                # Top-down walk: a directory is opened before os.walk descends into it.
-                if not os.path.islink(os.path.join(parent, name)):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.chmod(os.path.join(parent, name), 0o700)
-        shutil.rmtree(path, onerror=_unless_missing)
-
-
-def _unless_missing(function: Any, path: str, exc_info: Any) -> None:
-    """rmtree error handler: what another removal already took is fine."""
-    if not isinstance(exc_info[1], FileNotFoundError):
-        raise exc_info[1]
 
 
 def _in_sandboxes(roots: Collection[str]) -> Callable[[Marked], bool]:
     """Picks the processes marked with one of ``roots``."""
     return lambda process: process.sandbox in roots
-
-
-def _is_leftover_sandbox(root: str) -> bool:
-    """Blocking: whether ``root`` is a sandbox to reap (it carries the marker).
-    A missing directory is not; an empty one is what a close cut short left and
-    is removed here; anything else without the marker is refused."""
-    if not os.path.isdir(root):
-        return False
-    if os.path.isfile(os.path.join(root, MARKER_FILE)):
-        return True
-    # A close cut short by a kill removes the marker last but one: an
-    # empty directory is what is left of our sandbox, and safe to remove.
-    try:
-        os.rmdir(root)
-        return False
-    except OSError:
-        pass
-    raise IssueError("warning", "cleanup_failed", f"refusing to remove {root}: it is not a local sandbox (no marker)")
-
-
-def _tagged_sandboxes(root: str | Path | None, tag: str) -> set[str]:
-    """Blocking: the sandbox directories under ``root`` whose session name
-    starts with ``tag`` and carry the marker; a skeleton without the marker
-    (made by a process killed between mkdtemp and the marker) is removed here."""
-    base = root if root is not None else tempfile.gettempdir()
-    prefix = f"{DIR_PREFIX}{tag}"
-    try:
-        names = [e for e in os.listdir(base) if e.startswith(prefix)]
-    except FileNotFoundError:
-        names = []
-    found = set()
-    for entry in names:
-        path = os.path.realpath(os.path.join(base, entry))
-        if not os.path.isdir(path):
-            continue
-        if os.path.isfile(os.path.join(path, MARKER_FILE)):
-            found.add(path)
-            continue
-        # Killed between mkdtemp and the marker (or while close removed
-        # it): only our own empty skeleton is removed without a marker.
-        leftovers = set(os.listdir(path))
-        if leftovers <= set(SUBDIRS) and all(not os.listdir(os.path.join(path, d)) for d in leftovers):
-            for d in leftovers:
-                os.rmdir(os.path.join(path, d))
-            os.rmdir(path)
-    return found

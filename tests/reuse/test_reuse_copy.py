@@ -158,7 +158,7 @@ async def test_links_not_known_durable_fail_the_copy(tmp_path: Path) -> None:
         with pytest.raises(OSError, match="Input/output error"):
             await _copy_into(store, ReusePlan([], reused=records), verbatim)
         # The store's bookkeeping does not claim them.
-        assert not any(store._written.values())
+        assert not any(store._records.written.values())
 
 
 async def test_the_copy_waits_for_every_write(tmp_path: Path) -> None:
