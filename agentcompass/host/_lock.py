@@ -25,7 +25,9 @@ def _open(path: str, mode: int | None) -> int:
 
 @attrs.define(eq=False)
 class FileLock:
-    """An exclusive advisory lock (``flock``) held on ``path``.
+    """An advisory lock (``flock``) held on ``path``: exclusive, or with
+    ``shared=True`` one of any number of shared holders (none while an
+    exclusive one holds it).
 
     Get one with :meth:`open` (Trio), :meth:`acquire` (a worker thread) or
     :meth:`try_acquire` (no wait). It is held until :meth:`release`, the end
@@ -39,13 +41,15 @@ class FileLock:
     _fd: int | None
 
     @classmethod
-    def try_acquire(cls, path: str | os.PathLike[str], mode: int | None = 0o644) -> FileLock | None:
+    def try_acquire(
+        cls, path: str | os.PathLike[str], mode: int | None = 0o644, *, shared: bool = False
+    ) -> FileLock | None:
         """The lock, or None at once when another holder has it. Blocking
         (it opens the file): call it from a worker thread in async code.
         Raises ``OSError`` when ``path`` cannot be opened."""
         fd = _open(os.fspath(path), mode)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return None
@@ -55,13 +59,13 @@ class FileLock:
         return cls(os.fspath(path), fd)
 
     @classmethod
-    def acquire(cls, path: str | os.PathLike[str], mode: int | None = 0o644) -> FileLock:
+    def acquire(cls, path: str | os.PathLike[str], mode: int | None = 0o644, *, shared: bool = False) -> FileLock:
         """The lock, waiting for it as long as another holder has it.
         Blocking and not cancellable: for code that runs in a worker
         thread; async code uses :meth:`open`."""
         fd = _open(os.fspath(path), mode)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         except BaseException:
             os.close(fd)
             raise

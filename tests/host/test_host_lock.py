@@ -142,3 +142,18 @@ def test_a_directory_locks_and_mode_none_makes_nothing(tmp_path: Path) -> None:
     made = FileLock.acquire(tmp_path / "made.lock", mode=0o600)
     made.release()
     assert (tmp_path / "made.lock").stat().st_mode & 0o777 == 0o600
+
+
+def test_shared_holders_coexist_and_exclude_an_exclusive_one(tmp_path: Path) -> None:
+    path = tmp_path / "root.lock"
+    first = FileLock.acquire(path, shared=True)
+    second = FileLock.try_acquire(path, shared=True)
+    assert second is not None and second.held
+    assert FileLock.try_acquire(path) is None  # exclusive: not while any shared holder is there
+    first.release()
+    assert FileLock.try_acquire(path) is None
+    second.release()
+    exclusive = FileLock.try_acquire(path)
+    assert exclusive is not None
+    assert FileLock.try_acquire(path, shared=True) is None
+    exclusive.release()

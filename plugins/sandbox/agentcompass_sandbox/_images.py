@@ -25,7 +25,6 @@ exported (``GET /images/{name}/get``) and unpacked by :mod:`._rootfs`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ import httpx
 import trio
 
 from agentcompass import IssueError
+from agentcompass.host import FileLock
 
 from ._rootfs import ImageFormatError, read_in_root, resolve_user, unpack_archive
 
@@ -154,8 +154,7 @@ class RootCache:
         (blocking; one unpack per digest across threads and processes)."""
         hexd = _hex(digest)
         cache = self._ensure()
-        with open(cache / "locks" / (hexd + ".unpack"), "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with FileLock.acquire(cache / "locks" / (hexd + ".unpack")):
             found = self.by_digest(digest)
             if found is not None:
                 return found
@@ -222,11 +221,10 @@ def sweep_images(path: str, max_age_seconds: float | None = None, max_bytes: int
         too_big = max_bytes is not None and total > max_bytes
         if not (too_old or too_big):
             continue
-        with open(cache / "locks" / (directory.name + LOCK_SUFFIX), "a+") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # in use
+        lock = FileLock.try_acquire(cache / "locks" / (directory.name + LOCK_SUFFIX))
+        if lock is None:
+            continue  # in use
+        with lock:
             shutil.rmtree(directory, ignore_errors=True)
         total -= size
         removed.append("sha256:" + directory.name)
@@ -251,19 +249,18 @@ def _tree_bytes(path: Path) -> int:
     return total
 
 
-def hold(root: ImageRoot) -> int:
-    """A descriptor holding ``root``'s lock shared (blocking; the session
-    closes it at its end): a sweep leaves the root alone meanwhile. Raise
+def hold(root: ImageRoot) -> FileLock:
+    """``root``'s lock, held shared (blocking; the session releases it at
+    its end): a sweep leaves the root alone meanwhile. Raise
     ``FileNotFoundError`` when a sweep removed the root before it was held."""
-    fd = os.open(root.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = FileLock.acquire(root.lock_path, 0o600, shared=True)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
         if not os.path.isdir(root.rootfs):
             raise FileNotFoundError(f"the image root {root.rootfs} was swept")
     except BaseException:
-        os.close(fd)
+        lock.release()
         raise
-    return fd
+    return lock
 
 
 #: References naming an image archive on this host rather than a daemon's image.

@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 from agentcompass import EnvironmentSession, ExecResult, NetworkPolicy, netpolicy
+from agentcompass.host import FileLock
 from agentcompass.runtime import cleanup_deadline
 
 from . import _host, _pool, _private, _spawner
@@ -82,7 +83,7 @@ class SandboxSession(SessionFiles, SessionNetwork, EnvironmentSession):
         # Over an image: its root (the overlay's lower layer), the ids commands
         # run as inside, and where they start; the image's ENV under the plan's.
         self._image = image
-        self._image_lock: int | None = None  # the root's lock, held shared while the session runs
+        self._image_lock: FileLock | None = None  # the root's lock, held shared while the session runs
         self._root: str | None = None  # the overlay, on the host
         self._sysfs: str | None = None  # the /sys of its network namespace, on the host
         self._user = user if user is not None else (image.uid, image.gid) if image is not None else None
@@ -419,7 +420,7 @@ class SandboxSession(SessionFiles, SessionNetwork, EnvironmentSession):
             os.close(self._parking)
             self._parking = None
         if self._image_lock is not None:
-            os.close(self._image_lock)
+            self._image_lock.release()
             self._image_lock = None
         # bwrap is in the session's cgroup from its first instruction, so the
         # teardown kills it with everything it started.
