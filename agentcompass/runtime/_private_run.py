@@ -20,11 +20,13 @@ import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-
-import trio
+from typing import TYPE_CHECKING
 
 from ._errors import FileRefusedError
 from ._files import read_beneath, write_beneath
+
+if TYPE_CHECKING:  # the runtime's contracts load no engine (the CLI's help stays fast)
+    import trio
 
 #: The root side of a private run: run it as ``python -I -S PRIVATE_INIT_SCRIPT FD``
 #: (standard library only), as the host's root, ``FD`` a Unix stream socket.
