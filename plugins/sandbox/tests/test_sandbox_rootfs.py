@@ -168,9 +168,9 @@ async def test_a_local_archive_is_unpacked_once_and_found_by_digest(tmp_path: Pa
     assert (root.workdir, root.env, root.uid) == ("/app", {"A": "1", "PATH": "/bin"}, 0)
     assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700
     # Held by a session, a root survives a sweep; released, it goes.
-    fd = _images.hold(root)
+    lock = _images.hold(root)
     assert _images.sweep_images(str(tmp_path / "cache"), max_age_seconds=-1) == []
-    os.close(fd)
+    lock.release()
     assert _images.sweep_images(str(tmp_path / "cache"), max_age_seconds=-1) == [digest]
     assert not Path(root.rootfs).exists()
 
