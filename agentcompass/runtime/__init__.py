@@ -39,6 +39,7 @@ from ._private_run import PRIVATE_INPUT_MODE as PRIVATE_INPUT_MODE
 from ._private_run import PRIVATE_MAX_ENTRIES as PRIVATE_MAX_ENTRIES
 from ._private_run import PRIVATE_TMPFS_MIN_BYTES as PRIVATE_TMPFS_MIN_BYTES
 from ._private_run import PRIVATE_TOPS as PRIVATE_TOPS
+from ._private_run import PrivateHandover as PrivateHandover
 from ._private_run import collect_private_files as collect_private_files
 from ._private_run import private_directory_parts as private_directory_parts
 from ._private_run import private_input_bytes as private_input_bytes

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import attrs
+
 from ._errors import FileRefusedError
 from ._files import read_beneath, write_beneath
 
@@ -123,6 +125,51 @@ async def receive_private_ready(channel: trio.socket.SocketType) -> tuple[bytes,
             os.close(fd)
         raise
     return said, received
+
+
+@attrs.define(eq=False)
+class PrivateHandover:
+    """The runtime's whole side of starting a private run, once its script
+    is running: the configuration sent, ``ready`` and the tmpfs descriptors
+    taken (adopted at once, so :meth:`close` releases them however the run
+    ends), the inputs written through them as ``owner``, then ``go``.
+
+    ``groups`` are :func:`private_input_groups`'s. After :meth:`run`,
+    :attr:`started` says whether the command was let go (otherwise the
+    script ended first, or said something else, and is left to end) and
+    :attr:`held` is the private directory's tmpfs for
+    :func:`collect_private_files`. :exc:`OSError` when an input cannot be
+    written (the provider reports it as its own failure)."""
+
+    groups: dict[str, dict[str, bytes]]
+    owner: tuple[int, int]
+    held: int | None = None
+    inputs: list[int] = attrs.Factory(list)
+    started: bool = False
+
+    async def run(self, channel: trio.socket.SocketType, config: Mapping[str, object]) -> None:
+        import trio  # here, not at the top: importing the contracts loads no engine
+
+        await send_private_config(channel, config)
+        said, received = await receive_private_ready(channel)
+        self.held, self.inputs = (received[0], received[1:]) if received else (None, [])
+        if said != b"ready\n" or self.held is None or len(self.inputs) != len(self.groups):
+            channel.close()  # no go: a pid 1 still waiting for one ends
+            return
+        groups = list(self.groups.values())
+        await trio.to_thread.run_sync(write_private_inputs, self.inputs, groups, self.owner, abandon_on_cancel=False)
+        self.started = True
+        try:
+            await channel.send(b"go\n")
+        except OSError:
+            pass  # it died meanwhile: its status says how
+
+    def close(self) -> None:
+        """Close the descriptors taken (the tmpfses go with their last reference)."""
+        for fd in [self.held, *self.inputs]:
+            if fd is not None:
+                os.close(fd)
+        self.held, self.inputs = None, []
 
 
 def write_private_inputs(fds: list[int], groups: list[dict[str, bytes]], owner: tuple[int, int]) -> None:

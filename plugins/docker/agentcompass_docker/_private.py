@@ -52,14 +52,12 @@ from agentcompass.runtime import (
     PRIVATE_MAX_ENTRIES,
     PRIVATE_TMPFS_MIN_BYTES,
     OutputTail,
+    PrivateHandover,
     cleanup_deadline,
     collect_private_files,
     private_directory_parts,
     private_input_bytes,
     private_input_groups,
-    receive_private_ready,
-    send_private_config,
-    write_private_inputs,
 )
 
 from ._api import Engine
@@ -124,8 +122,7 @@ async def exec_private(
     passwd, group = await _accounts(session)
     uid, gid, supplementary, home = account(str(config.get("User") or ""), passwd, group)
     found = await trio.to_thread.run_sync(target, str(info.get("Id") or container), info)
-    held: int | None = None
-    held_inputs: list[int] = []
+    handover = PrivateHandover(groups, (uid, gid))
     try:
         again = await session.engine.request("GET", f"/containers/{container}/json")
         if (again.get("State") or {}).get("Pid") != found.pid:
@@ -188,37 +185,20 @@ async def exec_private(
         finally:
             theirs.close()
             found.close()
-        started = False
 
         async def hand_over() -> None:
-            nonlocal held, held_inputs, started
-            await send_private_config(channel, run_config)
-            said, received = await receive_private_ready(channel)
-            held, held_inputs = (received[0], received[1:]) if received else (None, [])
-            if said == b"ready\n" and held is not None and len(held_inputs) == len(groups):
-                try:
-                    await trio.to_thread.run_sync(
-                        write_private_inputs, held_inputs, list(groups.values()), (uid, gid), abandon_on_cancel=False
-                    )
-                except OSError as exc:
-                    raise IssueError(
-                        "fatal",
-                        "environment_failed",
-                        f"docker session {session.name}: could not write the inputs: {exc}",
-                    ) from None
-                started = True
-                try:
-                    await channel.send(b"go\n")
-                except OSError:
-                    pass  # it died meanwhile: its status says how
-            else:
-                channel.close()
+            try:
+                await handover.run(channel, run_config)
+            except OSError as exc:
+                raise IssueError(
+                    "fatal", "environment_failed", f"docker session {session.name}: could not write the inputs: {exc}"
+                ) from None
 
         try:
             result = await _supervise(proc, session.max_output, timeout, hand_over)
         finally:
             channel.close()
-        if not started and not result.timed_out:
+        if not handover.started and not result.timed_out:
             session._check_open()
             raise IssueError(
                 "fatal",
@@ -226,15 +206,13 @@ async def exec_private(
                 f"docker session {session.name}: the private run did not start: {' '.join(result.stderr.split())[:300]}",
             )
         files: dict[str, bytes] = {}
-        if held is not None:
+        if handover.held is not None:
             files = await trio.to_thread.run_sync(
-                collect_private_files, held, "/".join(sub), max_bytes, abandon_on_cancel=False
+                collect_private_files, handover.held, "/".join(sub), max_bytes, abandon_on_cancel=False
             )
         return result, files
     finally:
-        for fd in [held, *held_inputs]:  # the tmpfses go with their last reference
-            if fd is not None:
-                os.close(fd)
+        handover.close()
 
 
 async def _accounts(session: Session) -> tuple[str, str]:

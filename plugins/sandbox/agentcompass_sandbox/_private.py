@@ -89,14 +89,12 @@ from agentcompass.runtime import (
     PRIVATE_INIT_SCRIPT,
     PRIVATE_MAX_ENTRIES,
     PRIVATE_TMPFS_MIN_BYTES,
+    PrivateHandover,
     cleanup_deadline,
     collect_private_files,
     private_directory_parts,
     private_input_bytes,
     private_input_groups,
-    receive_private_ready,
-    send_private_config,
-    write_private_inputs,
 )
 
 from . import _host
@@ -197,8 +195,8 @@ async def exec_private(
     except InitGone as exc:
         # As exec: the agent killed its own init, and nothing runs any more.
         return ExecResult(exit_code=INIT_GONE_EXIT_CODE, stderr=f"sandbox {session.name}: {exc}; nothing ran\n"), {}
-    held: int | None = None  # the private tmpfs, held by the runtime
-    held_inputs: list[int] = []  # the inputs' tmpfses, written through, closed with it
+    # The private tmpfs and the inputs' ones, held by the runtime, closed with the run.
+    handover = PrivateHandover(groups, (_host.HOST_UID, _host.HOST_UID))
     try:
         try:
             session._check_open()
@@ -255,59 +253,36 @@ async def exec_private(
             theirs.close()
             for fd in fds.values():
                 os.close(fd)
-        started = False
 
         async def hand_over() -> None:
             # The configuration, then ``ready`` with the tmpfs descriptors, the
             # inputs written through them, then ``go``: all within the timeout.
-            nonlocal held, held_inputs, started
-            await send_private_config(channel, config)
-            said, received = await receive_private_ready(channel)
-            # Adopted before the next checkpoint: the finally below closes them.
-            held, held_inputs = (received[0], received[1:]) if received else (None, [])
-            if said == b"ready\n" and held is not None and len(held_inputs) == len(groups):
-                try:
-                    await trio.to_thread.run_sync(
-                        write_private_inputs,
-                        held_inputs,
-                        list(groups.values()),
-                        (_host.HOST_UID, _host.HOST_UID),
-                        abandon_on_cancel=False,
-                    )
-                except OSError as exc:
-                    raise fail(f"sandbox {session.name}: could not write the inputs: {exc}") from None
-                started = True
-                try:
-                    await channel.send(b"go\n")
-                except OSError:
-                    pass  # it died meanwhile: its status says how
-            else:
-                channel.close()  # no go: a pid 1 still waiting for one ends
+            try:
+                await handover.run(channel, config)
+            except OSError as exc:
+                raise fail(f"sandbox {session.name}: could not write the inputs: {exc}") from None
 
         try:
             result = await supervise(proc, leaf, session._max_output, timeout, hand_over)
         finally:
             channel.close()
-        if not started and not result.timed_out:
+        if not handover.started and not result.timed_out:
             session._check_open()
             raise fail(
                 f"sandbox {session.name}: the private run did not start: {' '.join(result.stderr.split())[:300]}"
             )
         files: dict[str, bytes] = {}
-        if held is not None:
+        if handover.held is not None:
             files = await trio.to_thread.run_sync(
-                collect_private_files, held, "/".join(sub), max_bytes, abandon_on_cancel=False
+                collect_private_files, handover.held, "/".join(sub), max_bytes, abandon_on_cancel=False
             )
         return result, files
     finally:
         # Acquired together, released together: the tree (nothing of it
         # outlives the call: its pid namespace ends with its pid 1), the
         # leaf, and the tmpfses (gone with their last reference, these).
+        handover.close()
         with trio.move_on_at(cleanup_deadline(), shield=True):
-            if held is not None:
-                os.close(held)
-            for fd in held_inputs:
-                os.close(fd)
             await trio.to_thread.run_sync(_host.kill_cgroup, leaf, True)
 
 
