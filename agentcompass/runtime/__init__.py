@@ -57,6 +57,7 @@ from ._results import RequestResult as RequestResult
 from ._results import RunBudget as RunBudget
 from ._results import RunResult as RunResult
 from ._results import TaskRecord as TaskRecord
+from ._supervise import supervise_process as supervise_process
 from ._values import NO_HARNESS as NO_HARNESS
 from ._values import AttemptsSpec as AttemptsSpec
 from ._values import ComponentRef as ComponentRef

@@ -42,7 +42,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 
@@ -51,13 +51,12 @@ from agentcompass.runtime import (
     PRIVATE_INIT_SCRIPT,
     PRIVATE_MAX_ENTRIES,
     PRIVATE_TMPFS_MIN_BYTES,
-    OutputTail,
     PrivateHandover,
-    cleanup_deadline,
     collect_private_files,
     private_directory_parts,
     private_input_bytes,
     private_input_groups,
+    supervise_process,
 )
 
 from ._api import Engine
@@ -87,13 +86,8 @@ class Session(Protocol):
 
 #: The private tmpfs's source name prefix (then the session's name): how anyone finds it in a mount listing.
 SOURCE_PREFIX = "agentcompass-private-"
-#: ``exit_code`` of a command killed at its timeout, as coreutils ``timeout`` reports it.
-TIMEOUT_EXIT_CODE = 124
 # How much of /etc/passwd and /etc/group of the container is read to find its user.
 _ACCOUNTS_BYTES = 1 << 20
-_CHUNK = 65536
-# After the run's own process exits, how long output a background process holds is still read.
-_DRAIN_SECONDS = 0.5
 # Userland directories bound first, so no number of names the agent made pushes them out.
 _FIRST_ENTRIES = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "sys", "tmp", "run", "var")
 
@@ -186,6 +180,9 @@ async def exec_private(
             theirs.close()
             found.close()
 
+        async def kill() -> None:
+            proc.kill()
+
         async def hand_over() -> None:
             try:
                 await handover.run(channel, run_config)
@@ -195,7 +192,8 @@ async def exec_private(
                 ) from None
 
         try:
-            result = await _supervise(proc, session.max_output, timeout, hand_over)
+            # Killing the script kills its pid 1 (PDEATHSIG), and with it the private pid namespace.
+            result = await supervise_process(proc, session.max_output, timeout, kill, hand_over)
         finally:
             channel.close()
         if not handover.started and not result.timed_out:
@@ -224,48 +222,3 @@ async def _accounts(session: Session) -> tuple[str, str]:
             data = b""
         texts.append(data.decode("utf-8", errors="replace"))
     return texts[0], texts[1]
-
-
-async def _supervise(proc: trio.Process, max_output: int, timeout: float | None, first: Any) -> ExecResult:
-    """The run's result with each stream's tail kept; at ``timeout`` (from
-    now, ``first`` included) or any other way out the script is killed,
-    and with it (its pid 1 dies with it, by ``PDEATHSIG``) every process of
-    the private pid namespace."""
-    out, err = OutputTail(max_output), OutputTail(max_output)
-    timed_out = False
-    try:
-        async with trio.open_nursery() as nursery:
-            done = [trio.Event(), trio.Event()]
-            nursery.start_soon(_pump, proc.stdout, out, done[0])
-            nursery.start_soon(_pump, proc.stderr, err, done[1])
-            with trio.move_on_after(float("inf") if timeout is None else max(timeout, 0)) as deadline:
-                await first()
-                await proc.wait()
-            if deadline.cancelled_caught:
-                timed_out = True
-                proc.kill()
-                await proc.wait()
-            with trio.move_on_after(_DRAIN_SECONDS):
-                for event in done:
-                    await event.wait()
-            nursery.cancel_scope.cancel()
-    except BaseException:
-        with trio.move_on_at(cleanup_deadline(), shield=True):
-            proc.kill()
-            await proc.wait()
-        raise
-    finally:
-        with trio.move_on_at(cleanup_deadline(), shield=True):
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    await stream.aclose()
-    code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
-    assert code is not None
-    return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
-
-
-async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:
-    assert stream is not None
-    while chunk := await stream.receive_some(_CHUNK):
-        buffer.append(chunk)
-    done.set()

@@ -6,7 +6,6 @@ whole tree at a timeout or a cancellation. Shared by :mod:`._session` and
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import PurePosixPath
@@ -14,7 +13,7 @@ from pathlib import PurePosixPath
 import trio
 
 from agentcompass import ExecResult, IssueError
-from agentcompass.runtime import OutputTail, cleanup_deadline
+from agentcompass.runtime import supervise_process
 
 from . import _host
 
@@ -22,9 +21,6 @@ from . import _host
 TIMEOUT_EXIT_CODE = 124
 #: ``exit_code`` of an exec after the session's init has exited (nothing ran).
 INIT_GONE_EXIT_CODE = 255
-_CHUNK = 65536
-# After the command exits, how long to keep reading output a background process may hold.
-_DRAIN_SECONDS = 0.5
 # Puts the process into the cgroups named before "--", then becomes the command.
 WRAP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 # The sandbox's init: says it is up, then holds until the runtime closes its
@@ -93,50 +89,13 @@ async def supervise(
     timeout: float | None,
     first: Callable[[], Awaitable[None]] | None = None,
 ) -> ExecResult:
-    """Keep the tails of ``proc``'s output until it exits and return its
-    result. ``timeout`` (from now, ``first`` included: what to do with the
-    running process before waiting for it) kills the whole tree in the
-    cgroup ``leaf`` and gives ``timed_out``; any other way out kills it too,
-    shielded until the grace deadline, and propagates."""
-    out, err = OutputTail(max_output), OutputTail(max_output)
-    timed_out = False
-    try:
-        async with trio.open_nursery() as nursery:
-            out_done, err_done = trio.Event(), trio.Event()
-            nursery.start_soon(_pump, proc.stdout, out, out_done)
-            nursery.start_soon(_pump, proc.stderr, err, err_done)
-            with trio.move_on_after(math.inf if timeout is None else max(timeout, 0)) as deadline:
-                if first is not None:
-                    await first()
-                await proc.wait()
-            if deadline.cancelled_caught:
-                timed_out = True
-                await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
-                await proc.wait()
-            with trio.move_on_after(_DRAIN_SECONDS):
-                await out_done.wait()
-                await err_done.wait()
-            nursery.cancel_scope.cancel()
-    except BaseException:
-        with trio.move_on_at(cleanup_deadline(), shield=True):
-            await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
-            await proc.wait()
-        raise
-    finally:
-        with trio.move_on_at(cleanup_deadline(), shield=True):
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    await stream.aclose()
-    code = TIMEOUT_EXIT_CODE if timed_out else proc.returncode
-    assert code is not None
-    return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out)
+    """:func:`agentcompass.runtime.supervise_process`, ending the whole tree
+    by killing the cgroup ``leaf``."""
 
+    async def kill() -> None:
+        await trio.to_thread.run_sync(_host.kill_cgroup, leaf, False)
 
-async def _pump(stream: trio.abc.ReceiveStream | None, buffer: OutputTail, done: trio.Event) -> None:
-    assert stream is not None
-    while chunk := await stream.receive_some(_CHUNK):
-        buffer.append(chunk)
-    done.set()
+    return await supervise_process(proc, max_output, timeout, kill, first)
 
 
 def command_line(cmd: str | list[str], cwd: str | None, env: Mapping[str, str] | None, home: str = "/tmp") -> list[str]:
