@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 from collections.abc import AsyncIterator
@@ -34,6 +35,11 @@ FORWARDER = Path(gateway_module.__file__).with_name("_forwarder.py")
 PROVIDER = "sandbox" if SANDBOX_PROBLEM is None else "local"
 #: ``sandbox`` sessions get run policy ``none``: only the relay leads out.
 POLICY = NetworkPolicy("none") if PROVIDER == "sandbox" else NetworkPolicy("full")
+
+
+def _fresh_name() -> str:
+    """A session name of this test's own: the server may still be closing another test's."""
+    return f"raw-{secrets.token_hex(4)}"
 
 
 @attrs.define(eq=False)
@@ -292,7 +298,7 @@ async def test_the_server_refuses_a_copy_that_leaves_its_directory_or_its_limits
     async with trio_websocket.open_websocket_url(served.url) as ws:
         await hello(ws)
         policy = {"mode": POLICY.mode, "allow": []}
-        await ws.send_message(json.dumps({"type": "open", "name": "raw-1", "provider": PROVIDER, "policy": policy}))
+        await ws.send_message(json.dumps({"type": "open", "name": _fresh_name(), "provider": PROVIDER, "policy": policy}))
         assert json.loads(await ws.get_message())["type"] == "opened"
         await ws.send_message(json.dumps({"type": "expose", "id": 1, **listing}))
         replies = []
@@ -340,8 +346,9 @@ async def test_a_missing_or_different_cache_entry_is_refused_with_the_install_li
     async with trio_websocket.open_websocket_url(served.url) as ws:
         await hello(ws)
         policy = {"mode": POLICY.mode, "allow": []}
-        await ws.send_message(json.dumps({"type": "open", "name": "raw-1", "provider": PROVIDER, "policy": policy}))
-        assert json.loads(await ws.get_message())["type"] == "opened"
+        await ws.send_message(json.dumps({"type": "open", "name": _fresh_name(), "provider": PROVIDER, "policy": policy}))
+        opened = json.loads(await ws.get_message())
+        assert opened["type"] == "opened", opened
 
         async def ask(op: int, entry: Any, installed: Any) -> dict[str, Any]:
             await ws.send_message(
